@@ -1,0 +1,101 @@
+# libcuda_kernels.so: build, test, benchmark, install.
+#
+#   make                 build libcuda_kernels.so (fat binary for $(ARCHS), PTX for newer GPUs)
+#   make test            CPU tests always; GPU tests where a GPU is present (they skip otherwise)
+#   make bench           benchmark every kernel against the copy roofline -> benchmarks/results/
+#   make demo            quantize a weight matrix on the GPU and report error and speed
+#   make sanitize        GPU tests under compute-sanitizer memcheck, racecheck and initcheck
+#   make install PREFIX=/usr/local   header, library and pkg-config file
+#   make clean
+#
+# Variables: ARCHS (SM versions, default "75 80 86 89 90"), CUDA_HOME, PYTHON, PREFIX.
+
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc))
+NVCC      ?= $(CUDA_HOME)/bin/nvcc
+CC        ?= gcc
+CXX       ?= g++
+PREFIX    ?= /usr/local
+ARCHS     ?= 75 80 86 89 90
+# PTX of the newest architecture rides along so that newer GPUs can JIT-compile it.
+PTX_ARCH  ?= $(lastword $(ARCHS))
+
+BUILD     := build
+LIB       := libcuda_kernels.so
+VERSION   := $(shell sed -n 's/^\#define CK_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\)/\2/p' cuda_kernels.h | paste -sd.)
+
+GENCODE   := $(foreach a,$(ARCHS),-gencode=arch=compute_$(a),code=sm_$(a)) \
+             -gencode=arch=compute_$(PTX_ARCH),code=compute_$(PTX_ARCH)
+NVCCFLAGS ?= -O3 -std=c++17 -lineinfo --expt-relaxed-constexpr -Xcompiler -fPIC,-fvisibility=hidden,-Wall
+NVCC_ALL  := $(NVCCFLAGS) $(GENCODE) -I.
+LDFLAGS   := -shared -cudart shared -lcublas \
+             -Xlinker --version-script=$(CURDIR)/cuda_kernels.map -Xlinker -rpath=$(CUDA_HOME)/lib64
+
+KERNEL_SRCS := $(wildcard kernels/*.cu)
+OBJS        := $(BUILD)/cuda_kernels.o $(patsubst kernels/%.cu,$(BUILD)/kernels/%.o,$(KERNEL_SRCS))
+HEADERS     := cuda_kernels.h $(wildcard kernels/*.cuh)
+
+# Use python3 when it already has NumPy and pytest (the GPU machine has no network); otherwise
+# a private virtual environment built from requirements.txt.
+PYTHON ?= $(shell python3 -c 'import numpy, pytest' >/dev/null 2>&1 && echo python3 || echo .venv/bin/python)
+
+.PHONY: all test bench demo sanitize install clean
+all: $(LIB)
+
+$(BUILD)/cuda_kernels.o: cuda_kernels.cu $(HEADERS) | $(BUILD)/kernels
+	$(NVCC) $(NVCC_ALL) -c $< -o $@
+
+$(BUILD)/kernels/%.o: kernels/%.cu $(HEADERS) | $(BUILD)/kernels
+	$(NVCC) $(NVCC_ALL) -c $< -o $@
+
+$(LIB): $(OBJS) cuda_kernels.map
+	$(NVCC) $(GENCODE) $(OBJS) $(LDFLAGS) -o $@
+
+$(BUILD)/kernels:
+	mkdir -p $@
+
+# A plain C99 program that links the library through the header alone (plus cudart for its
+# own buffers). -isystem: CUDA's headers are not ISO C99 (anonymous unions); -pedantic stays on
+# for the program and cuda_kernels.h.
+$(BUILD)/c_smoke: tests/c/smoke.c cuda_kernels.h $(LIB) | $(BUILD)/kernels
+	$(CC) -std=c99 -Wall -Wextra -Werror -pedantic -I. -isystem $(CUDA_HOME)/include $< \
+	  -L. -lcuda_kernels -L$(CUDA_HOME)/lib64 -lcudart \
+	  -Wl,-rpath,'$$ORIGIN/..' -Wl,-rpath,$(CUDA_HOME)/lib64 -o $@
+
+$(BUILD)/ck_bench: benchmarks/bench.cu benchmarks/*.cuh cuda_kernels.h $(LIB) | $(BUILD)/kernels
+	$(NVCC) $(NVCCFLAGS) $(GENCODE) -I. $< -L. -lcuda_kernels -lcublas -Xlinker -rpath='$$ORIGIN/..' -o $@
+
+.venv/bin/python: requirements.txt
+	python3 -m venv .venv
+	.venv/bin/python -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	touch $@
+
+PYDEPS := $(if $(filter .venv/bin/python,$(PYTHON)),.venv/bin/python)
+
+test: $(LIB) $(BUILD)/c_smoke $(PYDEPS)
+	$(PYTHON) -m pytest tests -q -rs
+
+bench: $(BUILD)/ck_bench
+	$(BUILD)/ck_bench --out benchmarks/results
+
+demo: $(LIB) $(PYDEPS)
+	$(PYTHON) benchmarks/demo.py
+
+SANITIZER ?= $(CUDA_HOME)/bin/compute-sanitizer
+sanitize: $(LIB) $(PYDEPS)
+	@for tool in memcheck racecheck initcheck; do \
+	  echo "== compute-sanitizer --tool $$tool"; \
+	  CK_SANITIZE=1 $(SANITIZER) --tool $$tool --error-exitcode 1 --target-processes all \
+	    $(PYTHON) -m pytest tests -q -m gpu -x -p no:cacheprovider || exit 1; \
+	done
+
+cuda_kernels.pc: cuda_kernels.pc.in cuda_kernels.h
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' -e 's|@CUDA_HOME@|$(CUDA_HOME)|g' $< > $@
+
+install: $(LIB) cuda_kernels.pc
+	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig
+	install -m 644 cuda_kernels.h $(DESTDIR)$(PREFIX)/include/
+	install -m 755 $(LIB) $(DESTDIR)$(PREFIX)/lib/
+	install -m 644 cuda_kernels.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/
+
+clean:
+	rm -rf $(BUILD) $(LIB) cuda_kernels.pc .pytest_cache

@@ -1,0 +1,190 @@
+/*
+ * cuda_kernels.h - the public C ABI of libcuda_kernels.so: quantized kernels for LLM inference.
+ *
+ * Conventions (every entry point follows them):
+ *   - Every function returns ck_status_t. On failure, ck_last_error_message() says, for the
+ *     calling thread, exactly what was wrong.
+ *   - Arguments are raw device pointers, sizes as int64_t, dtypes as ck_dtype_t, and the stream
+ *     last. ck_stream_t is the same type as cudaStream_t (this header needs no CUDA header);
+ *     0 is the legacy default stream.
+ *   - Matrices are row-major and densely packed: element (r, c) of a [rows, cols] matrix is at
+ *     index r * cols + c.
+ *   - Arguments are validated on the host before anything is launched: a rejected call launches
+ *     nothing, writes nothing and does not touch the GPU.
+ *   - No entry point allocates memory, synchronizes or copies between host and device, so every
+ *     call can be captured in a CUDA graph. Work is enqueued on `stream`; results are ready when
+ *     the stream reaches them.
+ *   - Pointers must be aligned to their element size (4 bytes for float, 2 for fp16/bf16);
+ *     16-byte alignment and a column count divisible by 8 select the vectorized fast path.
+ *   - Non-finite inputs: NaN encodes as 0 and is ignored when computing absmax/min/max.
+ *
+ * Quantization formats (tests/reference.py implements each exactly; results are bitwise equal):
+ *   Arithmetic is float32 with round-half-to-even; rint() below is round-half-to-even.
+ *   INT8 symmetric:  scale = absmax / 127 (float32 division); a zero scale becomes 1.
+ *                    q = clamp(rint(x * inv), -127, 127) with inv = 1 / scale (float32).
+ *                    x' = (float)q * scale, rounded to the output dtype.
+ *   INT4 symmetric:  scale = absmax / 7, stored in the dtype of x (a stored scale of 0 becomes 1);
+ *                    q = clamp(rint(x * inv), -8, 7), inv = 1 / (float)scale; x' = q * scale.
+ *   INT4 asymmetric: lo = min(min(x), 0), hi = max(max(x), 0); scale = (hi - lo) / 15, stored as
+ *                    above (0 becomes 1); zero = clamp(rint(-lo * inv), 0, 15) stored as uint8;
+ *                    q = clamp(rint(x * inv) + zero, 0, 15); x' = (float)(q - zero) * scale.
+ *   Packed INT4:     two values per byte along the row: element 2i in the low nibble, 2i+1 in
+ *                    the high nibble; signed values in two's complement. A row of `cols` values
+ *                    takes (cols + 1) / 2 bytes; when cols is odd the last high nibble is 0.
+ *   Groups:          group_size consecutive elements of a row share a scale (32, 64, 128, or
+ *                    CK_GROUP_ROW = -1 for the whole row). A row has ceil(cols / group_size)
+ *                    groups; the last one may be partial. Scales and zeros are [rows, groups].
+ */
+#ifndef CUDA_KERNELS_H
+#define CUDA_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define CK_API
+#else
+#define CK_API __attribute__((visibility("default")))
+#endif
+
+/* ---------------------------------------------------------------------------------------------
+ * Version
+ * ------------------------------------------------------------------------------------------- */
+#define CK_VERSION_MAJOR 0
+#define CK_VERSION_MINOR 1
+#define CK_VERSION_PATCH 0
+/* CK_VERSION_MAJOR * 10000 + CK_VERSION_MINOR * 100 + CK_VERSION_PATCH */
+#define CK_VERSION (CK_VERSION_MAJOR * 10000 + CK_VERSION_MINOR * 100 + CK_VERSION_PATCH)
+
+/* The version of the library actually loaded, encoded as CK_VERSION. */
+CK_API int ck_version(void);
+
+/* ---------------------------------------------------------------------------------------------
+ * Status codes and errors
+ * ------------------------------------------------------------------------------------------- */
+typedef enum ck_status {
+    CK_STATUS_SUCCESS = 0,
+    CK_STATUS_INVALID_VALUE = 1,  /* null pointer, non-positive or overflowing size, bad enum */
+    CK_STATUS_MISALIGNED = 2,     /* a pointer is not aligned as the function requires */
+    CK_STATUS_UNSUPPORTED = 3,    /* valid but unsupported: dtype, group size, shape, GPU arch */
+    CK_STATUS_NO_DEVICE = 4,      /* no CUDA device or no usable driver */
+    CK_STATUS_CUDA_ERROR = 5,     /* a CUDA runtime call or a launch failed; see
+                                     ck_last_cuda_error() */
+    CK_STATUS_CUBLAS_ERROR = 6,   /* a cuBLAS call failed */
+    CK_STATUS_INTERNAL_ERROR = 7  /* a bug in the library; please report it */
+} ck_status_t;
+
+/* A static, human-readable name for a status ("CK_STATUS_MISALIGNED"). Never NULL. */
+CK_API const char* ck_status_string(ck_status_t status);
+
+/* What exactly went wrong in the calling thread's last failed call, e.g.
+ * "ck_quantize_int4: group_size=48 is not supported (use 32, 64, 128 or -1)".
+ * Empty string if the last call on this thread succeeded. Valid until the thread's next call. */
+CK_API const char* ck_last_error_message(void);
+
+/* The cudaError_t value behind the calling thread's last CK_STATUS_CUDA_ERROR or
+ * CK_STATUS_NO_DEVICE (0 if none). */
+CK_API int ck_last_cuda_error(void);
+
+/* ---------------------------------------------------------------------------------------------
+ * Types
+ * ------------------------------------------------------------------------------------------- */
+/* Identical to cudaStream_t. */
+typedef struct CUstream_st* ck_stream_t;
+
+typedef enum ck_dtype {
+    CK_DTYPE_FP32 = 0,
+    CK_DTYPE_FP16 = 1,  /* IEEE binary16 (__half) */
+    CK_DTYPE_BF16 = 2,  /* bfloat16 (__nv_bfloat16) */
+    CK_DTYPE_INT8 = 3,
+    CK_DTYPE_INT32 = 4,
+    CK_DTYPE_UINT8 = 5
+} ck_dtype_t;
+
+/* How many scales an INT8 tensor has. */
+typedef enum ck_granularity {
+    CK_PER_TENSOR = 0,  /* one scale for the whole tensor: scales[0] */
+    CK_PER_ROW = 1      /* one scale per row (per token / per output channel): scales[rows] */
+} ck_granularity_t;
+
+/* Where quantization scales come from. */
+typedef enum ck_scale_mode {
+    CK_SCALE_STATIC = 0,  /* read from `scales`, given by the caller (must be finite, > 0) */
+    CK_SCALE_DYNAMIC = 1  /* computed on the device from the data and written to `scales` */
+} ck_scale_mode_t;
+
+/* Packed INT4 flavours. */
+typedef enum ck_int4_mode {
+    CK_INT4_SYMMETRIC = 0,  /* signed [-8, 7], scale only */
+    CK_INT4_ASYMMETRIC = 1  /* unsigned [0, 15] with a uint8 zero point per group */
+} ck_int4_mode_t;
+
+/* group_size value meaning "one group per row". */
+#define CK_GROUP_ROW (-1)
+
+/* ---------------------------------------------------------------------------------------------
+ * Device query
+ * ------------------------------------------------------------------------------------------- */
+/* Number of CUDA devices visible to this process. Returns CK_STATUS_NO_DEVICE (and sets *count
+ * to 0) where there is no device or no driver, instead of failing in any other way. */
+CK_API ck_status_t ck_device_count(int* count);
+
+/* ---------------------------------------------------------------------------------------------
+ * INT8 quantization (symmetric, [-127, 127])
+ * ------------------------------------------------------------------------------------------- */
+/* Quantizes x [rows, cols] (float32, float16 or bfloat16) to int8 q [rows, cols].
+ *
+ * scales: float32, 1 value (CK_PER_TENSOR) or `rows` values (CK_PER_ROW). With
+ *         CK_SCALE_STATIC they are read (each must be finite and > 0); with CK_SCALE_DYNAMIC
+ *         they are written, scale = absmax / 127 of the tensor or of the row.
+ * Writes q (rows * cols bytes) and, if dynamic, scales.
+ * Requirements: rows, cols >= 1; x aligned to its element size, scales to 4 bytes.
+ * A dynamic per-tensor call reads x twice (absmax first, then encode); every other variant
+ * reads it once. x and q must not overlap. */
+CK_API ck_status_t ck_quantize_int8(const void* x, ck_dtype_t x_dtype, int64_t rows, int64_t cols,
+                                    ck_granularity_t granularity, ck_scale_mode_t scale_mode,
+                                    float* scales, int8_t* q, ck_stream_t stream);
+
+/* Dequantizes int8 q [rows, cols] with float32 scales (1 or `rows` values, per `granularity`):
+ * out = (float)q * scale, written as out_dtype (float32, float16 or bfloat16) to out [rows, cols].
+ * Requirements: rows, cols >= 1; scales aligned to 4 bytes, out to its element size. */
+CK_API ck_status_t ck_dequantize_int8(const int8_t* q, const float* scales, int64_t rows,
+                                      int64_t cols, ck_granularity_t granularity, void* out,
+                                      ck_dtype_t out_dtype, ck_stream_t stream);
+
+/* ---------------------------------------------------------------------------------------------
+ * Packed INT4 quantization (group-wise along the row, scales computed on the device)
+ * ------------------------------------------------------------------------------------------- */
+/* Number of groups in one row: ceil(cols / group_size), or 1 for CK_GROUP_ROW. Returns 0 for an
+ * invalid cols or group_size. The scales (and zeros) of a [rows, cols] tensor hold
+ * rows * ck_int4_groups_per_row(cols, group_size) values. */
+CK_API int64_t ck_int4_groups_per_row(int64_t cols, int64_t group_size);
+
+/* Quantizes x [rows, cols] (float32, float16 or bfloat16) to packed int4.
+ *
+ * group_size: 32, 64, 128 or CK_GROUP_ROW (-1).
+ * Writes q_packed [rows, (cols + 1) / 2] bytes, scales [rows, groups] in the dtype of x and,
+ * for CK_INT4_ASYMMETRIC, zeros [rows, groups] uint8. For CK_INT4_SYMMETRIC, zeros must be NULL.
+ * Requirements: rows, cols >= 1; x and scales aligned to their element size. */
+CK_API ck_status_t ck_quantize_int4(const void* x, ck_dtype_t x_dtype, int64_t rows, int64_t cols,
+                                    int64_t group_size, ck_int4_mode_t mode, uint8_t* q_packed,
+                                    void* scales, uint8_t* zeros, ck_stream_t stream);
+
+/* Dequantizes packed int4 q_packed [rows, (cols + 1) / 2] with scales [rows, groups] of dtype
+ * out_dtype (float32, float16 or bfloat16) and, for CK_INT4_ASYMMETRIC, zeros [rows, groups]
+ * (NULL for CK_INT4_SYMMETRIC), writing out [rows, cols] as out_dtype.
+ * Requirements: rows, cols >= 1; scales and out aligned to their element size. */
+CK_API ck_status_t ck_dequantize_int4(const uint8_t* q_packed, const void* scales,
+                                      const uint8_t* zeros, int64_t rows, int64_t cols,
+                                      int64_t group_size, ck_int4_mode_t mode, void* out,
+                                      ck_dtype_t out_dtype, ck_stream_t stream);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* CUDA_KERNELS_H */

@@ -1,0 +1,562 @@
+// quantize.cu - float <-> int8 and float <-> packed int4 quantization.
+//
+// What it computes (the exact formats are in cuda_kernels.h and tests/reference.py):
+//   int8, symmetric, one scale per tensor or per row, static (given) or dynamic (absmax / 127);
+//   packed int4, symmetric or asymmetric (uint8 zero point), one scale per group of 32, 64, 128
+//   elements of a row or per whole row, always dynamic; and the matching dequantizations.
+//
+// Layout: row-major [rows, cols] inputs; int8 codes [rows, cols]; int4 codes packed two per byte
+// along the row, [rows, (cols + 1) / 2]; scales (and zeros) [rows, groups].
+//
+// Algorithm: every thread owns 8-element chunks of a row (common.cuh). Element-wise work
+// (static quantization, dequantization) is one pass over a 2-D grid of chunks. Dynamic scales
+// need a reduction before the encode:
+//   - per group (32/64/128): a team of group/8 lanes of one warp loads the group into
+//     registers, reduces with shuffles, then encodes from registers: one read of x;
+//   - per row: a team (a warp, or the whole block for long rows) keeps up to kRowCache chunks
+//     per thread in registers, so rows up to 16384 elements are read once; longer rows are read
+//     twice (absmax pass, encode pass), the second time mostly from L2;
+//   - per tensor: absmax into scales[0] with one atomicMax per block, then the encode pass: x is
+//     read twice, which no single-pass scheme avoids once x is larger than the chip's storage.
+//
+// Floors: these kernels do a few operations per byte, so time is bytes / copy bandwidth:
+//   bytes = elements * (sizeof(input) + sizeof(output)) + scales (+ zeros); per-tensor dynamic
+//   quantization adds one more read of x.
+#include "kernels/quantize.cuh"
+
+namespace ck {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Formats and scale computation
+// ---------------------------------------------------------------------------------------------
+struct Int8Sym {
+    static constexpr int kMin = -127, kMax = 127;
+    static constexpr bool kAsym = false;
+};
+struct Int4Sym {
+    static constexpr int kMin = -8, kMax = 7;
+    static constexpr bool kAsym = false;
+};
+struct Int4Asym {
+    static constexpr int kMin = 0, kMax = 15;
+    static constexpr bool kAsym = true;
+};
+
+// Running statistics of a segment: the range [lo, hi] always contains 0, so for symmetric
+// formats hi is the absmax of |x| and for asymmetric ones [lo, hi] is the range the format must
+// cover. fminf/fmaxf return the non-NaN operand, so NaNs are ignored.
+struct Range {
+    float lo = 0.f, hi = 0.f;
+};
+
+template <class Fmt>
+__device__ __forceinline__ void accumulate(Range& r, const float (&v)[kChunk]) {
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) {
+        if constexpr (Fmt::kAsym) {
+            r.lo = fminf(r.lo, v[i]);
+            r.hi = fmaxf(r.hi, v[i]);
+        } else {
+            r.hi = fmaxf(r.hi, fabsf(v[i]));
+        }
+    }
+}
+
+// Quantization parameters of one segment: the scale as stored, its float32 reciprocal and the
+// zero point. The scale is rounded to its storage type first, so that the codes are computed
+// with exactly the scale a dequantizer will read back.
+template <typename ScaleT>
+struct QParams {
+    ScaleT stored;
+    float inv;
+    int zero;
+};
+
+template <class Fmt, typename ScaleT>
+__device__ __forceinline__ QParams<ScaleT> make_params(Range r) {
+    // IEEE division (nvcc's default -prec-div=true), matching the reference bit for bit.
+    const float steps = Fmt::kAsym ? float(Fmt::kMax - Fmt::kMin) : float(Fmt::kMax);
+    const float span = Fmt::kAsym ? r.hi - r.lo : r.hi;
+    QParams<ScaleT> p;
+    p.stored = from_float<ScaleT>(span / steps);
+    float scale = to_float(p.stored);
+    if (scale == 0.f) {  // all-zero segment (or a scale below the storage type's range)
+        p.stored = from_float<ScaleT>(1.f);
+        scale = 1.f;
+    }
+    p.inv = 1.f / scale;
+    p.zero = Fmt::kAsym ? min(max(__float2int_rn(-r.lo * p.inv), Fmt::kMin), Fmt::kMax) : 0;
+    return p;
+}
+
+// __float2int_rn rounds half to even and maps NaN to 0.
+template <class Fmt>
+__device__ __forceinline__ void encode(const float (&v)[kChunk], float inv, int zero,
+                                       int (&q)[kChunk]) {
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i)
+        q[i] = min(max(__float2int_rn(v[i] * inv) + zero, Fmt::kMin), Fmt::kMax);
+}
+
+template <class Fmt>
+using code_t = typename std::conditional<std::is_same<Fmt, Int8Sym>::value, int8_t, uint8_t>::type;
+
+// Stores a chunk of codes at column c0 of a row of codes: one byte each for int8, packed for int4.
+template <class Fmt, bool kVec>
+__device__ __forceinline__ void store_codes(code_t<Fmt>* row_q, int64_t c0, int n,
+                                            const int (&q)[kChunk]) {
+    if constexpr (std::is_same<Fmt, Int8Sym>::value) {
+        store_int8_chunk<kVec>(row_q + c0, n, q);
+    } else {
+        store_int4_chunk<kVec>(row_q + c0 / 2, n, q);
+    }
+}
+
+// Bytes of codes in one row.
+template <class Fmt> __device__ __forceinline__ int64_t code_row_bytes(int64_t cols) {
+    return std::is_same<Fmt, Int8Sym>::value ? cols : (cols + 1) / 2;
+}
+
+// Elements of the chunk starting at column c0 that lie inside the row (0 past its end).
+__device__ __forceinline__ int chunk_count(int64_t cols, int64_t c0) {
+    return c0 >= cols ? 0 : cols - c0 < kChunk ? int(cols - c0) : kChunk;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Element-wise kernels: one generic walker over the 2-D chunk grid and one small op per job.
+// Each thread takes kUnroll chunks per step (kUnroll * blockDim.x apart, so warps stay
+// coalesced) and issues all their loads before storing any result: with one 16-byte load in
+// flight per thread the kernels stalled short of the copy bandwidth.
+// ---------------------------------------------------------------------------------------------
+constexpr int kUnroll = 4;
+
+template <class Op>
+__global__ void __launch_bounds__(kBlockThreads) map_chunks_kernel(Op op, int64_t rows, int64_t cols) {
+    const int64_t chunks = ceil_div(cols, kChunk);
+    const int64_t step = int64_t(gridDim.x) * blockDim.x * kUnroll;
+    for (int64_t r = blockIdx.y * int64_t(blockDim.y) + threadIdx.y; r < rows;
+         r += int64_t(gridDim.y) * blockDim.y) {
+        op.begin_row(r);
+        for (int64_t cb = blockIdx.x * int64_t(blockDim.x) * kUnroll + threadIdx.x; cb < chunks; cb += step) {
+            typename Op::Frag frag[kUnroll];
+            int n[kUnroll];
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u) {
+                n[u] = chunk_count(cols, (cb + u * int64_t(blockDim.x)) * kChunk);
+                if (n[u] > 0) op.load(r, (cb + u * int64_t(blockDim.x)) * kChunk, n[u], frag[u]);
+            }
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u)
+                if (n[u] > 0) op.store(r, (cb + u * int64_t(blockDim.x)) * kChunk, n[u], frag[u]);
+        }
+    }
+}
+
+template <class Op>
+void launch_map(const Op& op, int64_t rows, int64_t cols, cudaStream_t stream) {
+    const RowLaunch l = row_launch(rows, ceil_div(ceil_div(cols, kChunk), kUnroll));
+    map_chunks_kernel<Op><<<l.grid, l.block, 0, stream>>>(op, rows, cols);
+}
+
+// Int8 encode with a known scale: static per tensor / per row, or per tensor from the absmax a
+// previous pass left in scales[0] (kFromAbsmax).
+template <typename T, bool kVec, bool kPerRow, bool kFromAbsmax>
+struct Int8EncodeOp {
+    using Frag = float[kChunk];
+    const T* __restrict__ x;
+    const float* __restrict__ scales;
+    int8_t* __restrict__ q;
+    int64_t cols;
+    float inv;
+
+    __device__ void begin_row(int64_t r) {
+        if (kFromAbsmax) {
+            Range range;
+            range.hi = scales[0];
+            inv = make_params<Int8Sym, float>(range).inv;
+        } else {
+            inv = 1.f / scales[kPerRow ? r : 0];
+        }
+    }
+    __device__ void load(int64_t r, int64_t c0, int n, Frag& v) const {
+        load_chunk<T, kVec>(x + r * cols + c0, n, v);
+    }
+    __device__ void store(int64_t r, int64_t c0, int n, Frag& v) const {
+        int codes[kChunk];
+        encode<Int8Sym>(v, inv, 0, codes);
+        store_int8_chunk<kVec>(q + r * cols + c0, n, codes);
+    }
+};
+
+template <typename T, bool kVec, bool kPerRow>
+struct Int8DecodeOp {
+    using Frag = int[kChunk];
+    const int8_t* __restrict__ q;
+    const float* __restrict__ scales;
+    T* __restrict__ out;
+    int64_t cols;
+    float scale;
+
+    __device__ void begin_row(int64_t r) { scale = scales[kPerRow ? r : 0]; }
+    __device__ void load(int64_t r, int64_t c0, int n, Frag& codes) const {
+        load_int8_chunk<kVec>(q + r * cols + c0, n, codes);
+    }
+    __device__ void store(int64_t r, int64_t c0, int n, Frag& codes) const {
+        float v[kChunk];
+#pragma unroll
+        for (int i = 0; i < kChunk; ++i) v[i] = float(codes[i]) * scale;
+        store_chunk<T, kVec>(out + r * cols + c0, n, v);
+    }
+};
+
+// Packed int4 -> float. group_shift = log2(group size), or a shift past any column index for
+// one group per row, so that the group of column c0 is c0 >> group_shift.
+template <typename T, bool kVec, bool kAsym>
+struct Int4DecodeOp {
+    using Frag = int[kChunk];
+    const uint8_t* __restrict__ q;
+    const T* __restrict__ scales;
+    const uint8_t* __restrict__ zeros;
+    T* __restrict__ out;
+    int64_t cols, groups;
+    int group_shift;
+
+    __device__ void begin_row(int64_t) {}
+    __device__ void load(int64_t r, int64_t c0, int n, Frag& codes) const {
+        load_int4_chunk<kVec, !kAsym>(q + r * ((cols + 1) / 2) + c0 / 2, n, codes);
+    }
+    __device__ void store(int64_t r, int64_t c0, int n, Frag& codes) const {
+        const int64_t g = r * groups + (c0 >> group_shift);
+        const float scale = to_float(scales[g]);
+        const int zero = kAsym ? zeros[g] : 0;
+        float v[kChunk];
+#pragma unroll
+        for (int i = 0; i < kChunk; ++i) v[i] = float(codes[i] - zero) * scale;
+        store_chunk<T, kVec>(out + r * cols + c0, n, v);
+    }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Per-tensor absmax: each block reduces its chunks, then one atomicMax on the float's bits into
+// *absmax (zeroed before the launch). Non-negative floats order like their bit patterns.
+// ---------------------------------------------------------------------------------------------
+template <typename T, bool kVec>
+__global__ void __launch_bounds__(kBlockThreads)
+absmax_kernel(const T* __restrict__ x, int64_t n_elems, float* __restrict__ absmax) {
+    __shared__ float smem[kBlockThreads / 32];
+    Range r;
+    const int64_t chunks = ceil_div(n_elems, kChunk);
+    for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < chunks;
+         c += int64_t(gridDim.x) * blockDim.x) {
+        float v[kChunk];
+        load_chunk<T, kVec>(x + c * kChunk, chunk_count(n_elems, c * kChunk), v);
+        accumulate<Int8Sym>(r, v);
+    }
+    const float m = block_max<kBlockThreads>(r.hi, smem);
+    if (threadIdx.x == 0) atomicMax(reinterpret_cast<unsigned int*>(absmax), __float_as_uint(m));
+}
+
+// Turns the absmax left in scales[0] into the scale (absmax / 127, zero -> 1).
+__global__ void absmax_to_scale_kernel(float* scales) {
+    Range r;
+    r.hi = scales[0];
+    scales[0] = make_params<Int8Sym, float>(r).stored;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dynamic per-group quantization (groups of kTeam * 8 elements): a team of kTeam lanes holds one
+// group in registers. As in map_chunks_kernel, each thread takes kUnroll chunks per step, all
+// loaded before the first reduction. Block widths are multiples of kTeam and the loops stride by
+// whole blocks, so a group never straddles two steps; trip counts are block-uniform, so every
+// lane reaches the shuffles.
+// ---------------------------------------------------------------------------------------------
+template <typename T, class Fmt, int kTeam, bool kVec>
+__global__ void __launch_bounds__(kBlockThreads)
+group_quantize_kernel(const T* __restrict__ x, code_t<Fmt>* __restrict__ q, T* __restrict__ scales,
+                      uint8_t* __restrict__ zeros, int64_t rows, int64_t cols) {
+    const int64_t chunks = ceil_div(cols, kChunk);
+    const int64_t groups = ceil_div(chunks, kTeam);
+    const int64_t row_bytes = code_row_bytes<Fmt>(cols);
+    const int64_t step = int64_t(gridDim.x) * blockDim.x * kUnroll;
+    for (int64_t rb = blockIdx.y * int64_t(blockDim.y); rb < rows; rb += int64_t(gridDim.y) * blockDim.y) {
+        const int64_t r = rb + threadIdx.y;
+        for (int64_t cb = blockIdx.x * int64_t(blockDim.x) * kUnroll + threadIdx.x; cb - threadIdx.x < chunks; cb += step) {
+            float v[kUnroll][kChunk];
+            int n[kUnroll];
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u) {
+                const int64_t c0 = (cb + u * int64_t(blockDim.x)) * kChunk;
+                n[u] = r < rows ? chunk_count(cols, c0) : 0;
+                if (n[u] > 0) load_chunk<T, kVec>(x + r * cols + c0, n[u], v[u]);
+            }
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u) {
+                const int64_t c = cb + u * int64_t(blockDim.x);
+                Range range;
+                if (n[u] > 0) accumulate<Fmt>(range, v[u]);
+                range.hi = team_max<kTeam>(range.hi);
+                if constexpr (Fmt::kAsym) range.lo = team_min<kTeam>(range.lo);
+                if (n[u] <= 0) continue;
+                const QParams<T> p = make_params<Fmt, T>(range);
+                int codes[kChunk];
+                encode<Fmt>(v[u], p.inv, p.zero, codes);
+                store_codes<Fmt, kVec>(q + r * row_bytes, c * kChunk, n[u], codes);
+                if (threadIdx.x % kTeam == 0) {
+                    scales[r * groups + c / kTeam] = p.stored;
+                    if constexpr (Fmt::kAsym) zeros[r * groups + c / kTeam] = uint8_t(p.zero);
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dynamic per-row quantization: a team of kTeam threads (a warp, or the whole 1-D block) per
+// row. Chunks c = lane + i * kTeam, i < row_cache<T>, stay in registers, in their storage type,
+// when the row fits; longer rows take a reduction pass and an encode pass (the second mostly
+// from L2). The cache is 128 bytes per thread so that several blocks fit on a multiprocessor:
+// with one block per SM (floats, 64 of them) rows were processed one after another and the
+// kernel was latency-bound at half the copy bandwidth.
+// ScaleT is float for int8 and T for int4.
+// ---------------------------------------------------------------------------------------------
+constexpr int kRowCacheBytes = 128;
+template <typename T> constexpr int row_cache() { return kRowCacheBytes / int(sizeof(Chunk<T>)); }
+
+template <int kTeam> __device__ __forceinline__ float row_team_max(float v, float* smem) {
+    if constexpr (kTeam == 32) return team_max<32>(v);
+    else return block_max<kTeam>(v, smem);
+}
+template <int kTeam> __device__ __forceinline__ float row_team_min(float v, float* smem) {
+    if constexpr (kTeam == 32) return team_min<32>(v);
+    else return block_min<kTeam>(v, smem);
+}
+
+constexpr int kRowMinBlocks = 4;  // per SM: 64 registers per thread at most
+
+template <typename T, class Fmt, typename ScaleT, int kTeam, bool kVec>
+__global__ void __launch_bounds__(kBlockThreads, kRowMinBlocks)
+row_quantize_kernel(const T* __restrict__ x, code_t<Fmt>* __restrict__ q,
+                    ScaleT* __restrict__ scales, uint8_t* __restrict__ zeros, int64_t rows,
+                    int64_t cols) {
+    static_assert(kTeam == 32 || kTeam == kBlockThreads, "a warp or the whole block per row");
+    constexpr int kCache = row_cache<T>();
+    __shared__ float smem[kBlockThreads / 32];
+    const int lane = threadIdx.x;
+    const int64_t chunks = ceil_div(cols, kChunk);
+    const int64_t row_bytes = code_row_bytes<Fmt>(cols);
+    const bool cached = chunks <= int64_t(kTeam) * kCache;
+    // Teams (blockDim.y of them per block) walk rows; the row loop is block-uniform.
+    for (int64_t rb = blockIdx.x * int64_t(blockDim.y); rb < rows; rb += int64_t(gridDim.x) * blockDim.y) {
+        const int64_t r = rb + threadIdx.y;
+        const bool row_ok = r < rows;
+        const T* xr = x + r * cols;
+        Chunk<T> cache[kCache];
+        Range range;
+        float v[kChunk];
+        if (cached) {
+#pragma unroll
+            for (int i = 0; i < kCache; ++i) {
+                const int64_t c0 = (lane + int64_t(i) * kTeam) * kChunk;
+                const int n = row_ok ? chunk_count(cols, c0) : 0;
+                if (n > 0) load_raw_chunk<T, kVec>(xr + c0, n, cache[i]);
+            }
+#pragma unroll
+            for (int i = 0; i < kCache; ++i) {
+                const int64_t c0 = (lane + int64_t(i) * kTeam) * kChunk;
+                if (!row_ok || chunk_count(cols, c0) == 0) continue;
+                chunk_to_float(cache[i], v);
+                accumulate<Fmt>(range, v);
+            }
+        } else {
+            for (int64_t c = lane; row_ok && c < chunks; c += kTeam) {
+                load_chunk<T, kVec>(xr + c * kChunk, chunk_count(cols, c * kChunk), v);
+                accumulate<Fmt>(range, v);
+            }
+        }
+        range.hi = row_team_max<kTeam>(range.hi, smem);
+        if constexpr (Fmt::kAsym) range.lo = row_team_min<kTeam>(range.lo, smem);
+        if (!row_ok) continue;
+        const QParams<ScaleT> p = make_params<Fmt, ScaleT>(range);
+        code_t<Fmt>* qr = q + r * row_bytes;
+        int codes[kChunk];
+        if (cached) {
+#pragma unroll
+            for (int i = 0; i < kCache; ++i) {
+                const int64_t c0 = (lane + int64_t(i) * kTeam) * kChunk;
+                const int n = chunk_count(cols, c0);
+                if (n == 0) continue;
+                chunk_to_float(cache[i], v);
+                encode<Fmt>(v, p.inv, p.zero, codes);
+                store_codes<Fmt, kVec>(qr, c0, n, codes);
+            }
+        } else {
+            for (int64_t c = lane; c < chunks; c += kTeam) {
+                const int64_t c0 = c * kChunk;
+                const int n = chunk_count(cols, c0);
+                load_chunk<T, kVec>(xr + c0, n, v);
+                encode<Fmt>(v, p.inv, p.zero, codes);
+                store_codes<Fmt, kVec>(qr, c0, n, codes);
+            }
+        }
+        if (lane == 0) {
+            scales[r] = p.stored;
+            if constexpr (Fmt::kAsym) zeros[r] = uint8_t(p.zero);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Launchers
+// ---------------------------------------------------------------------------------------------
+// Blocks for grid-stride kernels that should not exceed one wave by much (reductions).
+int64_t resident_blocks() { return int64_t(std::max(sm_count(), 1)) * (2048 / kBlockThreads); }
+
+template <typename T>
+bool vector_ok(int64_t cols, const void* a, size_t a_align, const void* b, size_t b_align) {
+    return cols % kChunk == 0 && is_aligned(a, a_align) && is_aligned(b, b_align);
+}
+
+// Per-row launch of row_quantize_kernel: a warp per row for short rows, a block for long ones.
+template <typename T, class Fmt, typename ScaleT, bool kVec>
+void launch_row_quantize(const T* x, code_t<Fmt>* q, ScaleT* scales, uint8_t* zeros, int64_t rows,
+                         int64_t cols, cudaStream_t stream) {
+    const int64_t chunks = ceil_div(cols, kChunk);
+    const int64_t max_blocks = 4 * resident_blocks();
+    if (chunks <= 32 * row_cache<T>()) {
+        constexpr int kRowsPerBlock = kBlockThreads / 32;
+        const int64_t blocks = std::min(ceil_div(rows, kRowsPerBlock), max_blocks);
+        row_quantize_kernel<T, Fmt, ScaleT, 32, kVec>
+            <<<unsigned(blocks), dim3(32, kRowsPerBlock), 0, stream>>>(x, q, scales, zeros, rows, cols);
+    } else {
+        const int64_t blocks = std::min(rows, max_blocks);
+        row_quantize_kernel<T, Fmt, ScaleT, kBlockThreads, kVec>
+            <<<unsigned(blocks), dim3(kBlockThreads, 1), 0, stream>>>(x, q, scales, zeros, rows, cols);
+    }
+}
+
+template <typename T, bool kVec>
+cudaError_t launch_int8_quantize(const T* x, int64_t rows, int64_t cols, ck_granularity_t granularity,
+                                 ck_scale_mode_t mode, float* scales, int8_t* q, cudaStream_t stream) {
+    if (granularity == CK_PER_ROW) {
+        if (mode == CK_SCALE_DYNAMIC)
+            launch_row_quantize<T, Int8Sym, float, kVec>(x, q, scales, nullptr, rows, cols, stream);
+        else
+            launch_map(Int8EncodeOp<T, kVec, true, false>{x, scales, q, cols}, rows, cols, stream);
+        return cudaGetLastError();
+    }
+    // Per tensor: the rows do not matter, so the tensor is one long row.
+    const int64_t n = rows * cols;
+    if (mode == CK_SCALE_DYNAMIC) {
+        const cudaError_t err = cudaMemsetAsync(scales, 0, sizeof(float), stream);
+        if (err != cudaSuccess) return err;
+        const int64_t blocks = std::min(ceil_div(ceil_div(n, kChunk), kBlockThreads), resident_blocks());
+        absmax_kernel<T, kVec><<<unsigned(blocks), kBlockThreads, 0, stream>>>(x, n, scales);
+        launch_map(Int8EncodeOp<T, kVec, false, true>{x, scales, q, n}, 1, n, stream);
+        absmax_to_scale_kernel<<<1, 1, 0, stream>>>(scales);
+    } else {
+        launch_map(Int8EncodeOp<T, kVec, false, false>{x, scales, q, n}, 1, n, stream);
+    }
+    return cudaGetLastError();
+}
+
+template <typename T, bool kVec, class Fmt>
+void launch_int4_quantize(const T* x, int64_t rows, int64_t cols, int64_t group_size,
+                          uint8_t* q, T* scales, uint8_t* zeros, cudaStream_t stream) {
+    auto groups = [&](auto team) {
+        constexpr int kTeam = decltype(team)::value;
+        const RowLaunch l = row_launch(rows, ceil_div(ceil_div(cols, kChunk), kUnroll), kTeam);
+        group_quantize_kernel<T, Fmt, kTeam, kVec><<<l.grid, l.block, 0, stream>>>(x, q, scales, zeros, rows, cols);
+    };
+    switch (group_size) {
+        case 32: groups(std::integral_constant<int, 32 / kChunk>{}); break;
+        case 64: groups(std::integral_constant<int, 64 / kChunk>{}); break;
+        case 128: groups(std::integral_constant<int, 128 / kChunk>{}); break;
+        default: launch_row_quantize<T, Fmt, T, kVec>(x, q, scales, zeros, rows, cols, stream); break;
+    }
+}
+
+// Calls f(std::true_type) or f(std::false_type): turns a run-time flag into a template argument.
+template <typename F> cudaError_t with_bool(bool flag, F&& f) {
+    return flag ? f(std::true_type{}) : f(std::false_type{});
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Entry points for cuda_kernels.cu (arguments already validated)
+// ---------------------------------------------------------------------------------------------
+cudaError_t quantize_int8(const void* x, ck_dtype_t dtype, int64_t rows, int64_t cols,
+                          ck_granularity_t granularity, ck_scale_mode_t mode, float* scales,
+                          int8_t* q, cudaStream_t stream) {
+    return dispatch_float_dtype(dtype, [&](auto tag) {
+        using T = decltype(tag);
+        const int64_t vec_cols = granularity == CK_PER_TENSOR ? rows * cols : cols;
+        return with_bool(vector_ok<T>(vec_cols, x, 16, q, 8), [&](auto vec) {
+            return launch_int8_quantize<T, vec>(static_cast<const T*>(x), rows, cols, granularity,
+                                                mode, scales, q, stream);
+        });
+    });
+}
+
+cudaError_t dequantize_int8(const int8_t* q, const float* scales, int64_t rows, int64_t cols,
+                            ck_granularity_t granularity, void* out, ck_dtype_t dtype,
+                            cudaStream_t stream) {
+    // Per tensor: the rows do not matter, so the tensor is one long row.
+    const bool per_row = granularity == CK_PER_ROW;
+    const int64_t r = per_row ? rows : 1, c = per_row ? cols : rows * cols;
+    return dispatch_float_dtype(dtype, [&](auto tag) {
+        using T = decltype(tag);
+        return with_bool(vector_ok<T>(c, q, 8, out, 16), [&](auto vec) {
+            return with_bool(per_row, [&](auto row) {
+                launch_map(Int8DecodeOp<T, vec, row>{q, scales, static_cast<T*>(out), c}, r, c, stream);
+                return cudaGetLastError();
+            });
+        });
+    });
+}
+
+cudaError_t quantize_int4(const void* x, ck_dtype_t dtype, int64_t rows, int64_t cols,
+                          int64_t group_size, ck_int4_mode_t mode, uint8_t* q, void* scales,
+                          uint8_t* zeros, cudaStream_t stream) {
+    return dispatch_float_dtype(dtype, [&](auto tag) {
+        using T = decltype(tag);
+        const T* xt = static_cast<const T*>(x);
+        T* st = static_cast<T*>(scales);
+        return with_bool(vector_ok<T>(cols, x, 16, q, 4), [&](auto vec) {
+            if (mode == CK_INT4_ASYMMETRIC)
+                launch_int4_quantize<T, vec, Int4Asym>(xt, rows, cols, group_size, q, st, zeros, stream);
+            else
+                launch_int4_quantize<T, vec, Int4Sym>(xt, rows, cols, group_size, q, st, zeros, stream);
+            return cudaGetLastError();
+        });
+    });
+}
+
+cudaError_t dequantize_int4(const uint8_t* q, const void* scales, const uint8_t* zeros,
+                            int64_t rows, int64_t cols, int64_t group_size, ck_int4_mode_t mode,
+                            void* out, ck_dtype_t dtype, cudaStream_t stream) {
+    const int64_t groups = int4_groups_per_row(cols, group_size);
+    // One group per row: a shift past any column index puts every column in group 0.
+    const int shift = group_size == CK_GROUP_ROW ? 62 : __builtin_ctzll(uint64_t(group_size));
+    return dispatch_float_dtype(dtype, [&](auto tag) {
+        using T = decltype(tag);
+        const T* st = static_cast<const T*>(scales);
+        return with_bool(vector_ok<T>(cols, q, 4, out, 16), [&](auto vec) {
+            return with_bool(mode == CK_INT4_ASYMMETRIC, [&](auto asym) {
+                launch_map(Int4DecodeOp<T, vec, asym>{q, st, zeros, static_cast<T*>(out), cols, groups, shift},
+                           rows, cols, stream);
+                return cudaGetLastError();
+            });
+        });
+    });
+}
+
+int64_t int4_groups_per_row(int64_t cols, int64_t group_size) {
+    if (cols < 1) return 0;
+    if (group_size == CK_GROUP_ROW) return 1;
+    if (group_size != 32 && group_size != 64 && group_size != 128) return 0;
+    return ceil_div(cols, group_size);
+}
+
+}  // namespace ck

@@ -12,8 +12,6 @@
 
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc))
 NVCC      ?= $(CUDA_HOME)/bin/nvcc
-CC        ?= gcc
-CXX       ?= g++
 PREFIX    ?= /usr/local
 ARCHS     ?= 75 80 86 89 90
 # PTX of the newest architecture rides along so that newer GPUs can JIT-compile it.
@@ -38,7 +36,7 @@ HEADERS     := cuda_kernels.h $(wildcard kernels/*.cuh)
 # a private virtual environment built from requirements.txt.
 PYTHON ?= $(shell python3 -c 'import numpy, pytest' >/dev/null 2>&1 && echo python3 || echo .venv/bin/python)
 
-.PHONY: all test bench demo sanitize install clean
+.PHONY: all test bench demo sanitize install clean FORCE
 all: $(LIB)
 
 $(BUILD)/cuda_kernels.o: cuda_kernels.cu $(HEADERS) | $(BUILD)/kernels
@@ -88,7 +86,8 @@ sanitize: $(LIB) $(PYDEPS)
 	    $(PYTHON) -m pytest tests -q -m gpu -x -p no:cacheprovider || exit 1; \
 	done
 
-cuda_kernels.pc: cuda_kernels.pc.in cuda_kernels.h
+# Regenerated on every install, so that it always carries this PREFIX.
+cuda_kernels.pc: cuda_kernels.pc.in cuda_kernels.h FORCE
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' -e 's|@CUDA_HOME@|$(CUDA_HOME)|g' $< > $@
 
 install: $(LIB) cuda_kernels.pc

@@ -144,8 +144,13 @@ class Check {
         return aligned(p, dtype_size(dtype), name, dtype_name(dtype));
     }
 
-    // Maps the launcher's result (cudaGetLastError after the launches) to a status.
-    ck_status_t launched(cudaError_t err) const { return cuda_status(err, fn_, "kernel launch", __FILE__, __LINE__); }
+    // Runs a launcher (which returns cudaGetLastError() after its launches) and maps the result.
+    // A non-sticky error that earlier CUDA calls of this thread left pending is cleared first:
+    // otherwise it would surface here and be reported as this call's failure.
+    template <class Launcher> ck_status_t launch(Launcher&& launcher) const {
+        cudaGetLastError();
+        return cuda_status(launcher(), fn_, "kernel launch", __FILE__, __LINE__);
+    }
 
   private:
     const char* fn_;
@@ -220,8 +225,9 @@ ck_status_t ck_quantize_int8(const void* x, ck_dtype_t x_dtype, int64_t rows, in
     CK_TRY(check.matrix(rows, cols, dtype_size(x_dtype)));
     CK_TRY(check.element_aligned(x, x_dtype, "x"));
     CK_TRY(check.element_aligned(scales, CK_DTYPE_FP32, "scales"));
-    return check.launched(
-        ck::quantize_int8(x, x_dtype, rows, cols, granularity, scale_mode, scales, q, stream));
+    return check.launch([&] {
+        return ck::quantize_int8(x, x_dtype, rows, cols, granularity, scale_mode, scales, q, stream);
+    });
 }
 
 ck_status_t ck_dequantize_int8(const int8_t* q, const float* scales, int64_t rows, int64_t cols,
@@ -236,8 +242,9 @@ ck_status_t ck_dequantize_int8(const int8_t* q, const float* scales, int64_t row
     CK_TRY(check.matrix(rows, cols, dtype_size(out_dtype)));
     CK_TRY(check.element_aligned(scales, CK_DTYPE_FP32, "scales"));
     CK_TRY(check.element_aligned(out, out_dtype, "out"));
-    return check.launched(
-        ck::dequantize_int8(q, scales, rows, cols, granularity, out, out_dtype, stream));
+    return check.launch([&] {
+        return ck::dequantize_int8(q, scales, rows, cols, granularity, out, out_dtype, stream);
+    });
 }
 
 int64_t ck_int4_groups_per_row(int64_t cols, int64_t group_size) {
@@ -259,8 +266,10 @@ ck_status_t ck_quantize_int4(const void* x, ck_dtype_t x_dtype, int64_t rows, in
     CK_TRY(check.group_size(group_size));
     CK_TRY(check.element_aligned(x, x_dtype, "x"));
     CK_TRY(check.element_aligned(scales, x_dtype, "scales"));
-    return check.launched(ck::quantize_int4(x, x_dtype, rows, cols, group_size, mode, q_packed,
-                                            scales, zeros, stream));
+    return check.launch([&] {
+        return ck::quantize_int4(x, x_dtype, rows, cols, group_size, mode, q_packed, scales, zeros,
+                                 stream);
+    });
 }
 
 ck_status_t ck_dequantize_int4(const uint8_t* q_packed, const void* scales, const uint8_t* zeros,
@@ -278,8 +287,10 @@ ck_status_t ck_dequantize_int4(const uint8_t* q_packed, const void* scales, cons
     CK_TRY(check.group_size(group_size));
     CK_TRY(check.element_aligned(scales, out_dtype, "scales"));
     CK_TRY(check.element_aligned(out, out_dtype, "out"));
-    return check.launched(ck::dequantize_int4(q_packed, scales, zeros, rows, cols, group_size,
-                                              mode, out, out_dtype, stream));
+    return check.launch([&] {
+        return ck::dequantize_int4(q_packed, scales, zeros, rows, cols, group_size, mode, out,
+                                   out_dtype, stream);
+    });
 }
 
 }  // extern "C"

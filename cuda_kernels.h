@@ -17,6 +17,8 @@
  *   - Pointers must be aligned to their element size (4 bytes for float, 2 for fp16/bf16);
  *     16-byte alignment and a column count divisible by 8 select the vectorized fast path.
  *   - Non-finite inputs: NaN encodes as 0 and is ignored when computing absmax/min/max.
+ *   - A call reports the errors of its own launches only: a non-sticky CUDA error that earlier
+ *     calls on the thread left pending (cudaGetLastError) is cleared before the launch.
  *
  * Quantization formats (tests/reference.py implements each exactly; results are bitwise equal):
  *   Arithmetic is float32 with round-half-to-even; rint() below is round-half-to-even.
@@ -139,7 +141,8 @@ CK_API ck_status_t ck_device_count(int* count);
 /* Quantizes x [rows, cols] (float32, float16 or bfloat16) to int8 q [rows, cols].
  *
  * scales: float32, 1 value (CK_PER_TENSOR) or `rows` values (CK_PER_ROW). With
- *         CK_SCALE_STATIC they are read (each must be finite and > 0); with CK_SCALE_DYNAMIC
+ *         CK_SCALE_STATIC they are read (each must be finite and > 0: device data is not
+ *         checked); with CK_SCALE_DYNAMIC
  *         they are written, scale = absmax / 127 of the tensor or of the row.
  * Writes q (rows * cols bytes) and, if dynamic, scales.
  * Requirements: rows, cols >= 1; x aligned to its element size, scales to 4 bytes.

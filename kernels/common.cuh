@@ -83,6 +83,20 @@ __device__ __forceinline__ void chunk_to_float(const Chunk<T>& c, float (&v)[kCh
     for (int i = 0; i < kChunk; ++i) v[i] = to_float(c.v[i]);
 }
 
+// bfloat16 is the upper half of a float32: widen two packed values with a shift and a mask.
+// (Through __bfloat162float, ptxas needed ~115 registers for a row cached in registers and
+// spilled under the row kernel's 64-register cap; with plain integer operations it needs 64.)
+template <>
+__device__ __forceinline__ void chunk_to_float(const Chunk<__nv_bfloat16>& c, float (&v)[kChunk]) {
+    uint32_t w[kChunk / 2];
+    memcpy(w, &c, sizeof w);
+#pragma unroll
+    for (int i = 0; i < kChunk / 2; ++i) {
+        v[2 * i] = __uint_as_float(w[i] << 16);
+        v[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
+    }
+}
+
 template <typename T, bool kVec>
 __device__ __forceinline__ void load_chunk(const T* p, int n, float (&v)[kChunk]) {
     Chunk<T> c;

@@ -1,0 +1,1154 @@
+"""Python bindings for libcuda_kernels.so (ctypes; the C ABI is cuda_kernels.h).
+
+Three levels, from convenient to exact:
+
+* NumPy / ``__cuda_array_interface__`` functions: :func:`quantize_int8`,
+  :func:`dequantize_int8`, :func:`quantize_int4`, :func:`dequantize_int4`, and the seed API
+  :func:`quantize_tensor` / :func:`dequantize_tensor`. NumPy inputs are copied to the GPU and the
+  results come back as NumPy arrays. Objects with ``__cuda_array_interface__`` (torch, cupy,
+  numba, :class:`DeviceArray`) are used in place, zero-copy; their results are
+  :class:`DeviceArray` objects (or go into ``out=``).
+* :data:`raw`: one function per C entry point, taking ints for device pointers and streams.
+* :data:`cuda`: a small libcudart binding (malloc, memcpy, streams, CUDA graph capture) and
+  :class:`DeviceArray`, a typed device buffer.
+
+bfloat16 data is held as ``np.uint16`` bit patterns; ``dtype="bf16"`` (inputs),
+``out_dtype="bf16"`` (outputs) or ``DeviceArray.ck_dtype == DType.BF16`` says so.
+Every library failure raises :class:`CKError` (``.status`` is a :class:`Status`, ``.message``
+the library's own words); a failing CUDA runtime call made here raises :class:`CUDAError`.
+
+Example::
+
+    import numpy as np
+    import cuda_wrapper as ck
+
+    x = np.random.randn(16, 4096).astype(np.float32)
+    q, scales = ck.quantize_int8(x, granularity="row")     # int8 [16, 4096], float32 [16]
+    y = ck.dequantize_int8(q, scales, granularity="row")    # float32 [16, 4096]
+
+    w = np.random.randn(4096, 4096).astype(np.float16)
+    packed, s, z = ck.quantize_int4(w, group_size=128, symmetric=False)
+    w2 = ck.dequantize_int4(packed, s, z, cols=4096, group_size=128)   # float16, like s
+
+    xd = ck.DeviceArray.from_numpy(x)                        # or a torch/cupy CUDA tensor
+    qd, sd = ck.quantize_int8(xd, granularity="row")         # DeviceArrays, nothing copied
+    stream = ck.cuda.stream_create()
+    with ck.cuda.graph_capture(stream) as graph:             # every entry point is capturable
+        ck.raw.quantize_int8(xd.ptr, ck.DType.FP32, 16, 4096, ck.PER_ROW, ck.DYNAMIC,
+                             sd.ptr, qd.ptr, stream)
+    graph.launch(stream)
+    ck.cuda.stream_synchronize(stream)
+
+The library is looked up next to this file, or where ``CK_LIBRARY_PATH`` (a file or a
+directory) says; it is loaded on first use.
+"""
+
+import atexit
+import contextlib
+import ctypes
+import ctypes.util
+import enum
+import math
+import numbers
+import os
+import threading
+
+import numpy as np
+
+__all__ = [
+    "DType", "Status", "CKError", "CUDAError", "LibraryNotFoundError",
+    "PER_TENSOR", "PER_ROW", "STATIC", "DYNAMIC", "INT4_SYMMETRIC", "INT4_ASYMMETRIC",
+    "GROUP_ROW", "version", "device_count", "library_path", "load_library",
+    "cuda", "CUDAGraph", "DeviceArray", "raw",
+    "quantize_int8", "dequantize_int8", "quantize_int4", "dequantize_int4",
+    "quantize_tensor", "dequantize_tensor",
+]
+
+LIBRARY_NAME = "libcuda_kernels.so"
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+# ------------------------------------------------------------------------------------------------
+# Enums and constants (values from cuda_kernels.h)
+# ------------------------------------------------------------------------------------------------
+class DType(enum.IntEnum):
+    FP32 = 0
+    FP16 = 1
+    BF16 = 2
+    INT8 = 3
+    INT32 = 4
+    UINT8 = 5
+
+
+class Status(enum.IntEnum):
+    SUCCESS = 0
+    INVALID_VALUE = 1
+    MISALIGNED = 2
+    UNSUPPORTED = 3
+    NO_DEVICE = 4
+    CUDA_ERROR = 5
+    CUBLAS_ERROR = 6
+    INTERNAL_ERROR = 7
+
+
+PER_TENSOR = 0          # ck_granularity_t
+PER_ROW = 1
+STATIC = 0              # ck_scale_mode_t
+DYNAMIC = 1
+INT4_SYMMETRIC = 0      # ck_int4_mode_t
+INT4_ASYMMETRIC = 1
+GROUP_ROW = -1          # CK_GROUP_ROW
+
+# Host-side storage of each library dtype (bf16 as its bit pattern).
+_NUMPY_OF = {
+    DType.FP32: np.dtype(np.float32),
+    DType.FP16: np.dtype(np.float16),
+    DType.BF16: np.dtype(np.uint16),
+    DType.INT8: np.dtype(np.int8),
+    DType.INT32: np.dtype(np.int32),
+    DType.UINT8: np.dtype(np.uint8),
+}
+# The library dtype of each NumPy dtype; uint16 is ambiguous (bf16 must be said explicitly).
+_DTYPE_OF = {v: k for k, v in _NUMPY_OF.items() if k != DType.BF16}
+
+_DTYPE_NAMES = {
+    "fp32": DType.FP32, "float32": DType.FP32, "float": DType.FP32,
+    "fp16": DType.FP16, "float16": DType.FP16, "half": DType.FP16,
+    "bf16": DType.BF16, "bfloat16": DType.BF16,
+}
+
+
+# ------------------------------------------------------------------------------------------------
+# Errors
+# ------------------------------------------------------------------------------------------------
+class LibraryNotFoundError(OSError):
+    """libcuda_kernels.so (or libcudart) could not be found or loaded."""
+
+
+class CKError(RuntimeError):
+    """A library call returned a status other than CK_STATUS_SUCCESS.
+
+    status: a Status (an int if the library returned an unknown value); message: the calling
+    thread's ck_last_error_message(); cuda_error: ck_last_cuda_error() for CUDA_ERROR and
+    NO_DEVICE (else 0); function: the entry point that failed.
+    """
+
+    def __init__(self, status, message, cuda_error=0, function=None):
+        try:
+            status = Status(status)
+        except ValueError:
+            pass
+        self.status = status
+        self.message = message
+        self.cuda_error = cuda_error
+        self.function = function
+        super().__init__(status, message)
+
+    def __str__(self):
+        name = self.status.name if isinstance(self.status, Status) else "status %d" % self.status
+        text = "%s: %s" % (name, self.message or "(no message)")
+        if self.cuda_error:
+            text += " [cudaError %d: %s]" % (self.cuda_error, cuda.error_string(self.cuda_error))
+        return text
+
+
+class CUDAError(RuntimeError):
+    """A CUDA runtime call made by this module failed. code: the cudaError_t value."""
+
+    def __init__(self, code, call, text):
+        self.code = code
+        self.call = call
+        self.text = text
+        super().__init__(code, call, text)
+
+    def __str__(self):
+        return "%s failed: cudaError %d: %s" % (self.call, self.code, self.text)
+
+
+# ------------------------------------------------------------------------------------------------
+# Loading libcuda_kernels.so; the table of its exports
+# ------------------------------------------------------------------------------------------------
+_STATUS = "ck_status_t"   # declared as c_int; a non-zero value raises CKError
+
+_VOIDP = ctypes.c_void_p
+_I64 = ctypes.c_int64
+_ENUM = ctypes.c_int
+
+# Every export of cuda_kernels.h: name -> (restype, argtypes). tests/test_abi.py checks this
+# table against the header, declaration by declaration.
+DECLARATIONS = {
+    "ck_version": (ctypes.c_int, ()),
+    "ck_status_string": (ctypes.c_char_p, (_ENUM,)),
+    "ck_last_error_message": (ctypes.c_char_p, ()),
+    "ck_last_cuda_error": (ctypes.c_int, ()),
+    "ck_device_count": (_STATUS, (ctypes.POINTER(ctypes.c_int),)),
+    # x, x_dtype, rows, cols, granularity, scale_mode, scales, q, stream
+    "ck_quantize_int8": (_STATUS, (_VOIDP, _ENUM, _I64, _I64, _ENUM, _ENUM, _VOIDP, _VOIDP,
+                                   _VOIDP)),
+    # q, scales, rows, cols, granularity, out, out_dtype, stream
+    "ck_dequantize_int8": (_STATUS, (_VOIDP, _VOIDP, _I64, _I64, _ENUM, _VOIDP, _ENUM, _VOIDP)),
+    # cols, group_size
+    "ck_int4_groups_per_row": (_I64, (_I64, _I64)),
+    # x, x_dtype, rows, cols, group_size, mode, q_packed, scales, zeros, stream
+    "ck_quantize_int4": (_STATUS, (_VOIDP, _ENUM, _I64, _I64, _I64, _ENUM, _VOIDP, _VOIDP, _VOIDP,
+                                   _VOIDP)),
+    # q_packed, scales, zeros, rows, cols, group_size, mode, out, out_dtype, stream
+    "ck_dequantize_int4": (_STATUS, (_VOIDP, _VOIDP, _VOIDP, _I64, _I64, _I64, _ENUM, _VOIDP,
+                                     _ENUM, _VOIDP)),
+}
+
+_lib_lock = threading.RLock()
+_lib = None
+
+
+def library_path():
+    """Where the library is looked for: $CK_LIBRARY_PATH (a file, or a directory holding
+    libcuda_kernels.so), else next to this module."""
+    env = os.environ.get("CK_LIBRARY_PATH")
+    if env:
+        return os.path.join(env, LIBRARY_NAME) if os.path.isdir(env) else env
+    return os.path.join(_HERE, LIBRARY_NAME)
+
+
+def _raise_for_status(status, func, args):
+    """ctypes errcheck for entry points returning ck_status_t."""
+    if status == Status.SUCCESS:
+        return status
+    lib = _lib
+    message = (lib.ck_last_error_message() or b"").decode("utf-8", "replace")
+    cuda_error = 0
+    if status in (Status.CUDA_ERROR, Status.NO_DEVICE):
+        cuda_error = lib.ck_last_cuda_error()
+    raise CKError(status, message, cuda_error, func.__name__)
+
+
+def load_library():
+    """Loads (once) and returns the ctypes.CDLL of libcuda_kernels.so, declared per
+    DECLARATIONS. Raises LibraryNotFoundError with what to do when it is missing."""
+    global _lib
+    if _lib is not None:
+        return _lib
+    with _lib_lock:
+        if _lib is not None:
+            return _lib
+        path = library_path()
+        where = "CK_LIBRARY_PATH=%s" % os.environ["CK_LIBRARY_PATH"] \
+            if os.environ.get("CK_LIBRARY_PATH") else "next to %s" % __file__
+        if not os.path.isfile(path):
+            raise LibraryNotFoundError(
+                "%s not found (%s): run `make` in %s, or set CK_LIBRARY_PATH to the library "
+                "file or its directory" % (path, where, _HERE))
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError as e:
+            raise LibraryNotFoundError("cannot load %s: %s (run `make` to rebuild it)"
+                                       % (path, e)) from e
+        for name, (restype, argtypes) in DECLARATIONS.items():
+            try:
+                fn = getattr(lib, name)
+            except AttributeError as e:
+                raise LibraryNotFoundError("%s does not export %s: it is older than "
+                                           "cuda_kernels.h (run `make`)" % (path, name)) from e
+            fn.argtypes = argtypes
+            if restype is _STATUS:
+                fn.restype = ctypes.c_int
+                fn.errcheck = _raise_for_status
+            else:
+                fn.restype = restype
+        _lib = lib
+        return _lib
+
+
+def version():
+    """Version of the loaded library as "major.minor.patch" (ck_version())."""
+    v = load_library().ck_version()
+    return "%d.%d.%d" % (v // 10000, v // 100 % 100, v % 100)
+
+
+def device_count():
+    """Number of CUDA devices the library sees; 0 where it says CK_STATUS_NO_DEVICE."""
+    count = ctypes.c_int(0)
+    try:
+        load_library().ck_device_count(ctypes.byref(count))
+    except CKError as e:
+        if e.status == Status.NO_DEVICE:
+            return 0
+        raise
+    return count.value
+
+
+def status_string(status):
+    """ck_status_string(status): the status's name, e.g. "CK_STATUS_MISALIGNED"."""
+    return load_library().ck_status_string(int(status)).decode()
+
+
+def last_error_message():
+    """ck_last_error_message() of the calling thread ("" after a successful call)."""
+    return (load_library().ck_last_error_message() or b"").decode("utf-8", "replace")
+
+
+# ------------------------------------------------------------------------------------------------
+# Raw level: one function per entry point; ints for device pointers and streams
+# ------------------------------------------------------------------------------------------------
+class _Raw:
+    """The entry points as they are: device pointers and streams are ints (0 = NULL / the
+    legacy default stream), enums are ints, sizes are ints. Failures raise CKError."""
+
+    @staticmethod
+    def quantize_int8(x_ptr, x_dtype, rows, cols, granularity, scale_mode, scales_ptr, q_ptr,
+                      stream=0):
+        """ck_quantize_int8."""
+        load_library().ck_quantize_int8(x_ptr, x_dtype, rows, cols, granularity, scale_mode,
+                                        scales_ptr, q_ptr, stream)
+
+    @staticmethod
+    def dequantize_int8(q_ptr, scales_ptr, rows, cols, granularity, out_ptr, out_dtype,
+                        stream=0):
+        """ck_dequantize_int8."""
+        load_library().ck_dequantize_int8(q_ptr, scales_ptr, rows, cols, granularity, out_ptr,
+                                          out_dtype, stream)
+
+    @staticmethod
+    def quantize_int4(x_ptr, x_dtype, rows, cols, group_size, mode, q_ptr, scales_ptr,
+                      zeros_ptr, stream=0):
+        """ck_quantize_int4 (zeros_ptr 0 for INT4_SYMMETRIC)."""
+        load_library().ck_quantize_int4(x_ptr, x_dtype, rows, cols, group_size, mode, q_ptr,
+                                        scales_ptr, zeros_ptr, stream)
+
+    @staticmethod
+    def dequantize_int4(q_ptr, scales_ptr, zeros_ptr, rows, cols, group_size, mode, out_ptr,
+                        out_dtype, stream=0):
+        """ck_dequantize_int4 (zeros_ptr 0 for INT4_SYMMETRIC)."""
+        load_library().ck_dequantize_int4(q_ptr, scales_ptr, zeros_ptr, rows, cols, group_size,
+                                          mode, out_ptr, out_dtype, stream)
+
+    @staticmethod
+    def int4_groups_per_row(cols, group_size):
+        """ck_int4_groups_per_row: groups in a row, 0 for an invalid cols or group_size."""
+        return load_library().ck_int4_groups_per_row(cols, group_size)
+
+    @staticmethod
+    def device_count():
+        """ck_device_count (raises CKError with Status.NO_DEVICE where there is none)."""
+        count = ctypes.c_int(0)
+        load_library().ck_device_count(ctypes.byref(count))
+        return count.value
+
+    version = staticmethod(lambda: load_library().ck_version())
+    status_string = staticmethod(status_string)
+    last_error_message = staticmethod(last_error_message)
+    last_cuda_error = staticmethod(lambda: load_library().ck_last_cuda_error())
+
+
+raw = _Raw()
+
+
+# ------------------------------------------------------------------------------------------------
+# libcudart, the few calls this module needs
+# ------------------------------------------------------------------------------------------------
+_MEMCPY_HTOD, _MEMCPY_DTOH, _MEMCPY_DTOD = 1, 2, 3          # cudaMemcpyKind
+_CAPTURE_MODES = {"global": 0, "thread_local": 1, "relaxed": 2}  # cudaStreamCaptureMode
+_STREAM_NON_BLOCKING = 0x01                                 # cudaStreamNonBlocking
+
+_PVOIDP = ctypes.POINTER(ctypes.c_void_p)
+_CUDART_DECLARATIONS = {
+    "cudaGetErrorString": (ctypes.c_char_p, (ctypes.c_int,)),
+    "cudaRuntimeGetVersion": (ctypes.c_int, (ctypes.POINTER(ctypes.c_int),)),
+    "cudaMalloc": (ctypes.c_int, (_PVOIDP, ctypes.c_size_t)),
+    "cudaFree": (ctypes.c_int, (_VOIDP,)),
+    "cudaMemcpy": (ctypes.c_int, (_VOIDP, _VOIDP, ctypes.c_size_t, ctypes.c_int)),
+    "cudaMemcpyAsync": (ctypes.c_int, (_VOIDP, _VOIDP, ctypes.c_size_t, ctypes.c_int, _VOIDP)),
+    "cudaMemset": (ctypes.c_int, (_VOIDP, ctypes.c_int, ctypes.c_size_t)),
+    "cudaStreamCreateWithFlags": (ctypes.c_int, (_PVOIDP, ctypes.c_uint)),
+    "cudaStreamDestroy": (ctypes.c_int, (_VOIDP,)),
+    "cudaStreamSynchronize": (ctypes.c_int, (_VOIDP,)),
+    "cudaDeviceSynchronize": (ctypes.c_int, ()),
+    "cudaStreamBeginCapture": (ctypes.c_int, (_VOIDP, ctypes.c_int)),
+    "cudaStreamEndCapture": (ctypes.c_int, (_VOIDP, _PVOIDP)),
+    # CUDA 12+: (cudaGraphExec_t*, cudaGraph_t, unsigned long long flags)
+    "cudaGraphInstantiate": (ctypes.c_int, (_PVOIDP, _VOIDP, ctypes.c_ulonglong)),
+    "cudaGraphLaunch": (ctypes.c_int, (_VOIDP, _VOIDP)),
+    "cudaGraphExecDestroy": (ctypes.c_int, (_VOIDP,)),
+    "cudaGraphDestroy": (ctypes.c_int, (_VOIDP,)),
+}
+
+# Frees that arrive while a stream capture forbids cudaFree wait here until it ends.
+_capture_local = threading.local()
+_capture_global = [0]
+_deferred_frees = []
+_shutting_down = [False]
+
+
+@atexit.register
+def _at_exit():
+    # The process is ending: the driver takes back device memory; calling into cudart while
+    # it unloads is what could go wrong.
+    _shutting_down[0] = True
+
+
+def _capture_in_progress():
+    return getattr(_capture_local, "depth", 0) > 0 or _capture_global[0] > 0
+
+
+class _CudaRuntime:
+    """libcudart through ctypes: what tests, benchmarks and the NumPy level need. Pointers and
+    streams are ints. Failures raise CUDAError."""
+
+    def __init__(self):
+        self._rt = None
+        self._lock = threading.Lock()
+
+    # -- loading -----------------------------------------------------------------------------
+    @staticmethod
+    def _candidates():
+        # After libcuda_kernels.so is loaded, its libcudart (by soname) is already in the process:
+        # dlopen of the soname returns that very copy.
+        names = ["libcudart.so.13", "libcudart.so.12"]
+        found = ctypes.util.find_library("cudart")
+        if found:
+            names.append(found)
+        for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+            if home:
+                names += [os.path.join(home, "lib64", "libcudart.so"),
+                          os.path.join(home, "lib", "libcudart.so")]
+        return names
+
+    def _load(self):
+        if self._rt is not None:
+            return self._rt
+        with self._lock:
+            if self._rt is not None:
+                return self._rt
+            try:
+                load_library()
+            except LibraryNotFoundError:
+                pass  # the runtime is still useful without the library
+            errors = []
+            for name in self._candidates():
+                try:
+                    rt = ctypes.CDLL(name)
+                    break
+                except OSError as e:
+                    errors.append(str(e))
+            else:
+                raise LibraryNotFoundError("libcudart not found (tried %s); set CUDA_HOME"
+                                           % "; ".join(errors))
+            for fname, (restype, argtypes) in _CUDART_DECLARATIONS.items():
+                fn = getattr(rt, fname)
+                fn.restype, fn.argtypes = restype, argtypes
+            self._rt = rt
+            return rt
+
+    def _call(self, fname, *args):
+        err = getattr(self._load(), fname)(*args)
+        if err != 0:
+            raise CUDAError(err, fname, self.error_string(err))
+
+    def error_string(self, code):
+        """cudaGetErrorString(code)."""
+        try:
+            return self._load().cudaGetErrorString(code).decode()
+        except Exception:  # noqa: BLE001 - used while reporting another error
+            return "(cudaGetErrorString unavailable)"
+
+    def runtime_version(self):
+        """cudaRuntimeGetVersion(), e.g. 13000."""
+        v = ctypes.c_int(0)
+        self._call("cudaRuntimeGetVersion", ctypes.byref(v))
+        return v.value
+
+    # -- memory ------------------------------------------------------------------------------
+    def malloc(self, nbytes):
+        """cudaMalloc: a device pointer (int); 0 for nbytes == 0."""
+        p = ctypes.c_void_p()
+        self._call("cudaMalloc", ctypes.byref(p), nbytes)
+        return p.value or 0
+
+    def free(self, ptr):
+        """cudaFree."""
+        self._call("cudaFree", ptr)
+
+    @staticmethod
+    def _host_buffer(a, name, writeable=False):
+        if not isinstance(a, np.ndarray):
+            raise TypeError("%s must be a numpy.ndarray, not %s" % (name, type(a).__name__))
+        if not a.flags.c_contiguous:
+            raise ValueError("%s must be C-contiguous" % name)
+        if writeable and not a.flags.writeable:
+            raise ValueError("%s must be writeable" % name)
+        return a.ctypes.data, a.nbytes
+
+    def memcpy_htod(self, dst, a, stream=None):
+        """Copies the C-contiguous ndarray a to device pointer dst. Without a stream the copy
+        has completed on return; with one it is enqueued there (a may be reused at once)."""
+        src, nbytes = self._host_buffer(a, "a")
+        if nbytes == 0:
+            return
+        if stream is None:
+            self._call("cudaMemcpy", dst, src, nbytes, _MEMCPY_HTOD)
+            # cudaMemcpy from pageable memory may return before the DMA lands.
+            self._call("cudaStreamSynchronize", None)
+        else:
+            self._call("cudaMemcpyAsync", dst, src, nbytes, _MEMCPY_HTOD, stream)
+
+    def memcpy_dtoh(self, out, src, stream=None):
+        """Copies out.nbytes from device pointer src into the C-contiguous ndarray out (after
+        the work already on `stream`, or on the legacy default stream); complete on return."""
+        dst, nbytes = self._host_buffer(out, "out", writeable=True)
+        if nbytes == 0:
+            return
+        if stream is None:
+            self._call("cudaMemcpy", dst, src, nbytes, _MEMCPY_DTOH)
+        else:
+            self._call("cudaMemcpyAsync", dst, src, nbytes, _MEMCPY_DTOH, stream)
+            self._call("cudaStreamSynchronize", stream)
+
+    def memcpy_dtod(self, dst, src, nbytes, stream=None):
+        """Device-to-device copy of nbytes (on `stream` if given)."""
+        if stream is None:
+            self._call("cudaMemcpy", dst, src, nbytes, _MEMCPY_DTOD)
+        else:
+            self._call("cudaMemcpyAsync", dst, src, nbytes, _MEMCPY_DTOD, stream)
+
+    def memset(self, ptr, byte, nbytes):
+        """cudaMemset(ptr, byte, nbytes)."""
+        self._call("cudaMemset", ptr, byte, nbytes)
+
+    # -- streams and synchronization -------------------------------------------------------
+    def stream_create(self, non_blocking=False):
+        """A new stream (int). non_blocking: does not synchronize with the legacy stream."""
+        s = ctypes.c_void_p()
+        self._call("cudaStreamCreateWithFlags", ctypes.byref(s),
+                   _STREAM_NON_BLOCKING if non_blocking else 0)
+        return s.value
+
+    def stream_destroy(self, stream):
+        self._call("cudaStreamDestroy", stream)
+
+    def stream_synchronize(self, stream=0):
+        self._call("cudaStreamSynchronize", stream)
+
+    def device_synchronize(self):
+        self._call("cudaDeviceSynchronize")
+
+    # -- graphs ------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def graph_capture(self, stream, mode="thread_local"):
+        """Captures the work enqueued on `stream` (not the legacy stream 0) inside the block
+        into a CUDA graph. Yields a CUDAGraph that is ready after the block: g.launch(stream),
+        g.close(). mode: "thread_local" (default), "global" or "relaxed"."""
+        if mode not in _CAPTURE_MODES:
+            raise ValueError("mode must be one of %s" % ", ".join(_CAPTURE_MODES))
+        graph = CUDAGraph()
+        self._call("cudaStreamBeginCapture", stream, _CAPTURE_MODES[mode])
+        _capture_local.depth = getattr(_capture_local, "depth", 0) + 1
+        if mode == "global":
+            _capture_global[0] += 1
+        completed = False
+        try:
+            yield graph
+            completed = True
+        finally:
+            handle = ctypes.c_void_p()
+            err = self._load().cudaStreamEndCapture(stream, ctypes.byref(handle))
+            _capture_local.depth -= 1
+            if mode == "global":
+                _capture_global[0] -= 1
+            if not _capture_in_progress():
+                _flush_deferred_frees()
+            if not completed:  # an exception is on its way out: drop the partial graph
+                if handle.value:
+                    self._load().cudaGraphDestroy(handle)
+            else:
+                if err != 0:
+                    raise CUDAError(err, "cudaStreamEndCapture", self.error_string(err))
+                graph._graph = handle.value
+                exec_handle = ctypes.c_void_p()
+                self._call("cudaGraphInstantiate", ctypes.byref(exec_handle), handle.value, 0)
+                graph._exec = exec_handle.value
+
+
+cuda = _CudaRuntime()
+
+
+class CUDAGraph:
+    """An instantiated CUDA graph made by cuda.graph_capture()."""
+
+    def __init__(self):
+        self._graph = None
+        self._exec = None
+
+    def launch(self, stream=0):
+        if not self._exec:
+            raise RuntimeError("the graph is not instantiated: launch it after the "
+                               "`with cuda.graph_capture(...)` block, and before close()")
+        cuda._call("cudaGraphLaunch", self._exec, stream)
+
+    def close(self):
+        """Destroys the executable graph and the graph (idempotent)."""
+        exec_handle, graph_handle = self._exec, self._graph
+        self._exec = self._graph = None
+        if exec_handle:
+            cuda._call("cudaGraphExecDestroy", exec_handle)
+        if graph_handle:
+            cuda._call("cudaGraphDestroy", graph_handle)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        if _shutting_down[0]:
+            return
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - never raise from a finalizer
+            pass
+
+
+def _flush_deferred_frees():
+    while _deferred_frees:
+        ptr = _deferred_frees.pop()
+        try:
+            cuda.free(ptr)
+        except CUDAError:
+            pass
+
+
+# ------------------------------------------------------------------------------------------------
+# DeviceArray
+# ------------------------------------------------------------------------------------------------
+def _as_dtype_enum(value, name="dtype"):
+    """A DType from a DType/int, a name ("fp32", "fp16", "bf16") or a NumPy dtype."""
+    if value is None:
+        return None
+    if isinstance(value, DType):
+        return value
+    if isinstance(value, str) and value.lower() in _DTYPE_NAMES:
+        return _DTYPE_NAMES[value.lower()]
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return DType(value)
+    try:
+        dt = np.dtype(value)
+    except TypeError:
+        dt = None
+    if dt is not None and dt in _DTYPE_OF:
+        return _DTYPE_OF[dt]
+    raise ValueError("%s=%r: use 'fp32', 'fp16', 'bf16' or a DType" % (name, value))
+
+
+class DeviceArray:
+    """A C-contiguous device buffer with a shape and a NumPy dtype.
+
+    ck_dtype is the library dtype of the data: taken from the NumPy dtype, or the override given
+    (DType.BF16 for np.uint16 bit patterns). An owning array frees its memory on free() or when
+    collected. __cuda_array_interface__ (version 3) lets torch/cupy/numba use it in place.
+    """
+
+    def __init__(self, ptr, shape, dtype, ck_dtype=None, owner=False, stream=None, base=None):
+        self.ptr = int(ptr or 0)
+        self.shape = tuple(int(s) for s in shape)
+        self.dtype = np.dtype(dtype)
+        self._ck_dtype = None
+        if ck_dtype is not None:
+            ck = _as_dtype_enum(ck_dtype, "ck_dtype")
+            if _NUMPY_OF[ck].itemsize != self.dtype.itemsize:
+                raise ValueError("ck_dtype %s does not fit dtype %s" % (ck.name, self.dtype))
+            self._ck_dtype = ck
+        self.stream = stream     # the stream the data was last written on, if known
+        self._owner = owner
+        self._base = base        # keeps what this array depends on alive
+
+    @classmethod
+    def empty(cls, shape, dtype, ck_dtype=None):
+        """An uninitialized array (cudaMalloc)."""
+        if isinstance(shape, numbers.Integral):
+            shape = (shape,)
+        shape = tuple(int(s) for s in shape)
+        if any(s < 0 for s in shape):
+            raise ValueError("negative dimension in shape %s" % (shape,))
+        nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+        arr = cls(0, shape, dtype, ck_dtype)   # validates dtype/ck_dtype before allocating
+        arr.ptr = cuda.malloc(nbytes)
+        arr._owner = True
+        return arr
+
+    @classmethod
+    def from_numpy(cls, a, ck_dtype=None):
+        """A device copy of a (complete on return)."""
+        a = np.ascontiguousarray(a)
+        arr = cls.empty(a.shape, a.dtype, ck_dtype)
+        cuda.memcpy_htod(arr.ptr, a)
+        return arr
+
+    @property
+    def ck_dtype(self):
+        """The library dtype (a DType) or None when it is unknown (uint16 without override)."""
+        return self._ck_dtype if self._ck_dtype is not None else _DTYPE_OF.get(self.dtype)
+
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+    @property
+    def size(self):
+        return math.prod(self.shape)
+
+    @property
+    def itemsize(self):
+        return self.dtype.itemsize
+
+    @property
+    def nbytes(self):
+        return self.size * self.dtype.itemsize
+
+    def __len__(self):
+        return self.shape[0] if self.shape else 0
+
+    def to_numpy(self):
+        """A host copy (waits for the stream that wrote the data, if one is recorded)."""
+        out = np.empty(self.shape, self.dtype)
+        if self.nbytes:
+            if not self.ptr:
+                raise ValueError("the array has been freed")
+            cuda.memcpy_dtoh(out, self.ptr, stream=self._sync_stream())
+        return out
+
+    def _sync_stream(self):
+        # A copy on the legacy stream orders after blocking streams, not after non-blocking
+        # ones: then it has to go on the writer's stream.
+        return None if self.stream in (None, 0, 1) else self.stream
+
+    def fill_byte(self, byte):
+        """Sets every byte to `byte` (cudaMemset), e.g. to poison an output."""
+        cuda.memset(self.ptr, byte, self.nbytes)
+        return self
+
+    def reshape(self, *shape):
+        """A view with another shape of the same size (no copy)."""
+        if len(shape) == 1 and not isinstance(shape[0], numbers.Integral):
+            shape = tuple(shape[0])
+        if math.prod(shape) != self.size:
+            raise ValueError("cannot reshape %s into %s" % (self.shape, shape))
+        return DeviceArray(self.ptr, shape, self.dtype, self._ck_dtype, owner=False,
+                           stream=self.stream, base=self)
+
+    def free(self):
+        """Releases the memory of an owning array (idempotent; deferred while a stream capture
+        forbids cudaFree)."""
+        ptr, owner = self.ptr, self._owner
+        self.ptr, self._owner, self._base = 0, False, None
+        if not (owner and ptr) or _shutting_down[0]:
+            return
+        if _capture_in_progress():
+            _deferred_frees.append(ptr)
+        else:
+            cuda.free(ptr)
+
+    def __del__(self):
+        try:
+            self.free()
+        except Exception:  # noqa: BLE001 - never raise from a finalizer (or at exit)
+            pass
+
+    @property
+    def __cuda_array_interface__(self):
+        cai = {
+            "shape": self.shape,
+            "typestr": self.dtype.str,
+            "data": (self.ptr, False),
+            "strides": None,
+            "version": 3,
+        }
+        if self.stream is not None:
+            cai["stream"] = 1 if self.stream == 0 else self.stream   # 0 is not allowed: 1 is legacy
+        return cai
+
+    def __repr__(self):
+        ck = self.ck_dtype.name if self.ck_dtype is not None else "?"
+        return "DeviceArray(shape=%s, dtype=%s, ck_dtype=%s, ptr=0x%x%s)" % (
+            self.shape, self.dtype, ck, self.ptr, "" if self._owner else ", view")
+
+
+# ------------------------------------------------------------------------------------------------
+# NumPy / __cuda_array_interface__ level
+# ------------------------------------------------------------------------------------------------
+class _Arg:
+    """One array argument resolved for a launch."""
+
+    def __init__(self, ptr, shape, dtype, ck_dtype, result, stream=None):
+        self.ptr, self.shape, self.dtype, self.ck_dtype = ptr, shape, dtype, ck_dtype
+        self.result = result   # what to hand back when it is also returned
+        self.stream = stream   # a CAI's stream, if it said one
+
+    @property
+    def size(self):
+        return math.prod(self.shape)
+
+
+def _is_device(obj):
+    try:
+        return hasattr(obj, "__cuda_array_interface__")
+    except Exception:  # noqa: BLE001 - it has one but will not give it (torch bf16): _cai says
+        return True
+
+
+def _c_contiguous(shape, strides, itemsize):
+    expected = itemsize
+    for dim, stride in zip(reversed(shape), reversed(strides)):
+        if dim != 1 and stride != expected:
+            return False
+        expected *= dim
+    return True
+
+
+def _cai(obj, name):
+    """(ptr, shape, dtype, readonly, stream) of an object with __cuda_array_interface__."""
+    try:
+        cai = obj.__cuda_array_interface__
+    except TypeError as e:   # torch has no typestr for bfloat16
+        raise TypeError("%s: %s (pass bfloat16 tensors as x.view(torch.int16) with dtype='bf16')"
+                        % (name, e)) from e
+    shape = tuple(int(s) for s in cai["shape"])
+    dtype = np.dtype(cai["typestr"])
+    ptr, readonly = cai["data"]
+    if cai.get("mask") is not None:
+        raise ValueError("%s: masked arrays are not supported" % name)
+    strides = cai.get("strides")
+    if strides is not None and not _c_contiguous(shape, strides, dtype.itemsize):
+        raise ValueError("%s must be C-contiguous (shape %s, strides %s)"
+                         % (name, shape, tuple(strides)))
+    if dtype.byteorder == ">":
+        raise ValueError("%s must be little-endian" % name)
+    return int(ptr or 0), shape, dtype, bool(readonly), cai.get("stream")
+
+
+def _ck_dtype(obj, dtype, override, name):
+    """The library dtype of an argument: the explicit override, a DeviceArray's ck_dtype, or
+    the NumPy dtype (uint16 only with an explicit bf16)."""
+    if override == DType.BF16:
+        if dtype.itemsize != 2 or dtype.kind not in "uiV":
+            raise TypeError("%s has dtype %s: bf16 data is held as uint16 bit patterns"
+                            % (name, dtype))
+        return override
+    if override is not None:
+        if dtype != _NUMPY_OF[override]:
+            raise TypeError("%s has dtype %s, not %s" % (name, dtype, override.name.lower()))
+        return override
+    if isinstance(obj, DeviceArray) and obj.ck_dtype is not None:
+        return obj.ck_dtype
+    if dtype.name == "bfloat16":   # ml_dtypes.bfloat16
+        return DType.BF16
+    if dtype.kind == "V" and dtype.itemsize == 2 and str(getattr(obj, "dtype", "")) == \
+            "torch.bfloat16":   # torch exports bfloat16 as the opaque typestr "|V2"
+        return DType.BF16
+    return _DTYPE_OF.get(dtype)
+
+
+def _matrix(shape, name):
+    """(rows, cols) of a 1-D ([1, n]) or 2-D shape with at least one element."""
+    if len(shape) == 1:
+        rows, cols = 1, shape[0]
+    elif len(shape) == 2:
+        rows, cols = shape
+    else:
+        raise ValueError("%s must be 1-D or 2-D, not of shape %s" % (name, shape))
+    if rows == 0 or cols == 0:
+        raise ValueError("%s is empty (shape %s): rows and cols must be >= 1" % (name, shape))
+    return rows, cols
+
+
+_FLOAT_INPUT = "fp32, fp16 or bf16"
+
+
+def _check_input(shape, dtype, ck, name, matrix, need):
+    """The host-side checks of an input, made before anything is allocated or copied."""
+    if matrix:
+        _matrix(shape, name)
+    if need is _FLOAT_INPUT:
+        if ck is None:
+            raise TypeError("%s has dtype %s: use float32, float16 or bfloat16 (uint16 bit "
+                            "patterns with dtype='bf16')" % (name, dtype))
+    elif need is not None and dtype != np.dtype(need):
+        raise TypeError("%s has dtype %s, needs %s" % (name, dtype, np.dtype(need)))
+
+
+def _split_out(out, count, names):
+    """out= is either the main output or a tuple with one entry (or None) per output."""
+    if isinstance(out, (tuple, list)):
+        if len(out) != count:
+            raise ValueError("out must hold %d arrays (%s)" % (count, ", ".join(names)))
+        return list(out)
+    return [out] + [None] * (count - 1)
+
+
+class _Call:
+    """Resolves the arrays of one convenience call to device pointers, allocates the outputs,
+    and after the launch returns results in the caller's kind: NumPy in, NumPy out (copies);
+    __cuda_array_interface__ in, DeviceArray out (or out=, in place)."""
+
+    def __init__(self, primary, stream):
+        self.device = _is_device(primary)
+        if stream is None and self.device:
+            stream = _cai(primary, "the first array")[4]
+        self.stream = int(stream or 0)
+        self._temps = []       # device buffers made here that no result owns
+        self._downloads = []   # (device buffer, host array)
+        self._launched = False
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, *rest):
+        if exc_type is not None:
+            self._release(sync=bool(self._temps))
+        return False
+
+    def input(self, obj, name, dtype=None, scalar_dtype=None, matrix=False, need=None):
+        """An input array; host data is uploaded on the call's stream. matrix: must be a
+        non-empty 1-D or 2-D array; need: its NumPy dtype, or _FLOAT_INPUT."""
+        override = _as_dtype_enum(dtype, name + " dtype") if dtype is not None else None
+        if _is_device(obj):
+            ptr, shape, np_dtype, _, stream = _cai(obj, name)
+            ck = _ck_dtype(obj, np_dtype, override, name)
+            _check_input(shape, np_dtype, ck, name, matrix, need)
+            return _Arg(ptr, shape, np_dtype, ck, obj, stream)
+        if scalar_dtype is not None and isinstance(obj, numbers.Real) \
+                and not isinstance(obj, (bool, np.ndarray)):
+            a = np.array([obj], dtype=scalar_dtype)   # a Python float becomes one float32
+        elif isinstance(obj, np.ndarray):
+            a = obj
+        else:
+            a = np.asarray(obj)
+        if not a.flags.c_contiguous:
+            raise ValueError("%s must be C-contiguous (use np.ascontiguousarray)" % name)
+        if a.dtype.byteorder == ">":
+            raise ValueError("%s must be in native byte order" % name)
+        ck = _ck_dtype(obj, a.dtype, override, name)
+        _check_input(a.shape, a.dtype, ck, name, matrix, need)
+        if a.dtype.name == "bfloat16":
+            a = a.view(np.uint16)
+        dev = DeviceArray.empty(a.shape, a.dtype, ck if ck == DType.BF16 else None)
+        self._temps.append(dev)
+        cuda.memcpy_htod(dev.ptr, a, stream=self.stream)
+        if self.device:   # returned (static scales): hand back the uploaded copy
+            return _Arg(dev.ptr, a.shape, a.dtype, ck, dev)
+        return _Arg(dev.ptr, a.shape, a.dtype, ck, a)
+
+    def output(self, shape, np_dtype, ck_dtype, out, name):
+        """An output: out= if given (checked), else a new DeviceArray or NumPy array."""
+        np_dtype = np.dtype(np_dtype)
+        want_ck = ck_dtype if ck_dtype == DType.BF16 else None
+        if out is None:
+            if self.device:
+                dev = DeviceArray.empty(shape, np_dtype, want_ck)
+                dev.stream = self.stream
+                return _Arg(dev.ptr, shape, np_dtype, ck_dtype, dev)
+            host = np.empty(shape, np_dtype)
+        elif _is_device(out):
+            ptr, oshape, odtype, readonly, _ = _cai(out, "out " + name)
+            self._check_out(name, oshape, odtype, shape, np_dtype)
+            if readonly:
+                raise ValueError("out %s is read-only" % name)
+            return _Arg(ptr, shape, np_dtype, ck_dtype, out)
+        else:
+            host = out
+            if not isinstance(host, np.ndarray):
+                raise TypeError("out %s must be a numpy.ndarray or a CUDA array, not %s"
+                                % (name, type(out).__name__))
+            self._check_out(name, host.shape, host.dtype, shape, np_dtype)
+            if not host.flags.c_contiguous or not host.flags.writeable:
+                raise ValueError("out %s must be C-contiguous and writeable" % name)
+        dev = DeviceArray.empty(shape, np_dtype, want_ck)
+        self._temps.append(dev)
+        self._downloads.append((dev, host))
+        return _Arg(dev.ptr, shape, np_dtype, ck_dtype, host)
+
+    @staticmethod
+    def _check_out(name, shape, dtype, want_shape, want_dtype):
+        if dtype != want_dtype:
+            raise TypeError("out %s has dtype %s, needs %s" % (name, dtype, want_dtype))
+        if math.prod(shape) != math.prod(want_shape):
+            raise ValueError("out %s has shape %s, needs %s" % (name, shape, want_shape))
+
+    def finish(self, *args):
+        """Downloads host results, releases temporaries, returns each argument's result."""
+        for dev, host in self._downloads:
+            cuda.memcpy_dtoh(host, dev.ptr, stream=self.stream)
+        results = [a.result if a is not None else None for a in args]
+        returned = [t for t in self._temps if any(t is r for r in results)]
+        self._temps = [t for t in self._temps if not any(t is r for r in returned)]
+        keeper = next((r for r in results if isinstance(r, DeviceArray) and r._owner), None)
+        if self._downloads or keeper is None:
+            self._release(sync=bool(self._temps) and not self._downloads)
+        else:
+            # Device results: the work may still be in flight, so what it reads lives as long
+            # as the first result does.
+            extra = self._temps + [r for r in returned if r is not keeper]
+            if extra:
+                keeper._base = (keeper._base, extra)
+            self._temps = []
+        return results[0] if len(results) == 1 else tuple(results)
+
+    def _release(self, sync):
+        if sync:
+            try:
+                cuda.stream_synchronize(self.stream)
+            except CUDAError:
+                pass
+        temps, self._temps = self._temps, []
+        for dev in temps:
+            dev.free()
+
+
+def _granularity(value, scales_size=None, rows=None):
+    if value is None:   # inferred from the number of scales
+        if scales_size == 1:
+            return PER_TENSOR
+        if scales_size == rows:
+            return PER_ROW
+        raise ValueError("scales has %s values: 1 (per tensor) or rows=%s (per row) expected"
+                         % (scales_size, rows))
+    if isinstance(value, str):
+        names = {"tensor": PER_TENSOR, "per_tensor": PER_TENSOR, "row": PER_ROW,
+                 "per_row": PER_ROW}
+        if value.lower() not in names:
+            raise ValueError("granularity=%r: use 'tensor' or 'row'" % value)
+        return names[value.lower()]
+    return int(value)
+
+
+def _check_array(arg, name, dtype, size):
+    if arg.dtype != np.dtype(dtype):
+        raise TypeError("%s has dtype %s, needs %s" % (name, arg.dtype, np.dtype(dtype)))
+    if arg.size != size:
+        raise ValueError("%s has %d values (shape %s), needs %d" % (name, arg.size, arg.shape,
+                                                                     size))
+
+
+def _groups(cols, group_size):
+    groups = raw.int4_groups_per_row(cols, group_size)
+    if groups <= 0:
+        raise ValueError("group_size=%r is not valid for cols=%d (cuda_kernels.h: 32, 64, 128 "
+                         "or GROUP_ROW=-1)" % (group_size, cols))
+    return groups
+
+
+def quantize_int8(x, granularity="tensor", scales=None, dtype=None, stream=None, out=None):
+    """Symmetric INT8 quantization of x [rows, cols] (fp32, fp16, or bf16 with dtype="bf16").
+
+    granularity: "tensor" (one scale) or "row" (one per row). scales: None computes them on
+    the device (dynamic); given (float32, 1 or rows values, or one Python float) they are
+    used as they are (static). out: q, or (q, scales). Returns (q int8 like x, scales float32
+    of shape (1,) or (rows,)).
+    """
+    gran = _granularity(granularity)
+    with _Call(x, stream) as call:
+        xa = call.input(x, "x", dtype, matrix=True, need=_FLOAT_INPUT)
+        rows, cols = _matrix(xa.shape, "x")
+        q_out, s_out = _split_out(out, 2, ("q", "scales"))
+        n_scales = 1 if gran == PER_TENSOR else rows
+        q = call.output(xa.shape, np.int8, DType.INT8, q_out, "q")
+        if scales is None:
+            mode = DYNAMIC
+            s = call.output((n_scales,), np.float32, DType.FP32, s_out, "scales")
+        else:
+            mode = STATIC
+            s = call.input(scales, "scales", scalar_dtype=np.float32)
+            _check_array(s, "scales", np.float32, n_scales)
+        raw.quantize_int8(xa.ptr, xa.ck_dtype, rows, cols, gran, mode, s.ptr, q.ptr,
+                          call.stream)
+        return call.finish(q, s)
+
+
+def dequantize_int8(q, scales, granularity=None, out_dtype="fp32", stream=None, out=None):
+    """out = q * scale of int8 q [rows, cols] with float32 scales (1 value or `rows` values, or
+    one Python float). granularity: "tensor", "row", or None to infer it from the number of
+    scales. out_dtype: "fp32", "fp16" or "bf16" (returned as uint16 bit patterns)."""
+    ck_out = _as_dtype_enum(out_dtype, "out_dtype")
+    with _Call(q, stream) as call:
+        qa = call.input(q, "q", matrix=True, need=np.int8)
+        rows, cols = _matrix(qa.shape, "q")
+        s = call.input(scales, "scales", scalar_dtype=np.float32)
+        gran = _granularity(granularity, s.size, rows)
+        _check_array(s, "scales", np.float32, 1 if gran == PER_TENSOR else rows)
+        o = call.output(qa.shape, _NUMPY_OF[ck_out], ck_out, out, "out")
+        raw.dequantize_int8(qa.ptr, s.ptr, rows, cols, gran, o.ptr, ck_out, call.stream)
+        return call.finish(o)
+
+
+def quantize_int4(x, group_size=128, symmetric=True, dtype=None, stream=None, out=None):
+    """Group-wise packed INT4 quantization of x [rows, cols] (fp32, fp16, or bf16 with
+    dtype="bf16"); group_size 32, 64, 128 or GROUP_ROW (-1).
+
+    Returns (packed uint8 [rows, (cols + 1) // 2], scales [rows, groups] in the dtype of x,
+    zeros uint8 [rows, groups] or None when symmetric). out: packed or a tuple of three.
+    """
+    mode = INT4_SYMMETRIC if symmetric else INT4_ASYMMETRIC
+    with _Call(x, stream) as call:
+        xa = call.input(x, "x", dtype, matrix=True, need=_FLOAT_INPUT)
+        rows, cols = _matrix(xa.shape, "x")
+        groups = _groups(cols, group_size)
+        one_d = len(xa.shape) == 1
+        packed_shape = ((cols + 1) // 2,) if one_d else (rows, (cols + 1) // 2)
+        group_shape = (groups,) if one_d else (rows, groups)
+        p_out, s_out, z_out = _split_out(out, 3, ("packed", "scales", "zeros"))
+        p = call.output(packed_shape, np.uint8, DType.UINT8, p_out, "packed")
+        s = call.output(group_shape, _NUMPY_OF[xa.ck_dtype], xa.ck_dtype, s_out, "scales")
+        z = None if symmetric else call.output(group_shape, np.uint8, DType.UINT8, z_out, "zeros")
+        raw.quantize_int4(xa.ptr, xa.ck_dtype, rows, cols, group_size, mode, p.ptr, s.ptr,
+                          z.ptr if z is not None else 0, call.stream)
+        return call.finish(p, s, z)
+
+
+def dequantize_int4(packed, scales, zeros, cols, group_size=128, out_dtype=None, stream=None,
+                    out=None):
+    """Unpacks and dequantizes packed int4 [rows, (cols + 1) // 2]: out [rows, cols].
+
+    scales [rows, groups] are read in the output dtype, so out_dtype defaults to theirs ("bf16"
+    marks uint16 scales as bfloat16); zeros uint8 [rows, groups] for asymmetric data, None for
+    symmetric.
+    """
+    with _Call(packed, stream) as call:
+        pa = call.input(packed, "packed", matrix=True, need=np.uint8)
+        rows, packed_cols = _matrix(pa.shape, "packed")
+        if cols < 1 or packed_cols != (cols + 1) // 2:
+            raise ValueError("packed has %d bytes per row; cols=%d needs %d"
+                             % (packed_cols, cols, (cols + 1) // 2))
+        groups = _groups(cols, group_size)
+        want = _as_dtype_enum(out_dtype, "out_dtype")
+        s = call.input(scales, "scales", want)
+        ck_out = s.ck_dtype
+        if ck_out not in (DType.FP32, DType.FP16, DType.BF16):
+            raise TypeError("scales have dtype %s: fp32, fp16 or bf16 (uint16 with "
+                            "out_dtype='bf16') expected" % s.dtype)
+        _check_array(s, "scales", s.dtype, rows * groups)
+        mode = INT4_SYMMETRIC
+        z_ptr = 0
+        if zeros is not None:
+            mode = INT4_ASYMMETRIC
+            z = call.input(zeros, "zeros")
+            _check_array(z, "zeros", np.uint8, rows * groups)
+            z_ptr = z.ptr
+        out_shape = (cols,) if len(pa.shape) == 1 else (rows, cols)
+        o = call.output(out_shape, _NUMPY_OF[ck_out], ck_out, out, "out")
+        raw.dequantize_int4(pa.ptr, s.ptr, z_ptr, rows, cols, group_size, mode, o.ptr, ck_out,
+                            call.stream)
+        return call.finish(o)
+
+
+def quantize_tensor(x):
+    """Seed API: per-tensor dynamic INT8 quantization. Returns (q int8, scale as a float)."""
+    q, scales = quantize_int8(x, granularity="tensor")
+    if isinstance(scales, DeviceArray):
+        scales = scales.to_numpy()
+    elif _is_device(scales):
+        raise TypeError("unexpected scales type %s" % type(scales).__name__)
+    return q, float(scales[0])
+
+
+def dequantize_tensor(q, scale):
+    """Seed API: q * scale as float32 (scale: a float, or one float32 value)."""
+    return dequantize_int8(q, scale, granularity="tensor", out_dtype="fp32")

@@ -1,0 +1,40 @@
+"""Shared pytest setup: the repo root on sys.path, the `gpu` marker, has_gpu()."""
+import functools
+import os
+import sys
+
+import pytest
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO_ROOT not in sys.path:
+    sys.path.insert(0, REPO_ROOT)
+
+
+@functools.lru_cache(maxsize=None)
+def has_gpu():
+    """True when the library loads and sees at least one CUDA device."""
+    try:
+        import cuda_wrapper
+        return cuda_wrapper.device_count() > 0
+    except (OSError, RuntimeError):   # no library, no cudart, no driver
+        return False
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped where there is none)")
+
+
+def pytest_collection_modifyitems(config, items):
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    if gpu_items and not has_gpu():
+        skip = pytest.mark.skip(reason="needs a CUDA device (none visible, or the library "
+                                       "is not built)")
+        for item in gpu_items:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def gpu():
+    """Skips the test unless a CUDA device is visible."""
+    if not has_gpu():
+        pytest.skip("needs a CUDA device")

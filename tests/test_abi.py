@@ -1,0 +1,761 @@
+"""The C ABI through ctypes, on the host alone (no GPU needed, none touched).
+
+- the wrapper's table of declarations matches cuda_kernels.h, and every export loads;
+- versions, status names and enum values agree between the header, the library and the wrapper;
+- every entry point rejects every kind of bad argument with the documented status and a message
+  that names the offending argument (validation runs before any CUDA call, so fake device
+  addresses are safe here: nothing is ever launched);
+- error messages are per thread;
+- ck_int4_groups_per_row;
+- the wrapper's own host-side checks (contiguity, shapes) and its loading errors.
+
+Each bad-argument case changes one argument of a call that would otherwise be valid.
+"""
+import ctypes
+import os
+import re
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import cuda_wrapper as ck
+from cuda_wrapper import CKError, DType, Status
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HEADER = os.path.join(REPO_ROOT, "cuda_kernels.h")
+
+
+# ------------------------------------------------------------------------------------------------
+# The header, parsed
+# ------------------------------------------------------------------------------------------------
+def header_text():
+    text = open(HEADER).read()
+    text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
+    return re.sub(r"//[^\n]*", " ", text)
+
+
+def header_declarations():
+    """{name: (return type, [parameter types])} of every CK_API function."""
+    decls = {}
+    for ret, name, params in re.findall(r"\bCK_API\s+([^;(]*?)\s*\b(ck_\w+)\s*\(([^)]*)\)\s*;",
+                                        header_text()):
+        params = " ".join(params.split())
+        types = []
+        if params != "void":
+            for param in params.split(","):
+                types.append(re.match(r"(.*?)\s*\b\w+$", param.strip()).group(1).replace(" *", "*"))
+        decls[name] = (" ".join(ret.split()).replace(" *", "*"), types)
+    return decls
+
+
+def header_enum(prefix):
+    """{SUFFIX: value} for the enumerators CK_<prefix>_<SUFFIX> = value."""
+    return {m.group(1): int(m.group(2))
+            for m in re.finditer(r"\bCK_%s_(\w+)\s*=\s*(-?\d+)" % prefix, header_text())}
+
+
+def header_macro(name):
+    return int(re.search(r"#define %s \(?(-?\d+)\)?" % name, open(HEADER).read()).group(1))
+
+
+DECLARATIONS = header_declarations()
+STATUS_FUNCTIONS = sorted(n for n, (ret, _) in DECLARATIONS.items() if ret == "ck_status_t")
+
+
+@pytest.fixture(scope="module")
+def lib():
+    try:
+        return ck.load_library()
+    except ck.LibraryNotFoundError as e:
+        pytest.fail(str(e))
+
+
+# ------------------------------------------------------------------------------------------------
+# Declarations, loading, versions, enums
+# ------------------------------------------------------------------------------------------------
+def expected_ctype(c_type, is_return):
+    """The ctypes type the wrapper must declare for a C type of the header."""
+    if is_return and c_type == "ck_status_t":
+        return ck._STATUS
+    if c_type == "const char*":
+        return ctypes.c_char_p
+    if c_type.endswith("*") or c_type == "ck_stream_t":
+        return "pointer"
+    if c_type == "int64_t":
+        return ctypes.c_int64
+    if c_type == "int" or re.fullmatch(r"ck_\w+_t", c_type):   # enums are int-sized
+        return ctypes.c_int
+    raise AssertionError("no rule for the C type %r: extend expected_ctype" % c_type)
+
+
+def test_header_parses():
+    assert "ck_quantize_int4" in DECLARATIONS
+    assert DECLARATIONS["ck_quantize_int4"][1][:3] == ["const void*", "ck_dtype_t", "int64_t"]
+    assert DECLARATIONS["ck_version"] == ("int", [])
+
+
+def test_wrapper_declares_exactly_the_header():
+    assert sorted(ck.DECLARATIONS) == sorted(DECLARATIONS)
+
+
+@pytest.mark.parametrize("name", sorted(DECLARATIONS))
+def test_wrapper_declaration_matches_header(name):
+    c_ret, c_params = DECLARATIONS[name]
+    restype, argtypes = ck.DECLARATIONS[name]
+    assert restype == expected_ctype(c_ret, True), "return type of %s" % name
+    assert len(argtypes) == len(c_params), "%s takes %d arguments" % (name, len(c_params))
+    for i, (c_type, py_type) in enumerate(zip(c_params, argtypes)):
+        want = expected_ctype(c_type, False)
+        if want == "pointer":
+            ok = py_type is ctypes.c_void_p or issubclass(py_type, ctypes._Pointer)
+        else:
+            ok = py_type is want
+        assert ok, "%s argument %d (%s) is declared %s" % (name, i, c_type, py_type.__name__)
+
+
+@pytest.mark.parametrize("name", sorted(DECLARATIONS))
+def test_every_entry_point_loads(name, lib):
+    bare = ctypes.CDLL(ck.library_path())
+    assert getattr(bare, name) is not None
+    assert getattr(lib, name).argtypes is not None
+
+
+def test_version_matches_header(lib):
+    major, minor, patch = (header_macro("CK_VERSION_" + p) for p in ("MAJOR", "MINOR", "PATCH"))
+    assert lib.ck_version() == major * 10000 + minor * 100 + patch
+    assert ck.version() == "%d.%d.%d" % (major, minor, patch)
+
+
+def test_wrapper_enums_match_header():
+    assert {m.name: m.value for m in Status} == header_enum("STATUS")
+    assert {m.name: m.value for m in DType} == header_enum("DTYPE")
+    assert (ck.PER_TENSOR, ck.PER_ROW) == (header_macro_enum("CK_PER_TENSOR"),
+                                           header_macro_enum("CK_PER_ROW"))
+    assert (ck.STATIC, ck.DYNAMIC) == (header_macro_enum("CK_SCALE_STATIC"),
+                                       header_macro_enum("CK_SCALE_DYNAMIC"))
+    assert (ck.INT4_SYMMETRIC, ck.INT4_ASYMMETRIC) == (header_macro_enum("CK_INT4_SYMMETRIC"),
+                                                       header_macro_enum("CK_INT4_ASYMMETRIC"))
+    assert ck.GROUP_ROW == header_macro("CK_GROUP_ROW")
+
+
+def header_macro_enum(name):
+    return int(re.search(r"\b%s\s*=\s*(-?\d+)" % name, header_text()).group(1))
+
+
+@pytest.mark.parametrize("status", list(Status), ids=lambda s: s.name)
+def test_status_string_names_each_status(lib, status):
+    assert lib.ck_status_string(status).decode() == "CK_STATUS_" + status.name
+    assert ck.status_string(status) == "CK_STATUS_" + status.name
+
+
+@pytest.mark.parametrize("value", [8, 99, -1, 2**31 - 1])
+def test_status_string_of_unknown_value(lib, value):
+    name = lib.ck_status_string(value)
+    assert name, "ck_status_string must never return NULL or an empty string"
+    assert name.decode() not in {"CK_STATUS_" + s.name for s in Status}
+
+
+def test_device_count_reports_device_or_no_device(lib):
+    """Runs anywhere: CK_STATUS_NO_DEVICE with *count = 0, or success with a count."""
+    count = ctypes.c_int(-1)
+    bare = ctypes.CDLL(ck.library_path())   # its own function objects: the raw status comes back
+    bare.ck_device_count.argtypes = [ctypes.POINTER(ctypes.c_int)]
+    bare.ck_last_error_message.restype = ctypes.c_char_p
+    status = bare.ck_device_count(ctypes.byref(count))
+    message = bare.ck_last_error_message().decode()
+    if status == Status.NO_DEVICE:
+        assert count.value == 0, "*count must be set to 0 with CK_STATUS_NO_DEVICE"
+        assert message.startswith("ck_device_count: "), message
+        assert ck.device_count() == 0
+    else:
+        assert status == Status.SUCCESS, (status, message)
+        assert count.value >= 1
+        assert message == "", "a successful call leaves an empty message"
+        assert ck.device_count() == count.value
+
+
+# ------------------------------------------------------------------------------------------------
+# Bad arguments: one table per entry point
+# ------------------------------------------------------------------------------------------------
+# Fake device addresses, 256-byte aligned; nothing is ever launched on them.
+X, S, Z, Q, O = 0x7F0000100000, 0x7F0000200000, 0x7F0000300000, 0x7F0000400000, 0x7F0000500000
+INVALID, MISALIGNED, UNSUPPORTED = Status.INVALID_VALUE, Status.MISALIGNED, Status.UNSUPPORTED
+BIG = 2**62               # rows * cols overflows int64
+HALF_BIG = 2**31          # rows * cols = 2**62 fits, but not its byte count for 4-byte elements
+UNKNOWN_DTYPES = [99, -1, 6]
+NOT_FLOAT_DTYPES = [DType.INT8, DType.INT32, DType.UINT8]
+BAD_GROUP_SIZES = [48, 0, 256, 16, 1, 4096, -2]
+
+# Each row: (id, changed arguments, status, names the message must contain as words). A value
+# written as name=value in the changes must also appear in the message when it is an int.
+QUANTIZE_INT8 = dict(x_ptr=X, x_dtype=DType.FP32, rows=4, cols=64, granularity=ck.PER_ROW,
+                     scale_mode=ck.DYNAMIC, scales_ptr=S, q_ptr=Q)
+QUANTIZE_INT8_CASES = (
+    [("null-x", dict(x_ptr=0), INVALID, ["x"]),
+     ("null-scales-dynamic", dict(scales_ptr=0), INVALID, ["scales"]),
+     ("null-scales-static", dict(scales_ptr=0, scale_mode=ck.STATIC), INVALID, ["scales"]),
+     ("null-q", dict(q_ptr=0), INVALID, ["q"])]
+    + [("x_dtype=%d" % d, dict(x_dtype=d), INVALID, ["x_dtype"]) for d in UNKNOWN_DTYPES]
+    + [("x_dtype=%s" % d.name, dict(x_dtype=d), UNSUPPORTED, ["x_dtype"]) for d in NOT_FLOAT_DTYPES]
+    + [("granularity=%d" % g, dict(granularity=g), INVALID, ["granularity"]) for g in (2, -1, 99)]
+    + [("scale_mode=%d" % m, dict(scale_mode=m), INVALID, ["scale_mode"]) for m in (2, -1)]
+    + [("rows=%d" % r, dict(rows=r), INVALID, ["rows"]) for r in (0, -1, -2**63)]
+    + [("cols=%d" % c, dict(cols=c), INVALID, ["cols"]) for c in (0, -5)]
+    + [("overflow-elements", dict(rows=BIG, cols=BIG), INVALID, ["rows", "cols"]),
+       ("overflow-bytes", dict(rows=HALF_BIG, cols=HALF_BIG), INVALID, ["rows", "cols"]),
+       ("misaligned-x-fp32", dict(x_ptr=X + 2), MISALIGNED, ["x"]),
+       ("misaligned-x-fp16", dict(x_ptr=X + 1, x_dtype=DType.FP16), MISALIGNED, ["x"]),
+       ("misaligned-x-bf16", dict(x_ptr=X + 1, x_dtype=DType.BF16), MISALIGNED, ["x"]),
+       ("misaligned-scales", dict(scales_ptr=S + 2), MISALIGNED, ["scales"]),
+       ("misaligned-scales-static", dict(scales_ptr=S + 1, scale_mode=ck.STATIC,
+                                         granularity=ck.PER_TENSOR), MISALIGNED, ["scales"])]
+)
+
+DEQUANTIZE_INT8 = dict(q_ptr=Q, scales_ptr=S, rows=4, cols=64, granularity=ck.PER_ROW, out_ptr=O,
+                       out_dtype=DType.FP32)
+DEQUANTIZE_INT8_CASES = (
+    [("null-q", dict(q_ptr=0), INVALID, ["q"]),
+     ("null-scales", dict(scales_ptr=0), INVALID, ["scales"]),
+     ("null-out", dict(out_ptr=0), INVALID, ["out"])]
+    + [("out_dtype=%d" % d, dict(out_dtype=d), INVALID, ["out_dtype"]) for d in UNKNOWN_DTYPES]
+    + [("out_dtype=%s" % d.name, dict(out_dtype=d), UNSUPPORTED, ["out_dtype"])
+       for d in NOT_FLOAT_DTYPES]
+    + [("granularity=%d" % g, dict(granularity=g), INVALID, ["granularity"]) for g in (2, -1)]
+    + [("rows=%d" % r, dict(rows=r), INVALID, ["rows"]) for r in (0, -3)]
+    + [("cols=%d" % c, dict(cols=c), INVALID, ["cols"]) for c in (0, -1)]
+    + [("overflow-elements", dict(rows=BIG, cols=BIG), INVALID, ["rows", "cols"]),
+       ("overflow-bytes", dict(rows=HALF_BIG, cols=HALF_BIG), INVALID, ["rows", "cols"]),
+       ("misaligned-scales", dict(scales_ptr=S + 2), MISALIGNED, ["scales"]),
+       ("misaligned-out-fp32", dict(out_ptr=O + 2), MISALIGNED, ["out"]),
+       ("misaligned-out-fp16", dict(out_ptr=O + 1, out_dtype=DType.FP16), MISALIGNED, ["out"]),
+       ("misaligned-out-bf16", dict(out_ptr=O + 1, out_dtype=DType.BF16), MISALIGNED, ["out"])]
+)
+
+QUANTIZE_INT4 = dict(x_ptr=X, x_dtype=DType.FP16, rows=4, cols=256, group_size=128,
+                     mode=ck.INT4_SYMMETRIC, q_ptr=Q, scales_ptr=S, zeros_ptr=0)
+QUANTIZE_INT4_CASES = (
+    [("null-x", dict(x_ptr=0), INVALID, ["x"]),
+     ("null-q_packed", dict(q_ptr=0), INVALID, ["q_packed"]),
+     ("null-scales", dict(scales_ptr=0), INVALID, ["scales"]),
+     ("null-zeros-asymmetric", dict(mode=ck.INT4_ASYMMETRIC), INVALID, ["zeros"]),
+     ("zeros-symmetric", dict(zeros_ptr=Z), INVALID, ["zeros"])]
+    + [("mode=%d" % m, dict(mode=m), INVALID, ["mode"]) for m in (2, -1)]
+    + [("x_dtype=%d" % d, dict(x_dtype=d), INVALID, ["x_dtype"]) for d in UNKNOWN_DTYPES]
+    + [("x_dtype=%s" % d.name, dict(x_dtype=d), UNSUPPORTED, ["x_dtype"]) for d in NOT_FLOAT_DTYPES]
+    + [("rows=%d" % r, dict(rows=r), INVALID, ["rows"]) for r in (0, -1)]
+    + [("cols=%d" % c, dict(cols=c), INVALID, ["cols"]) for c in (0, -1)]
+    + [("overflow-elements", dict(rows=BIG, cols=BIG), INVALID, ["rows", "cols"]),
+       ("overflow-bytes", dict(rows=HALF_BIG, cols=HALF_BIG, x_dtype=DType.FP32), INVALID,
+        ["rows", "cols"])]
+    + [("group_size=%d" % g, dict(group_size=g), UNSUPPORTED, ["group_size"])
+       for g in BAD_GROUP_SIZES]
+    + [("misaligned-x-fp32", dict(x_ptr=X + 2, x_dtype=DType.FP32), MISALIGNED, ["x"]),
+       ("misaligned-x-fp16", dict(x_ptr=X + 1), MISALIGNED, ["x"]),
+       ("misaligned-x-bf16", dict(x_ptr=X + 1, x_dtype=DType.BF16), MISALIGNED, ["x"]),
+       ("misaligned-scales-fp32", dict(scales_ptr=S + 2, x_dtype=DType.FP32), MISALIGNED,
+        ["scales"]),
+       ("misaligned-scales-fp16", dict(scales_ptr=S + 1), MISALIGNED, ["scales"])]
+)
+
+DEQUANTIZE_INT4 = dict(q_ptr=Q, scales_ptr=S, zeros_ptr=0, rows=4, cols=256, group_size=128,
+                       mode=ck.INT4_SYMMETRIC, out_ptr=O, out_dtype=DType.FP16)
+DEQUANTIZE_INT4_CASES = (
+    [("null-q_packed", dict(q_ptr=0), INVALID, ["q_packed"]),
+     ("null-scales", dict(scales_ptr=0), INVALID, ["scales"]),
+     ("null-out", dict(out_ptr=0), INVALID, ["out"]),
+     ("null-zeros-asymmetric", dict(mode=ck.INT4_ASYMMETRIC), INVALID, ["zeros"]),
+     ("zeros-symmetric", dict(zeros_ptr=Z), INVALID, ["zeros"])]
+    + [("mode=%d" % m, dict(mode=m), INVALID, ["mode"]) for m in (2, -1)]
+    + [("out_dtype=%d" % d, dict(out_dtype=d), INVALID, ["out_dtype"]) for d in UNKNOWN_DTYPES]
+    + [("out_dtype=%s" % d.name, dict(out_dtype=d), UNSUPPORTED, ["out_dtype"])
+       for d in NOT_FLOAT_DTYPES]
+    + [("rows=%d" % r, dict(rows=r), INVALID, ["rows"]) for r in (0, -1)]
+    + [("cols=%d" % c, dict(cols=c), INVALID, ["cols"]) for c in (0, -7)]
+    + [("overflow-elements", dict(rows=BIG, cols=BIG), INVALID, ["rows", "cols"]),
+       ("overflow-bytes", dict(rows=HALF_BIG, cols=HALF_BIG, out_dtype=DType.FP32), INVALID,
+        ["rows", "cols"])]
+    + [("group_size=%d" % g, dict(group_size=g), UNSUPPORTED, ["group_size"])
+       for g in BAD_GROUP_SIZES]
+    + [("misaligned-scales-fp16", dict(scales_ptr=S + 1), MISALIGNED, ["scales"]),
+       ("misaligned-scales-fp32", dict(scales_ptr=S + 2, out_dtype=DType.FP32), MISALIGNED,
+        ["scales"]),
+       ("misaligned-out-fp16", dict(out_ptr=O + 1), MISALIGNED, ["out"]),
+       ("misaligned-out-bf16", dict(out_ptr=O + 1, out_dtype=DType.BF16), MISALIGNED, ["out"]),
+       ("misaligned-out-fp32", dict(out_ptr=O + 2, out_dtype=DType.FP32), MISALIGNED, ["out"])]
+)
+
+ENTRY_POINTS = {
+    "ck_quantize_int8": (ck.raw.quantize_int8, QUANTIZE_INT8, QUANTIZE_INT8_CASES),
+    "ck_dequantize_int8": (ck.raw.dequantize_int8, DEQUANTIZE_INT8, DEQUANTIZE_INT8_CASES),
+    "ck_quantize_int4": (ck.raw.quantize_int4, QUANTIZE_INT4, QUANTIZE_INT4_CASES),
+    "ck_dequantize_int4": (ck.raw.dequantize_int4, DEQUANTIZE_INT4, DEQUANTIZE_INT4_CASES),
+}
+
+
+def bad_call_params():
+    for function, (_, _, cases) in ENTRY_POINTS.items():
+        for case_id, changes, status, names in cases:
+            yield pytest.param(function, changes, status, names, id="%s-%s" % (function, case_id))
+
+
+def mentions(message, word):
+    """word appears in message as a whole identifier or number."""
+    return re.search(r"(?<![\w-])%s(?![\w])" % re.escape(str(word)), message) is not None
+
+
+def rejection(function, changes):
+    """Calls `function` with its valid arguments changed by `changes`; returns the CKError."""
+    raw_function, valid, _ = ENTRY_POINTS[function]
+    kwargs = dict(valid, **changes)
+    with pytest.raises(CKError) as info:
+        raw_function(**kwargs, stream=0)
+    return info.value
+
+
+def test_every_status_function_has_bad_argument_cases():
+    covered = set(ENTRY_POINTS) | {"ck_device_count"}
+    assert covered == set(STATUS_FUNCTIONS)
+
+
+def test_valid_baselines_are_valid_shapes():
+    """Sanity of the tables: the unchanged arguments are right (but never called here)."""
+    for function, (raw_function, valid, cases) in ENTRY_POINTS.items():
+        assert valid["rows"] >= 1 and valid["cols"] >= 1
+        assert all(ptr % 256 == 0 for key, ptr in valid.items() if key.endswith("_ptr"))
+        assert len({case_id for case_id, *_ in cases}) == len(cases), function
+
+
+@pytest.mark.parametrize("function, changes, status, names", list(bad_call_params()))
+def test_bad_argument_rejected(lib, function, changes, status, names):
+    error = rejection(function, changes)
+    message = error.message
+    assert error.status == status, "%s: got %s (%s)" % (function, error.status, message)
+    assert message, "a rejected call must leave a message"
+    assert message == ck.last_error_message()
+    assert message.startswith(function + ": "), "the message names the function: %r" % message
+    for name in names:
+        assert mentions(message, name), "the message does not name %s: %r" % (name, message)
+    # The offending value itself, where it is a plain number (sizes, enums, group sizes).
+    for name, value in changes.items():
+        if name in names and not name.endswith("_ptr") and isinstance(value, int) \
+                and not isinstance(value, DType):
+            assert mentions(message, value), "the message does not say %s=%d: %r" % (
+                name, value, message)
+    assert error.cuda_error == 0 and lib.ck_last_cuda_error() == 0, \
+        "validation must not call CUDA"
+
+
+def test_device_count_rejects_null(lib):
+    with pytest.raises(CKError) as info:
+        lib.ck_device_count(None)
+    assert info.value.status == Status.INVALID_VALUE
+    assert info.value.message.startswith("ck_device_count: ")
+    assert mentions(info.value.message, "count"), info.value.message
+
+
+def test_misaligned_by_one_is_fine_for_int8_data(lib):
+    """int8 q and uint8 zeros have no alignment requirement: the only defect here is NULL
+    scales, so the error must be about scales (not about q's odd address)."""
+    error = rejection("ck_quantize_int8", dict(q_ptr=Q + 1, scales_ptr=0))
+    assert error.status == Status.INVALID_VALUE and mentions(error.message, "scales")
+    error = rejection("ck_dequantize_int4", dict(q_ptr=Q + 3, zeros_ptr=Z + 1,
+                                                 mode=ck.INT4_ASYMMETRIC, scales_ptr=0))
+    assert error.status == Status.INVALID_VALUE and mentions(error.message, "scales")
+
+
+def test_next_rejection_replaces_the_message(lib):
+    first = rejection("ck_quantize_int4", dict(group_size=48)).message
+    second = rejection("ck_dequantize_int8", dict(rows=0)).message
+    assert mentions(first, "group_size") and first != second
+    assert ck.last_error_message() == second
+    assert "group_size" not in second
+
+
+@pytest.mark.gpu
+def test_successful_call_clears_the_message(lib):
+    rejection("ck_quantize_int8", dict(x_ptr=0))
+    assert ck.last_error_message()
+    assert ck.raw.device_count() >= 1
+    assert ck.last_error_message() == ""
+
+
+# ------------------------------------------------------------------------------------------------
+# Messages are per thread
+# ------------------------------------------------------------------------------------------------
+def test_message_is_per_thread(lib):
+    mine = rejection("ck_quantize_int8", dict(x_ptr=0)).message
+    seen = {}
+
+    def other():
+        seen["fresh"] = ck.last_error_message()
+        seen["own"] = rejection("ck_quantize_int4", dict(group_size=48)).message
+        seen["after"] = ck.last_error_message()
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join()
+    assert seen["fresh"] == "", "a new thread starts with an empty message"
+    assert mentions(seen["own"], "group_size") and seen["after"] == seen["own"]
+    assert ck.last_error_message() == mine, "another thread's failure changed this thread's message"
+
+
+def test_messages_stay_per_thread_under_concurrency(lib):
+    """Threads failing at the same time (ctypes drops the GIL) each read their own message."""
+    cases = [("ck_quantize_int8", dict(rows=-(i + 1)), "rows=%d" % -(i + 1)) for i in range(4)] + \
+            [("ck_dequantize_int4", dict(group_size=40 + i), "group_size=%d" % (40 + i))
+             for i in range(4)]
+    barrier = threading.Barrier(len(cases))
+    failures = []
+
+    def worker(function, changes, expected):
+        raw_function, valid, _ = ENTRY_POINTS[function]
+        barrier.wait()
+        for _ in range(300):
+            try:
+                raw_function(**dict(valid, **changes), stream=0)
+                failures.append("%s accepted %s" % (function, changes))
+                return
+            except CKError as e:
+                if expected not in e.message or expected not in ck.last_error_message():
+                    failures.append("%s: expected %r, read %r" % (function, expected, e.message))
+                    return
+
+    threads = [threading.Thread(target=worker, args=case) for case in cases]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures, failures
+
+
+# ------------------------------------------------------------------------------------------------
+# ck_int4_groups_per_row
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("cols, group_size, groups", [
+    (1, 32, 1), (32, 32, 1), (33, 32, 2), (64, 64, 1), (65, 64, 2), (128, 128, 1),
+    (129, 128, 2), (4096, 128, 32), (4095, 64, 64), (11008, 128, 86), (14336, 32, 448),
+    (1, ck.GROUP_ROW, 1), (100, ck.GROUP_ROW, 1), (2**40, ck.GROUP_ROW, 1), (2**40, 32, 2**35),
+    (2**63 - 1, 32, 2**58),
+])
+def test_int4_groups_per_row(lib, cols, group_size, groups):
+    assert lib.ck_int4_groups_per_row(cols, group_size) == groups
+    assert ck.raw.int4_groups_per_row(cols, group_size) == groups
+
+
+@pytest.mark.parametrize("cols, group_size", [
+    (0, 128), (-1, 128), (-2**63, 32), (0, ck.GROUP_ROW), (128, 48), (128, 0), (128, -2),
+    (128, 256), (128, 16),
+])
+def test_int4_groups_per_row_invalid_is_zero(lib, cols, group_size):
+    assert lib.ck_int4_groups_per_row(cols, group_size) == 0
+
+
+# ------------------------------------------------------------------------------------------------
+# The wrapper on the host: loading and argument checks made before anything reaches the GPU
+# ------------------------------------------------------------------------------------------------
+def run_python(code, **env):
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=dict(os.environ, **env),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
+    return proc.returncode, proc.stdout
+
+
+def test_missing_library_says_run_make(tmp_path):
+    code = ("import cuda_wrapper as ck\n"
+            "try:\n    ck.version()\n"
+            "except ck.LibraryNotFoundError as e:\n    print('ERR', e)\n")
+    rc, out = run_python(code, CK_LIBRARY_PATH=str(tmp_path / "nowhere.so"))
+    assert rc == 0 and out.startswith("ERR") and "run `make`" in out, out
+
+
+@pytest.mark.parametrize("how", ["file", "directory"])
+def test_library_path_from_environment(lib, how):
+    target = ck.library_path() if how == "file" else os.path.dirname(ck.library_path())
+    rc, out = run_python("import cuda_wrapper as ck; print(ck.library_path()); print(ck.version())",
+                         CK_LIBRARY_PATH=target)
+    assert rc == 0, out
+    assert out.split() == [os.path.join(os.path.dirname(ck.library_path()), ck.LIBRARY_NAME),
+                           ck.version()]
+
+
+def test_ckerror_text(lib):
+    error = rejection("ck_quantize_int4", dict(group_size=48))
+    assert isinstance(error, RuntimeError)
+    assert error.function == "ck_quantize_int4"
+    assert str(error).startswith("UNSUPPORTED: ck_quantize_int4: ")
+
+
+class FakeCudaArray:
+    """Just a __cuda_array_interface__: enough for the host-side checks (never dereferenced)."""
+
+    def __init__(self, shape, typestr="<f4", strides=None, ptr=X, version=3):
+        self.__cuda_array_interface__ = dict(shape=shape, typestr=typestr, data=(ptr, False),
+                                             strides=strides, version=version)
+
+
+@pytest.mark.parametrize("x, error", [
+    (np.zeros((4, 6), np.float32)[:, ::2], ValueError),          # not C-contiguous
+    (np.zeros((4, 6), np.float32).T, ValueError),                # Fortran order
+    (np.zeros((2, 3, 4), np.float32), ValueError),               # 3-D
+    (np.zeros((0, 4), np.float32), ValueError),                  # empty
+    (np.zeros((4, 4), np.float64), TypeError),                   # no float64 kernels
+    (np.zeros((4, 4), np.uint16), TypeError),                    # uint16 without dtype="bf16"
+    (FakeCudaArray((4, 8), strides=(4, 16)), ValueError),        # a transposed CUDA array
+    (FakeCudaArray((4, 8), strides=(64, 8)), ValueError),        # every other column
+    (FakeCudaArray((2, 2, 2)), ValueError),
+    (FakeCudaArray((4, 8), typestr="<f8"), TypeError),
+], ids=["sliced", "transposed", "3d", "empty", "float64", "uint16", "cai-transposed",
+        "cai-strided", "cai-3d", "cai-float64"])
+def test_wrapper_rejects_before_any_copy(lib, x, error):
+    with pytest.raises(error):
+        ck.quantize_int8(x)
+    with pytest.raises(error):
+        ck.quantize_int4(x)
+
+
+def test_wrapper_accepts_contiguous_strides_of_unit_dimensions():
+    assert ck._c_contiguous((1, 8), (999, 4), 4)
+    assert ck._c_contiguous((4, 8), (32, 4), 4)
+    assert not ck._c_contiguous((4, 8), (4, 16), 4)
+
+
+def test_wrapper_bf16_needs_two_byte_integers(lib):
+    with pytest.raises(TypeError):
+        ck.quantize_int8(np.zeros((2, 2), np.float16), dtype="bf16")
+    with pytest.raises(TypeError):
+        ck.quantize_int8(np.zeros((2, 2), np.float32), dtype="fp16")
+
+
+def test_device_array_interface():
+    array = ck.DeviceArray(X, (3, 5), np.uint16, ck_dtype=DType.BF16)
+    cai = array.__cuda_array_interface__
+    assert cai == dict(shape=(3, 5), typestr="<u2", data=(X, False), strides=None, version=3)
+    assert array.ck_dtype == DType.BF16 and array.nbytes == 30
+    array.stream = 0
+    assert array.__cuda_array_interface__["stream"] == 1, "0 is not allowed: legacy stream is 1"
+    array.free()   # not owning: nothing happens
+    array.free()
+    assert ck.DeviceArray(X, (2,), np.float32).ck_dtype == DType.FP32
+    assert ck.DeviceArray(X, (2,), np.uint16).ck_dtype is None
+    with pytest.raises(ValueError):
+        ck.DeviceArray(X, (2,), np.float32, ck_dtype=DType.BF16)
+
+
+# ------------------------------------------------------------------------------------------------
+# The wrapper's plumbing on a GPU (skipped without one). The kernels' numbers are checked
+# against tests/reference.py in test_quantize_gpu.py; here each convenience path (NumPy in,
+# CUDA arrays in, out=, streams, 1-D, static scales) must give bitwise what the raw level gives.
+# ------------------------------------------------------------------------------------------------
+def as_bf16_bits(x):
+    """bfloat16 bit patterns of float32 x (truncated: any bf16 values will do here)."""
+    return (np.ascontiguousarray(x, np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+
+def make_input(rng, shape, dtype):
+    x = rng.standard_normal(shape).astype(np.float32) * 3
+    if dtype == DType.FP16:
+        return x.astype(np.float16)
+    if dtype == DType.BF16:
+        return as_bf16_bits(x)
+    return x
+
+
+FLOAT_DTYPES = [DType.FP32, DType.FP16, DType.BF16]
+DTYPE_ARG = {DType.FP32: None, DType.FP16: None, DType.BF16: "bf16"}
+
+
+def raw_quantize_int8(x, ck_dtype, granularity):
+    rows, cols = x.shape
+    xd = ck.DeviceArray.from_numpy(x)
+    q = ck.DeviceArray.empty((rows, cols), np.int8).fill_byte(0x7F)
+    s = ck.DeviceArray.empty((1 if granularity == ck.PER_TENSOR else rows,), np.float32)
+    ck.raw.quantize_int8(xd.ptr, ck_dtype, rows, cols, granularity, ck.DYNAMIC, s.ptr, q.ptr)
+    return q.to_numpy(), s.to_numpy()
+
+
+def raw_quantize_int4(x, ck_dtype, group_size, mode):
+    rows, cols = x.shape
+    groups = ck.raw.int4_groups_per_row(cols, group_size)
+    xd = ck.DeviceArray.from_numpy(x)
+    p = ck.DeviceArray.empty((rows, (cols + 1) // 2), np.uint8)
+    s = ck.DeviceArray.empty((rows, groups), x.dtype)
+    z = ck.DeviceArray.empty((rows, groups), np.uint8) if mode == ck.INT4_ASYMMETRIC else None
+    ck.raw.quantize_int4(xd.ptr, ck_dtype, rows, cols, group_size, mode, p.ptr, s.ptr,
+                         z.ptr if z is not None else 0)
+    return p.to_numpy(), s.to_numpy(), (z.to_numpy() if z is not None else None)
+
+
+def assert_same(actual, expected, what):
+    actual = actual.to_numpy() if isinstance(actual, ck.DeviceArray) else np.asarray(actual)
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape, \
+        "%s: %s %s != %s %s" % (what, actual.dtype, actual.shape, expected.dtype, expected.shape)
+    assert np.array_equal(actual.view(np.uint8), expected.view(np.uint8)), "%s differs" % what
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("granularity", ["tensor", "row"])
+@pytest.mark.parametrize("ck_dtype", FLOAT_DTYPES, ids=lambda d: d.name)
+def test_wrapper_int8_paths_agree(ck_dtype, granularity):
+    rng = np.random.default_rng(1)
+    x = make_input(rng, (7, 300), ck_dtype)
+    gran = ck.PER_TENSOR if granularity == "tensor" else ck.PER_ROW
+    want_q, want_s = raw_quantize_int8(x, ck_dtype, gran)
+    dtype = DTYPE_ARG[ck_dtype]
+
+    q, s = ck.quantize_int8(x, granularity=granularity, dtype=dtype)          # NumPy
+    assert_same(q, want_q, "numpy q")
+    assert_same(s, want_s, "numpy scales")
+
+    xd = ck.DeviceArray.from_numpy(x, ck_dtype=ck_dtype)                      # CUDA array
+    qd, sd = ck.quantize_int8(xd, granularity=granularity)
+    assert isinstance(qd, ck.DeviceArray) and isinstance(sd, ck.DeviceArray)
+    assert_same(qd, want_q, "device q")
+    assert_same(sd, want_s, "device scales")
+
+    q_out, s_out = np.empty_like(want_q), np.empty_like(want_s)               # out=
+    result = ck.quantize_int8(x, granularity=granularity, dtype=dtype, out=(q_out, s_out))
+    assert result[0] is q_out and result[1] is s_out
+    assert_same(q_out, want_q, "out= q")
+
+    q_static, s_static = ck.quantize_int8(x, granularity=granularity, dtype=dtype, scales=want_s)
+    assert_same(q_static, want_q, "static scales reproduce dynamic q")
+    assert s_static is want_s
+
+    for out_dtype, np_dtype in (("fp32", np.float32), ("fp16", np.float16), ("bf16", np.uint16)):
+        host = ck.dequantize_int8(want_q, want_s, granularity=granularity, out_dtype=out_dtype)
+        dev = ck.dequantize_int8(qd, sd, out_dtype=out_dtype)                 # inferred granularity
+        assert host.dtype == np_dtype and host.shape == x.shape
+        assert_same(dev, host, "dequantize %s" % out_dtype)
+        if out_dtype == "bf16":
+            assert dev.ck_dtype == DType.BF16
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("symmetric", [True, False], ids=["sym", "asym"])
+@pytest.mark.parametrize("group_size", [32, 128, ck.GROUP_ROW])
+@pytest.mark.parametrize("ck_dtype", FLOAT_DTYPES, ids=lambda d: d.name)
+def test_wrapper_int4_paths_agree(ck_dtype, group_size, symmetric):
+    rng = np.random.default_rng(2)
+    x = make_input(rng, (5, 259), ck_dtype)
+    mode = ck.INT4_SYMMETRIC if symmetric else ck.INT4_ASYMMETRIC
+    want_p, want_s, want_z = raw_quantize_int4(x, ck_dtype, group_size, mode)
+    dtype = DTYPE_ARG[ck_dtype]
+
+    p, s, z = ck.quantize_int4(x, group_size=group_size, symmetric=symmetric, dtype=dtype)
+    assert_same(p, want_p, "numpy packed")
+    assert_same(s, want_s, "numpy scales")
+    assert (z is None) == symmetric
+    if not symmetric:
+        assert_same(z, want_z, "numpy zeros")
+
+    xd = ck.DeviceArray.from_numpy(x, ck_dtype=ck_dtype)
+    pd, sd, zd = ck.quantize_int4(xd, group_size=group_size, symmetric=symmetric)
+    assert_same(pd, want_p, "device packed")
+    assert sd.ck_dtype == ck_dtype
+
+    out_dtype = "bf16" if ck_dtype == DType.BF16 else None
+    host = ck.dequantize_int4(want_p, want_s, want_z, cols=259, group_size=group_size,
+                              out_dtype=out_dtype)
+    dev = ck.dequantize_int4(pd, sd, zd, cols=259, group_size=group_size)
+    assert host.shape == x.shape and host.dtype == x.dtype
+    assert_same(dev, host, "dequantize_int4 device vs numpy")
+
+
+@pytest.mark.gpu
+def test_wrapper_one_dimensional_and_scalar_scale():
+    x = np.linspace(-2, 2, 1001, dtype=np.float32)
+    q, scale = ck.quantize_tensor(x)
+    assert q.shape == (1001,) and isinstance(scale, float)
+    back = ck.dequantize_tensor(q, scale)
+    assert back.shape == (1001,) and back.dtype == np.float32
+    assert np.max(np.abs(back - x)) <= scale * 0.5001
+    qd, sd = ck.quantize_int8(ck.DeviceArray.from_numpy(x))
+    assert qd.shape == (1001,) and sd.shape == (1,)
+    # A Python float as the static scale of a device call is uploaded and kept alive.
+    q2, s2 = ck.quantize_int8(ck.DeviceArray.from_numpy(x), scales=scale)
+    assert isinstance(s2, ck.DeviceArray)
+    assert_same(q2, q, "static scalar scale")
+
+
+@pytest.mark.gpu
+def test_wrapper_on_a_non_blocking_stream():
+    stream = ck.cuda.stream_create(non_blocking=True)
+    try:
+        x = np.random.default_rng(3).standard_normal((64, 4096)).astype(np.float32)
+        want_q, want_s = raw_quantize_int8(x, DType.FP32, ck.PER_ROW)
+        q, s = ck.quantize_int8(x, granularity="row", stream=stream)       # NumPy on a stream
+        assert_same(q, want_q, "numpy on a stream")
+        xd = ck.DeviceArray.from_numpy(x)
+        qd, sd = ck.quantize_int8(xd, granularity="row", stream=stream)
+        assert qd.stream == stream and qd.__cuda_array_interface__["stream"] == stream
+        assert_same(qd, want_q, "device on a stream")                     # to_numpy waits for it
+    finally:
+        ck.cuda.stream_synchronize(stream)
+        ck.cuda.stream_destroy(stream)
+
+
+@pytest.mark.gpu
+def test_wrapper_uses_foreign_cuda_arrays_in_place():
+    x = np.random.default_rng(4).standard_normal((4, 64)).astype(np.float16)
+    xd = ck.DeviceArray.from_numpy(x)
+    q_buffer = ck.DeviceArray.empty((4, 64), np.int8).fill_byte(0)
+    foreign_x = FakeCudaArray((4, 64), "<f2", strides=(128, 2), ptr=xd.ptr)
+    foreign_q = FakeCudaArray((4, 64), "|i1", ptr=q_buffer.ptr)
+    q, s = ck.quantize_int8(foreign_x, granularity="row", out=(foreign_q, None))
+    assert q is foreign_q and isinstance(s, ck.DeviceArray)
+    want_q, _ = raw_quantize_int8(x, DType.FP16, ck.PER_ROW)
+    assert_same(q_buffer, want_q, "written in place")
+
+
+@pytest.mark.gpu
+def test_wrapper_torch_interop():
+    torch = pytest.importorskip("torch")
+    x = torch.randn(8, 256, device="cuda", dtype=torch.float16)
+    q, s = ck.quantize_int8(x, granularity="row")
+    qt = torch.as_tensor(q, device="cuda")
+    assert qt.dtype == torch.int8 and tuple(qt.shape) == (8, 256)
+    want_q, _ = raw_quantize_int8(x.cpu().numpy(), DType.FP16, ck.PER_ROW)
+    assert np.array_equal(qt.cpu().numpy(), want_q)
+    # bfloat16 tensors (CAI typestr "|V2"), directly or as their int16 bits with dtype="bf16".
+    xb = x.to(torch.bfloat16)
+    bits = xb.view(torch.int16).cpu().numpy().view(np.uint16)
+    want_qb = raw_quantize_int8(bits, DType.BF16, ck.PER_ROW)[0]
+    for tensor, dtype in ((xb, None), (xb.view(torch.int16), "bf16")):
+        qb, _ = ck.quantize_int8(tensor, granularity="row", dtype=dtype)
+        assert np.array_equal(torch.as_tensor(qb, device="cuda").cpu().numpy(), want_qb)
+    packed, scales, zeros = ck.quantize_int4(xb, group_size=64, symmetric=False)
+    assert scales.dtype == np.uint16 and scales.ck_dtype == DType.BF16
+    back = ck.dequantize_int4(packed, scales, zeros, cols=256, group_size=64)
+    assert back.ck_dtype == DType.BF16 and back.shape == (8, 256)
+
+
+@pytest.mark.gpu
+def test_graph_capture_defers_frees_and_replays():
+    stream = ck.cuda.stream_create()
+    x = ck.DeviceArray.from_numpy(np.arange(-64, 64, dtype=np.float32).reshape(2, 64))
+    q = ck.DeviceArray.empty((2, 64), np.int8)
+    s = ck.DeviceArray.empty((2,), np.float32)
+    scratch = ck.DeviceArray.empty((16,), np.float32)
+    try:
+        with ck.cuda.graph_capture(stream) as graph:
+            ck.raw.quantize_int8(x.ptr, DType.FP32, 2, 64, ck.PER_ROW, ck.DYNAMIC, s.ptr, q.ptr,
+                                 stream)
+            scratch.free()     # cudaFree would invalidate the capture: it waits until the end
+            del scratch
+        q.fill_byte(0)
+        ck.cuda.device_synchronize()
+        assert not q.to_numpy().any(), "capture records, it does not run"
+        graph.launch(stream)
+        ck.cuda.stream_synchronize(stream)
+        assert q.to_numpy()[0, 0] == -127 and q.to_numpy()[1, -1] == 127
+        graph.close()
+        graph.close()
+        with pytest.raises(RuntimeError):
+            graph.launch(stream)
+        with pytest.raises(ck.CUDAError):          # the legacy stream cannot be captured
+            with ck.cuda.graph_capture(0):
+                pass
+    finally:
+        ck.cuda.stream_destroy(stream)

@@ -16,7 +16,9 @@
  *     the stream reaches them.
  *   - Pointers must be aligned to their element size (4 bytes for float, 2 for fp16/bf16);
  *     16-byte alignment and a column count divisible by 8 select the vectorized fast path.
- *   - Non-finite inputs: NaN encodes as 0 and is ignored when computing absmax/min/max.
+ *   - Non-finite inputs: NaN encodes as 0 and is ignored when computing absmax/min/max. An
+ *     infinite input makes its scale infinite and every code of its segment 0: inputs are
+ *     expected to be finite.
  *   - A call reports the errors of its own launches only: a non-sticky CUDA error that earlier
  *     calls on the thread left pending (cudaGetLastError) is cleared before the launch.
  *

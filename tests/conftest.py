@@ -22,6 +22,8 @@ def has_gpu():
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped where there is none)")
+    config.addinivalue_line("markers", "cuda_api_error: makes a CUDA call fail on purpose "
+                                       "(compute-sanitizer reports it; make sanitize leaves it out)")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -744,9 +744,9 @@ def test_graph_capture_defers_frees_and_replays():
                                  stream)
             scratch.free()     # cudaFree would invalidate the capture: it waits until the end
             del scratch
-        q.fill_byte(0)
+        q.fill_byte(0x80)              # -128: a code the kernel never writes
         ck.cuda.device_synchronize()
-        assert not q.to_numpy().any(), "capture records, it does not run"
+        assert (q.to_numpy() == -128).all(), "capture records, it does not run"
         graph.launch(stream)
         ck.cuda.stream_synchronize(stream)
         assert q.to_numpy()[0, 0] == -127 and q.to_numpy()[1, -1] == 127
@@ -754,8 +754,13 @@ def test_graph_capture_defers_frees_and_replays():
         graph.close()
         with pytest.raises(RuntimeError):
             graph.launch(stream)
-        with pytest.raises(ck.CUDAError):          # the legacy stream cannot be captured
-            with ck.cuda.graph_capture(0):
-                pass
     finally:
         ck.cuda.stream_destroy(stream)
+
+
+@pytest.mark.gpu
+@pytest.mark.cuda_api_error
+def test_graph_capture_of_the_legacy_stream_raises():
+    with pytest.raises(ck.CUDAError):          # the legacy stream cannot be captured
+        with ck.cuda.graph_capture(0):
+            pass

@@ -3,7 +3,7 @@
 #   make                 build libcuda_kernels.so (fat binary for $(ARCHS), PTX for newer GPUs)
 #   make test            CPU tests always; GPU tests where a GPU is present (they skip otherwise)
 #   make bench           benchmark every kernel against the copy roofline -> benchmarks/results/
-#   make demo            quantize a weight matrix on the GPU and report error and speed
+#   make demo            quantize a weight matrix on the GPU and report the error of each format
 #   make sanitize        GPU tests under compute-sanitizer memcheck, racecheck and initcheck
 #   make install PREFIX=/usr/local   header, library and pkg-config file
 #   make clean

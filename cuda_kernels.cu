@@ -92,9 +92,13 @@ class Check {
         return fail(CK_STATUS_INVALID_VALUE, fn_, "%s is NULL", name);
     }
 
-    ck_status_t is_null(const void* p, const char* name, const char* why) const {
-        if (!p) return CK_STATUS_SUCCESS;
-        return fail(CK_STATUS_INVALID_VALUE, fn_, "%s must be NULL %s", name, why);
+    // A valid ck_int4_mode_t, with zero points exactly when the mode has them.
+    ck_status_t int4_mode(ck_int4_mode_t mode, const void* zeros) const {
+        CK_TRY(enum_value(mode, 2, "mode", "ck_int4_mode_t"));
+        if (mode == CK_INT4_ASYMMETRIC) return not_null(zeros, "zeros");
+        if (!zeros) return CK_STATUS_SUCCESS;
+        return fail(CK_STATUS_INVALID_VALUE, fn_,
+                    "zeros must be NULL for CK_INT4_SYMMETRIC (it has no zero points)");
     }
 
     // A floating-point element type: known enum and one of fp32/fp16/bf16.
@@ -258,9 +262,7 @@ ck_status_t ck_quantize_int4(const void* x, ck_dtype_t x_dtype, int64_t rows, in
     CK_TRY(check.not_null(x, "x"));
     CK_TRY(check.not_null(q_packed, "q_packed"));
     CK_TRY(check.not_null(scales, "scales"));
-    CK_TRY(check.enum_value(mode, 2, "mode", "ck_int4_mode_t"));
-    if (mode == CK_INT4_ASYMMETRIC) CK_TRY(check.not_null(zeros, "zeros"));
-    else CK_TRY(check.is_null(zeros, "zeros", "for CK_INT4_SYMMETRIC (it has no zero points)"));
+    CK_TRY(check.int4_mode(mode, zeros));
     CK_TRY(check.float_dtype(x_dtype, "x_dtype"));
     CK_TRY(check.matrix(rows, cols, dtype_size(x_dtype)));
     CK_TRY(check.group_size(group_size));
@@ -279,9 +281,7 @@ ck_status_t ck_dequantize_int4(const uint8_t* q_packed, const void* scales, cons
     CK_TRY(check.not_null(q_packed, "q_packed"));
     CK_TRY(check.not_null(scales, "scales"));
     CK_TRY(check.not_null(out, "out"));
-    CK_TRY(check.enum_value(mode, 2, "mode", "ck_int4_mode_t"));
-    if (mode == CK_INT4_ASYMMETRIC) CK_TRY(check.not_null(zeros, "zeros"));
-    else CK_TRY(check.is_null(zeros, "zeros", "for CK_INT4_SYMMETRIC (it has no zero points)"));
+    CK_TRY(check.int4_mode(mode, zeros));
     CK_TRY(check.float_dtype(out_dtype, "out_dtype"));
     CK_TRY(check.matrix(rows, cols, dtype_size(out_dtype)));
     CK_TRY(check.group_size(group_size));

@@ -181,42 +181,35 @@ __device__ __forceinline__ void load_int4_chunk(const uint8_t* p, int n, int (&q
 }
 
 // ---------------------------------------------------------------------------------------------
-// Reductions over a team of kTeam consecutive threads of one warp (kTeam a power of two <= 32).
-// Every lane of the warp must call them: the mask is the full warp.
+// Reductions. fminf/fmaxf return the non-NaN operand, so NaNs drop out.
 // ---------------------------------------------------------------------------------------------
-template <int kTeam> __device__ __forceinline__ float team_max(float v) {
+struct MaxOp {
+    __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+struct MinOp {
+    __device__ float operator()(float a, float b) const { return fminf(a, b); }
+};
+
+// Over a team of kTeam consecutive lanes of one warp (kTeam a power of two <= 32). Every lane of
+// the warp must call it: the mask is the full warp.
+template <int kTeam, class Op> __device__ __forceinline__ float team_reduce(float v, Op op) {
     static_assert(kTeam >= 1 && kTeam <= 32 && (kTeam & (kTeam - 1)) == 0, "team within a warp");
 #pragma unroll
-    for (int o = kTeam / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-template <int kTeam> __device__ __forceinline__ float team_min(float v) {
-#pragma unroll
-    for (int o = kTeam / 2; o > 0; o /= 2) v = fminf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    for (int o = kTeam / 2; o > 0; o /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
 
-// Block-wide max/min of a 1-D block of kThreads threads; every thread gets the result.
-// `smem` holds kThreads / 32 floats; the trailing barrier makes it reusable at once.
-template <int kThreads> __device__ __forceinline__ float block_max(float v, float* smem) {
+// Over a 1-D block of kThreads threads; every thread gets the result. `smem` holds kThreads / 32
+// floats; the trailing barrier makes it reusable at once.
+template <int kThreads, class Op>
+__device__ __forceinline__ float block_reduce(float v, float* smem, Op op) {
     constexpr int kWarps = kThreads / 32;
-    v = team_max<32>(v);
+    v = team_reduce<32>(v, op);
     if (threadIdx.x % 32 == 0) smem[threadIdx.x / 32] = v;
     __syncthreads();
     v = smem[0];
 #pragma unroll
-    for (int w = 1; w < kWarps; ++w) v = fmaxf(v, smem[w]);
-    __syncthreads();
-    return v;
-}
-template <int kThreads> __device__ __forceinline__ float block_min(float v, float* smem) {
-    constexpr int kWarps = kThreads / 32;
-    v = team_min<32>(v);
-    if (threadIdx.x % 32 == 0) smem[threadIdx.x / 32] = v;
-    __syncthreads();
-    v = smem[0];
-#pragma unroll
-    for (int w = 1; w < kWarps; ++w) v = fminf(v, smem[w]);
+    for (int w = 1; w < kWarps; ++w) v = op(v, smem[w]);
     __syncthreads();
     return v;
 }

@@ -262,7 +262,7 @@ absmax_kernel(const T* __restrict__ x, int64_t n_elems, float* __restrict__ absm
         load_chunk<T, kVec>(x + c * kChunk, chunk_count(n_elems, c * kChunk), v);
         accumulate<Int8Sym>(r, v);
     }
-    const float m = block_max<kBlockThreads>(r.hi, smem);
+    const float m = block_reduce<kBlockThreads>(r.hi, smem, MaxOp{});
     if (threadIdx.x == 0) atomicMax(reinterpret_cast<unsigned int*>(absmax), __float_as_uint(m));
 }
 
@@ -306,8 +306,8 @@ group_quantize_kernel(const T* __restrict__ x, code_t<Fmt>* __restrict__ q, T* _
                 const int64_t c = cb + u * int64_t(blockDim.x);
                 Range range;
                 if (n[u] > 0) accumulate<Fmt>(range, v[u]);
-                range.hi = team_max<kTeam>(range.hi);
-                if constexpr (Fmt::kAsym) range.lo = team_min<kTeam>(range.lo);
+                range.hi = team_reduce<kTeam>(range.hi, MaxOp{});
+                if constexpr (Fmt::kAsym) range.lo = team_reduce<kTeam>(range.lo, MinOp{});
                 if (n[u] <= 0) continue;
                 const QParams<T> p = make_params<Fmt, T>(range);
                 int codes[kChunk];
@@ -334,13 +334,11 @@ group_quantize_kernel(const T* __restrict__ x, code_t<Fmt>* __restrict__ q, T* _
 constexpr int kRowCacheBytes = 128;
 template <typename T> constexpr int row_cache() { return kRowCacheBytes / int(sizeof(Chunk<T>)); }
 
-template <int kTeam> __device__ __forceinline__ float row_team_max(float v, float* smem) {
-    if constexpr (kTeam == 32) return team_max<32>(v);
-    else return block_max<kTeam>(v, smem);
-}
-template <int kTeam> __device__ __forceinline__ float row_team_min(float v, float* smem) {
-    if constexpr (kTeam == 32) return team_min<32>(v);
-    else return block_min<kTeam>(v, smem);
+// A warp team reduces with shuffles, a whole-block team through shared memory.
+template <int kTeam, class Op>
+__device__ __forceinline__ float row_team_reduce(float v, float* smem, Op op) {
+    if constexpr (kTeam == 32) return team_reduce<32>(v, op);
+    else return block_reduce<kTeam>(v, smem, op);
 }
 
 constexpr int kRowMinBlocks = 4;  // per SM: 64 registers per thread at most
@@ -385,8 +383,8 @@ row_quantize_kernel(const T* __restrict__ x, code_t<Fmt>* __restrict__ q,
                 accumulate<Fmt>(range, v);
             }
         }
-        range.hi = row_team_max<kTeam>(range.hi, smem);
-        if constexpr (Fmt::kAsym) range.lo = row_team_min<kTeam>(range.lo, smem);
+        range.hi = row_team_reduce<kTeam>(range.hi, smem, MaxOp{});
+        if constexpr (Fmt::kAsym) range.lo = row_team_reduce<kTeam>(range.lo, smem, MinOp{});
         if (!row_ok) continue;
         const QParams<ScaleT> p = make_params<Fmt, ScaleT>(range);
         code_t<Fmt>* qr = q + r * row_bytes;

@@ -13,9 +13,9 @@
 // need a reduction before the encode:
 //   - per group (32/64/128): a team of group/8 lanes of one warp loads the group into
 //     registers, reduces with shuffles, then encodes from registers: one read of x;
-//   - per row: a team (a warp, or the whole block for long rows) keeps up to kRowCache chunks
-//     per thread in registers, so rows up to 16384 elements are read once; longer rows are read
-//     twice (absmax pass, encode pass), the second time mostly from L2;
+//   - per row: a team (a warp, or the whole block for long rows) keeps 128 bytes of the row per
+//     thread in registers, so rows up to 16384 fp16/bf16 or 8192 fp32 elements are read once;
+//     longer rows are read twice (absmax pass, encode pass), the second time mostly from L2;
 //   - per tensor: absmax into scales[0] with one atomicMax per block, then the encode pass: x is
 //     read twice, which no single-pass scheme avoids once x is larger than the chip's storage.
 //

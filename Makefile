@@ -23,9 +23,15 @@ VERSION   := $(shell sed -n 's/^\#define CK_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0
 
 GENCODE   := $(foreach a,$(ARCHS),-gencode=arch=compute_$(a),code=sm_$(a)) \
              -gencode=arch=compute_$(PTX_ARCH),code=compute_$(PTX_ARCH)
+# Hopper's wgmma/TMA kernels need the architecture-specific sm_90a target: files named *_sm90.cu
+# build their sm_90 code as sm_90a (it runs on every compute capability 9.0 GPU) and their other
+# targets as empty fallbacks; CK_BUILD_SM90A tells the host side that the sm_90a code is there.
+comma     := ,
+GENCODE_SM90A := $(subst arch=compute_90$(comma)code=sm_90,arch=compute_90a$(comma)code=sm_90a,$(GENCODE))
+SM90A_DEF := $(if $(filter 90,$(ARCHS)),-DCK_BUILD_SM90A)
 NVCCFLAGS ?= -O3 -std=c++17 -lineinfo --expt-relaxed-constexpr -Xcompiler -fPIC,-fvisibility=hidden,-Wall
 NVCC_ALL  := $(NVCCFLAGS) $(GENCODE) -I.
-LDFLAGS   := -shared -cudart shared -lcublas \
+LDFLAGS   := -shared -cudart shared -lcublasLt -lcublas \
              -Xlinker --version-script=$(CURDIR)/cuda_kernels.map -Xlinker -rpath=$(CUDA_HOME)/lib64
 
 KERNEL_SRCS := $(wildcard kernels/*.cu)
@@ -41,6 +47,9 @@ all: $(LIB)
 
 $(BUILD)/cuda_kernels.o: cuda_kernels.cu $(HEADERS) | $(BUILD)/kernels
 	$(NVCC) $(NVCC_ALL) -c $< -o $@
+
+$(BUILD)/kernels/%_sm90.o: kernels/%_sm90.cu $(HEADERS) | $(BUILD)/kernels
+	$(NVCC) $(NVCCFLAGS) $(GENCODE_SM90A) $(SM90A_DEF) -I. -c $< -o $@
 
 $(BUILD)/kernels/%.o: kernels/%.cu $(HEADERS) | $(BUILD)/kernels
 	$(NVCC) $(NVCC_ALL) -c $< -o $@
@@ -60,7 +69,7 @@ $(BUILD)/c_smoke: tests/c/smoke.c cuda_kernels.h $(LIB) | $(BUILD)/kernels
 	  -Wl,-rpath,'$$ORIGIN/..' -Wl,-rpath,$(CUDA_HOME)/lib64 -o $@
 
 $(BUILD)/ck_bench: benchmarks/bench.cu benchmarks/*.cuh cuda_kernels.h $(LIB) | $(BUILD)/kernels
-	$(NVCC) $(NVCCFLAGS) $(GENCODE) -I. $< -L. -lcuda_kernels -lcublas -Xlinker -rpath='$$ORIGIN/..' -o $@
+	$(NVCC) $(NVCCFLAGS) $(GENCODE) -I. $< -L. -lcuda_kernels -lcublasLt -lcublas -Xlinker -rpath='$$ORIGIN/..' -o $@
 
 .venv/bin/python: requirements.txt
 	python3 -m venv .venv

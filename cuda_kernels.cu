@@ -3,10 +3,16 @@
 // launches nothing and works without a GPU. Kernels live in kernels/ and trust their arguments.
 #include <cstdarg>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "cuda_kernels.h"
+#include <cublas_api.h>
+
 #include "kernels/common.cuh"
+#include "kernels/gemm_int8.cuh"
+#include "kernels/linear.cuh"
 #include "kernels/quantize.cuh"
 
 namespace {
@@ -51,6 +57,13 @@ ck_status_t cuda_status(cudaError_t err, const char* fn, const char* what, const
     return status;
 }
 
+// The one path from a cublasStatus_t to a status.
+ck_status_t cublas_status(cublasStatus_t st, const char* fn, const char* what, const char* file, int line) {
+    if (st == CUBLAS_STATUS_SUCCESS) return CK_STATUS_SUCCESS;
+    return fail(CK_STATUS_CUBLAS_ERROR, fn, "%s failed: %s (%s) at %s:%d", what,
+                cublasGetStatusName(st), cublasGetStatusString(st), file, line);
+}
+
 #define CK_TRY(expr)                                   \
     do {                                               \
         const ck_status_t ck_try_status_ = (expr);     \
@@ -58,6 +71,7 @@ ck_status_t cuda_status(cudaError_t err, const char* fn, const char* what, const
     } while (0)
 
 #define CK_CUDA(fn, call) cuda_status((call), fn, #call, __FILE__, __LINE__)
+#define CK_CUBLAS(fn, call) cublas_status((call), fn, #call, __FILE__, __LINE__)
 
 const char* dtype_name(ck_dtype_t dtype) {
     switch (dtype) {
@@ -138,6 +152,29 @@ class Check {
                     (long long)group_size);
     }
 
+    // m, n, k >= 1 and every operand's byte count representable in int64_t.
+    ck_status_t gemm_shape(int64_t m, int64_t n, int64_t k, size_t out_elem_bytes) const {
+        if (m < 1) return fail(CK_STATUS_INVALID_VALUE, fn_, "m=%lld must be >= 1", (long long)m);
+        if (n < 1) return fail(CK_STATUS_INVALID_VALUE, fn_, "n=%lld must be >= 1", (long long)n);
+        if (k < 1) return fail(CK_STATUS_INVALID_VALUE, fn_, "k=%lld must be >= 1", (long long)k);
+        int64_t elems, bytes;
+        const int64_t pairs[3][2] = {{m, k}, {n, k}, {m, n}};
+        for (const auto& p : pairs) {
+            if (__builtin_mul_overflow(p[0], p[1], &elems) ||
+                __builtin_mul_overflow(elems, int64_t(std::max<size_t>(out_elem_bytes, 4)), &bytes))
+                return fail(CK_STATUS_INVALID_VALUE, fn_,
+                            "m=%lld, n=%lld, k=%lld overflow a 64-bit byte count", (long long)m,
+                            (long long)n, (long long)k);
+        }
+        return CK_STATUS_SUCCESS;
+    }
+
+    ck_status_t multiple_of(int64_t value, int64_t divisor, const char* name, const char* why) const {
+        if (value % divisor == 0) return CK_STATUS_SUCCESS;
+        return fail(CK_STATUS_UNSUPPORTED, fn_, "%s=%lld must be a multiple of %lld (%s)", name,
+                    (long long)value, (long long)divisor, why);
+    }
+
     ck_status_t aligned(const void* p, size_t bytes, const char* name, const char* what) const {
         if (ck::is_aligned(p, bytes)) return CK_STATUS_SUCCESS;
         return fail(CK_STATUS_MISALIGNED, fn_, "%s=%p is not aligned to %zu bytes (%s)", name, p,
@@ -155,6 +192,8 @@ class Check {
         cudaGetLastError();
         return cuda_status(launcher(), fn_, "kernel launch", __FILE__, __LINE__);
     }
+
+    const char* fn() const { return fn_; }
 
   private:
     const char* fn_;
@@ -177,7 +216,120 @@ int sm_count() {
     return cache[device];
 }
 
+int compute_capability() {
+    constexpr int kMaxDevices = 64;
+    static int cache[kMaxDevices] = {};
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return 0;
+    if (cache[device] == 0) {
+        int major = 0, minor = 0;
+        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+            cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
+            return 0;
+        cache[device] = major * 10 + minor;
+    }
+    return cache[device];
+}
+
 }  // namespace ck
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// INT8 GEMM: which kernel runs a call.
+// ---------------------------------------------------------------------------------------------
+enum class GemmInt8Kernel { kAuto, kReference, kMma, kSmallM, kWgmma };
+
+constexpr int64_t kSmallMMax = 16;  // the weight-streaming kernel serves m <= 16
+constexpr int kMmaMinArch = 80;     // mma.sync with int8 operands
+
+// CK_GEMM_INT8_KERNEL forces a variant (tests and benchmarks compare them); read on every call
+// so that a process can switch between calls.
+ck_status_t gemm_int8_forced(const Check& check, GemmInt8Kernel* kernel) {
+    const char* v = getenv("CK_GEMM_INT8_KERNEL");
+    *kernel = GemmInt8Kernel::kAuto;
+    if (!v || !*v || !strcmp(v, "auto")) return CK_STATUS_SUCCESS;
+    if (!strcmp(v, "reference")) *kernel = GemmInt8Kernel::kReference;
+    else if (!strcmp(v, "mma")) *kernel = GemmInt8Kernel::kMma;
+    else if (!strcmp(v, "small_m")) *kernel = GemmInt8Kernel::kSmallM;
+    else if (!strcmp(v, "wgmma")) *kernel = GemmInt8Kernel::kWgmma;
+    else
+        return fail(CK_STATUS_INVALID_VALUE, check.fn(),
+                    "CK_GEMM_INT8_KERNEL=%s is not one of auto, reference, mma, small_m, wgmma", v);
+    return CK_STATUS_SUCCESS;
+}
+
+// The variant for this call: forced by the environment, else by the shape and the GPU. Small M
+// streams the weight (its bytes dominate); larger M runs tensor-core tiles, wgmma on Hopper.
+ck_status_t pick_gemm_int8_kernel(const Check& check, const ck::GemmInt8Args& args,
+                                  GemmInt8Kernel* kernel) {
+    CK_TRY(gemm_int8_forced(check, kernel));
+    const int cc = ck::compute_capability();
+    const bool nk = args.b_layout == CK_LAYOUT_NK;
+    const bool sm90 = nk && ck::gemm_int8_sm90_available();
+    switch (*kernel) {
+        case GemmInt8Kernel::kAuto:
+            if (cc < kMmaMinArch) *kernel = GemmInt8Kernel::kReference;
+            else if (nk && args.m <= kSmallMMax) *kernel = GemmInt8Kernel::kSmallM;
+            else if (sm90) *kernel = GemmInt8Kernel::kWgmma;
+            else *kernel = GemmInt8Kernel::kMma;
+            return CK_STATUS_SUCCESS;
+        case GemmInt8Kernel::kReference:
+            return CK_STATUS_SUCCESS;
+        case GemmInt8Kernel::kMma:
+            if (cc >= kMmaMinArch) return CK_STATUS_SUCCESS;
+            return fail(CK_STATUS_UNSUPPORTED, check.fn(),
+                        "CK_GEMM_INT8_KERNEL=mma needs compute capability 8.0 or newer (this GPU: %d.%d)",
+                        cc / 10, cc % 10);
+        case GemmInt8Kernel::kSmallM:
+            if (cc >= kMmaMinArch && nk && args.m <= kSmallMMax) return CK_STATUS_SUCCESS;
+            return fail(CK_STATUS_UNSUPPORTED, check.fn(),
+                        "CK_GEMM_INT8_KERNEL=small_m needs m <= %lld, CK_LAYOUT_NK and compute "
+                        "capability 8.0 or newer (m=%lld, layout=%d, GPU %d.%d)",
+                        (long long)kSmallMMax, (long long)args.m, int(args.b_layout), cc / 10, cc % 10);
+        case GemmInt8Kernel::kWgmma:
+            if (sm90) return CK_STATUS_SUCCESS;
+            return fail(CK_STATUS_UNSUPPORTED, check.fn(),
+                        "CK_GEMM_INT8_KERNEL=wgmma needs CK_LAYOUT_NK, a compute capability 9.0 GPU "
+                        "and a build with sm_90a (layout=%d, GPU %d.%d)",
+                        int(args.b_layout), cc / 10, cc % 10);
+    }
+    return fail(CK_STATUS_INTERNAL_ERROR, check.fn(), "unknown GEMM kernel %d", int(*kernel));
+}
+
+// Shape and pointer rules shared by both INT8 GEMM entry points (see cuda_kernels.h).
+ck_status_t check_gemm_int8_operands(const Check& check, const int8_t* a, const int8_t* b,
+                                     ck_layout_t b_layout, int64_t m, int64_t n, int64_t k,
+                                     const void* out, ck_dtype_t out_dtype) {
+    CK_TRY(check.not_null(a, "a"));
+    CK_TRY(check.not_null(b, "b"));
+    CK_TRY(check.not_null(out, out_dtype == CK_DTYPE_INT32 ? "c" : "out"));
+    CK_TRY(check.enum_value(b_layout, 2, "b_layout", "ck_layout_t"));
+    CK_TRY(check.gemm_shape(m, n, k, dtype_size(out_dtype)));
+    CK_TRY(check.multiple_of(k, 16, "k", "rows of a and b are read in 16-byte vectors"));
+    if (b_layout == CK_LAYOUT_KN)
+        CK_TRY(check.multiple_of(n, 16, "n", "rows of a [K, N] b are read in 16-byte vectors"));
+    CK_TRY(check.aligned(a, 16, "a", "16-byte vector loads"));
+    CK_TRY(check.aligned(b, 16, "b", "16-byte vector loads"));
+    return check.element_aligned(out, out_dtype, out_dtype == CK_DTYPE_INT32 ? "c" : "out");
+}
+
+ck_status_t run_gemm_int8(const Check& check, const ck::GemmInt8Args& args, cudaStream_t stream) {
+    GemmInt8Kernel kernel;
+    CK_TRY(pick_gemm_int8_kernel(check, args, &kernel));
+    return check.launch([&] {
+        switch (kernel) {
+            case GemmInt8Kernel::kReference: return ck::gemm_int8_reference(args, stream);
+            case GemmInt8Kernel::kMma: return ck::gemm_int8_mma(args, stream);
+            case GemmInt8Kernel::kSmallM: return ck::gemm_int8_small_m(args, stream);
+            case GemmInt8Kernel::kWgmma: return ck::gemm_int8_sm90(args, stream);
+            case GemmInt8Kernel::kAuto: break;
+        }
+        return cudaErrorInvalidValue;
+    });
+}
+
+}  // namespace
 
 // ---------------------------------------------------------------------------------------------
 // Exported functions
@@ -291,6 +443,83 @@ ck_status_t ck_dequantize_int4(const uint8_t* q_packed, const void* scales, cons
         return ck::dequantize_int4(q_packed, scales, zeros, rows, cols, group_size, mode, out,
                                    out_dtype, stream);
     });
+}
+
+ck_status_t ck_gemm_int8(const int8_t* a, const int8_t* b, ck_layout_t b_layout, int64_t m, int64_t n,
+                         int64_t k, int32_t* c, ck_stream_t stream) {
+    const Check check("ck_gemm_int8");
+    CK_TRY(check_gemm_int8_operands(check, a, b, b_layout, m, n, k, c, CK_DTYPE_INT32));
+    ck::GemmInt8Args args{};
+    args.a = a;
+    args.b = b;
+    args.b_layout = b_layout;
+    args.m = m;
+    args.n = n;
+    args.k = k;
+    args.activation = CK_ACTIVATION_NONE;
+    args.out = c;
+    args.out_dtype = CK_DTYPE_INT32;
+    return run_gemm_int8(check, args, stream);
+}
+
+ck_status_t ck_gemm_int8_scaled(const int8_t* a, const int8_t* b, ck_layout_t b_layout, int64_t m,
+                                int64_t n, int64_t k, const float* scale_a,
+                                ck_granularity_t a_granularity, const float* scale_b,
+                                ck_granularity_t b_granularity, const void* bias,
+                                ck_activation_t activation, void* out, ck_dtype_t out_dtype,
+                                ck_stream_t stream) {
+    const Check check("ck_gemm_int8_scaled");
+    CK_TRY(check.not_null(scale_a, "scale_a"));
+    CK_TRY(check.not_null(scale_b, "scale_b"));
+    CK_TRY(check.float_dtype(out_dtype, "out_dtype"));
+    CK_TRY(check.enum_value(a_granularity, 2, "a_granularity", "ck_granularity_t"));
+    CK_TRY(check.enum_value(b_granularity, 2, "b_granularity", "ck_granularity_t"));
+    CK_TRY(check.enum_value(activation, 2, "activation", "ck_activation_t"));
+    CK_TRY(check_gemm_int8_operands(check, a, b, b_layout, m, n, k, out, out_dtype));
+    CK_TRY(check.element_aligned(scale_a, CK_DTYPE_FP32, "scale_a"));
+    CK_TRY(check.element_aligned(scale_b, CK_DTYPE_FP32, "scale_b"));
+    if (bias) CK_TRY(check.element_aligned(bias, out_dtype, "bias"));
+    ck::GemmInt8Args args{};
+    args.a = a;
+    args.b = b;
+    args.b_layout = b_layout;
+    args.m = m;
+    args.n = n;
+    args.k = k;
+    args.scale_a = scale_a;
+    args.scale_a_per_row = a_granularity == CK_PER_ROW;
+    args.scale_b = scale_b;
+    args.scale_b_per_col = b_granularity == CK_PER_ROW;
+    args.bias = bias;
+    args.activation = activation;
+    args.out = out;
+    args.out_dtype = out_dtype;
+    return run_gemm_int8(check, args, stream);
+}
+
+ck_status_t ck_linear(const void* x, const void* w, const void* bias, ck_dtype_t dtype, int64_t m,
+                      int64_t n, int64_t k, ck_activation_t activation, void* out,
+                      ck_stream_t stream) {
+    static const char* fn = "ck_linear";
+    const Check check(fn);
+    CK_TRY(check.not_null(x, "x"));
+    CK_TRY(check.not_null(w, "w"));
+    CK_TRY(check.not_null(out, "out"));
+    CK_TRY(check.float_dtype(dtype, "dtype"));
+    CK_TRY(check.enum_value(activation, 2, "activation", "ck_activation_t"));
+    CK_TRY(check.gemm_shape(m, n, k, dtype_size(dtype)));
+    const int64_t per_vector = 16 / int64_t(dtype_size(dtype));
+    CK_TRY(check.multiple_of(k, per_vector, "k", "rows of x and w must start 16-byte aligned"));
+    CK_TRY(check.multiple_of(n, per_vector, "n", "rows of out must start 16-byte aligned"));
+    CK_TRY(check.aligned(x, 16, "x", "cuBLASLt's vectorized kernels"));
+    CK_TRY(check.aligned(w, 16, "w", "cuBLASLt's vectorized kernels"));
+    if (bias) CK_TRY(check.aligned(bias, 16, "bias", "cuBLASLt's vectorized kernels"));
+    CK_TRY(check.aligned(out, 16, "out", "cuBLASLt's vectorized kernels"));
+    int devices = 0;  // cuBLASLt would report a missing device as a generic failure
+    CK_TRY(CK_CUDA(fn, cudaGetDeviceCount(&devices)));
+    if (devices == 0) return fail(CK_STATUS_NO_DEVICE, fn, "no CUDA device is visible");
+    cudaGetLastError();
+    return CK_CUBLAS(fn, ck::linear(x, w, bias, dtype, m, n, k, activation, out, stream));
 }
 
 }  // extern "C"

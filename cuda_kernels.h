@@ -188,6 +188,73 @@ CK_API ck_status_t ck_dequantize_int4(const uint8_t* q_packed, const void* scale
                                       int64_t group_size, ck_int4_mode_t mode, void* out,
                                       ck_dtype_t out_dtype, ck_stream_t stream);
 
+/* ---------------------------------------------------------------------------------------------
+ * Matrix products (GEMM): out[M, N] = A[M, K] x B
+ *
+ * A is row-major [M, K]. B, the weight, is either [N, K] row-major (CK_LAYOUT_NK, the
+ * nn.Linear layout: out = A B^T) or [K, N] row-major (CK_LAYOUT_KN: out = A B). Any M, N >= 1;
+ * each function states its rules for K, N and the pointers (violations get
+ * CK_STATUS_UNSUPPORTED or CK_STATUS_MISALIGNED and launch nothing). The kernel variant (a
+ * weight-streaming path for M <= 16, tensor-core tiles for larger M, wgmma on Hopper) is chosen
+ * from the shape and the GPU; every variant computes the same result. For testing and
+ * benchmarking, the environment variable CK_GEMM_INT8_KERNEL (read on every call, after the
+ * arguments are validated) forces one: "reference" (simple dp4a tiles, any GPU), "mma"
+ * (mma.sync, sm_80+), "small_m" (M <= 16 and CK_LAYOUT_NK, sm_80+), "wgmma" (CK_LAYOUT_NK on a
+ * compute capability 9.0 GPU) or "auto". An unknown name returns CK_STATUS_INVALID_VALUE; a
+ * variant that cannot serve the call returns CK_STATUS_UNSUPPORTED and launches nothing.
+ * A, B, the scales and the bias must not overlap the output.
+ * ------------------------------------------------------------------------------------------- */
+typedef enum ck_layout {
+    CK_LAYOUT_NK = 0,  /* B is [N, K] row-major: out = A B^T (weights of nn.Linear) */
+    CK_LAYOUT_KN = 1   /* B is [K, N] row-major: out = A B */
+} ck_layout_t;
+
+/* The activation applied last in an epilogue. */
+typedef enum ck_activation {
+    CK_ACTIVATION_NONE = 0,
+    CK_ACTIVATION_RELU = 1  /* max(v, 0) */
+} ck_activation_t;
+
+/* INT8 GEMM with int32 results: c[M, N] = sum_k a[m, k] * b(k, n), exact integer arithmetic.
+ * Sums wrap modulo 2^32 like int32 addition; with K <= 131071 no sum of int8 products can
+ * overflow, so every result is the exact integer.
+ * Requirements: M, N >= 1; K >= 16 and a multiple of 16; for CK_LAYOUT_KN also N a multiple
+ * of 16; a and b 16-byte aligned; c 4-byte aligned. */
+CK_API ck_status_t ck_gemm_int8(const int8_t* a, const int8_t* b, ck_layout_t b_layout, int64_t m,
+                                int64_t n, int64_t k, int32_t* c, ck_stream_t stream);
+
+/* INT8 GEMM with a fused epilogue (W8A8 linear layers):
+ *   out[m, n] = act(float(acc[m, n]) * scale_a[m or 0] * scale_b[n or 0] + bias[n])
+ * acc is the exact int32 product of ck_gemm_int8; the rest is float32 arithmetic,
+ *   v = fmaf(float(acc) * scale_a, scale_b, bias)   (bias 0 when NULL)
+ * then the activation and one rounding to out_dtype (round-to-nearest-even). Every kernel
+ * variant computes exactly these operations, so results do not depend on the variant.
+ *
+ * scale_a: float32, 1 value (CK_PER_TENSOR) or M values, one per row of A (CK_PER_ROW: per token).
+ * scale_b: float32, 1 value (CK_PER_TENSOR) or N values, one per output column n (CK_PER_ROW: per
+ *          output channel, i.e. per row of an [N, K] weight and per column of a [K, N] one).
+ * bias:    N values of out_dtype, or NULL for none.
+ * out:     [M, N] of out_dtype (CK_DTYPE_FP32, CK_DTYPE_FP16 or CK_DTYPE_BF16).
+ * Requirements: as ck_gemm_int8; scales 4-byte aligned, bias and out aligned to out_dtype. */
+CK_API ck_status_t ck_gemm_int8_scaled(const int8_t* a, const int8_t* b, ck_layout_t b_layout,
+                                       int64_t m, int64_t n, int64_t k, const float* scale_a,
+                                       ck_granularity_t a_granularity, const float* scale_b,
+                                       ck_granularity_t b_granularity, const void* bias,
+                                       ck_activation_t activation, void* out, ck_dtype_t out_dtype,
+                                       ck_stream_t stream);
+
+/* Floating-point linear layer: out[M, N] = act(x[M, K] w[N, K]^T + bias[N]).
+ * x, w, bias and out all have `dtype` (CK_DTYPE_FP32, CK_DTYPE_FP16 or CK_DTYPE_BF16); the
+ * products accumulate in float32 (fp32 inputs are not rounded to TF32), the bias is added and
+ * the activation applied before the single rounding to dtype. bias may be NULL.
+ * The product runs on cuBLASLt with its bias/ReLU epilogue fused (no workspace, so the call can
+ * be captured in a graph); a cuBLASLt failure returns CK_STATUS_CUBLAS_ERROR.
+ * Requirements: M, N, K >= 1; every pointer 16-byte aligned; K and N multiples of
+ * 16 / sizeof(dtype) (so that every row starts 16-byte aligned). */
+CK_API ck_status_t ck_linear(const void* x, const void* w, const void* bias, ck_dtype_t dtype,
+                             int64_t m, int64_t n, int64_t k, ck_activation_t activation, void* out,
+                             ck_stream_t stream);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

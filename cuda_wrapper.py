@@ -3,8 +3,10 @@
 Three levels, from convenient to exact:
 
 * NumPy / ``__cuda_array_interface__`` functions: :func:`quantize_int8`,
-  :func:`dequantize_int8`, :func:`quantize_int4`, :func:`dequantize_int4`, and the seed API
-  :func:`quantize_tensor` / :func:`dequantize_tensor`. NumPy inputs are copied to the GPU and the
+  :func:`dequantize_int8`, :func:`quantize_int4`, :func:`dequantize_int4`, the matrix products
+  :func:`gemm_int8` (int32 out), :func:`gemm_int8_scaled` (W8A8 with a fused scale/bias/ReLU
+  epilogue) and :func:`linear` (fp32/fp16/bf16), and the seed API :func:`quantize_tensor` /
+  :func:`dequantize_tensor` / :func:`int8_matmul`. NumPy inputs are copied to the GPU and the
   results come back as NumPy arrays. Objects with ``__cuda_array_interface__`` (torch, cupy,
   numba, :class:`DeviceArray`) are used in place, zero-copy; their results are
   :class:`DeviceArray` objects (or go into ``out=``).
@@ -29,6 +31,10 @@ Example::
     w = np.random.randn(4096, 4096).astype(np.float16)
     packed, s, z = ck.quantize_int4(w, group_size=128, symmetric=False)
     w2 = ck.dequantize_int4(packed, s, z, cols=4096, group_size=128)   # float16, like s
+
+    wq, ws = ck.quantize_int8(w, granularity="row")          # int8 [4096, 4096], [N, K] layout
+    y = ck.gemm_int8_scaled(q, wq, scales, ws, out_dtype="fp16", activation="relu")
+    y2 = ck.linear(x, w.astype(np.float32), bias=None)      # float32 [16, 4096]
 
     xd = ck.DeviceArray.from_numpy(x)                        # or a torch/cupy CUDA tensor
     qd, sd = ck.quantize_int8(xd, granularity="row")         # DeviceArrays, nothing copied
@@ -58,10 +64,12 @@ import numpy as np
 __all__ = [
     "DType", "Status", "CKError", "CUDAError", "LibraryNotFoundError",
     "PER_TENSOR", "PER_ROW", "STATIC", "DYNAMIC", "INT4_SYMMETRIC", "INT4_ASYMMETRIC",
-    "GROUP_ROW", "version", "device_count", "library_path", "load_library",
+    "GROUP_ROW", "LAYOUT_NK", "LAYOUT_KN", "ACTIVATION_NONE", "ACTIVATION_RELU",
+    "version", "device_count", "library_path", "load_library",
     "cuda", "CUDAGraph", "DeviceArray", "raw",
     "quantize_int8", "dequantize_int8", "quantize_int4", "dequantize_int4",
-    "quantize_tensor", "dequantize_tensor",
+    "gemm_int8", "gemm_int8_scaled", "linear",
+    "quantize_tensor", "dequantize_tensor", "int8_matmul",
 ]
 
 LIBRARY_NAME = "libcuda_kernels.so"
@@ -98,6 +106,10 @@ DYNAMIC = 1
 INT4_SYMMETRIC = 0      # ck_int4_mode_t
 INT4_ASYMMETRIC = 1
 GROUP_ROW = -1          # CK_GROUP_ROW
+LAYOUT_NK = 0           # ck_layout_t: the weight b is [N, K] (nn.Linear): out = a b^T
+LAYOUT_KN = 1           #              the weight b is [K, N]: out = a b
+ACTIVATION_NONE = 0     # ck_activation_t
+ACTIVATION_RELU = 1
 
 # Host-side storage of each library dtype (bf16 as its bit pattern).
 _NUMPY_OF = {
@@ -195,6 +207,15 @@ DECLARATIONS = {
     # q_packed, scales, zeros, rows, cols, group_size, mode, out, out_dtype, stream
     "ck_dequantize_int4": (_STATUS, (_VOIDP, _VOIDP, _VOIDP, _I64, _I64, _I64, _ENUM, _VOIDP,
                                      _ENUM, _VOIDP)),
+    # a, b, b_layout, m, n, k, c, stream
+    "ck_gemm_int8": (_STATUS, (_VOIDP, _VOIDP, _ENUM, _I64, _I64, _I64, _VOIDP, _VOIDP)),
+    # a, b, b_layout, m, n, k, scale_a, a_granularity, scale_b, b_granularity, bias, activation,
+    # out, out_dtype, stream
+    "ck_gemm_int8_scaled": (_STATUS, (_VOIDP, _VOIDP, _ENUM, _I64, _I64, _I64, _VOIDP, _ENUM,
+                                      _VOIDP, _ENUM, _VOIDP, _ENUM, _VOIDP, _ENUM, _VOIDP)),
+    # x, w, bias, dtype, m, n, k, activation, out, stream
+    "ck_linear": (_STATUS, (_VOIDP, _VOIDP, _VOIDP, _ENUM, _I64, _I64, _I64, _ENUM, _VOIDP,
+                            _VOIDP)),
 }
 
 _lib_lock = threading.RLock()
@@ -323,6 +344,26 @@ class _Raw:
                                           mode, out_ptr, out_dtype, stream)
 
     @staticmethod
+    def gemm_int8(a_ptr, b_ptr, b_layout, m, n, k, c_ptr, stream=0):
+        """ck_gemm_int8 (b_layout LAYOUT_NK or LAYOUT_KN)."""
+        load_library().ck_gemm_int8(a_ptr, b_ptr, b_layout, m, n, k, c_ptr, stream)
+
+    @staticmethod
+    def gemm_int8_scaled(a_ptr, b_ptr, b_layout, m, n, k, scale_a_ptr, a_granularity,
+                         scale_b_ptr, b_granularity, bias_ptr, activation, out_ptr, out_dtype,
+                         stream=0):
+        """ck_gemm_int8_scaled (bias_ptr 0 for no bias)."""
+        load_library().ck_gemm_int8_scaled(a_ptr, b_ptr, b_layout, m, n, k, scale_a_ptr,
+                                           a_granularity, scale_b_ptr, b_granularity, bias_ptr,
+                                           activation, out_ptr, out_dtype, stream)
+
+    @staticmethod
+    def linear(x_ptr, w_ptr, bias_ptr, dtype, m, n, k, activation, out_ptr, stream=0):
+        """ck_linear (bias_ptr 0 for no bias)."""
+        load_library().ck_linear(x_ptr, w_ptr, bias_ptr, dtype, m, n, k, activation, out_ptr,
+                                 stream)
+
+    @staticmethod
     def int4_groups_per_row(cols, group_size):
         """ck_int4_groups_per_row: groups in a row, 0 for an invalid cols or group_size."""
         return load_library().ck_int4_groups_per_row(cols, group_size)
@@ -349,6 +390,7 @@ raw = _Raw()
 _MEMCPY_HTOD, _MEMCPY_DTOH, _MEMCPY_DTOD = 1, 2, 3          # cudaMemcpyKind
 _CAPTURE_MODES = {"global": 0, "thread_local": 1, "relaxed": 2}  # cudaStreamCaptureMode
 _STREAM_NON_BLOCKING = 0x01                                 # cudaStreamNonBlocking
+_ATTR_CC_MAJOR, _ATTR_CC_MINOR = 75, 76     # cudaDevAttrComputeCapabilityMajor / Minor
 
 _PVOIDP = ctypes.POINTER(ctypes.c_void_p)
 _CUDART_DECLARATIONS = {
@@ -363,6 +405,9 @@ _CUDART_DECLARATIONS = {
     "cudaStreamDestroy": (ctypes.c_int, (_VOIDP,)),
     "cudaStreamSynchronize": (ctypes.c_int, (_VOIDP,)),
     "cudaDeviceSynchronize": (ctypes.c_int, ()),
+    "cudaGetDevice": (ctypes.c_int, (ctypes.POINTER(ctypes.c_int),)),
+    "cudaDeviceGetAttribute": (ctypes.c_int, (ctypes.POINTER(ctypes.c_int), ctypes.c_int,
+                                              ctypes.c_int)),
     "cudaStreamBeginCapture": (ctypes.c_int, (_VOIDP, ctypes.c_int)),
     "cudaStreamEndCapture": (ctypes.c_int, (_VOIDP, _PVOIDP)),
     # CUDA 12+: (cudaGraphExec_t*, cudaGraph_t, unsigned long long flags)
@@ -530,6 +575,18 @@ class _CudaRuntime:
 
     def device_synchronize(self):
         self._call("cudaDeviceSynchronize")
+
+    # -- device properties -------------------------------------------------------------------
+    def compute_capability(self, device=None):
+        """(major, minor) of `device` (default: the current device), e.g. (9, 0) on an H100."""
+        if device is None:
+            current = ctypes.c_int(0)
+            self._call("cudaGetDevice", ctypes.byref(current))
+            device = current.value
+        major, minor = ctypes.c_int(0), ctypes.c_int(0)
+        self._call("cudaDeviceGetAttribute", ctypes.byref(major), _ATTR_CC_MAJOR, device)
+        self._call("cudaDeviceGetAttribute", ctypes.byref(minor), _ATTR_CC_MINOR, device)
+        return major.value, minor.value
 
     # -- graphs ------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -1139,6 +1196,130 @@ def dequantize_int4(packed, scales, zeros, cols, group_size=128, out_dtype=None,
         return call.finish(o)
 
 
+def _layout(value):
+    """LAYOUT_NK / LAYOUT_KN from "nk" / "kn" (or the int itself)."""
+    if isinstance(value, str):
+        names = {"nk": LAYOUT_NK, "kn": LAYOUT_KN}
+        if value.lower() not in names:
+            raise ValueError("layout=%r: use 'nk' (b is [N, K]) or 'kn' (b is [K, N])" % value)
+        return names[value.lower()]
+    return int(value)
+
+
+def _activation(value):
+    """ACTIVATION_NONE / ACTIVATION_RELU from None, "none" or "relu" (or the int itself)."""
+    if value is None:
+        return ACTIVATION_NONE
+    if isinstance(value, str):
+        names = {"none": ACTIVATION_NONE, "relu": ACTIVATION_RELU}
+        if value.lower() not in names:
+            raise ValueError("activation=%r: use None, 'none' or 'relu'" % value)
+        return names[value.lower()]
+    return int(value)
+
+
+def _gemm_shape(a, b, layout, a_name="a", b_name="b"):
+    """(m, n, k, out shape) of a [M, K] (1-D: [K], one row) times b ([N, K] for LAYOUT_NK,
+    [K, N] for LAYOUT_KN); the output is [M, N], or [N] for a 1-D a."""
+    m, k = _matrix(a.shape, a_name)
+    if len(b.shape) != 2:
+        raise ValueError("%s must be 2-D, not of shape %s" % (b_name, b.shape))
+    n, k_b = (b.shape if layout == LAYOUT_NK else b.shape[::-1])
+    if k_b != k or n == 0:
+        want = "[N, K]" if layout == LAYOUT_NK else "[K, N]"
+        raise ValueError("%s has shape %s: with %s of shape %s it must be %s with K=%d"
+                         % (b_name, b.shape, a_name, a.shape, want, k))
+    return m, n, k, ((n,) if len(a.shape) == 1 else (m, n))
+
+
+def _scale_granularity(arg, name, count, per):
+    """PER_TENSOR for 1 float32 value, PER_ROW for `count` values (1 value when count is 1
+    reads as per tensor: the same numbers)."""
+    if arg.dtype != np.float32:
+        raise TypeError("%s has dtype %s, needs float32" % (name, arg.dtype))
+    if arg.size == 1:
+        return PER_TENSOR
+    if arg.size == count:
+        return PER_ROW
+    raise ValueError("%s has %d values: 1 (per tensor) or %d (one per %s) expected"
+                     % (name, arg.size, count, per))
+
+
+def gemm_int8(a, b, layout="nk", out=None, stream=None):
+    """INT8 matrix product with exact int32 results (ck_gemm_int8).
+
+    a: int8 [M, K] (or [K]); b: int8 [N, K] for layout "nk" (nn.Linear weights: a @ b.T) or
+    [K, N] for "kn" (a @ b). Returns int32 [M, N] (or [N]). The library's rules apply: K a
+    multiple of 16, and N too for "kn".
+    """
+    lay = _layout(layout)
+    with _Call(a, stream) as call:
+        aa = call.input(a, "a", matrix=True, need=np.int8)
+        ba = call.input(b, "b", need=np.int8)
+        m, n, k, out_shape = _gemm_shape(aa, ba, lay)
+        c = call.output(out_shape, np.int32, DType.INT32, out, "c")
+        raw.gemm_int8(aa.ptr, ba.ptr, lay, m, n, k, c.ptr, call.stream)
+        return call.finish(c)
+
+
+def gemm_int8_scaled(a, b, scale_a, scale_b, bias=None, activation=None, out_dtype="fp32",
+                     layout="nk", out=None, stream=None):
+    """INT8 matrix product with a fused epilogue (ck_gemm_int8_scaled), a W8A8 linear layer:
+
+        out[m, n] = act(float(acc[m, n]) * scale_a[m or 0] * scale_b[n or 0] + bias[n])
+
+    a: int8 [M, K] (or [K]); b: int8 [N, K] ("nk") or [K, N] ("kn"); acc is their exact int32
+    product. scale_a: a Python float or float32 values, 1 (per tensor) or M (per row of a);
+    scale_b: a float or float32 values, 1 (per tensor) or N (per output channel). The
+    granularity follows from the number of values. bias: None or N values of out_dtype
+    (uint16 bit patterns for "bf16"). activation: None/"none" or "relu". out_dtype: "fp32",
+    "fp16" or "bf16" (returned as uint16 bit patterns).
+    """
+    lay = _layout(layout)
+    act = _activation(activation)
+    ck_out = _as_dtype_enum(out_dtype, "out_dtype")
+    with _Call(a, stream) as call:
+        aa = call.input(a, "a", matrix=True, need=np.int8)
+        ba = call.input(b, "b", need=np.int8)
+        m, n, k, out_shape = _gemm_shape(aa, ba, lay)
+        sa = call.input(scale_a, "scale_a", scalar_dtype=np.float32)
+        a_gran = _scale_granularity(sa, "scale_a", m, "row of a")
+        sb = call.input(scale_b, "scale_b", scalar_dtype=np.float32)
+        b_gran = _scale_granularity(sb, "scale_b", n, "output column")
+        bias_ptr = 0
+        if bias is not None:
+            bi = call.input(bias, "bias", ck_out)
+            _check_array(bi, "bias", bi.dtype, n)
+            bias_ptr = bi.ptr
+        o = call.output(out_shape, _NUMPY_OF[ck_out], ck_out, out, "out")
+        raw.gemm_int8_scaled(aa.ptr, ba.ptr, lay, m, n, k, sa.ptr, a_gran, sb.ptr, b_gran,
+                             bias_ptr, act, o.ptr, ck_out, call.stream)
+        return call.finish(o)
+
+
+def linear(x, w, bias=None, activation=None, dtype=None, out=None, stream=None):
+    """Floating-point linear layer (ck_linear): out = act(x @ w.T + bias).
+
+    x [M, K] (or [K]) and w [N, K] (nn.Linear layout) in fp32, fp16 or bf16 (uint16 bit patterns
+    with dtype="bf16"), both of one dtype; bias None or N values of that dtype; activation
+    None/"none" or "relu". Products accumulate in float32 (no TF32). The library's rules apply:
+    K and N multiples of 16 / itemsize. Returns [M, N] (or [N]) in the dtype of x.
+    """
+    act = _activation(activation)
+    with _Call(x, stream) as call:
+        xa = call.input(x, "x", dtype, matrix=True, need=_FLOAT_INPUT)
+        wa = call.input(w, "w", xa.ck_dtype)
+        m, n, k, out_shape = _gemm_shape(xa, wa, LAYOUT_NK, "x", "w")
+        bias_ptr = 0
+        if bias is not None:
+            bi = call.input(bias, "bias", xa.ck_dtype)
+            _check_array(bi, "bias", bi.dtype, n)
+            bias_ptr = bi.ptr
+        o = call.output(out_shape, _NUMPY_OF[xa.ck_dtype], xa.ck_dtype, out, "out")
+        raw.linear(xa.ptr, wa.ptr, bias_ptr, xa.ck_dtype, m, n, k, act, o.ptr, call.stream)
+        return call.finish(o)
+
+
 def quantize_tensor(x):
     """Seed API: per-tensor dynamic INT8 quantization. Returns (q int8, scale as a float)."""
     q, scales = quantize_int8(x, granularity="tensor")
@@ -1152,3 +1333,42 @@ def quantize_tensor(x):
 def dequantize_tensor(q, scale):
     """Seed API: q * scale as float32 (scale: a float, or one float32 value)."""
     return dequantize_int8(q, scale, granularity="tensor", out_dtype="fp32")
+
+
+def int8_matmul(A, B, scale_a=1.0, scale_b=1.0, scale_c=None, stream=None):
+    """Seed API: INT8 matrix product of A int8 [M, K] and B int8 [K, N] (the seed's layout).
+
+    Returns C = (A @ B) * scale_a * scale_b as float32 [M, N]: one library call,
+    ck_gemm_int8_scaled with LAYOUT_KN (exact int32 sums, then the float32 epilogue). scale_a
+    is a float or 1 / M float32 values (per row of A), scale_b a float or 1 / N values (per
+    column of B).
+
+    With scale_c (a float: a static per-tensor scale), C is requantized to int8 and the int8
+    [M, N] codes are returned: q = clamp(rint(C * (1 / scale_c)), -127, 127), as
+    ck_quantize_int8 computes it. That is two library calls, ck_gemm_int8_scaled then
+    ck_quantize_int8, with C as a float32 temporary on the device in between (never copied to
+    the host).
+
+    The library's rules apply: K and N multiples of 16. NumPy in, NumPy out; CUDA arrays in,
+    DeviceArray out.
+    """
+    if scale_c is None:
+        return gemm_int8_scaled(A, B, scale_a, scale_b, out_dtype="fp32", layout="kn",
+                                stream=stream)
+    on_host = not _is_device(A)
+    if on_host:   # one upload each, then both calls work on device memory
+        A, B = (b if _is_device(b) else DeviceArray.from_numpy(_host_int8(b, name))
+                for b, name in ((A, "A"), (B, "B")))
+    c = gemm_int8_scaled(A, B, scale_a, scale_b, out_dtype="fp32", layout="kn", stream=stream)
+    q, _ = quantize_int8(c, granularity="tensor", scales=scale_c, stream=stream)
+    q._base = (q._base, c)   # C is read by work that may still be in flight
+    return q.to_numpy() if on_host else q
+
+
+def _host_int8(a, name):
+    a = np.asarray(a)
+    if a.dtype != np.int8:
+        raise TypeError("%s has dtype %s, needs int8" % (name, a.dtype))
+    if not a.flags.c_contiguous:
+        raise ValueError("%s must be C-contiguous (use np.ascontiguousarray)" % name)
+    return a

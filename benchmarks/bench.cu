@@ -274,6 +274,11 @@ void bench_quantize(Bench& bench, const Options& options) {
 }
 
 // ================================================================================================
+// Family "gemm": INT8 GEMMs and the cuBLASLt linear layer beside cuBLAS(Lt) (bench_gemm.cuh).
+// ================================================================================================
+#include "bench_gemm.cuh"
+
+// ================================================================================================
 // The program
 // ================================================================================================
 struct Family {
@@ -284,6 +289,7 @@ struct Family {
 // Every kernel family, in the order they run and appear in the results.
 static const Family kFamilies[] = {
     {"quantize", bench_quantize},
+    {"gemm", bench_gemm},
 };
 
 static void print_usage(FILE* to) {

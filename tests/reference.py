@@ -1,10 +1,16 @@
-"""NumPy references of the quantization formats of libcuda_kernels.so: the executable spec.
+"""NumPy references of the quantization formats and matrix products of libcuda_kernels.so: the
+executable spec.
 
-Each function implements the words of the top comment of cuda_kernels.h literally: float32
-arithmetic, round-half-to-even (np.rint), saturation at the type's range, NaN encoded as 0 and
-ignored by absmax/min/max. The GPU kernels must match these references bit for bit, so every
-intermediate here is a float32 operation that a CUDA kernel performs the same way (no float64,
-no fused multiply-add, no reciprocal approximations).
+Quantization: each function implements the words of the top comment of cuda_kernels.h
+literally: float32 arithmetic, round-half-to-even (np.rint), saturation at the type's range, NaN
+encoded as 0 and ignored by absmax/min/max. The GPU kernels must match these references bit for
+bit, so every intermediate here is a float32 operation that a CUDA kernel performs the same way
+(no float64, no fused multiply-add, no reciprocal approximations).
+
+Matrix products (gemm_int8, gemm_int8_scaled, linear; the GEMM section of cuda_kernels.h): the
+int32 product is exact and bitwise. The float results are computed exactly (float64) and rounded
+once: the ideal that the library's float32 arithmetic approaches within the tolerances the tests
+derive (the *_f64 functions give the values before that rounding).
 
 Dtypes are named 'fp32', 'fp16' and 'bf16'. NumPy holds them as float32, float16 and uint16 (the
 bfloat16 bit pattern; NumPy has no bfloat16): that is their "representation" below.
@@ -309,3 +315,198 @@ def _encode(y, lo, hi):
     q = np.rint(y)
     q[np.isnan(q)] = 0
     return np.clip(q, lo, hi, out=q)
+
+
+# ---------------------------------------------------------------------------------------------
+# Matrix products (GEMM): out[M, N] = A[M, K] x B
+# ---------------------------------------------------------------------------------------------
+# B is [N, K] row-major ('nk', the nn.Linear weight: out = A B^T) or [K, N] row-major ('kn':
+# out = A B). The references compute the exact mathematical result in float64 (or exactly in
+# integers) and round once at the end: they are the ideal the kernels are measured against.
+# Only the int32 product is bitwise; the float epilogues are compared with the tolerances that
+# the float32 arithmetic the header describes can produce (see tests/test_gemm_gpu.py).
+LAYOUTS = ("nk", "kn")
+ACTIVATIONS = ("none", "relu")
+GEMM_K_MULTIPLE = 16  # ck_gemm_int8*: K a multiple of 16 (and N too for 'kn')
+INT8_PRODUCT_MAX = 128 * 128  # the largest |a * b| of two int8 values: (-128) * (-128)
+# Below this K no int32 sum of int8 products can overflow: 131071 * 16384 < 2**31 - 1.
+INT32_EXACT_K_MAX = (2**31 - 1) // INT8_PRODUCT_MAX
+
+
+def weight_as_nk(b, layout):
+    """b in `layout` ('nk': [N, K], 'kn': [K, N]) -> the [N, K] view of it."""
+    b = _matrix(np.asarray(b))
+    if layout == "nk":
+        return b
+    if layout == "kn":
+        return b.T
+    raise ValueError(f"unknown layout {layout!r} (use one of {LAYOUTS})")
+
+
+def wrap_int32(x):
+    """Integers (any int dtype) -> int32 modulo 2**32, two's complement, as int32 sums wrap."""
+    x = np.asarray(x).astype(np.int64)
+    return ((x + 2**31) % 2**32 - 2**31).astype(np.int32)
+
+
+def int_matmul_exact(a, b_nk):
+    """sum_k a[m, k] * b_nk[n, k] exactly, as int64, for small-integer matrices (int8 here).
+
+    float64 BLAS is exact here and much faster than NumPy's integer matmul: every product and
+    every partial sum is an integer of magnitude <= K * 16384, exactly representable as long as
+    that stays below 2**53 (K < 2**39), whatever order or fused multiply-adds the BLAS uses.
+    """
+    a, b_nk = _matrix(np.asarray(a)), _matrix(np.asarray(b_nk))
+    if a.shape[1] != b_nk.shape[1]:
+        raise ValueError(f"K differs: a is {list(a.shape)}, b (as [N, K]) is {list(b_nk.shape)}")
+    bound = _abs_max(a) * _abs_max(b_nk)  # of one product
+    if a.shape[1] * bound < 2**53:
+        return (a.astype(np.float64) @ b_nk.T.astype(np.float64)).astype(np.int64)
+    return a.astype(np.int64) @ b_nk.T.astype(np.int64)
+
+
+def _abs_max(x):
+    """max |x| as a Python int (np.abs would wrap at the most negative value of the type)."""
+    return max(-int(x.min()), int(x.max()), 0) if x.size else 0
+
+
+def gemm_int8(a, b, layout="nk"):
+    """ck_gemm_int8: int8 a [M, K], int8 b ([N, K] for 'nk', [K, N] for 'kn') -> int32 [M, N].
+
+    c[m, n] = sum_k a[m, k] * b(k, n), computed exactly and wrapped modulo 2**32 like int32
+    addition (only K > INT32_EXACT_K_MAX can wrap). Shape rules of the library (K a multiple of
+    16, ...) are not checked here: the reference works for any K.
+    """
+    a = _matrix(_require_dtype(np.asarray(a), np.int8, "a"))
+    b_nk = weight_as_nk(_require_dtype(np.asarray(b), np.int8, "b"), layout)
+    return wrap_int32(int_matmul_exact(a, b_nk))
+
+
+def activate(v, activation):
+    """The epilogue's activation on float64 values: 'none' (or None) or 'relu' (max(v, 0))."""
+    if activation in (None, "none"):
+        return v
+    if activation == "relu":
+        return np.maximum(v, 0.0)
+    raise ValueError(f"unknown activation {activation!r} (use one of {ACTIVATIONS})")
+
+
+def scale_vector(scales, count, what):
+    """float32 scales, 1 value (per tensor) or `count` values (one per row or column) ->
+    float64 [count]."""
+    scales = _require_dtype(np.asarray(scales), np.float32, what).reshape(-1)
+    if scales.size not in (1, count):
+        raise ValueError(f"{what} needs 1 or {count} values, got {scales.size}")
+    return np.broadcast_to(scales.astype(np.float64), (count,))
+
+
+def int8_epilogue_f64(acc, scale_a, scale_b, bias=None, activation="none", out_dtype="fp32"):
+    """The fused epilogue of ck_gemm_int8_scaled in exact (float64) arithmetic, before rounding:
+
+        act(acc[m, n] * scale_a[m or 0] * scale_b[n or 0] + bias[n])
+
+    acc: int32 [M, N] (the product of gemm_int8); scale_a: float32, 1 or M values; scale_b:
+    float32, 1 or N values (a single value is per tensor: with M == 1 or N == 1 both readings
+    are the same numbers); bias: N values in out_dtype's representation, or None.
+    float64 keeps acc * scale_a * scale_b within a relative 2**-52 of the exact value (and
+    the sum with the bias within 2**-53), far below the float32 roundings the GPU makes.
+    """
+    acc = _matrix(_require_dtype(np.asarray(acc), np.int32, "acc"))
+    rows, cols = acc.shape
+    sa = scale_vector(scale_a, rows, "scale_a")
+    sb = scale_vector(scale_b, cols, "scale_b")
+    v = acc.astype(np.float64) * sa[:, None] * sb[None, :]
+    if bias is not None:
+        bias = np.asarray(bias).reshape(-1)
+        if bias.size != cols:
+            raise ValueError(f"bias needs N={cols} values, got {bias.size}")
+        v = v + to_f32(bias, out_dtype).astype(np.float64)[None, :]
+    return activate(v, activation)
+
+
+def gemm_int8_scaled_f64(a, b, layout, scale_a, scale_b, bias=None, activation="none",
+                         out_dtype="fp32"):
+    """The float64 values of ck_gemm_int8_scaled before the rounding to out_dtype."""
+    return int8_epilogue_f64(gemm_int8(a, b, layout), scale_a, scale_b, bias, activation,
+                             out_dtype)
+
+
+def gemm_int8_scaled(a, b, layout, scale_a, scale_b, bias=None, activation="none",
+                     out_dtype="fp32"):
+    """ck_gemm_int8_scaled, ideally: the exact epilogue value rounded once to out_dtype.
+
+    The library computes the epilogue in float32 (a few roundings: see int8_epilogue_f64 and
+    the header), so its output is within a few float32 ulps of this, plus half an ulp of
+    out_dtype; it is not bitwise equal.
+    """
+    return round_f64_to_dtype(
+        gemm_int8_scaled_f64(a, b, layout, scale_a, scale_b, bias, activation, out_dtype),
+        out_dtype)
+
+
+def linear_f64(x, w, bias=None, activation="none", dtype=None):
+    """ck_linear in exact arithmetic: act(x[M, K] w[N, K]^T + bias[N]) as float64 [M, N].
+
+    x, w and bias are in the representation of `dtype` ('fp32', 'fp16', 'bf16'; None infers it
+    from x: float32, float16, or uint16 bit patterns for bf16).
+    """
+    dtype = dtype or dtype_of(x)
+    xf = _matrix(to_f32(x, dtype)).astype(np.float64)
+    wf = _matrix(to_f32(w, dtype)).astype(np.float64)
+    if xf.shape[1] != wf.shape[1]:
+        raise ValueError(f"K differs: x is {list(xf.shape)}, w is {list(wf.shape)} ([N, K])")
+    v = xf @ wf.T
+    if bias is not None:
+        bias = to_f32(np.asarray(bias), dtype).astype(np.float64).reshape(-1)
+        if bias.size != wf.shape[0]:
+            raise ValueError(f"bias needs N={wf.shape[0]} values, got {bias.size}")
+        v = v + bias[None, :]
+    return activate(v, activation)
+
+
+def linear(x, w, bias=None, activation="none", dtype=None):
+    """ck_linear, ideally: linear_f64 rounded once to the dtype (its representation)."""
+    dtype = dtype or dtype_of(x)
+    return round_f64_to_dtype(linear_f64(x, w, bias, activation, dtype), dtype)
+
+
+def dtype_of(arr):
+    """'fp32', 'fp16' or 'bf16' from the NumPy representation (uint16 means bf16 here)."""
+    for name, np_dtype in NUMPY_DTYPE.items():
+        if np.asarray(arr).dtype == np_dtype:
+            return name
+    raise TypeError(f"no dtype is represented as {np.asarray(arr).dtype.name}")
+
+
+# Significand bits (with the implicit one) and the smallest exponent of a subnormal ulp.
+_PRECISION = {"fp32": (24, -149), "fp16": (11, -24), "bf16": (8, -133)}
+
+
+def ulp(x, dtype):
+    """The spacing of `dtype` values at magnitude |x| (float64): 2**(floor(log2|x|) - p + 1),
+    at least the smallest subnormal. ulp(0) is that smallest subnormal."""
+    bits, min_exp = _PRECISION[dtype]
+    x = np.abs(np.asarray(x, dtype=np.float64))
+    _, e = np.frexp(x)  # x = m * 2**e with m in [0.5, 1): floor(log2 x) = e - 1
+    e = np.where(x == 0, min_exp + bits, e)  # frexp(0) says e = 0
+    return np.ldexp(1.0, np.maximum(e - bits, min_exp))
+
+
+def round_f64_to_dtype(v, dtype):
+    """float64 values -> `dtype`'s representation, rounded once, to nearest even (overflow to
+    inf, as the GPU conversions of float32 do)."""
+    v = np.asarray(v, dtype=np.float64)
+    if dtype == "fp32":
+        with np.errstate(over="ignore"):
+            return v.astype(np.float32)
+    if dtype == "fp16":
+        with np.errstate(over="ignore"):
+            return v.astype(np.float16)  # NumPy converts double -> half directly (one rounding)
+    if dtype == "bf16":
+        # Round to a multiple of the bf16 ulp in float64 (exact: the quotient has < 53 bits),
+        # np.rint ties to even; then the float32 of that is exact and its top half is the bf16.
+        step = ulp(v, "bf16")
+        rounded = np.rint(v / step) * step
+        with np.errstate(over="ignore"):
+            return f32_to_bf16_bits(rounded.astype(np.float32))
+    raise ValueError(f"unknown dtype {dtype!r} (use one of {DTYPES})")

@@ -5,6 +5,9 @@
 - every entry point rejects every kind of bad argument with the documented status and a message
   that names the offending argument (validation runs before any CUDA call, so fake device
   addresses are safe here: nothing is ever launched);
+- the GEMM rules (K and N multiples, alignment, NULL bias allowed) and the kernel override
+  CK_GEMM_INT8_KERNEL: unknown names are rejected; valid-but-unusual arguments pass validation
+  (proved by planting the override's error, which the library reports only after validation);
 - error messages are per thread;
 - ck_int4_groups_per_row;
 - the wrapper's own host-side checks (contiguity, shapes) and its loading errors.
@@ -139,6 +142,16 @@ def test_wrapper_enums_match_header():
     assert (ck.INT4_SYMMETRIC, ck.INT4_ASYMMETRIC) == (header_macro_enum("CK_INT4_SYMMETRIC"),
                                                        header_macro_enum("CK_INT4_ASYMMETRIC"))
     assert ck.GROUP_ROW == header_macro("CK_GROUP_ROW")
+
+
+def test_wrapper_gemm_enums_match_header():
+    assert (ck.LAYOUT_NK, ck.LAYOUT_KN) == (header_macro_enum("CK_LAYOUT_NK"),
+                                            header_macro_enum("CK_LAYOUT_KN"))
+    assert header_enum("LAYOUT") == {"NK": ck.LAYOUT_NK, "KN": ck.LAYOUT_KN}
+    assert header_enum("ACTIVATION") == {"NONE": ck.ACTIVATION_NONE, "RELU": ck.ACTIVATION_RELU}
+    assert ck._layout("nk") == ck.LAYOUT_NK and ck._layout("KN") == ck.LAYOUT_KN
+    assert ck._activation(None) == ck._activation("none") == ck.ACTIVATION_NONE
+    assert ck._activation("relu") == ck.ACTIVATION_RELU
 
 
 def header_macro_enum(name):
@@ -287,11 +300,123 @@ DEQUANTIZE_INT4_CASES = (
        ("misaligned-out-fp32", dict(out_ptr=O + 2, out_dtype=DType.FP32), MISALIGNED, ["out"])]
 )
 
+# Matrix products. a, b (the weight), c/out, the two scale vectors and the bias get their own fake
+# addresses. Rules (cuda_kernels.h): K a multiple of 16 (and N for CK_LAYOUT_KN), a and b 16-byte
+# aligned, c 4-byte aligned, scales 4-byte aligned, bias and out aligned to out_dtype; ck_linear:
+# K and N multiples of 16 / sizeof(dtype), every pointer 16-byte aligned. bias may be NULL.
+A, B, C = X, Z, O
+SA, SB, BIAS = 0x7F0000600000, 0x7F0000700000, 0x7F0000800000
+NK, KN = ck.LAYOUT_NK, ck.LAYOUT_KN
+BAD_LAYOUTS = [2, -1, 99]
+BAD_ACTIVATIONS = [2, -1, 99]
+BAD_GEMM_K = [1, 8, 24, 100, 4104]          # >= 1 but not a multiple of 16
+BAD_KN_N = [1, 8, 15, 24, 100, 4104]        # not a multiple of 16: only CK_LAYOUT_KN minds
+
+
+def gemm_shape_cases(k_rule=True):
+    """Bad m, n, k (< 1, overflowing) and, for the INT8 GEMMs, the multiple-of-16 rules."""
+    cases = (
+        [("m=%d" % v, dict(m=v), INVALID, ["m"]) for v in (0, -1, -2**63)]
+        + [("n=%d" % v, dict(n=v), INVALID, ["n"]) for v in (0, -3)]
+        + [("k=%d" % v, dict(k=v), INVALID, ["k"]) for v in (0, -16)]
+        + [("overflow-mk", dict(m=BIG, k=BIG), INVALID, ["m", "k"]),
+           ("overflow-nk", dict(n=BIG, k=BIG), INVALID, ["n", "k"]),
+           ("overflow-mn-bytes", dict(m=HALF_BIG, n=HALF_BIG), INVALID, ["m", "n"])])
+    if k_rule:
+        cases += [("k=%d" % v, dict(k=v), UNSUPPORTED, ["k"]) for v in BAD_GEMM_K]
+        cases += [("kn-n=%d" % v, dict(b_layout=KN, n=v), UNSUPPORTED, ["n"]) for v in BAD_KN_N]
+        cases += [("kn-k=24", dict(b_layout=KN, k=24), UNSUPPORTED, ["k"])]
+    return cases
+
+
+def gemm_operand_cases():
+    """What both INT8 GEMMs check on a and b."""
+    return (
+        [("null-a", dict(a_ptr=0), INVALID, ["a"]),
+         ("null-b", dict(b_ptr=0), INVALID, ["b"])]
+        + [("b_layout=%d" % v, dict(b_layout=v), INVALID, ["b_layout"]) for v in BAD_LAYOUTS]
+        + [("misaligned-a+%d" % d, dict(a_ptr=A + d), MISALIGNED, ["a"]) for d in (1, 4, 8)]
+        + [("misaligned-b+%d" % d, dict(b_ptr=B + d), MISALIGNED, ["b"]) for d in (1, 2, 8)]
+        + [("misaligned-b-kn", dict(b_ptr=B + 4, b_layout=KN), MISALIGNED, ["b"])]
+    )
+
+
+GEMM_INT8 = dict(a_ptr=A, b_ptr=B, b_layout=NK, m=4, n=64, k=64, c_ptr=C)
+GEMM_INT8_CASES = (
+    gemm_operand_cases() + gemm_shape_cases()
+    + [("null-c", dict(c_ptr=0), INVALID, ["c"])]
+    + [("misaligned-c+%d" % d, dict(c_ptr=C + d), MISALIGNED, ["c"]) for d in (1, 2, 3)]
+)
+
+GEMM_INT8_SCALED = dict(a_ptr=A, b_ptr=B, b_layout=NK, m=4, n=64, k=64, scale_a_ptr=SA,
+                        a_granularity=ck.PER_ROW, scale_b_ptr=SB, b_granularity=ck.PER_ROW,
+                        bias_ptr=BIAS, activation=ck.ACTIVATION_RELU, out_ptr=O,
+                        out_dtype=DType.FP16)
+GEMM_INT8_SCALED_CASES = (
+    gemm_operand_cases() + gemm_shape_cases()
+    + [("null-out", dict(out_ptr=0), INVALID, ["out"]),
+       ("null-scale_a", dict(scale_a_ptr=0), INVALID, ["scale_a"]),
+       ("null-scale_b", dict(scale_b_ptr=0), INVALID, ["scale_b"])]
+    + [("out_dtype=%d" % d, dict(out_dtype=d), INVALID, ["out_dtype"]) for d in UNKNOWN_DTYPES]
+    + [("out_dtype=%s" % d.name, dict(out_dtype=d), UNSUPPORTED, ["out_dtype"])
+       for d in NOT_FLOAT_DTYPES]
+    + [("a_granularity=%d" % g, dict(a_granularity=g), INVALID, ["a_granularity"])
+       for g in (2, -1)]
+    + [("b_granularity=%d" % g, dict(b_granularity=g), INVALID, ["b_granularity"])
+       for g in (2, -1)]
+    + [("activation=%d" % v, dict(activation=v), INVALID, ["activation"])
+       for v in BAD_ACTIVATIONS]
+    + [("misaligned-out-fp16", dict(out_ptr=O + 1), MISALIGNED, ["out"]),
+       ("misaligned-out-bf16", dict(out_ptr=O + 1, out_dtype=DType.BF16), MISALIGNED, ["out"]),
+       ("misaligned-out-fp32", dict(out_ptr=O + 2, out_dtype=DType.FP32), MISALIGNED, ["out"]),
+       ("misaligned-scale_a", dict(scale_a_ptr=SA + 2), MISALIGNED, ["scale_a"]),
+       ("misaligned-scale_a-tensor", dict(scale_a_ptr=SA + 1, a_granularity=ck.PER_TENSOR),
+        MISALIGNED, ["scale_a"]),
+       ("misaligned-scale_b", dict(scale_b_ptr=SB + 2), MISALIGNED, ["scale_b"]),
+       ("misaligned-scale_b-tensor", dict(scale_b_ptr=SB + 3, b_granularity=ck.PER_TENSOR),
+        MISALIGNED, ["scale_b"]),
+       ("misaligned-bias-fp16", dict(bias_ptr=BIAS + 1), MISALIGNED, ["bias"]),
+       ("misaligned-bias-bf16", dict(bias_ptr=BIAS + 1, out_dtype=DType.BF16), MISALIGNED,
+        ["bias"]),
+       ("misaligned-bias-fp32", dict(bias_ptr=BIAS + 2, out_dtype=DType.FP32), MISALIGNED,
+        ["bias"])]
+)
+
+LINEAR = dict(x_ptr=X, w_ptr=B, bias_ptr=BIAS, dtype=DType.FP16, m=4, n=64, k=64,
+              activation=ck.ACTIVATION_NONE, out_ptr=O)
+LINEAR_CASES = (
+    [("null-x", dict(x_ptr=0), INVALID, ["x"]),
+     ("null-w", dict(w_ptr=0), INVALID, ["w"]),
+     ("null-out", dict(out_ptr=0), INVALID, ["out"])]
+    + [("dtype=%d" % d, dict(dtype=d), INVALID, ["dtype"]) for d in UNKNOWN_DTYPES]
+    + [("dtype=%s" % d.name, dict(dtype=d), UNSUPPORTED, ["dtype"]) for d in NOT_FLOAT_DTYPES]
+    + [("activation=%d" % v, dict(activation=v), INVALID, ["activation"])
+       for v in BAD_ACTIVATIONS]
+    + gemm_shape_cases(k_rule=False)
+    # K and N multiples of 16 / sizeof(dtype): 8 for fp16 and bf16, 4 for fp32.
+    + [("fp16-k=%d" % v, dict(k=v), UNSUPPORTED, ["k"]) for v in (1, 4, 12, 4100)]
+    + [("bf16-k=%d" % v, dict(k=v, dtype=DType.BF16), UNSUPPORTED, ["k"]) for v in (2, 20)]
+    + [("fp32-k=%d" % v, dict(k=v, dtype=DType.FP32), UNSUPPORTED, ["k"]) for v in (1, 6)]
+    + [("fp16-n=%d" % v, dict(n=v), UNSUPPORTED, ["n"]) for v in (1, 4, 100)]
+    + [("bf16-n=%d" % v, dict(n=v, dtype=DType.BF16), UNSUPPORTED, ["n"]) for v in (2, 36)]
+    + [("fp32-n=%d" % v, dict(n=v, dtype=DType.FP32), UNSUPPORTED, ["n"]) for v in (1, 2, 4094)]
+    + [("misaligned-%s+%d" % (name[:-4], d), {name: base + d}, MISALIGNED, [name[:-4]])
+       for name, base in (("x_ptr", X), ("w_ptr", B), ("bias_ptr", BIAS), ("out_ptr", O))
+       for d in (2, 8)]
+    + [("misaligned-x-fp32", dict(x_ptr=X + 4, dtype=DType.FP32), MISALIGNED, ["x"]),
+       ("misaligned-out-fp32", dict(out_ptr=O + 12, dtype=DType.FP32), MISALIGNED, ["out"]),
+       ("misaligned-bias-bf16", dict(bias_ptr=BIAS + 1, dtype=DType.BF16), MISALIGNED,
+        ["bias"])]
+)
+
 ENTRY_POINTS = {
     "ck_quantize_int8": (ck.raw.quantize_int8, QUANTIZE_INT8, QUANTIZE_INT8_CASES),
     "ck_dequantize_int8": (ck.raw.dequantize_int8, DEQUANTIZE_INT8, DEQUANTIZE_INT8_CASES),
     "ck_quantize_int4": (ck.raw.quantize_int4, QUANTIZE_INT4, QUANTIZE_INT4_CASES),
     "ck_dequantize_int4": (ck.raw.dequantize_int4, DEQUANTIZE_INT4, DEQUANTIZE_INT4_CASES),
+    "ck_gemm_int8": (ck.raw.gemm_int8, GEMM_INT8, GEMM_INT8_CASES),
+    "ck_gemm_int8_scaled": (ck.raw.gemm_int8_scaled, GEMM_INT8_SCALED, GEMM_INT8_SCALED_CASES),
+    "ck_linear": (ck.raw.linear, LINEAR, LINEAR_CASES),
 }
 
 
@@ -323,7 +448,10 @@ def test_every_status_function_has_bad_argument_cases():
 def test_valid_baselines_are_valid_shapes():
     """Sanity of the tables: the unchanged arguments are right (but never called here)."""
     for function, (raw_function, valid, cases) in ENTRY_POINTS.items():
-        assert valid["rows"] >= 1 and valid["cols"] >= 1
+        sizes = [valid[key] for key in ("rows", "cols", "m", "n", "k") if key in valid]
+        assert len(sizes) in (2, 3) and all(size >= 1 for size in sizes), function
+        if "k" in valid:   # a multiple of 16 suits every GEMM rule, N too (for CK_LAYOUT_KN)
+            assert valid["k"] % 16 == 0 and valid["n"] % 16 == 0, function
         assert all(ptr % 256 == 0 for key, ptr in valid.items() if key.endswith("_ptr"))
         assert len({case_id for case_id, *_ in cases}) == len(cases), function
 
@@ -364,6 +492,79 @@ def test_misaligned_by_one_is_fine_for_int8_data(lib):
     error = rejection("ck_dequantize_int4", dict(q_ptr=Q + 3, zeros_ptr=Z + 1,
                                                  mode=ck.INT4_ASYMMETRIC, scales_ptr=0))
     assert error.status == Status.INVALID_VALUE and mentions(error.message, "scales")
+
+
+def test_gemm_null_bias_is_allowed(lib):
+    """bias may be NULL: with another defect planted, the error is about that one, not bias."""
+    for function in ("ck_gemm_int8_scaled", "ck_linear"):
+        error = rejection(function, dict(bias_ptr=0, k=20))
+        assert error.status == Status.UNSUPPORTED and mentions(error.message, "k"), error.message
+        error = rejection(function, dict(bias_ptr=0, out_ptr=O + 1))
+        assert error.status == Status.MISALIGNED and mentions(error.message, "out"), error.message
+    error = rejection("ck_gemm_int8_scaled", dict(bias_ptr=0, scale_b_ptr=SB + 2))
+    assert error.status == Status.MISALIGNED and mentions(error.message, "scale_b"), error.message
+
+
+def kernel_override_rejection(monkeypatch, function, changes):
+    """Calls `function` with CK_GEMM_INT8_KERNEL=bogus, which the library reads once every
+    argument has passed validation (and before any CUDA call): an INVALID_VALUE about it
+    proves that the changed arguments are valid. Returns the CKError."""
+    monkeypatch.setenv("CK_GEMM_INT8_KERNEL", "bogus")
+    error = rejection(function, changes)
+    assert error.status == Status.INVALID_VALUE, error.message
+    assert "CK_GEMM_INT8_KERNEL" in error.message, error.message
+    return error
+
+
+@pytest.mark.parametrize("function", ["ck_gemm_int8", "ck_gemm_int8_scaled"])
+@pytest.mark.parametrize("changes", [dict(n=15), dict(n=1, m=1), dict(n=4097, m=3, k=16),
+                                     dict(b_layout=KN, n=16, k=16), dict(m=10**6)],
+                         ids=["n=15", "1x1", "n=4097", "kn-16x16", "m=1e6"])
+def test_gemm_valid_shapes_pass_validation(lib, monkeypatch, function, changes):
+    """Any M and N (N a multiple of 16 only for CK_LAYOUT_KN), K a multiple of 16."""
+    kernel_override_rejection(monkeypatch, function, changes)
+
+
+@pytest.mark.parametrize("changes", [dict(c_ptr=C + 4), dict(c_ptr=C + 12)], ids=["c+4", "c+12"])
+def test_gemm_int8_element_aligned_c_passes_validation(lib, monkeypatch, changes):
+    """c needs 4-byte alignment only."""
+    kernel_override_rejection(monkeypatch, "ck_gemm_int8", changes)
+
+
+@pytest.mark.parametrize("changes", [
+    dict(out_ptr=O + 2, bias_ptr=BIAS + 2),
+    dict(out_ptr=O + 6, bias_ptr=BIAS + 10, out_dtype=DType.BF16),
+    dict(out_ptr=O + 4, bias_ptr=BIAS + 12, out_dtype=DType.FP32),
+    dict(scale_a_ptr=SA + 4, scale_b_ptr=SB + 12),
+    dict(bias_ptr=0, activation=ck.ACTIVATION_NONE),
+    dict(a_granularity=ck.PER_TENSOR, b_granularity=ck.PER_TENSOR),
+], ids=["fp16+2", "bf16+6", "fp32+4", "scales+4", "no-bias", "per-tensor"])
+def test_gemm_int8_scaled_element_aligned_pointers_pass_validation(lib, monkeypatch, changes):
+    """Scales need 4 bytes, bias and out their element size; bias may be NULL."""
+    kernel_override_rejection(monkeypatch, "ck_gemm_int8_scaled", changes)
+
+
+@pytest.mark.parametrize("value", ["bogus", "cublas"])
+@pytest.mark.parametrize("function", ["ck_gemm_int8", "ck_gemm_int8_scaled"])
+def test_gemm_kernel_override_rejects_unknown_names(lib, monkeypatch, function, value):
+    """CK_GEMM_INT8_KERNEL (read on every call) must name a variant; anything else is an
+    invalid value, reported before any CUDA call. (Valid names would launch on the fake
+    addresses: the GPU tests cover them.)"""
+    monkeypatch.setenv("CK_GEMM_INT8_KERNEL", value)
+    raw_function, valid, _ = ENTRY_POINTS[function]
+    with pytest.raises(CKError) as info:
+        raw_function(**valid, stream=0)
+    error = info.value
+    assert error.status == Status.INVALID_VALUE, error.message
+    assert error.message.startswith(function + ": ")
+    assert "CK_GEMM_INT8_KERNEL" in error.message and value in error.message, error.message
+    assert error.cuda_error == 0 and lib.ck_last_cuda_error() == 0
+
+
+def test_gemm_argument_errors_come_before_the_kernel_override(lib, monkeypatch):
+    monkeypatch.setenv("CK_GEMM_INT8_KERNEL", "bogus")
+    error = rejection("ck_gemm_int8", dict(k=24))
+    assert error.status == Status.UNSUPPORTED and mentions(error.message, "k"), error.message
 
 
 def test_next_rejection_replaces_the_message(lib):
@@ -513,6 +714,33 @@ def test_wrapper_rejects_before_any_copy(lib, x, error):
         ck.quantize_int8(x)
     with pytest.raises(error):
         ck.quantize_int4(x)
+
+
+I8 = np.zeros((4, 32), np.int8)
+
+
+@pytest.mark.parametrize("call, error", [
+    (lambda: ck.gemm_int8(I8.astype(np.int16), I8), TypeError),
+    (lambda: ck.gemm_int8(I8.astype(np.float32), I8), TypeError),
+    (lambda: ck.gemm_int8(I8[:, ::2], I8), ValueError),
+    (lambda: ck.gemm_int8(np.zeros((2, 2, 32), np.int8), I8), ValueError),
+    (lambda: ck.gemm_int8(np.zeros((0, 32), np.int8), I8), ValueError),
+    (lambda: ck.gemm_int8(FakeCudaArray((4, 32), "|i1", strides=(1, 4)), I8), ValueError),
+    (lambda: ck.gemm_int8(I8, I8, layout="tn"), ValueError),
+    (lambda: ck.gemm_int8_scaled(I8.astype(np.uint8), I8, 1.0, 1.0), TypeError),
+    (lambda: ck.gemm_int8_scaled(I8, I8, 1.0, 1.0, activation="gelu"), ValueError),
+    (lambda: ck.gemm_int8_scaled(I8, I8, 1.0, 1.0, out_dtype="fp8"), ValueError),
+    (lambda: ck.gemm_int8_scaled(I8, I8, 1.0, 1.0, layout="nn"), ValueError),
+    (lambda: ck.linear(np.zeros((4, 32), np.float64), I8), TypeError),
+    (lambda: ck.linear(np.zeros((4, 32), np.uint16), I8), TypeError),
+    (lambda: ck.linear(np.zeros((4, 32), np.float32), I8, activation="tanh"), ValueError),
+    (lambda: ck.int8_matmul(I8.astype(np.float32), I8, scale_c=1.0), TypeError),
+], ids=["int16", "float32", "sliced", "3d", "empty", "cai-strided", "layout", "scaled-uint8",
+        "activation", "out_dtype", "scaled-layout", "linear-float64",
+        "linear-uint16", "linear-activation", "int8_matmul-float32"])
+def test_wrapper_gemm_rejects_before_any_copy(lib, call, error):
+    with pytest.raises(error):
+        call()
 
 
 def test_wrapper_accepts_contiguous_strides_of_unit_dimensions():

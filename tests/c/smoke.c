@@ -4,7 +4,8 @@
  * Host part (runs anywhere): the run-time version equals the header's, every status has its
  * name, a NULL argument is rejected with CK_STATUS_INVALID_VALUE and a message naming it.
  * GPU part (where a device exists): per-tensor dynamic INT8 quantization of 1000 floats and
- * back, each value within half a quantization step of the original.
+ * back, each value within half a quantization step of the original; a small INT8 GEMM (int32
+ * and scaled fp32 outputs) and a float32 linear layer on integer data, whose results are exact.
  *
  *   make build/c_smoke && build/c_smoke        (exit status 0: all good)
  */
@@ -34,6 +35,17 @@ static int cuda_ok(cudaError_t err, const char* what) {
     ++failures;
     return 0;
 }
+
+/* A library call that must succeed: on failure, report its status and message. */
+static int ck_ok(ck_status_t st, const char* what) {
+    if (st == CK_STATUS_SUCCESS) return 1;
+    fprintf(stderr, "FAIL: %s: %s: %s\n", what, ck_status_string(st), ck_last_error_message());
+    ++failures;
+    return 0;
+}
+
+/* A 256-byte aligned address for calls that validation rejects before touching the GPU. */
+#define FAKE_DEVICE_PTR ((void*)(uintptr_t)0x7F000000)
 
 static float absf(float v) { return v < 0.0f ? -v : v; }
 
@@ -70,6 +82,13 @@ static void check_null_rejected(void) {
     printf("NULL x -> %s: %s\n", ck_status_string(st), msg ? msg : "(null)");
     expect(st == CK_STATUS_INVALID_VALUE, "NULL x gives CK_STATUS_INVALID_VALUE");
     expect(msg != NULL && msg[0] != '\0', "a rejected call leaves a message");
+
+    expect(ck_gemm_int8(NULL, q, CK_LAYOUT_NK, 1, 1, 16, (int32_t*)scales, 0) ==
+               CK_STATUS_INVALID_VALUE, "ck_gemm_int8 with NULL a gives CK_STATUS_INVALID_VALUE");
+    /* fp16 rows of 12 elements do not start 16-byte aligned: K must be a multiple of 8 */
+    expect(ck_linear(FAKE_DEVICE_PTR, FAKE_DEVICE_PTR, NULL, CK_DTYPE_FP16, 1, 8, 12,
+                     CK_ACTIVATION_NONE, FAKE_DEVICE_PTR, 0) == CK_STATUS_UNSUPPORTED,
+           "ck_linear with K=12 (fp16) gives CK_STATUS_UNSUPPORTED");
 }
 
 /* Quantizes N floats per tensor (dynamic scale) and dequantizes them back. */
@@ -129,6 +148,91 @@ done:
     cudaFree(d_y);
 }
 
+#define GM 3
+#define GN 5
+#define GK 32
+
+/* c = a b^T (int8 -> int32), out = 0.125 * c (fp32 epilogue), y = relu(x w^T + bias) (fp32):
+ * small integers and powers of two, so every result is exact and compared exactly. */
+static void gpu_gemm(void) {
+    int8_t a[GM * GK], b[GN * GK];
+    int32_t c[GM * GN], want[GM * GN];
+    float out[GM * GN], sa = 0.5f, sb = 0.25f;
+    float x[2 * 4] = {1, 2, 3, 4, -1, 0, 2, -3};
+    float w[4 * 4] = {1, 0, 0, 0, 0, 1, 0, 0, 1, 1, 1, 1, 0, -1, 0, 2};
+    float bias[4] = {0.5f, -10.0f, 0.0f, 1.0f}, y[2 * 4], y_want[2 * 4];
+    void *d_a = NULL, *d_b = NULL, *d_c = NULL, *d_out = NULL, *d_s = NULL;
+    void *d_x = NULL, *d_w = NULL, *d_bias = NULL, *d_y = NULL;
+    unsigned int state = 777u;
+    int i, j, kk, bad = 0;
+
+    for (i = 0; i < GM * GK; ++i) a[i] = (int8_t)((state = state * 1664525u + 1013904223u) >> 24);
+    for (i = 0; i < GN * GK; ++i) b[i] = (int8_t)((state = state * 1664525u + 1013904223u) >> 24);
+    for (i = 0; i < GM; ++i)
+        for (j = 0; j < GN; ++j) {
+            int32_t sum = 0;
+            for (kk = 0; kk < GK; ++kk) sum += (int32_t)a[i * GK + kk] * (int32_t)b[j * GK + kk];
+            want[i * GN + j] = sum;
+        }
+    for (i = 0; i < 2; ++i)
+        for (j = 0; j < 4; ++j) {
+            float sum = bias[j];
+            for (kk = 0; kk < 4; ++kk) sum += x[i * 4 + kk] * w[j * 4 + kk];
+            y_want[i * 4 + j] = sum > 0.0f ? sum : 0.0f;
+        }
+    if (!cuda_ok(cudaMalloc(&d_a, sizeof a), "cudaMalloc a") ||
+        !cuda_ok(cudaMalloc(&d_b, sizeof b), "cudaMalloc b") ||
+        !cuda_ok(cudaMalloc(&d_c, sizeof c), "cudaMalloc c") ||
+        !cuda_ok(cudaMalloc(&d_out, sizeof out), "cudaMalloc out") ||
+        !cuda_ok(cudaMalloc(&d_s, 2 * sizeof(float)), "cudaMalloc scales") ||
+        !cuda_ok(cudaMalloc(&d_x, sizeof x), "cudaMalloc x") ||
+        !cuda_ok(cudaMalloc(&d_w, sizeof w), "cudaMalloc w") ||
+        !cuda_ok(cudaMalloc(&d_bias, sizeof bias), "cudaMalloc bias") ||
+        !cuda_ok(cudaMalloc(&d_y, sizeof y), "cudaMalloc y") ||
+        !cuda_ok(cudaMemcpy(d_a, a, sizeof a, cudaMemcpyHostToDevice), "copy a") ||
+        !cuda_ok(cudaMemcpy(d_b, b, sizeof b, cudaMemcpyHostToDevice), "copy b") ||
+        !cuda_ok(cudaMemcpy(d_s, &sa, sizeof sa, cudaMemcpyHostToDevice), "copy scale_a") ||
+        !cuda_ok(cudaMemcpy((float*)d_s + 1, &sb, sizeof sb, cudaMemcpyHostToDevice), "copy sb") ||
+        !cuda_ok(cudaMemcpy(d_x, x, sizeof x, cudaMemcpyHostToDevice), "copy x") ||
+        !cuda_ok(cudaMemcpy(d_w, w, sizeof w, cudaMemcpyHostToDevice), "copy w") ||
+        !cuda_ok(cudaMemcpy(d_bias, bias, sizeof bias, cudaMemcpyHostToDevice), "copy bias"))
+        goto done;
+
+    if (!ck_ok(ck_gemm_int8((const int8_t*)d_a, (const int8_t*)d_b, CK_LAYOUT_NK, GM, GN, GK,
+                            (int32_t*)d_c, 0), "ck_gemm_int8") ||
+        !ck_ok(ck_gemm_int8_scaled((const int8_t*)d_a, (const int8_t*)d_b, CK_LAYOUT_NK, GM, GN,
+                                   GK, (const float*)d_s, CK_PER_TENSOR, (const float*)d_s + 1,
+                                   CK_PER_TENSOR, NULL, CK_ACTIVATION_NONE, d_out, CK_DTYPE_FP32,
+                                   0), "ck_gemm_int8_scaled") ||
+        !ck_ok(ck_linear(d_x, d_w, d_bias, CK_DTYPE_FP32, 2, 4, 4, CK_ACTIVATION_RELU, d_y, 0),
+               "ck_linear"))
+        goto done;
+    if (!cuda_ok(cudaDeviceSynchronize(), "GEMM kernels") ||
+        !cuda_ok(cudaMemcpy(c, d_c, sizeof c, cudaMemcpyDeviceToHost), "copy c") ||
+        !cuda_ok(cudaMemcpy(out, d_out, sizeof out, cudaMemcpyDeviceToHost), "copy out") ||
+        !cuda_ok(cudaMemcpy(y, d_y, sizeof y, cudaMemcpyDeviceToHost), "copy y"))
+        goto done;
+    for (i = 0; i < GM * GN; ++i) {
+        bad += c[i] != want[i];
+        bad += out[i] != (float)want[i] * 0.125f;
+    }
+    for (i = 0; i < 2 * 4; ++i) bad += y[i] != y_want[i];
+    printf("GPU GEMM %dx%dx%d (int32, scaled fp32) and linear 2x4x4: %d wrong values\n", GM, GN,
+           GK, bad);
+    expect(bad == 0, "GEMM and linear results are exact");
+
+done:
+    cudaFree(d_a);
+    cudaFree(d_b);
+    cudaFree(d_c);
+    cudaFree(d_out);
+    cudaFree(d_s);
+    cudaFree(d_x);
+    cudaFree(d_w);
+    cudaFree(d_bias);
+    cudaFree(d_y);
+}
+
 int main(void) {
     int count = -1;
     ck_status_t st;
@@ -148,6 +252,7 @@ int main(void) {
     } else {
         printf("%d CUDA device(s)\n", count);
         gpu_round_trip();
+        gpu_gemm();
     }
 
     if (failures) {

@@ -1,0 +1,558 @@
+// benchmarks/bench_gemm.cuh - family "gemm": the INT8 GEMMs (ck_gemm_int8, ck_gemm_int8_scaled)
+// and the cuBLASLt linear layer (ck_linear), each beside what a user runs today, on the same run.
+//
+// Problems: the LLM weight shapes (K, N) of DESIGN.md section 4 times M tokens (--quick: one
+// shape, three M; --size does not apply: the shapes are the models'). Rows of each (shape, M):
+//   gemm_int8 int32                baseline "cuBLASLt int8": int8 x int8 -> int32, TN, a 32 MB
+//                                  workspace, the fastest of cuBLASLt's top heuristics (timed)
+//   gemm_int8 scaled fp16 (...)    baseline "cuBLASLt int8 + epilogue": the same call, then a
+//                                  separate vectorized kernel int32 -> scales, bias, ReLU -> fp16
+//   cuBLAS fp16 (reference)        cublasGemmEx fp16 TN, fp32 accumulation: the layer unquantized
+//   gemm_int8 int32 [K,N] weight   a subset; baseline the same cuBLASLt int8 call on the [N, K]
+//                                  weight (cuBLASLt's int8 tensor-core kernels take TN only)
+//   linear <dtype> + bias + relu   a subset; baseline cublasGemmEx of that dtype, no epilogue
+// Floors: `bytes` reads both operands (and scales, bias) once and writes the output once;
+// flops = 2 M N K. For M <= kWeightStreamMaxM the product is a stream over the weight: the note
+// gives N K weight bytes / time as a % of the copy bandwidth (target >= kWeightStreamTarget %).
+// Buffers are rotated (Bench::rotation_copies) so that every call reads its weight from DRAM.
+#pragma once
+
+#include <cublasLt.h>
+
+#include <map>
+#include <memory>
+#include <optional>
+
+#include "bench.cuh"
+
+namespace gemm_bench {
+
+struct Shape {
+    int64_t k, n;
+    bool operator==(const Shape& o) const { return k == o.k && n == o.n; }
+};
+
+constexpr Shape kShapes[] = {{4096, 4096}, {4096, 14336}, {14336, 4096}, {8192, 28672}};
+constexpr int64_t kTokens[] = {1, 16, 64, 256, 1024, 4096};
+constexpr Shape kQuickShape = {4096, 4096};
+constexpr int64_t kQuickTokens[] = {1, 16, 256};
+
+// The subsets: [K, N]-weight rows on the first two shapes at these M; linear rows on one shape.
+constexpr int64_t kKnTokens[] = {1, 256, 4096};
+constexpr Shape kLinearShape = {4096, 14336};
+constexpr int64_t kLinearFp16Tokens[] = {16, 4096};  // plus kLinearAllDtypesTokens
+constexpr int64_t kLinearAllDtypesTokens = 1024;     // fp16, bf16 and fp32
+constexpr int64_t kQuickLinearAllDtypesTokens = 256;
+
+constexpr int kWeightStreamMaxM = 16;       // up to here the weight stream is the whole cost
+constexpr double kWeightStreamTarget = 85;  // % of the measured copy bandwidth
+
+constexpr size_t kLtWorkspaceBytes = size_t(32) << 20;
+constexpr int kHeuristicCandidates = 4;  // cuBLASLt algorithms timed to pick its fastest
+constexpr int kPickWarmup = 2;
+constexpr int kPickReps = 5;
+
+// Random data, never zeros: int8 codes in [-127, 127], scales that keep the fp16 outputs finite
+// (|acc| ~ 127^2 sqrt(K) / 3, times two scales of ~5e-4).
+constexpr float kInt8Max = 127;
+constexpr float kScaleMin = 1e-4f, kScaleMax = 1e-3f;
+constexpr float kFloatAbsMax = 1;
+
+inline bool kn_rows_at(Shape s, int64_t m) {
+    return (s == kShapes[0] || s == kShapes[1]) &&
+           std::find(std::begin(kKnTokens), std::end(kKnTokens), m) != std::end(kKnTokens);
+}
+
+// The dtypes of the linear rows at (s, m); none for most problems.
+inline std::vector<ck_dtype_t> linear_dtypes_at(Shape s, int64_t m, bool quick) {
+    if (!(s == (quick ? kQuickShape : kLinearShape))) return {};
+    if (m == (quick ? kQuickLinearAllDtypesTokens : kLinearAllDtypesTokens))
+        return {CK_DTYPE_FP16, CK_DTYPE_BF16, CK_DTYPE_FP32};
+    const bool fp16 = std::find(std::begin(kLinearFp16Tokens), std::end(kLinearFp16Tokens), m) !=
+                      std::end(kLinearFp16Tokens);
+    return fp16 ? std::vector<ck_dtype_t>{CK_DTYPE_FP16} : std::vector<ck_dtype_t>{};
+}
+
+inline cudaDataType_t cuda_type(ck_dtype_t dtype) {
+    switch (dtype) {
+        case CK_DTYPE_FP16: return CUDA_R_16F;
+        case CK_DTYPE_BF16: return CUDA_R_16BF;
+        default: return CUDA_R_32F;
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// The unfused epilogue a user runs after cuBLASLt's int32 GEMM today:
+//   out[r, c] = fp16(relu(float(acc[r, c]) * scale_a[r] * scale_b[c] + bias[c]))
+// Memory-bound and written as such: a thread turns 8 consecutive columns into one 16-byte fp16
+// store, from two 16-byte int32 loads (streaming: read once), two of scale_b and one of bias.
+// One block row per matrix row. Needs n % 8 == 0 and 16-byte aligned buffers (cudaMalloc'd).
+// ------------------------------------------------------------------------------------------------
+constexpr int kEpilogueThreads = 256;
+constexpr int kEpilogueCols = 8;
+
+__global__ void __launch_bounds__(kEpilogueThreads)
+    scale_bias_relu_fp16_kernel(const int32_t* __restrict__ acc, const float* __restrict__ scale_a,
+                                const float* __restrict__ scale_b, const __half* __restrict__ bias,
+                                __half* __restrict__ out, int64_t n) {
+    const int64_t col = (int64_t(blockIdx.x) * kEpilogueThreads + threadIdx.x) * kEpilogueCols;
+    if (col >= n) return;
+    const int64_t offset = int64_t(blockIdx.y) * n + col;
+    const float row_scale = scale_a[blockIdx.y];
+    const int4 a0 = __ldcs(reinterpret_cast<const int4*>(acc + offset));
+    const int4 a1 = __ldcs(reinterpret_cast<const int4*>(acc + offset) + 1);
+    const float4 s0 = *reinterpret_cast<const float4*>(scale_b + col);
+    const float4 s1 = *(reinterpret_cast<const float4*>(scale_b + col) + 1);
+    const uint4 bias_raw = *reinterpret_cast<const uint4*>(bias + col);
+    const int a[kEpilogueCols] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+    const float s[kEpilogueCols] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
+    const __half2* b = reinterpret_cast<const __half2*>(&bias_raw);
+    uint4 packed;
+    __half2* o = reinterpret_cast<__half2*>(&packed);
+#pragma unroll
+    for (int i = 0; i < kEpilogueCols / 2; ++i) {
+        const float2 bf = __half22float2(b[i]);
+        const float v0 = float(a[2 * i]) * row_scale * s[2 * i] + bf.x;
+        const float v1 = float(a[2 * i + 1]) * row_scale * s[2 * i + 1] + bf.y;
+        o[i] = __floats2half2_rn(fmaxf(v0, 0.f), fmaxf(v1, 0.f));
+    }
+    *reinterpret_cast<uint4*>(out + offset) = packed;
+}
+
+inline void scale_bias_relu_fp16(const int32_t* acc, const float* scale_a, const float* scale_b,
+                                 const __half* bias, __half* out, int64_t m, int64_t n,
+                                 cudaStream_t stream) {
+    constexpr int64_t kMaxRows = 65535;  // grid.y
+    if (n % kEpilogueCols != 0 || m > kMaxRows) {
+        std::fprintf(stderr, "scale_bias_relu_fp16: needs n %% %d == 0 and m <= %lld\n",
+                     kEpilogueCols, (long long)kMaxRows);
+        std::exit(kExitFailure);
+    }
+    const int64_t chunks = n / kEpilogueCols;
+    const dim3 grid(unsigned((chunks + kEpilogueThreads - 1) / kEpilogueThreads), unsigned(m));
+    scale_bias_relu_fp16_kernel<<<grid, kEpilogueThreads, 0, stream>>>(acc, scale_a, scale_b, bias,
+                                                                        out, n);
+    CK_BENCH_CHECK(cudaGetLastError());
+}
+
+// ------------------------------------------------------------------------------------------------
+// cuBLASLt int8 x int8 -> int32 on an [N, K] row-major weight. Row-major through column-major
+// (as in kernels/linear.cu): c^T[N, M] = b[N, K] a^T, with A = b stored column-major [K, N]
+// (transposed), B = a column-major [K, M], C = D = c column-major [N, M]: the "TN" GEMM, the only
+// layout cuBLASLt's int8 tensor-core kernels take in plain column-major order.
+// ------------------------------------------------------------------------------------------------
+class LtInt8Gemm {
+  public:
+    LtInt8Gemm(cublasLtHandle_t lt, int64_t m, int64_t n, int64_t k) : lt_(lt) {
+        const cublasOperation_t transpose = CUBLAS_OP_T, no_transpose = CUBLAS_OP_N;
+        CK_BENCH_CHECK(cublasLtMatmulDescCreate(&op_, CUBLAS_COMPUTE_32I, CUDA_R_32I));
+        CK_BENCH_CHECK(cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_TRANSA, &transpose,
+                                                      sizeof transpose));
+        CK_BENCH_CHECK(cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_TRANSB,
+                                                      &no_transpose, sizeof no_transpose));
+        CK_BENCH_CHECK(cublasLtMatrixLayoutCreate(&a_, CUDA_R_8I, uint64_t(k), uint64_t(n), k));
+        CK_BENCH_CHECK(cublasLtMatrixLayoutCreate(&b_, CUDA_R_8I, uint64_t(k), uint64_t(m), k));
+        CK_BENCH_CHECK(cublasLtMatrixLayoutCreate(&c_, CUDA_R_32I, uint64_t(n), uint64_t(m), n));
+    }
+    ~LtInt8Gemm() {
+        cublasLtMatrixLayoutDestroy(c_);
+        cublasLtMatrixLayoutDestroy(b_);
+        cublasLtMatrixLayoutDestroy(a_);
+        cublasLtMatmulDescDestroy(op_);
+    }
+    LtInt8Gemm(const LtInt8Gemm&) = delete;
+    LtInt8Gemm& operator=(const LtInt8Gemm&) = delete;
+
+    // The heuristic's first `count` algorithms that fit in `workspace_bytes` (at least one).
+    std::vector<cublasLtMatmulAlgo_t> candidates(size_t workspace_bytes, int count) const {
+        cublasLtMatmulPreference_t pref = nullptr;
+        CK_BENCH_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+        const uint64_t max_workspace = workspace_bytes;
+        CK_BENCH_CHECK(cublasLtMatmulPreferenceSetAttribute(
+            pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_workspace, sizeof max_workspace));
+        std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<size_t>(count));
+        int found = 0;
+        CK_BENCH_CHECK(cublasLtMatmulAlgoGetHeuristic(lt_, op_, a_, b_, c_, c_, pref, count,
+                                                      results.data(), &found));
+        cublasLtMatmulPreferenceDestroy(pref);
+        std::vector<cublasLtMatmulAlgo_t> algos;
+        for (int i = 0; i < found; ++i) {
+            const cublasLtMatmulHeuristicResult_t& r = results[size_t(i)];
+            if (r.state == CUBLAS_STATUS_SUCCESS) algos.push_back(r.algo);
+        }
+        if (algos.empty()) {
+            std::fprintf(stderr, "cuBLASLt has no int8 algorithm for this problem\n");
+            std::exit(kExitFailure);
+        }
+        return algos;
+    }
+
+    void launch(const cublasLtMatmulAlgo_t& algo, const int8_t* a, const int8_t* b, int32_t* c,
+                void* workspace, size_t workspace_bytes, cudaStream_t stream) const {
+        const int32_t alpha = 1, beta = 0;
+        CK_BENCH_CHECK(cublasLtMatmul(lt_, op_, &alpha, b, a_, a, b_, &beta, c, c_, c, c_, &algo,
+                                      workspace, workspace_bytes, stream));
+    }
+
+  private:
+    cublasLtHandle_t lt_;
+    cublasLtMatmulDesc_t op_ = nullptr;
+    cublasLtMatrixLayout_t a_ = nullptr, b_ = nullptr, c_ = nullptr;
+};
+
+// What the family shares across problems: the cuBLASLt handle and its workspace.
+struct Context {
+    Bench& bench;
+    bool quick;
+    cublasLtHandle_t lt = nullptr;
+    DeviceBuffer workspace{kLtWorkspaceBytes};
+
+    Context(Bench& b, bool q) : bench(b), quick(q) { CK_BENCH_CHECK(cublasLtCreate(&lt)); }
+    ~Context() { cublasLtDestroy(lt); }
+    Context(const Context&) = delete;
+    Context& operator=(const Context&) = delete;
+};
+
+// One line of the summary table: the rows of one (shape, M), any of them possibly filtered out.
+struct Summary {
+    Shape shape;
+    int64_t m;
+    const Row* int32 = nullptr;
+    const Row* fused = nullptr;
+};
+
+// One copy of the INT8 problem's buffers.
+struct Int8Set {
+    DeviceBuffer a;        // [M, K] int8
+    DeviceBuffer b;        // [N, K] int8; the [K, N]-weight rows read the same bytes as [K, N]
+    DeviceBuffer c;        // [M, N] int32
+    DeviceBuffer scale_a;  // [M] float, per token
+    DeviceBuffer scale_b;  // [N] float, per output channel
+    DeviceBuffer bias;     // [N] fp16
+    DeviceBuffer out;      // [M, N] fp16
+};
+
+// One copy of a floating-point problem's buffers (cuBLAS reference and linear rows).
+struct FloatSet {
+    DeviceBuffer x;     // [M, K]
+    DeviceBuffer w;     // [N, K]
+    DeviceBuffer bias;  // [N]
+    DeviceBuffer out;   // [M, N]
+};
+
+// The rows of one (shape, M). Buffers are allocated on the first row the filter keeps.
+class Problem {
+  public:
+    Problem(Context& ctx, Shape shape, int64_t m)
+        : ctx_(ctx), bench_(ctx.bench), k_(shape.k), n_(shape.n), m_(m), shape_(shape),
+          shape_name_("M=" + std::to_string(m) + " K=" + std::to_string(shape.k) +
+                      " N=" + std::to_string(shape.n)) {}
+
+    Summary run_all() {
+        Summary summary{shape_, m_};
+        summary.int32 = int32_row(CK_LAYOUT_NK);
+        summary.fused = scaled_row();
+        reference_row();
+        if (kn_rows_at(shape_, m_)) int32_row(CK_LAYOUT_KN);
+        for (ck_dtype_t dtype : linear_dtypes_at(shape_, m_, ctx_.quick)) linear_row(dtype);
+        return summary;
+    }
+
+  private:
+    double mnk() const { return double(m_) * double(n_) * double(k_); }
+    double weight_elements() const { return double(n_) * double(k_); }
+    double int8_input_bytes() const { return double(m_) * double(k_) + weight_elements(); }
+    double int32_call_bytes() const { return int8_input_bytes() + 4.0 * double(m_) * double(n_); }
+    double scaled_call_bytes() const {
+        return int8_input_bytes() + 2.0 * double(m_) * double(n_) +
+               sizeof(float) * double(m_ + n_) + sizeof(__half) * double(n_);
+    }
+    double float_call_bytes(ck_dtype_t dtype, bool bias) const {
+        const double e = double(dtype_size(dtype));
+        return e * (double(m_) * double(k_) + weight_elements() + double(m_) * double(n_) +
+                    (bias ? double(n_) : 0.0));
+    }
+
+    RowSpec spec_for(const std::string& kernel, ck_dtype_t dtype, double bytes,
+                     const char* ops_unit) const {
+        RowSpec spec;
+        spec.family = "gemm";
+        spec.kernel = kernel;
+        spec.dtype = dtype_name(dtype);
+        spec.shape = shape_name_;
+        spec.bytes = bytes;
+        spec.flops = 2.0 * mnk();
+        spec.ops_unit = ops_unit;
+        return spec;
+    }
+
+    // For M <= kWeightStreamMaxM: the weight stream's share of the copy bandwidth, ours and the
+    // baseline's (the target applies to ours).
+    void weight_stream_note(Row& row, double weight_bytes, bool with_target) const {
+        if (m_ > kWeightStreamMaxM) return;
+        const double ours = bench_.percent_of_copy(weight_bytes, row.time.median_us);
+        std::string note = "weight stream " + format("%.1f", ours) + "% of copy BW";
+        if (with_target)
+            note += std::string(" (target >= ") + format("%.0f", kWeightStreamTarget) + "%: " +
+                    (ours >= kWeightStreamTarget ? "met" : "MISSED") + ")";
+        if (row.has_baseline())
+            note += "; baseline " +
+                    format("%.1f", bench_.percent_of_copy(weight_bytes, row.baseline_us)) + "%";
+        Bench::append_note(row, note);
+    }
+
+    // gemm_int8 int32 (layout NK) or its [K, N]-weight variant (layout KN), vs cuBLASLt int8.
+    Row* int32_row(ck_layout_t layout) {
+        const bool kn = layout == CK_LAYOUT_KN;
+        RowSpec spec = spec_for(kn ? "gemm_int8 int32 [K,N] weight" : "gemm_int8 int32",
+                                CK_DTYPE_INT8, int32_call_bytes(), "TOPS");
+        if (!bench_.wants(spec)) return nullptr;
+        allocate_int8();
+        spec.copies = int(int8_sets_.size());
+        Row* row = bench_.run(spec, [this, layout](int i) {
+            const Int8Set& s = int8_set(i);
+            CK_BENCH_CHECK(ck_gemm_int8(s.a.as<int8_t>(), s.b.as<int8_t>(), layout, m_, n_, k_,
+                                        s.c.as<int32_t>(), bench_.stream()));
+        });
+        Bench::set_baseline(*row, "cuBLASLt int8", lt_int8_timing());
+        if (kn) Bench::append_note(*row, "baseline on the [N,K] weight (cuBLASLt int8 is TN only)");
+        weight_stream_note(*row, weight_elements(), /*with_target=*/true);
+        return row;
+    }
+
+    // gemm_int8 scaled to fp16 with per-token x per-channel scales, bias and ReLU, vs cuBLASLt int8
+    // followed by the separate epilogue kernel.
+    Row* scaled_row() {
+        RowSpec spec = spec_for("gemm_int8 scaled fp16 (per-token x per-channel + bias + relu)",
+                                CK_DTYPE_INT8, scaled_call_bytes(), "TOPS");
+        if (!bench_.wants(spec)) return nullptr;
+        allocate_int8();
+        spec.copies = int(int8_sets_.size());
+        Row* row = bench_.run(spec, [this](int i) {
+            const Int8Set& s = int8_set(i);
+            CK_BENCH_CHECK(ck_gemm_int8_scaled(
+                s.a.as<int8_t>(), s.b.as<int8_t>(), CK_LAYOUT_NK, m_, n_, k_, s.scale_a.as<float>(),
+                CK_PER_ROW, s.scale_b.as<float>(), CK_PER_ROW, s.bias.as(), CK_ACTIVATION_RELU,
+                s.out.as(), CK_DTYPE_FP16, bench_.stream()));
+        });
+        const Timing unfused = bench_.time([this](int i) {
+            const Int8Set& s = int8_set(i);
+            lt_int8_launch(s);
+            scale_bias_relu_fp16(s.c.as<int32_t>(), s.scale_a.as<float>(), s.scale_b.as<float>(),
+                                 s.bias.as<__half>(), s.out.as<__half>(), m_, n_, bench_.stream());
+        });
+        Bench::set_baseline(*row, "cuBLASLt int8 + epilogue", unfused);
+        weight_stream_note(*row, weight_elements(), /*with_target=*/true);
+        return row;
+    }
+
+    // The unquantized layer on cuBLAS, for the reader: a row of its own, no baseline.
+    void reference_row() {
+        RowSpec spec = spec_for("cuBLAS fp16 (reference)", CK_DTYPE_FP16,
+                                float_call_bytes(CK_DTYPE_FP16, false), "TFLOP/s");
+        if (!bench_.wants(spec)) return;
+        const std::vector<FloatSet>& sets = float_sets(CK_DTYPE_FP16);
+        spec.copies = int(sets.size());
+        Row* row = bench_.run(spec, [this, &sets](int i) {
+            gemm_ex(CK_DTYPE_FP16, sets[size_t(i) % sets.size()]);
+        });
+        gemm_ex_timings_[CK_DTYPE_FP16] = row->time;
+        weight_stream_note(*row, 2.0 * weight_elements(), /*with_target=*/false);
+    }
+
+    // ck_linear with bias and ReLU vs cublasGemmEx of the same dtype (no epilogue).
+    void linear_row(ck_dtype_t dtype) {
+        RowSpec spec = spec_for(std::string("linear ") + dtype_name(dtype) + " + bias + relu",
+                                dtype, float_call_bytes(dtype, true), "TFLOP/s");
+        if (!bench_.wants(spec)) return;
+        const std::vector<FloatSet>& sets = float_sets(dtype);
+        spec.copies = int(sets.size());
+        Row* row = bench_.run(spec, [this, dtype, &sets](int i) {
+            const FloatSet& s = sets[size_t(i) % sets.size()];
+            CK_BENCH_CHECK(ck_linear(s.x.as(), s.w.as(), s.bias.as(), dtype, m_, n_, k_,
+                                     CK_ACTIVATION_RELU, s.out.as(), bench_.stream()));
+        });
+        if (!gemm_ex_timings_.count(dtype)) {
+            gemm_ex_timings_[dtype] = bench_.time(
+                [this, dtype, &sets](int i) { gemm_ex(dtype, sets[size_t(i) % sets.size()]); });
+        }
+        Bench::set_baseline(*row, std::string("cuBLAS ") + dtype_name(dtype) + " GEMM",
+                            gemm_ex_timings_[dtype]);
+    }
+
+    // out = x w^T through cublasGemmEx, TN (see LtInt8Gemm for the row-major trick), fp32
+    // accumulation; the bench's handle keeps the default math mode, so fp32 stays fp32 (no TF32).
+    void gemm_ex(ck_dtype_t dtype, const FloatSet& s) {
+        const float alpha = 1.f, beta = 0.f;
+        const cudaDataType_t t = cuda_type(dtype);
+        CK_BENCH_CHECK(cublasGemmEx(bench_.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, int(n_), int(m_),
+                                    int(k_), &alpha, s.w.as(), t, int(k_), s.x.as(), t, int(k_),
+                                    &beta, s.out.as(), t, int(n_), CUBLAS_COMPUTE_32F,
+                                    CUBLAS_GEMM_DEFAULT));
+    }
+
+    // The cuBLASLt int8 baseline: its fastest of kHeuristicCandidates algorithms (each timed
+    // briefly on these buffers), then timed once in full and reused by every row that needs it.
+    void lt_int8_launch(const Int8Set& s) const {
+        lt_->launch(lt_algo_, s.a.as<int8_t>(), s.b.as<int8_t>(), s.c.as<int32_t>(),
+                    ctx_.workspace.as(), ctx_.workspace.bytes(), bench_.stream());
+    }
+
+    Timing lt_int8_timing() {
+        if (lt_timing_) return *lt_timing_;
+        lt_ = std::make_unique<LtInt8Gemm>(ctx_.lt, m_, n_, k_);
+        TimingConfig pick;
+        pick.warmup = kPickWarmup;
+        pick.reps = kPickReps;
+        double best_us = 0;
+        const auto algos = lt_->candidates(kLtWorkspaceBytes, kHeuristicCandidates);
+        for (const cublasLtMatmulAlgo_t& algo : algos) {
+            const Timing t = bench_.time(
+                [this, &algo](int i) {
+                    const Int8Set& s = int8_set(i);
+                    lt_->launch(algo, s.a.as<int8_t>(), s.b.as<int8_t>(), s.c.as<int32_t>(),
+                                ctx_.workspace.as(), ctx_.workspace.bytes(), bench_.stream());
+                },
+                pick);
+            if (best_us == 0 || t.median_us < best_us) {
+                best_us = t.median_us;
+                lt_algo_ = algo;
+            }
+        }
+        lt_timing_ = bench_.time([this](int i) { lt_int8_launch(int8_set(i)); });
+        return *lt_timing_;
+    }
+
+    const Int8Set& int8_set(int iteration) const {
+        return int8_sets_[size_t(iteration) % int8_sets_.size()];
+    }
+
+    // Rotation copies sized by the smallest INT8 call (the fused one: fp16 out).
+    void allocate_int8() {
+        if (!int8_sets_.empty()) return;
+        const double mn = double(m_) * double(n_), mk = double(m_) * double(k_);
+        const double per_copy = mk + weight_elements() + 6.0 * mn + 8.0 * double(m_ + n_);
+        const int copies = bench_.rotation_copies(scaled_call_bytes(), per_copy);
+        cudaStream_t st = bench_.stream();
+        for (int c = 0; c < copies; ++c) {
+            const uint64_t seed = 5000 + 100 * uint64_t(c);
+            Int8Set s;
+            s.a = DeviceBuffer(size_t(m_ * k_));
+            s.b = DeviceBuffer(size_t(n_ * k_));
+            s.c = DeviceBuffer(sizeof(int32_t) * size_t(m_ * n_));
+            s.scale_a = DeviceBuffer(sizeof(float) * size_t(m_));
+            s.scale_b = DeviceBuffer(sizeof(float) * size_t(n_));
+            s.bias = DeviceBuffer(sizeof(__half) * size_t(n_));
+            s.out = DeviceBuffer(sizeof(__half) * size_t(m_ * n_));
+            fill_uniform(s.a.as(), CK_DTYPE_INT8, m_ * k_, seed + 1, -kInt8Max, kInt8Max, st);
+            fill_uniform(s.b.as(), CK_DTYPE_INT8, n_ * k_, seed + 2, -kInt8Max, kInt8Max, st);
+            fill_uniform(s.scale_a.as(), CK_DTYPE_FP32, m_, seed + 3, kScaleMin, kScaleMax, st);
+            fill_uniform(s.scale_b.as(), CK_DTYPE_FP32, n_, seed + 4, kScaleMin, kScaleMax, st);
+            fill_uniform(s.bias.as(), CK_DTYPE_FP16, n_, seed + 5, -kFloatAbsMax, kFloatAbsMax, st);
+            fill_random_bytes(s.c.as(), int64_t(s.c.bytes()), seed + 6, st);
+            fill_random_bytes(s.out.as(), int64_t(s.out.bytes()), seed + 7, st);
+            int8_sets_.push_back(std::move(s));
+        }
+        CK_BENCH_CHECK(cudaStreamSynchronize(st));
+    }
+
+    // The rotation copies of a floating-point problem in `dtype`, allocated on first use.
+    const std::vector<FloatSet>& float_sets(ck_dtype_t dtype) {
+        std::vector<FloatSet>& sets = float_sets_[dtype];
+        if (!sets.empty()) return sets;
+        const size_t e = dtype_size(dtype);
+        const double per_copy = float_call_bytes(dtype, true);
+        const int copies = bench_.rotation_copies(float_call_bytes(dtype, false), per_copy);
+        cudaStream_t st = bench_.stream();
+        for (int c = 0; c < copies; ++c) {
+            const uint64_t seed = 9000 + 100 * uint64_t(c) + 10 * uint64_t(dtype);
+            FloatSet s;
+            s.x = DeviceBuffer(e * size_t(m_ * k_));
+            s.w = DeviceBuffer(e * size_t(n_ * k_));
+            s.bias = DeviceBuffer(e * size_t(n_));
+            s.out = DeviceBuffer(e * size_t(m_ * n_));
+            fill_uniform(s.x.as(), dtype, m_ * k_, seed + 1, -kFloatAbsMax, kFloatAbsMax, st);
+            fill_uniform(s.w.as(), dtype, n_ * k_, seed + 2, -kFloatAbsMax, kFloatAbsMax, st);
+            fill_uniform(s.bias.as(), dtype, n_, seed + 3, -kFloatAbsMax, kFloatAbsMax, st);
+            fill_uniform(s.out.as(), dtype, m_ * n_, seed + 4, -kFloatAbsMax, kFloatAbsMax, st);
+            sets.push_back(std::move(s));
+        }
+        CK_BENCH_CHECK(cudaStreamSynchronize(st));
+        return sets;
+    }
+
+    Context& ctx_;
+    Bench& bench_;
+    int64_t k_, n_, m_;
+    Shape shape_;
+    std::string shape_name_;
+    std::vector<Int8Set> int8_sets_;
+    std::map<ck_dtype_t, std::vector<FloatSet>> float_sets_;
+    std::map<ck_dtype_t, Timing> gemm_ex_timings_;  // cublasGemmEx per dtype, timed once
+    std::unique_ptr<LtInt8Gemm> lt_;
+    cublasLtMatmulAlgo_t lt_algo_{};
+    std::optional<Timing> lt_timing_;
+};
+
+// Ours against the unfused baselines per (shape, M), and the weight stream for small M.
+inline ExtraTable summary_table(const std::vector<Summary>& summaries, const Bench& bench) {
+    ExtraTable t;
+    t.family = "gemm";
+    t.title = "INT8 GEMM vs cuBLASLt (speedup = cuBLASLt time / ours; weight stream for M <= " +
+              std::to_string(kWeightStreamMaxM) + ": N*K bytes / time, target >= " +
+              format("%.0f", kWeightStreamTarget) + "% of copy BW)";
+    t.headers = {"K x N", "M", "int32 us", "cuBLASLt us", "int32 speedup", "fused us",
+                 "cuBLASLt+epilogue us", "fused speedup", "int32 weight % copy",
+                 "fused weight % copy", "target"};
+    auto us = [](const Row* r) { return r ? format("%.1f", r->time.median_us) : ""; };
+    auto base_us = [](const Row* r) {
+        return r && r->has_baseline() ? format("%.1f", r->baseline_us) : "";
+    };
+    auto speedup = [](const Row* r) {
+        return r && r->has_baseline() ? format("%.2fx", r->ratio()) : "";
+    };
+    for (const Summary& s : summaries) {
+        if (!s.int32 && !s.fused) continue;
+        const double weight_bytes = double(s.shape.n) * double(s.shape.k);
+        const bool small = s.m <= kWeightStreamMaxM;
+        auto stream_pct = [&](const Row* r) {
+            return bench.percent_of_copy(weight_bytes, r->time.median_us);
+        };
+        std::string int32_pct, fused_pct, verdict;
+        if (small) {
+            bool met = true;
+            if (s.int32) {
+                int32_pct = format("%.1f", stream_pct(s.int32));
+                met = met && stream_pct(s.int32) >= kWeightStreamTarget;
+            }
+            if (s.fused) {
+                fused_pct = format("%.1f", stream_pct(s.fused));
+                met = met && stream_pct(s.fused) >= kWeightStreamTarget;
+            }
+            verdict = met ? "met" : "MISSED";
+        }
+        t.cells.push_back({shape_string(s.shape.k, s.shape.n), std::to_string(s.m), us(s.int32),
+                           base_us(s.int32), speedup(s.int32), us(s.fused), base_us(s.fused),
+                           speedup(s.fused), int32_pct, fused_pct, verdict});
+    }
+    return t;
+}
+
+}  // namespace gemm_bench
+
+inline void bench_gemm(Bench& bench, const Options& options) {
+    using namespace gemm_bench;
+    Context ctx(bench, options.quick);
+    std::vector<Shape> shapes(std::begin(kShapes), std::end(kShapes));
+    std::vector<int64_t> tokens(std::begin(kTokens), std::end(kTokens));
+    if (options.quick) {
+        shapes = {kQuickShape};
+        tokens.assign(std::begin(kQuickTokens), std::end(kQuickTokens));
+    }
+    std::vector<Summary> summaries;
+    for (const Shape& shape : shapes) {
+        for (int64_t m : tokens) summaries.push_back(Problem(ctx, shape, m).run_all());
+    }
+    ExtraTable table = summary_table(summaries, bench);
+    if (!table.cells.empty()) bench.add_table(std::move(table));
+}

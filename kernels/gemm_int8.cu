@@ -1,0 +1,671 @@
+// gemm_int8.cu - INT8 x INT8 -> INT32 matrix products with the shared epilogue (epilogue.cuh).
+//
+// What it computes: acc[m, n] = sum_k a[m, k] * b(k, n), exact int32 (wrapping) sums of int8
+// products, then Epilogue<OutT> (raw int32, or scale_a * scale_b * acc + bias -> activation ->
+// one rounding to fp32/fp16/bf16). Integer addition is associative, so every summation order
+// gives the same bits: the kernels below reorder K freely (and the small-M kernel does).
+//
+// Layout: a [M, K] row-major; b [N, K] row-major (CK_LAYOUT_NK, nn.Linear weights) or [K, N]
+// row-major (CK_LAYOUT_KN); out [M, N] row-major. The entry points guarantee M, N >= 1, K >= 16
+// and K % 16 == 0, a and b 16-byte aligned, and N % 16 == 0 for CK_LAYOUT_KN: so every 16-byte
+// vector of a row (16 k of a or NK-b, 16 n of KN-b) is either wholly inside the matrix or
+// wholly outside. Partial tiles in M, N and K are zero-filled on load and dropped on store.
+//
+// Variants (cuda_kernels.cu picks one):
+//   reference  any GPU (dp4a, sm_61+): 64x64 output tiles, 256 threads with 4x4 micro-tiles,
+//              K in steps of 64 bytes through shared memory. The baseline the others are tested
+//              against; also what sm_75 runs.
+//   mma        sm_80+, M > 16 (or KN-b): mma.sync m16n8k32 s8 tensor-core tiles fed by a
+//              4-stage cp.async pipeline, 128x128 tiles (8 warps of 64x32) or, when those make
+//              less than one wave on the GPU, 64x64 tiles (4 warps of 32x32). BK = 64 bytes.
+//   small_m    sm_80+, M <= 16 and NK-b (decode): streams the weight once, straight from global
+//              memory into mma fragments (no shared-memory staging); memory-bound.
+//
+// Floors: bytes = M*K + N*K + M*N*sizeof(out) (+ scales and bias); ops = 2*M*N*K.
+//   For M <= 16 the weight's N*K bytes dominate: time >= N*K / copy bandwidth (H100: 3.0 TB/s,
+//   N=14336 K=4096 -> 20 us). For large M the tensor-core rate bounds it (mma.sync reaches a
+//   fraction of the H100's dense INT8 peak; Hopper's wgmma kernel lives in gemm_int8_sm90.cu).
+#include "kernels/epilogue.cuh"
+#include "kernels/gemm_int8.cuh"
+
+
+// Tensor-core int8 mma.sync and cp.async exist from sm_80; the file is built for sm_75 too,
+// where these kernels are never launched (the dispatcher runs the reference kernel there).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define CK_GEMM_SM80 1
+#else
+#define CK_GEMM_SM80 0
+#endif
+
+namespace ck {
+namespace {
+
+// The sm_80 kernels' bodies compile for every target; below sm_80 (and in the host pass) the
+// PTX wrappers are empty and the kernels trap at entry, so nothing after the trap is emitted.
+constexpr bool kHasSm80 = CK_GEMM_SM80;
+
+// ---------------------------------------------------------------------------------------------
+// PTX wrappers, one instruction each
+// ---------------------------------------------------------------------------------------------
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// cp.async.cg.shared.global (16 bytes, L2 only): src_bytes = 0 reads nothing from global memory
+// and fills the 16 shared bytes with zeros, which is how out-of-range rows and the K tail load.
+__device__ __forceinline__ void cp_async_16_zfill(uint32_t dst, const void* src, bool valid) {
+#if CK_GEMM_SM80
+    const int src_bytes = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(src_bytes)
+                 : "memory");
+#endif
+}
+
+// cp.async.commit_group
+__device__ __forceinline__ void cp_async_commit() {
+#if CK_GEMM_SM80
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+// cp.async.wait_group: at most kPending of this thread's groups are still in flight.
+template <int kPending> __device__ __forceinline__ void cp_async_wait() {
+#if CK_GEMM_SM80
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+#endif
+}
+
+// ldmatrix.sync.aligned.m8n8.x4.shared.b16: four 8x8 b16 matrices (8 rows of 16 bytes each);
+// lane i gives the address of row i % 8 of matrix i / 8; register j receives matrix j, row
+// lane / 4, bytes 4 * (lane % 4) .. +3.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+#if CK_GEMM_SM80
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+#endif
+}
+
+// mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32: c += a (16x32, row) * b (32x8, col).
+// Fragments (g = lane / 4, t = lane % 4), four int8 per register, lowest k in the lowest byte:
+//   a0: A[g][4t..4t+3]   a1: A[g+8][4t..]   a2: A[g][16+4t..]   a3: A[g+8][16+4t..]
+//   b0: B[4t..4t+3][g]   b1: B[16+4t..][g]
+//   c0, c1: C[g][2t], C[g][2t+1]            c2, c3: C[g+8][2t], C[g+8][2t+1]
+__device__ __forceinline__ void mma_s8_16x8x32(int32_t (&c)[4], uint32_t a0, uint32_t a1,
+                                               uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
+#if CK_GEMM_SM80
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
+
+// ld.global.nc.L1::no_allocate.L2::256B.v4.u32: 16 bytes of a read-once stream (the weight of
+// the small-M kernel): no L1 line is spent on it, and the 256-byte L2 prefetch brings in the
+// neighbouring chunks the other warps of the block are about to ask for.
+__device__ __forceinline__ uint4 load_stream_16(const void* p) {
+    uint4 v = make_uint4(0, 0, 0, 0);
+#if CK_GEMM_SM80
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+#endif
+    return v;
+}
+
+// Transposes a 4x4 byte block with 8 byte permutes (prmt): w[i] holds row i (bytes = columns
+// 0..3); afterwards w[j] holds column j (byte i = row i).
+__device__ __forceinline__ void transpose_4x4_bytes(uint32_t (&w)[4]) {
+    const uint32_t lo01 = __byte_perm(w[0], w[1], 0x5140);  // w0.b0 w1.b0 w0.b1 w1.b1
+    const uint32_t hi01 = __byte_perm(w[0], w[1], 0x7362);  // w0.b2 w1.b2 w0.b3 w1.b3
+    const uint32_t lo23 = __byte_perm(w[2], w[3], 0x5140);  // w2.b0 w3.b0 w2.b1 w3.b1
+    const uint32_t hi23 = __byte_perm(w[2], w[3], 0x7362);  // w2.b2 w3.b2 w2.b3 w3.b3
+    w[0] = __byte_perm(lo01, lo23, 0x5410);                 // w0.b0 w1.b0 w2.b0 w3.b0
+    w[1] = __byte_perm(lo01, lo23, 0x7632);                 // w0.b1 w1.b1 w2.b1 w3.b1
+    w[2] = __byte_perm(hi01, hi23, 0x5410);
+    w[3] = __byte_perm(hi01, hi23, 0x7632);
+}
+
+__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
+    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shared pieces of the launchers
+// ---------------------------------------------------------------------------------------------
+template <typename OutT> Epilogue<OutT> make_epilogue(const GemmInt8Args& g) {
+    Epilogue<OutT> e;
+    e.out = static_cast<OutT*>(g.out);
+    e.m = g.m;
+    e.n = g.n;
+    e.scale_a = g.scale_a;
+    e.scale_b = g.scale_b;
+    e.bias = std::is_same_v<OutT, int32_t> ? nullptr : static_cast<const OutT*>(g.bias);
+    e.scale_a_per_row = g.scale_a_per_row;
+    e.scale_b_per_col = g.scale_b_per_col;
+    e.pair_aligned = g.n % 2 == 0 && is_aligned(g.out, 2 * sizeof(OutT));
+    e.activation = g.activation;
+    return e;
+}
+
+// Calls f with a value of the output element type of out_dtype.
+template <typename F> cudaError_t dispatch_out_dtype(ck_dtype_t out_dtype, F&& f) {
+    if (out_dtype == CK_DTYPE_INT32) return f(int32_t{});
+    return dispatch_float_dtype(out_dtype, f);
+}
+
+// Output tiles are numbered along one grid dimension (2^31 - 1 blocks, where gridDim.y would cap
+// M or N at 65535 tiles).
+inline bool grid_fits(int64_t blocks) { return blocks >= 1 && blocks <= INT32_MAX; }
+
+// ---------------------------------------------------------------------------------------------
+// Reference kernel: 64x64 tile per 256-thread block, K in 64-byte steps through shared memory,
+// dp4a on 4-byte k groups. Shared tiles hold 32-bit words of 4 consecutive k, word-row major
+// ([k / 4][m] and [k / 4][n]), so a thread's operands for one k group are plain word loads.
+// Thread (ty, tx) = (tid / 16, tid % 16) owns rows ty + 16 i (i < 4) and column pairs
+// 32 j + 2 tx + {0, 1} (j < 2): pairs of adjacent columns, the epilogue's store unit.
+// ---------------------------------------------------------------------------------------------
+constexpr int kRefBM = 64, kRefBN = 64;
+constexpr int kRefBK = 64;                    // bytes of k per step: one 16-byte vector per thread
+constexpr int kRefKWords = kRefBK / 4;        // 4-byte k groups per step
+constexpr int kRefThreads = 256;
+constexpr int kRefPad = 4;                    // words; keeps rows 8-byte aligned, halves store conflicts
+constexpr int kRefRows = 4, kRefColPairs = 2; // micro-tile: 4 rows x 2 column pairs
+
+static_assert(kRefBM * kRefBK / 16 == kRefThreads, "one A vector per thread per step");
+static_assert(kRefBN * kRefBK / 16 == kRefThreads, "one B vector (or 4x4 block) per thread");
+static_assert(kRefThreads / 16 * kRefRows == kRefBM && 16 * 2 * kRefColPairs == kRefBN,
+              "the micro-tiles cover the block tile");
+static_assert(kRefPad % 2 == 0, "column pairs are read as 8-byte words");
+
+template <ck_layout_t kLayout, typename OutT>
+__global__ void __launch_bounds__(kRefThreads)
+gemm_int8_reference_kernel(const int8_t* __restrict__ a, const int8_t* __restrict__ b, int64_t k,
+                           Epilogue<OutT> ep) {
+    __shared__ uint32_t sa[kRefKWords][kRefBM + kRefPad];
+    __shared__ __align__(8) uint32_t sb[kRefKWords][kRefBN + kRefPad];
+
+    const int64_t m = ep.m, n = ep.n;
+    const int64_t tiles_m = ceil_div(m, kRefBM);
+    const int64_t m0 = blockIdx.x % tiles_m * kRefBM;
+    const int64_t n0 = blockIdx.x / tiles_m * kRefBN;
+    const int tid = threadIdx.x;
+    const int ty = tid / 16, tx = tid % 16;
+
+    int32_t acc[kRefRows][2 * kRefColPairs] = {};
+
+    // Loader roles. Row-major vectors (A, NK-B): row tid / 4, 16 bytes at k (tid % 4) * 16.
+    const int ld_row = tid / 4, ld_kw = (tid % 4) * 4;
+    // KN-B: k rows 4 (tid / 16) .. +3, columns 4 (tid % 16) .. +3, transposed to 4 words.
+    const int kn_kw = tid / 16, kn_col = (tid % 16) * 4;
+
+    for (int64_t k0 = 0; k0 < k; k0 += kRefBK) {
+        uint4 va = make_uint4(0, 0, 0, 0);
+        if (m0 + ld_row < m && k0 + ld_kw * 4 < k)
+            va = *reinterpret_cast<const uint4*>(a + (m0 + ld_row) * k + k0 + ld_kw * 4);
+        uint32_t vb[4] = {0, 0, 0, 0};
+        if constexpr (kLayout == CK_LAYOUT_NK) {
+            if (n0 + ld_row < n && k0 + ld_kw * 4 < k) {
+                const uint4 v = *reinterpret_cast<const uint4*>(b + (n0 + ld_row) * k + k0 + ld_kw * 4);
+                vb[0] = v.x, vb[1] = v.y, vb[2] = v.z, vb[3] = v.w;
+            }
+        } else {
+            // k % 16 == 0 and n % 16 == 0: the 4 rows and 4 columns are all inside or all outside.
+            if (k0 + 4 * kn_kw < k && n0 + kn_col < n) {
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+                    vb[i] = *reinterpret_cast<const uint32_t*>(b + (k0 + 4 * kn_kw + i) * n + n0 + kn_col);
+                transpose_4x4_bytes(vb);
+            }
+        }
+        __syncthreads();  // the previous step's reads of sa/sb are done
+        sa[ld_kw + 0][ld_row] = va.x;
+        sa[ld_kw + 1][ld_row] = va.y;
+        sa[ld_kw + 2][ld_row] = va.z;
+        sa[ld_kw + 3][ld_row] = va.w;
+        if constexpr (kLayout == CK_LAYOUT_NK) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) sb[ld_kw + i][ld_row] = vb[i];
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) sb[kn_kw][kn_col + j] = vb[j];
+        }
+        __syncthreads();
+
+#pragma unroll 4
+        for (int kw = 0; kw < kRefKWords; ++kw) {
+            int av[kRefRows], bv[2 * kRefColPairs];
+#pragma unroll
+            for (int i = 0; i < kRefRows; ++i) av[i] = int(sa[kw][ty + 16 * i]);
+#pragma unroll
+            for (int j = 0; j < kRefColPairs; ++j) {
+                const uint2 p = *reinterpret_cast<const uint2*>(&sb[kw][32 * j + 2 * tx]);
+                bv[2 * j] = int(p.x);
+                bv[2 * j + 1] = int(p.y);
+            }
+#pragma unroll
+            for (int i = 0; i < kRefRows; ++i)
+#pragma unroll
+                for (int j = 0; j < 2 * kRefColPairs; ++j) acc[i][j] = __dp4a(av[i], bv[j], acc[i][j]);
+        }
+    }
+
+#pragma unroll
+    for (int i = 0; i < kRefRows; ++i)
+#pragma unroll
+        for (int j = 0; j < kRefColPairs; ++j)
+            ep.store_pair(m0 + ty + 16 * i, n0 + 32 * j + 2 * tx, acc[i][2 * j], acc[i][2 * j + 1]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tensor-core kernel (mma.sync m16n8k32 s8, sm_80+).
+//
+// Block tile kBM x kBN, K in steps of kBK = 64 bytes; kStages shared-memory stages filled by
+// cp.async (16 bytes a thread at a time, zero-filled outside the matrix) so that the loads of
+// step kt + kStages - 1 overlap the MMAs of step kt. Warps form a kWarpsM x kWarpsN grid; each
+// owns a (kBM / kWarpsM) x (kBN / kWarpsN) sub-tile: kMI x kNI fragments of 16 x 8.
+//
+// Shared layouts (all 16-byte chunks, XOR-swizzled so that both the cp.async writes and the
+// fragment reads touch every bank once per 128-byte wavefront):
+//   A and NK-B: [rows][64 bytes] (4 chunks a row). ldmatrix reads 8 rows at one chunk; two rows
+//     share a 128-byte line, so chunk c of row r goes to chunk c ^ ((r >> 1) & 3): rows r..r+7
+//     land on 8 distinct 16-byte bank groups (4 * (r & 1) + swizzled chunk).
+//     Fragments: one ldmatrix.x4 gives a whole A fragment (matrices: rows 0-7 / 8-15 x k bytes
+//     0-15 / 16-31 = a0 a1 a2 a3) or the b0 b1 of two n8 tiles.
+//   KN-B: [64 k rows][kBN bytes]. The b fragment wants 4 consecutive k of one n per register,
+//     which are 4 different rows here. A thread reads a 4x4 byte block (4 k rows x 4 adjacent
+//     columns: four 32-bit loads) and transposes it with 8 prmt: 4 registers of 4 k each, one
+//     per column. To make those 4 columns the same fragment column of 4 different n8 tiles,
+//     the fragment column j of n8 tile t (t < 4) within a 32-column group stands for physical
+//     column 4 j + t. The thread with g = lane / 4 therefore reads physical columns 4g..4g+3,
+//     and its accumulators c0/c1 of tiles 0..3 are physical columns 8t' + {0..3} / {4..7}
+//     (t' = lane % 4): the epilogue undoes the permutation when it stores pairs.
+//     Bank conflicts: the 4 rows 4t'+i of one load instruction are 4 rows apart, so chunk index
+//     (within the flat tile) p goes to p ^ (2 * ((row >> 2) & 3)): the four row segments land on
+//     four different 32-byte bank ranges. The XOR stays within a 128-byte line as long as a row
+//     has at least 4 chunks (kBN >= 64).
+// ---------------------------------------------------------------------------------------------
+constexpr int kBK = 64;                  // bytes of k per pipeline stage
+constexpr int kChunkBytes = 16;          // one cp.async
+constexpr int kChunksK = kBK / kChunkBytes;
+constexpr int kMmaK = 32;                // k of one mma.sync
+constexpr int kGroupM = 8;               // tile rows per rasterization group (L2 reuse of B)
+
+template <int kBM_, int kBN_, int kWarpsM_, int kWarpsN_, int kStages_, int kMinBlocks_>
+struct MmaTile {
+    static constexpr int kBM = kBM_, kBN = kBN_, kWarpsM = kWarpsM_, kWarpsN = kWarpsN_;
+    static constexpr int kStages = kStages_, kMinBlocks = kMinBlocks_;
+    static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
+    static constexpr int kWarpM = kBM / kWarpsM, kWarpN = kBN / kWarpsN;
+    static constexpr int kMI = kWarpM / 16, kNI = kWarpN / 8;
+    static constexpr int kABytes = kBM * kBK, kBBytes = kBN * kBK;
+    static constexpr int kStageBytes = kABytes + kBBytes;
+    static constexpr int kSmemBytes = kStages * kStageBytes;
+    static constexpr int kALoads = kABytes / kChunkBytes / kThreads;  // cp.async per thread
+    static constexpr int kBLoads = kBBytes / kChunkBytes / kThreads;
+
+    static_assert(kBK == 64, "the A/NK-B swizzle assumes 4 chunks per row");
+    static_assert(kBK % kMmaK == 0, "whole mma k steps per stage");
+    static_assert(kWarpM % 16 == 0 && kWarpN % 32 == 0,
+                  "warp tiles of whole m16 fragments and 32-column groups (KN-B permutation)");
+    static_assert(kNI % 2 == 0, "NK-B fragments load two n8 tiles per ldmatrix.x4");
+    static_assert(kBN / kChunkBytes >= 4, "KN-B swizzle: at least 4 chunks per k row");
+    static_assert(kABytes % (kChunkBytes * kThreads) == 0 &&
+                      kBBytes % (kChunkBytes * kThreads) == 0,
+                  "every thread issues the same number of cp.async");
+    static_assert(kStages >= 2, "a pipeline needs two stages");
+};
+
+// 128x128: 8 warps of 64x32, 4 stages x 16 KB = 64 KB (two blocks per SM on sm_80/sm_90).
+using MmaTileLarge = MmaTile<128, 128, 2, 4, 4, 2>;
+// 64x64: 4 warps of 32x32, 4 stages x 8 KB = 32 KB; for grids the large tile leaves short of
+// one wave.
+using MmaTileSmall = MmaTile<64, 64, 2, 2, 4, 4>;
+
+// Byte offset of chunk c of row r in an A or NK-B stage ([rows][64 bytes]).
+__device__ __forceinline__ uint32_t rowk_offset(int r, int c) {
+    return uint32_t(r * kChunksK + (c ^ ((r >> 1) & 3))) * kChunkBytes;
+}
+
+// Byte offset of chunk c (16 columns) of k row r in a KN-B stage ([64][kBN bytes]).
+template <int kBN> __device__ __forceinline__ uint32_t kn_offset(int r, int c) {
+    constexpr int kChunksN = kBN / kChunkBytes;
+    return uint32_t((r * kChunksN + c) ^ (((r >> 2) & 3) << 1)) * kChunkBytes;
+}
+
+template <class Tile, ck_layout_t kLayout, typename OutT>
+__global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
+gemm_int8_mma_kernel(const int8_t* __restrict__ a, const int8_t* __restrict__ b, int64_t k,
+                     Epilogue<OutT> ep) {
+    if constexpr (!kHasSm80) __trap();  // never launched below sm_80 (see kHasSm80)
+    constexpr int kBM = Tile::kBM, kBN = Tile::kBN, kStages = Tile::kStages;
+    constexpr int kMI = Tile::kMI, kNI = Tile::kNI, kThreads = Tile::kThreads;
+    extern __shared__ __align__(128) uint8_t smem[];
+
+    const int64_t m = ep.m, n = ep.n;
+
+    // Grouped rasterization: consecutive blocks sweep kGroupM tile rows for one tile column, so
+    // that the B columns (and A rows) they share are still in L2.
+    const int64_t tiles_m = ceil_div(m, kBM), tiles_n = ceil_div(n, kBN);
+    const int64_t per_group = int64_t(kGroupM) * tiles_n;
+    const int64_t group = blockIdx.x / per_group;
+    const int64_t first_m = group * kGroupM;
+    const int64_t group_rows = min(tiles_m - first_m, int64_t(kGroupM));
+    const int64_t in_group = blockIdx.x % per_group;
+    const int64_t m0 = (first_m + in_group % group_rows) * kBM;
+    const int64_t n0 = in_group / group_rows * kBN;
+
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int wm0 = warp / Tile::kWarpsN * Tile::kWarpM;  // warp sub-tile origin in the block tile
+    const int wn0 = warp % Tile::kWarpsN * Tile::kWarpN;
+    const int g = lane / 4, tq = lane % 4;                  // mma fragment coordinates
+
+    const uint32_t smem_base = shared_address(smem);
+    const int64_t k_tiles = ceil_div(k, kBK);
+
+    // Loads k tile kt into stage s: chunk idx = tid + i * kThreads of each operand.
+    auto load_stage = [&](int s, int64_t kt) {
+        const int64_t k0 = kt * kBK;
+        const uint32_t sa = smem_base + s * Tile::kStageBytes;
+        const uint32_t sb = sa + Tile::kABytes;
+#pragma unroll
+        for (int i = 0; i < Tile::kALoads; ++i) {
+            const int idx = tid + i * kThreads, r = idx / kChunksK, c = idx % kChunksK;
+            const bool ok = m0 + r < m && k0 + c * kChunkBytes < k;
+            const int8_t* src = ok ? a + (m0 + r) * k + k0 + c * kChunkBytes : a;
+            cp_async_16_zfill(sa + rowk_offset(r, c), src, ok);
+        }
+#pragma unroll
+        for (int i = 0; i < Tile::kBLoads; ++i) {
+            const int idx = tid + i * kThreads;
+            if constexpr (kLayout == CK_LAYOUT_NK) {
+                const int r = idx / kChunksK, c = idx % kChunksK;
+                const bool ok = n0 + r < n && k0 + c * kChunkBytes < k;
+                const int8_t* src = ok ? b + (n0 + r) * k + k0 + c * kChunkBytes : b;
+                cp_async_16_zfill(sb + rowk_offset(r, c), src, ok);
+            } else {
+                constexpr int kChunksN = kBN / kChunkBytes;
+                const int r = idx / kChunksN, c = idx % kChunksN;
+                const bool ok = k0 + r < k && n0 + c * kChunkBytes < n;
+                const int8_t* src = ok ? b + (k0 + r) * n + n0 + c * kChunkBytes : b;
+                cp_async_16_zfill(sb + kn_offset<kBN>(r, c), src, ok);
+            }
+        }
+    };
+
+    int32_t acc[kMI][kNI][4] = {};
+
+    // Prologue: kStages - 1 tiles in flight. Every iteration commits one group (possibly
+    // empty) so that wait_group counts tiles.
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+        if (s < k_tiles) load_stage(s, s);
+        cp_async_commit();
+    }
+
+    for (int64_t kt = 0; kt < k_tiles; ++kt) {
+        cp_async_wait<kStages - 2>();  // tile kt has landed (for this thread) ...
+        __syncthreads();               // ... for every thread; stage (kt - 1) % kStages is free
+        {
+            const int64_t next = kt + kStages - 1;
+            if (next < k_tiles) load_stage(int(next % kStages), next);
+            cp_async_commit();
+        }
+
+        const int s = int(kt % kStages);
+        const uint32_t sa = smem_base + s * Tile::kStageBytes;
+        const uint32_t sb = sa + Tile::kABytes;
+#pragma unroll
+        for (int ks = 0; ks < kBK / kMmaK; ++ks) {
+            const int c0 = ks * (kMmaK / kChunkBytes);  // first chunk of this k32 step
+            uint32_t af[kMI][4];
+#pragma unroll
+            for (int mi = 0; mi < kMI; ++mi)
+                ldmatrix_x4(af[mi], sa + rowk_offset(wm0 + mi * 16 + lane % 16, c0 + lane / 16));
+
+            uint32_t bf[kNI][2];
+            if constexpr (kLayout == CK_LAYOUT_NK) {
+#pragma unroll
+                for (int nj = 0; nj < kNI; nj += 2) {
+                    uint32_t r[4];
+                    const int row = wn0 + nj * 8 + (lane / 16) * 8 + lane % 8;
+                    ldmatrix_x4(r, sb + rowk_offset(row, c0 + (lane / 8) % 2));
+                    bf[nj][0] = r[0], bf[nj][1] = r[1], bf[nj + 1][0] = r[2], bf[nj + 1][1] = r[3];
+                }
+            } else {
+                const uint8_t* sbp = smem + s * Tile::kStageBytes + Tile::kABytes;
+#pragma unroll
+                for (int grp = 0; grp < kNI / 4; ++grp) {
+                    const int col = wn0 + grp * 32 + g * 4;  // 4 physical columns of this thread
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {  // h = 0: b0 (k 4tq..), h = 1: b1 (k 16+4tq..)
+                        uint32_t w[4];
+#pragma unroll
+                        for (int i = 0; i < 4; ++i) {
+                            const int row = ks * kMmaK + h * 16 + tq * 4 + i;
+                            w[i] = *reinterpret_cast<const uint32_t*>(
+                                sbp + kn_offset<kBN>(row, col / kChunkBytes) + col % kChunkBytes);
+                        }
+                        transpose_4x4_bytes(w);
+#pragma unroll
+                        for (int t = 0; t < 4; ++t) bf[grp * 4 + t][h] = w[t];
+                    }
+                }
+            }
+
+#pragma unroll
+            for (int mi = 0; mi < kMI; ++mi)
+#pragma unroll
+                for (int ni = 0; ni < kNI; ++ni)
+                    mma_s8_16x8x32(acc[mi][ni], af[mi][0], af[mi][1], af[mi][2], af[mi][3],
+                                   bf[ni][0], bf[ni][1]);
+        }
+    }
+    cp_async_wait<0>();  // only empty groups remain; leave nothing in flight at exit
+
+#pragma unroll
+    for (int mi = 0; mi < kMI; ++mi) {
+#pragma unroll
+        for (int rh = 0; rh < 2; ++rh) {  // c0 c1: row g; c2 c3: row g + 8
+            const int64_t row = m0 + wm0 + mi * 16 + g + rh * 8;
+            if constexpr (kLayout == CK_LAYOUT_NK) {
+#pragma unroll
+                for (int ni = 0; ni < kNI; ++ni)
+                    ep.store_pair(row, n0 + wn0 + ni * 8 + tq * 2, acc[mi][ni][2 * rh],
+                                  acc[mi][ni][2 * rh + 1]);
+            } else {
+                // Physical columns 8tq + u (u < 8) of a group: u < 4 is tile u's c0 (c2),
+                // u >= 4 is tile u - 4's c1 (c3). Pair p covers u = 2p, 2p + 1.
+#pragma unroll
+                for (int grp = 0; grp < kNI / 4; ++grp) {
+#pragma unroll
+                    for (int p = 0; p < 4; ++p) {
+                        const int t = (p % 2) * 2, reg = 2 * rh + p / 2;
+                        ep.store_pair(row, n0 + wn0 + grp * 32 + tq * 8 + p * 2,
+                                      acc[mi][grp * 4 + t][reg], acc[mi][grp * 4 + t + 1][reg]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+template <class Tile, ck_layout_t kLayout, typename OutT>
+cudaError_t launch_mma(const GemmInt8Args& g, cudaStream_t stream) {
+    const int64_t blocks = ceil_div(g.m, Tile::kBM) * ceil_div(g.n, Tile::kBN);
+    if (!grid_fits(blocks)) return cudaErrorInvalidConfiguration;
+    auto kernel = gemm_int8_mma_kernel<Tile, kLayout, OutT>;
+    constexpr int kSmem = Tile::kSmemBytes;
+    if constexpr (kSmem > 48 * 1024) {
+        // Above the default 48 KB a kernel must opt in; cheap, and allowed during graph capture.
+        const cudaError_t e =
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+        if (e != cudaSuccess) return e;
+    }
+    kernel<<<unsigned(blocks), Tile::kThreads, kSmem, stream>>>(g.a, g.b, g.k, make_epilogue<OutT>(g));
+    return cudaGetLastError();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Small-M kernel (m <= 16, NK-B): a weight-streaming GEMV/GEMM on tensor cores.
+//
+// A block owns kSmallCols = 8 * kSmallTiles consecutive output columns (weight rows) and its
+// kWarps warps split K: warp w takes k chunks of 64 bytes (w * U + u) + i * kWarps * U (U =
+// kSmallUnroll consecutive chunks: 256 bytes of each weight row per warp and step).
+// Per chunk and n8 tile, lane l loads 16 bytes of weight row n0 + 8t + l / 4 at k offset
+// 16 (l % 4), and 16 bytes of activation rows l / 4 and l / 4 + 8 at the same offset (zeros for
+// rows >= m, which are never read). These registers are used directly as m16n8k32 fragments:
+// since a sum over k may run in any order as long as A and B agree on it, mma j (j < 2) of the
+// chunk takes b0 = word 2j, b1 = word 2j + 1 of the weight vector and a0/a1 = word 2j of rows
+// g/g+8, a2/a3 = word 2j + 1: both operands then see mma-k 4t'..4t'+3 (16..19 + 4t') as real k
+// 16t' + 8j + 0..3 (+ 4..7), the same bijection. No shared memory, no shuffles: each weight
+// byte is loaded once, by one lane, with every load of a step in flight before the first MMA.
+// A (m x K, tiny) is read by every block, from L1/L2; one activation load serves kSmallTiles
+// weight rows. At the end the warps add their partial accumulators through shared memory and
+// the block stores its [m, kSmallCols] slice through the epilogue.
+// ---------------------------------------------------------------------------------------------
+constexpr int kSmallTiles = 4;                 // n8 tiles per block
+constexpr int kSmallCols = 8 * kSmallTiles;    // output columns per block
+constexpr int kSmallChunk = 64;                // k bytes per chunk: 4 lanes x 16 bytes
+constexpr int kSmallUnroll = 4;                // consecutive chunks in flight per warp and step
+constexpr int kSmallMaxM = 16;                 // rows of the mma fragment
+
+template <int kWarps, typename OutT>
+__global__ void __launch_bounds__(kWarps * 32)
+gemm_int8_small_m_kernel(const int8_t* __restrict__ a, const int8_t* __restrict__ w, int64_t k,
+                         Epilogue<OutT> ep) {
+    if constexpr (!kHasSm80) __trap();  // never launched below sm_80 (see kHasSm80)
+    constexpr int kThreads = kWarps * 32;
+    __shared__ int32_t partial[kWarps][kSmallTiles][4][32];
+
+    const int64_t m = ep.m, n = ep.n;
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int g = lane / 4, tq = lane % 4;
+    const int64_t n0 = int64_t(blockIdx.x) * kSmallCols;
+
+    // Weight rows of this lane (one per n8 tile); rows past n are never read.
+    const int8_t* wrow[kSmallTiles];
+    bool wok[kSmallTiles];
+#pragma unroll
+    for (int t = 0; t < kSmallTiles; ++t) {
+        const int64_t row = n0 + 8 * t + g;
+        wok[t] = row < n;
+        wrow[t] = w + (wok[t] ? row : 0) * k + 16 * tq;
+    }
+    const bool a_lo = g < m, a_hi = g + 8 < m;
+    const int8_t* arow_lo = a + (a_lo ? g : 0) * k + 16 * tq;
+    const int8_t* arow_hi = a + (a_hi ? g + 8 : 0) * k + 16 * tq;
+
+    int32_t acc[kSmallTiles][4] = {};
+    const int64_t chunks = ceil_div(k, kSmallChunk);
+    for (int64_t c0 = int64_t(warp) * kSmallUnroll; c0 < chunks; c0 += kWarps * kSmallUnroll) {
+        uint4 wv[kSmallUnroll][kSmallTiles], alo[kSmallUnroll], ahi[kSmallUnroll];
+#pragma unroll
+        for (int u = 0; u < kSmallUnroll; ++u) {
+            const int64_t kk = (c0 + u) * kSmallChunk;  // + 16 tq is in the row pointers
+            const bool kok = kk + 16 * tq < k;          // the K tail (and chunks past it)
+#pragma unroll
+            for (int t = 0; t < kSmallTiles; ++t)
+                wv[u][t] = kok && wok[t] ? load_stream_16(wrow[t] + kk) : make_uint4(0, 0, 0, 0);
+            alo[u] = kok && a_lo ? __ldg(reinterpret_cast<const uint4*>(arow_lo + kk)) : make_uint4(0, 0, 0, 0);
+            ahi[u] = kok && a_hi ? __ldg(reinterpret_cast<const uint4*>(arow_hi + kk)) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < kSmallUnroll; ++u)
+#pragma unroll
+            for (int j = 0; j < 2; ++j)
+#pragma unroll
+                for (int t = 0; t < kSmallTiles; ++t)
+                    mma_s8_16x8x32(acc[t], word(alo[u], 2 * j), word(ahi[u], 2 * j),
+                                   word(alo[u], 2 * j + 1), word(ahi[u], 2 * j + 1),
+                                   word(wv[u][t], 2 * j), word(wv[u][t], 2 * j + 1));
+    }
+
+    // Sum the warps' partial tiles: element (t, r, lane) of each warp, consecutive lanes in
+    // consecutive banks. Then one thread per accumulator pair (c0 c1 or c2 c3) stores.
+#pragma unroll
+    for (int t = 0; t < kSmallTiles; ++t)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) partial[warp][t][r][lane] = acc[t][r];
+    __syncthreads();
+    constexpr int kPairs = kSmallTiles * 2 * 32;
+    for (int p = tid; p < kPairs; p += kThreads) {
+        const int t = p / 64, rh = p / 32 % 2, l = p % 32;
+        int32_t s0 = 0, s1 = 0;
+#pragma unroll
+        for (int v = 0; v < kWarps; ++v) {
+            s0 += partial[v][t][2 * rh][l];
+            s1 += partial[v][t][2 * rh + 1][l];
+        }
+        ep.store_pair(l / 4 + 8 * rh, n0 + 8 * t + 2 * (l % 4), s0, s1);
+    }
+}
+
+template <int kWarps, typename OutT>
+cudaError_t launch_small_m(const GemmInt8Args& g, int64_t blocks, cudaStream_t stream) {
+    gemm_int8_small_m_kernel<kWarps, OutT>
+        <<<unsigned(blocks), kWarps * 32, 0, stream>>>(g.a, g.b, g.k, make_epilogue<OutT>(g));
+    return cudaGetLastError();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Launchers (arguments validated by cuda_kernels.cu)
+// ---------------------------------------------------------------------------------------------
+cudaError_t gemm_int8_reference(const GemmInt8Args& args, cudaStream_t stream) {
+    const int64_t blocks = ceil_div(args.m, kRefBM) * ceil_div(args.n, kRefBN);
+    if (!grid_fits(blocks)) return cudaErrorInvalidConfiguration;
+    return dispatch_out_dtype(args.out_dtype, [&](auto tag) {
+        using OutT = decltype(tag);
+        const Epilogue<OutT> ep = make_epilogue<OutT>(args);
+        if (args.b_layout == CK_LAYOUT_KN)
+            gemm_int8_reference_kernel<CK_LAYOUT_KN, OutT>
+                <<<unsigned(blocks), kRefThreads, 0, stream>>>(args.a, args.b, args.k, ep);
+        else
+            gemm_int8_reference_kernel<CK_LAYOUT_NK, OutT>
+                <<<unsigned(blocks), kRefThreads, 0, stream>>>(args.a, args.b, args.k, ep);
+        return cudaGetLastError();
+    });
+}
+
+cudaError_t gemm_int8_mma(const GemmInt8Args& args, cudaStream_t stream) {
+    // The large tile unless its grid would leave SMs idle for the whole run: below one block
+    // per SM, the 64x64 tile's four times as many blocks spread the work wider.
+    const int64_t large_blocks = ceil_div(args.m, MmaTileLarge::kBM) * ceil_div(args.n, MmaTileLarge::kBN);
+    const bool small = large_blocks < sm_count();
+    return dispatch_out_dtype(args.out_dtype, [&](auto tag) {
+        using OutT = decltype(tag);
+        if (args.b_layout == CK_LAYOUT_KN)
+            return small ? launch_mma<MmaTileSmall, CK_LAYOUT_KN, OutT>(args, stream)
+                         : launch_mma<MmaTileLarge, CK_LAYOUT_KN, OutT>(args, stream);
+        return small ? launch_mma<MmaTileSmall, CK_LAYOUT_NK, OutT>(args, stream)
+                     : launch_mma<MmaTileLarge, CK_LAYOUT_NK, OutT>(args, stream);
+    });
+}
+
+cudaError_t gemm_int8_small_m(const GemmInt8Args& args, cudaStream_t stream) {
+    if (args.m > kSmallMaxM || args.b_layout != CK_LAYOUT_NK) return cudaErrorNotSupported;
+    const int64_t blocks = ceil_div(args.n, kSmallCols);
+    if (!grid_fits(blocks)) return cudaErrorInvalidConfiguration;
+    const int64_t chunks = ceil_div(args.k, kSmallChunk);
+    const int64_t sms = std::max(sm_count(), 1);
+    return dispatch_out_dtype(args.out_dtype, [&](auto tag) {
+        using OutT = decltype(tag);
+        // Bandwidth wants many loads in flight on every SM. Measured on an H100 (weights of
+        // 16-235 MB, M = 1 and 16): 4 warps per block, 4 tiles x 4 chunks of loads per warp and
+        // step, was the best or within 5% of the best of eleven configurations whenever the
+        // grid had about one block per SM or more; wider blocks (more warps splitting K) only
+        // pay when there are too few column groups to occupy every SM.
+        if (blocks * 4 <= sms && chunks >= 16 * kSmallUnroll)
+            return launch_small_m<16, OutT>(args, blocks, stream);
+        if (blocks * 2 <= sms && chunks >= 8 * kSmallUnroll)
+            return launch_small_m<8, OutT>(args, blocks, stream);
+        return launch_small_m<4, OutT>(args, blocks, stream);
+    });
+}
+
+}  // namespace ck

@@ -22,6 +22,13 @@ __device__ __forceinline__ float activate(float v, ck_activation_t act) {
     }
 }
 
+// A 16-bit float from its bit pattern.
+template <typename T> __device__ __forceinline__ T bits_to(uint16_t v);
+template <> __device__ __forceinline__ __half bits_to<__half>(uint16_t v) { return __ushort_as_half(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 bits_to<__nv_bfloat16>(uint16_t v) {
+    return __ushort_as_bfloat16(v);
+}
+
 // What a kernel needs to finish its tile. OutT is int32_t (raw accumulators: the scales, bias and
 // activation are ignored), float, __half or __nv_bfloat16.
 template <typename OutT> struct Epilogue {
@@ -33,39 +40,82 @@ template <typename OutT> struct Epilogue {
     bool scale_a_per_row;
     bool scale_b_per_col;
     bool pair_aligned;      // n even and out 2-element aligned: a pair is one vector store
+    bool column_pairs;      // per-column scale_b (and bias) aligned to load two columns at once
     ck_activation_t activation;
 
+    // Scales and bias are read-only for the whole kernel (the header forbids overlap with the
+    // output): __ldg lets the compiler batch these loads ahead of the stores instead of
+    // serializing each load behind the previous pair's store.
     __device__ __forceinline__ float row_scale(int64_t r) const {
-        return scale_a[scale_a_per_row ? r : 0];
+        return __ldg(scale_a + (scale_a_per_row ? r : 0));
     }
     __device__ __forceinline__ float col_scale(int64_t c) const {
-        return scale_b[scale_b_per_col ? c : 0];
+        return __ldg(scale_b + (scale_b_per_col ? c : 0));
     }
 
-    // One accumulator -> output value, with the row's scale already looked up.
-    __device__ __forceinline__ OutT convert(int32_t acc, float row_s, int64_t c) const {
+    // The scale and bias of output columns c and c + 1: looked up once and shared by every row
+    // a thread stores in those columns. Columns past n read nothing.
+    struct Columns {
+        float scale0, scale1, bias0, bias1;
+    };
+    __device__ __forceinline__ Columns columns(int64_t c) const {
+        Columns col{0.f, 0.f, 0.f, 0.f};
+        if constexpr (!std::is_same_v<OutT, int32_t>) {
+            if (column_pairs && c + 1 < n) {  // c is even: both loads are vector-aligned
+                const float2 s = __ldg(reinterpret_cast<const float2*>(scale_b + c));
+                col.scale0 = s.x;
+                col.scale1 = s.y;
+                if (bias) {
+                    if constexpr (sizeof(OutT) == 4) {
+                        const float2 b = __ldg(reinterpret_cast<const float2*>(bias + c));
+                        col.bias0 = b.x;
+                        col.bias1 = b.y;
+                    } else {
+                        const uint32_t b = __ldg(reinterpret_cast<const unsigned int*>(bias + c));
+                        col.bias0 = to_float(bits_to<OutT>(uint16_t(b)));
+                        col.bias1 = to_float(bits_to<OutT>(uint16_t(b >> 16)));
+                    }
+                }
+                return col;
+            }
+            if (c < n) {
+                col.scale0 = col_scale(c);
+                if (bias) col.bias0 = to_float(__ldg(bias + c));
+            }
+            if (c + 1 < n) {
+                col.scale1 = col_scale(c + 1);
+                if (bias) col.bias1 = to_float(__ldg(bias + c + 1));
+            }
+        }
+        return col;
+    }
+
+    // The scale of row r (unused for int32 output); rows past m read nothing.
+    __device__ __forceinline__ float rows(int64_t r) const {
+        if constexpr (std::is_same_v<OutT, int32_t>) return 0.f;
+        return r < m ? row_scale(r) : 0.f;
+    }
+
+    // One accumulator -> output value. Written out with explicit roundings so that every kernel
+    // computes the same bits: v = fma(acc * scale_a, scale_b, bias) (the header's definition).
+    __device__ __forceinline__ OutT convert(int32_t acc, float row_s, float col_s, float b) const {
         if constexpr (std::is_same_v<OutT, int32_t>) {
             return acc;
         } else {
-            // Written out with explicit roundings so that every kernel computes the same bits:
-            // v = fma(acc * scale_a, scale_b, bias) (the header's definition).
-            const float b = bias ? to_float(bias[c]) : 0.f;
-            const float v = __fmaf_rn(__fmul_rn(float(acc), row_s), col_scale(c), b);
+            const float v = __fmaf_rn(__fmul_rn(float(acc), row_s), col_s, b);
             return from_float<OutT>(activate(v, activation));
         }
     }
 
-    // Stores the accumulators of columns c and c + 1 of row r (c is even). Anything outside the
-    // matrix is dropped.
-    __device__ __forceinline__ void store_pair(int64_t r, int64_t c, int32_t acc0,
-                                               int32_t acc1) const {
+    // Stores the accumulators of columns c and c + 1 of row r (c is even), given the row's scale
+    // and the columns' parameters. Anything outside the matrix is dropped.
+    __device__ __forceinline__ void store_pair(int64_t r, int64_t c, int32_t acc0, int32_t acc1,
+                                               float row_s, const Columns& col) const {
         if (r >= m || c >= n) return;
-        float row_s = 0.f;
-        if constexpr (!std::is_same_v<OutT, int32_t>) row_s = row_scale(r);
         OutT* p = out + r * n + c;
-        const OutT v0 = convert(acc0, row_s, c);
+        const OutT v0 = convert(acc0, row_s, col.scale0, col.bias0);
         if (c + 1 < n) {
-            const OutT v1 = convert(acc1, row_s, c + 1);
+            const OutT v1 = convert(acc1, row_s, col.scale1, col.bias1);
             if (pair_aligned) {
                 store_two(p, v0, v1);
                 return;
@@ -73,6 +123,19 @@ template <typename OutT> struct Epilogue {
             p[1] = v1;
         }
         p[0] = v0;
+    }
+
+    // The same, looking the row and column parameters up itself.
+    __device__ __forceinline__ void store_pair(int64_t r, int64_t c, int32_t acc0,
+                                               int32_t acc1) const {
+        if (r >= m || c >= n) return;
+        store_pair(r, c, acc0, acc1, rows(r), columns(c));
+    }
+
+    // Two 16-bit outputs as one 32-bit word, the first in the low half (memory order).
+    __device__ __forceinline__ static uint32_t pack_two(OutT v0, OutT v1) {
+        static_assert(sizeof(OutT) == 2, "pack_two is for 16-bit outputs");
+        return bits(v0) | (bits(v1) << 16);
     }
 
   private:

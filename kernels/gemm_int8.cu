@@ -136,21 +136,6 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
 // ---------------------------------------------------------------------------------------------
 // Shared pieces of the launchers
 // ---------------------------------------------------------------------------------------------
-template <typename OutT> Epilogue<OutT> make_epilogue(const GemmInt8Args& g) {
-    Epilogue<OutT> e;
-    e.out = static_cast<OutT*>(g.out);
-    e.m = g.m;
-    e.n = g.n;
-    e.scale_a = g.scale_a;
-    e.scale_b = g.scale_b;
-    e.bias = std::is_same_v<OutT, int32_t> ? nullptr : static_cast<const OutT*>(g.bias);
-    e.scale_a_per_row = g.scale_a_per_row;
-    e.scale_b_per_col = g.scale_b_per_col;
-    e.pair_aligned = g.n % 2 == 0 && is_aligned(g.out, 2 * sizeof(OutT));
-    e.activation = g.activation;
-    return e;
-}
-
 // Calls f with a value of the output element type of out_dtype.
 template <typename F> cudaError_t dispatch_out_dtype(ck_dtype_t out_dtype, F&& f) {
     if (out_dtype == CK_DTYPE_INT32) return f(int32_t{});
@@ -522,12 +507,12 @@ cudaError_t launch_mma(const GemmInt8Args& g, cudaStream_t stream) {
 // chunk takes b0 = word 2j, b1 = word 2j + 1 of the weight vector and a0/a1 = word 2j of rows
 // g/g+8, a2/a3 = word 2j + 1: both operands then see mma-k 4t'..4t'+3 (16..19 + 4t') as real k
 // 16t' + 8j + 0..3 (+ 4..7), the same bijection. No shared memory, no shuffles: each weight
-// byte is loaded once, by one lane, with every load of a step in flight before the first MMA.
+// byte is loaded once, by one lane, and the next step's loads are in flight during the MMAs.
 // A (m x K, tiny) is read by every block, from L1/L2; one activation load serves kSmallTiles
 // weight rows. At the end the warps add their partial accumulators through shared memory and
 // the block stores its [m, kSmallCols] slice through the epilogue.
 // ---------------------------------------------------------------------------------------------
-constexpr int kSmallTiles = 4;                 // n8 tiles per block
+constexpr int kSmallTiles = 2;                 // n8 tiles per block
 constexpr int kSmallCols = 8 * kSmallTiles;    // output columns per block
 constexpr int kSmallChunk = 64;                // k bytes per chunk: 4 lanes x 16 bytes
 constexpr int kSmallUnroll = 4;                // consecutive chunks in flight per warp and step
@@ -559,29 +544,44 @@ gemm_int8_small_m_kernel(const int8_t* __restrict__ a, const int8_t* __restrict_
     const int8_t* arow_lo = a + (a_lo ? g : 0) * k + 16 * tq;
     const int8_t* arow_hi = a + (a_hi ? g + 8 : 0) * k + 16 * tq;
 
-    int32_t acc[kSmallTiles][4] = {};
+    // One step = kSmallUnroll chunks: the weight and activation vectors of the step's loads.
+    struct Step {
+        uint4 w[kSmallUnroll][kSmallTiles], lo[kSmallUnroll], hi[kSmallUnroll];
+    };
     const int64_t chunks = ceil_div(k, kSmallChunk);
-    for (int64_t c0 = int64_t(warp) * kSmallUnroll; c0 < chunks; c0 += kWarps * kSmallUnroll) {
-        uint4 wv[kSmallUnroll][kSmallTiles], alo[kSmallUnroll], ahi[kSmallUnroll];
+    auto load_step = [&](int64_t c0, Step& s) {
 #pragma unroll
         for (int u = 0; u < kSmallUnroll; ++u) {
             const int64_t kk = (c0 + u) * kSmallChunk;  // + 16 tq is in the row pointers
             const bool kok = kk + 16 * tq < k;          // the K tail (and chunks past it)
 #pragma unroll
             for (int t = 0; t < kSmallTiles; ++t)
-                wv[u][t] = kok && wok[t] ? load_stream_16(wrow[t] + kk) : make_uint4(0, 0, 0, 0);
-            alo[u] = kok && a_lo ? __ldg(reinterpret_cast<const uint4*>(arow_lo + kk)) : make_uint4(0, 0, 0, 0);
-            ahi[u] = kok && a_hi ? __ldg(reinterpret_cast<const uint4*>(arow_hi + kk)) : make_uint4(0, 0, 0, 0);
+                s.w[u][t] = kok && wok[t] ? load_stream_16(wrow[t] + kk) : make_uint4(0, 0, 0, 0);
+            s.lo[u] = kok && a_lo ? __ldg(reinterpret_cast<const uint4*>(arow_lo + kk)) : make_uint4(0, 0, 0, 0);
+            s.hi[u] = kok && a_hi ? __ldg(reinterpret_cast<const uint4*>(arow_hi + kk)) : make_uint4(0, 0, 0, 0);
         }
+    };
+
+    // Software pipeline in registers: the next step's loads are issued before this step's
+    // MMAs, so a warp always has a step of loads in flight (measured: ~1.3x the bandwidth of
+    // load-then-compute on 58 MB weights, where the compiler otherwise interleaved the two).
+    int32_t acc[kSmallTiles][4] = {};
+    constexpr int64_t kStride = int64_t(kWarps) * kSmallUnroll;
+    int64_t c0 = int64_t(warp) * kSmallUnroll;
+    Step next;
+    if (c0 < chunks) load_step(c0, next);
+    for (; c0 < chunks; c0 += kStride) {
+        const Step cur = next;
+        if (c0 + kStride < chunks) load_step(c0 + kStride, next);
 #pragma unroll
         for (int u = 0; u < kSmallUnroll; ++u)
 #pragma unroll
             for (int j = 0; j < 2; ++j)
 #pragma unroll
                 for (int t = 0; t < kSmallTiles; ++t)
-                    mma_s8_16x8x32(acc[t], word(alo[u], 2 * j), word(ahi[u], 2 * j),
-                                   word(alo[u], 2 * j + 1), word(ahi[u], 2 * j + 1),
-                                   word(wv[u][t], 2 * j), word(wv[u][t], 2 * j + 1));
+                    mma_s8_16x8x32(acc[t], word(cur.lo[u], 2 * j), word(cur.hi[u], 2 * j),
+                                   word(cur.lo[u], 2 * j + 1), word(cur.hi[u], 2 * j + 1),
+                                   word(cur.w[u][t], 2 * j), word(cur.w[u][t], 2 * j + 1));
     }
 
     // Sum the warps' partial tiles: element (t, r, lane) of each warp, consecutive lanes in
@@ -656,12 +656,10 @@ cudaError_t gemm_int8_small_m(const GemmInt8Args& args, cudaStream_t stream) {
     return dispatch_out_dtype(args.out_dtype, [&](auto tag) {
         using OutT = decltype(tag);
         // Bandwidth wants many loads in flight on every SM. Measured on an H100 (weights of
-        // 16-235 MB, M = 1 and 16): 4 warps per block, 4 tiles x 4 chunks of loads per warp and
-        // step, was the best or within 5% of the best of eleven configurations whenever the
-        // grid had about one block per SM or more; wider blocks (more warps splitting K) only
-        // pay when there are too few column groups to occupy every SM.
-        if (blocks * 4 <= sms && chunks >= 16 * kSmallUnroll)
-            return launch_small_m<16, OutT>(args, blocks, stream);
+        // 16-235 MB, M = 1 and 16): 4 warps per block, 2 tiles x 4 chunks of loads per warp and
+        // step, pipelined, was within ~5% of the best of eleven configurations at every shape;
+        // 8 warps (more of them splitting K) only when there are too few column groups to give
+        // every SM two blocks. (16 warps would cap registers at 128 and spill.)
         if (blocks * 2 <= sms && chunks >= 8 * kSmallUnroll)
             return launch_small_m<8, OutT>(args, blocks, stream);
         return launch_small_m<4, OutT>(args, blocks, stream);

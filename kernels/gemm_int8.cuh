@@ -3,6 +3,7 @@
 #pragma once
 
 #include "kernels/common.cuh"
+#include "kernels/epilogue.cuh"
 
 namespace ck {
 
@@ -22,6 +23,25 @@ struct GemmInt8Args {
     void* out;
     ck_dtype_t out_dtype;
 };
+
+// The epilogue of one call, as every kernel gets it.
+template <typename OutT> Epilogue<OutT> make_epilogue(const GemmInt8Args& g) {
+    Epilogue<OutT> e{};
+    e.out = static_cast<OutT*>(g.out);
+    e.m = g.m;
+    e.n = g.n;
+    e.scale_a = g.scale_a;
+    e.scale_b = g.scale_b;
+    e.bias = std::is_same_v<OutT, int32_t> ? nullptr : static_cast<const OutT*>(g.bias);
+    e.scale_a_per_row = g.scale_a_per_row;
+    e.scale_b_per_col = g.scale_b_per_col;
+    e.pair_aligned = g.n % 2 == 0 && is_aligned(g.out, 2 * sizeof(OutT));
+    // Column parameters of an even column c and c + 1 load as one vector when aligned for it.
+    e.column_pairs = g.scale_b_per_col && is_aligned(g.scale_b, 2 * sizeof(float)) &&
+                     (!g.bias || is_aligned(g.bias, 2 * sizeof(OutT)));
+    e.activation = g.activation;
+    return e;
+}
 
 // The launchers of kernels/gemm_int8.cu; cuda_kernels.cu picks one from the shape and the GPU.
 // reference: simple shared-memory tiles and dp4a, any GPU; the baseline the others are tested on.

@@ -121,6 +121,12 @@ template <int kPending> __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
 }
 
+// bar.sync id, 128: a barrier among the 128 threads of one warpgroup (ids 1, 2, ...; 0 is
+// __syncthreads).
+__device__ __forceinline__ void warpgroup_barrier(int id) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "n"(kWarpgroupThreads) : "memory");
+}
+
 // setmaxnreg: moves registers between warpgroups (dec in the producer, inc in the consumers).
 template <int kRegs> __device__ __forceinline__ void setmaxnreg_dec() {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegs));
@@ -219,6 +225,55 @@ template <> struct Wgmma<256> {
 #endif  // CK_SM90A_DEVICE
 
 // ---------------------------------------------------------------------------------------------
+// 16-bit outputs. In the accumulator layout a quad of lanes (t = lane % 4) holds columns 2t, 2t+1
+// of each 8-column block: stored as they are, a quad writes 16 bytes per row, half a 32-byte
+// sector, and the other half comes from another instruction. For two neighbouring blocks (16
+// columns, 32 bytes) two xor-shuffles give lane t columns 4t..4t+3 instead, so each quad stores
+// one whole sector per row with 8-byte stores. Spans that reach past n, or rows that are not
+// 8-byte aligned, go pair by pair.
+// ---------------------------------------------------------------------------------------------
+#ifdef CK_SM90A_DEVICE
+template <int kBlockN, typename OutT, class Columns>
+__device__ __forceinline__ void store_16bit_tile(const Epilogue<OutT>& ep, const int32_t* acc,
+                                                 int64_t row, int64_t n0, int t, float row_scale0,
+                                                 float row_scale1, Columns&& columns) {
+    const bool rows_aligned = ep.n % 4 == 0 && reinterpret_cast<uintptr_t>(ep.out) % 8 == 0;
+#pragma unroll
+    for (int j = 0; j < kBlockN / 8; j += 2) {
+        const int64_t span = n0 + 8 * j;  // 16 columns: blocks j and j + 1
+        const auto cols0 = columns(span + 2 * t), cols1 = columns(span + 8 + 2 * t);
+        if (rows_aligned && span + 16 <= ep.n) {  // uniform across the warp
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const float rs = h ? row_scale1 : row_scale0;
+                const int i0 = 4 * j + 2 * h, i1 = 4 * (j + 1) + 2 * h;
+                // x0 = columns 2t, 2t+1 of the span; x1 = columns 8 + 2t, 9 + 2t.
+                uint32_t x0 = Epilogue<OutT>::pack_two(ep.convert(acc[i0], rs, cols0.scale0, cols0.bias0),
+                                                       ep.convert(acc[i0 + 1], rs, cols0.scale1, cols0.bias1));
+                uint32_t x1 = Epilogue<OutT>::pack_two(ep.convert(acc[i1], rs, cols1.scale0, cols1.bias0),
+                                                       ep.convert(acc[i1 + 1], rs, cols1.scale1, cols1.bias1));
+                // Lanes t and t^2 swap halves, then t and t^1: lane t ends with 4t..4t+3.
+                uint32_t send = (t & 2) ? x0 : x1;
+                uint32_t got = __shfl_xor_sync(0xffffffffu, send, 2);
+                if (t & 2) x0 = got; else x1 = got;
+                send = (t & 1) ? x0 : x1;
+                got = __shfl_xor_sync(0xffffffffu, send, 1);
+                if (t & 1) x0 = got; else x1 = got;
+                const int64_t r = row + 8 * h;
+                if (r < ep.m)
+                    *reinterpret_cast<uint2*>(ep.out + r * ep.n + span + 4 * t) = make_uint2(x0, x1);
+            }
+        } else {
+            ep.store_pair(row, span + 2 * t, acc[4 * j], acc[4 * j + 1], row_scale0, cols0);
+            ep.store_pair(row + 8, span + 2 * t, acc[4 * j + 2], acc[4 * j + 3], row_scale1, cols0);
+            ep.store_pair(row, span + 8 + 2 * t, acc[4 * j + 4], acc[4 * j + 5], row_scale0, cols1);
+            ep.store_pair(row + 8, span + 8 + 2 * t, acc[4 * j + 6], acc[4 * j + 7], row_scale1, cols1);
+        }
+    }
+}
+#endif
+
+// ---------------------------------------------------------------------------------------------
 // The kernel
 // ---------------------------------------------------------------------------------------------
 template <int kConsumers, int kBlockN> struct Sm90Config {
@@ -228,9 +283,13 @@ template <int kConsumers, int kBlockN> struct Sm90Config {
     static constexpr int kBytesB = kBlockN * kBlockK;
     static constexpr int kStageBytes = kBytesA + kBytesB;
     static constexpr int kStages = std::min(kMaxStages, (kSmemBudget - 1024) / kStageBytes);
+    // Per consumer, two tiles' column parameters (scale_b and bias of kBlockN columns), so that
+    // one tile's can be written while the other's are read.
+    static constexpr int kColumnTableBytes = kConsumers * 2 * 2 * kBlockN * int(sizeof(float));
     // + 1024: the tiles must start 1024-byte aligned (the swizzle pattern's period); barriers
-    // go after the tiles.
-    static constexpr int kSmemBytes = 1024 + kStages * kStageBytes + 2 * kStages * 8;
+    // and the column tables go after the tiles.
+    static constexpr int kSmemBytes =
+        1024 + kStages * kStageBytes + 2 * kStages * 8 + kColumnTableBytes;
     static_assert(kStages >= 3, "a pipeline needs at least three stages");
     static_assert(kBytesA % 1024 == 0 && kBytesB % 1024 == 0, "tiles stay 1024-byte aligned");
 };
@@ -256,6 +315,7 @@ __global__ void __launch_bounds__(Sm90Config<kConsumers, kBlockN>::kThreads, 1)
     uint8_t* tiles_b = smem + kStages * Config::kBytesA;  // [kStages][kBlockN][128]
     uint64_t* full = reinterpret_cast<uint64_t*>(smem + kStages * Config::kStageBytes);
     uint64_t* empty = full + kStages;
+    float* column_tables = reinterpret_cast<float*>(empty + kStages);
 
     const int warpgroup = threadIdx.x / kWarpgroupThreads;
     const int lane_in_group = threadIdx.x % kWarpgroupThreads;
@@ -301,11 +361,34 @@ __global__ void __launch_bounds__(Sm90Config<kConsumers, kBlockN>::kThreads, 1)
         const int warp = lane_in_group / 32;
         const int lane = lane_in_group % 32;
         int32_t acc[kBlockN / 2];  // 64 x kBlockN int32 over the 128 threads
+        // The epilogue's scales and bias are loaded when a tile starts, into registers, so that
+        // their latency hides behind the main loop; at its end they go through shared memory to
+        // the threads that store each column.
+        constexpr bool kScaled = !std::is_same_v<OutT, int32_t>;
+        constexpr int kColumnsPerThread = kBlockN / kWarpgroupThreads;
+        float next_scale[kColumnsPerThread], next_bias[kColumnsPerThread];
         int stage = 0;
         uint32_t round = 0;
-        for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        int parity = 0;
+        for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, parity ^= 1) {
             const int m0 = (tile % grid.tiles_m) * Config::kBlockM;
             const int n0 = (tile / grid.tiles_m) * kBlockN;
+            // Accumulator i of the n8 block j sits at row (warp * 16 + lane / 4), +8 for the
+            // second pair, column 8 j + 2 (lane % 4): the mma C-fragment layout.
+            const int64_t row = int64_t(m0) + consumer * 64 + warp * 16 + lane / 4;
+            const int64_t col = int64_t(n0) + 2 * (lane % 4);
+            float row_scale0 = 0.f, row_scale1 = 0.f;
+            if constexpr (kScaled) {
+                row_scale0 = epilogue.rows(row);
+                row_scale1 = epilogue.rows(row + 8);
+#pragma unroll
+                for (int i = 0; i < kColumnsPerThread; ++i) {
+                    const int64_t c = int64_t(n0) + lane_in_group + i * kWarpgroupThreads;
+                    next_scale[i] = c < epilogue.n ? epilogue.col_scale(c) : 0.f;
+                    next_bias[i] = c < epilogue.n && epilogue.bias ? to_float(__ldg(epilogue.bias + c)) : 0.f;
+                }
+            }
+
             int prev_stage = -1;
             for (int kb = 0; kb < grid.k_blocks; ++kb) {
                 mbar_wait(&full[stage], round & 1);
@@ -330,14 +413,37 @@ __global__ void __launch_bounds__(Sm90Config<kConsumers, kBlockN>::kThreads, 1)
             wgmma_wait<0>();
             if (lane == 0) mbar_arrive(&empty[prev_stage]);
 
-            // Epilogue. Accumulator i of the n8 block j sits at row (warp * 16 + lane / 4),
-            // +8 for the second pair, column 8 j + 2 (lane % 4): the mma C-fragment layout.
-            const int64_t row = int64_t(m0) + consumer * 64 + warp * 16 + lane / 4;
-            const int64_t col = int64_t(n0) + 2 * (lane % 4);
+            // Epilogue. Each thread's two rows share every column: the column parameters are
+            // looked up once per pair of columns.
+            float* table = column_tables + (consumer * 2 + parity) * 2 * kBlockN;
+            if constexpr (kScaled) {
 #pragma unroll
-            for (int j = 0; j < kBlockN / 8; ++j) {
-                epilogue.store_pair(row, col + 8 * j, acc[4 * j], acc[4 * j + 1]);
-                epilogue.store_pair(row + 8, col + 8 * j, acc[4 * j + 2], acc[4 * j + 3]);
+                for (int i = 0; i < kColumnsPerThread; ++i) {
+                    table[lane_in_group + i * kWarpgroupThreads] = next_scale[i];
+                    table[kBlockN + lane_in_group + i * kWarpgroupThreads] = next_bias[i];
+                }
+                // The table of the other parity is still being read by slower threads of this
+                // warpgroup; this one was last read two tiles ago, before the last barrier.
+                warpgroup_barrier(1 + consumer);
+            }
+            auto columns = [&](int64_t c) {
+                const int local = int(c - n0);
+                return typename Epilogue<OutT>::Columns{table[local], table[local + 1],
+                                                        table[kBlockN + local],
+                                                        table[kBlockN + local + 1]};
+            };
+            if constexpr (sizeof(OutT) == 2) {
+                store_16bit_tile<kBlockN>(epilogue, acc, row, int64_t(n0), lane % 4, row_scale0,
+                                          row_scale1, columns);
+            } else {
+#pragma unroll
+                for (int j = 0; j < kBlockN / 8; ++j) {
+                    typename Epilogue<OutT>::Columns cols{};
+                    if constexpr (kScaled) cols = columns(col + 8 * j);
+                    epilogue.store_pair(row, col + 8 * j, acc[4 * j], acc[4 * j + 1], row_scale0, cols);
+                    epilogue.store_pair(row + 8, col + 8 * j, acc[4 * j + 2], acc[4 * j + 3],
+                                        row_scale1, cols);
+                }
             }
         }
     }
@@ -386,17 +492,7 @@ cudaError_t launch_sm90(const GemmInt8Args& args, cudaStream_t stream) {
     err = make_tensor_map(&map_b, args.b, args.n, args.k, kBlockN);
     if (err != cudaSuccess) return err;
 
-    Epilogue<OutT> ep{};
-    ep.out = static_cast<OutT*>(args.out);
-    ep.m = args.m;
-    ep.n = args.n;
-    ep.scale_a = args.scale_a;
-    ep.scale_b = args.scale_b;
-    ep.bias = static_cast<const OutT*>(args.bias);
-    ep.scale_a_per_row = args.scale_a_per_row;
-    ep.scale_b_per_col = args.scale_b_per_col;
-    ep.pair_aligned = args.n % 2 == 0 && is_aligned(args.out, 2 * sizeof(OutT));
-    ep.activation = args.activation;
+    const Epilogue<OutT> ep = make_epilogue<OutT>(args);
 
     TileGrid grid{int(ceil_div(args.m, Config::kBlockM)), int(ceil_div(args.n, kBlockN)),
                   int(ceil_div(args.k, kBlockK))};

@@ -618,6 +618,29 @@ def test_gemm_int8_scaled_variants(variant, layout, out_dtype, full, monkeypatch
     call.check(f"{variant}, {layout}, seed={seed}")
 
 
+@pytest.mark.parametrize("out_dtype", ref.DTYPES)
+@pytest.mark.parametrize("layout", ref.LAYOUTS)
+def test_gemm_int8_scaled_same_bits_in_every_variant(layout, out_dtype, monkeypatch, seed):
+    """The header defines the epilogue's float32 operations exactly (fma(acc * scale_a, scale_b,
+    bias)), so every variant that serves a call must produce the same bits."""
+    m, n, k = 13, kn_n(200), 1008
+    call = make_scaled_call(np.random.default_rng(seed), layout, (m, n, k), out_dtype)
+    results = {}
+    for variant in VARIANTS:
+        if not variant_serves(variant, m, layout):
+            continue
+        try:
+            use_variant(monkeypatch, variant, m, layout)
+        except pytest.skip.Exception:
+            continue  # not on this GPU
+        call.poison_outputs()
+        call.launch()
+        results[variant] = call.check(f"{variant}, {layout}, seed={seed}")
+    first = next(iter(results))
+    for variant, out in results.items():
+        assert_bitwise_equal(out, results[first], f"{variant} vs {first}, {layout}, seed={seed}")
+
+
 # Odd N: the last column of each row has no partner, so pairs cannot be stored as one vector.
 # out one element past the 16-byte (and 8-byte) alignment, N even: the same, from the address.
 SCALAR_STORE_CASES = {"odd-n": (137, 0), "out+1-element": (136, 1)}

@@ -24,6 +24,8 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped where there is none)")
     config.addinivalue_line("markers", "cuda_api_error: makes a CUDA call fail on purpose "
                                        "(compute-sanitizer reports it; make sanitize leaves it out)")
+    config.addinivalue_line("markers", "cublas: runs cuBLAS/cuBLASLt kernels (make sanitize checks "
+                                       "them with memcheck only)")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -779,6 +779,7 @@ LINEAR_CASES = [
 ]
 
 
+@pytest.mark.cublas
 @pytest.mark.parametrize("activation", ref.ACTIVATIONS)
 @pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
 @pytest.mark.parametrize("dtype, shape", LINEAR_CASES)
@@ -789,6 +790,7 @@ def test_linear(dtype, shape, bias, activation, seed):
     call.check(f"seed={seed}")
 
 
+@pytest.mark.cublas
 @pytest.mark.parametrize("shape", [(64, 256, 1024), (300, 512, 4096)], ids=shape_id)
 def test_linear_fp32_is_not_tf32(shape, seed):
     """fp32 inputs are not rounded to TF32: the relative error stays at fp32 accumulation's."""
@@ -800,6 +802,7 @@ def test_linear_fp32_is_not_tf32(shape, seed):
     assert rel < FP32_NOT_TF32_MAX_REL, f"relative error {rel:.3g} (TF32?), seed={seed}"
 
 
+@pytest.mark.cublas
 @pytest.mark.parametrize("dtype", ref.DTYPES)
 def test_linear_16_byte_aligned_pointers(dtype, seed):
     """Every pointer 16-byte aligned, none 256-byte aligned: what the header requires."""
@@ -825,7 +828,8 @@ def make_graph_call(entry, variant, dtype, rng):
 GRAPH_CASES = (
     [pytest.param(e, v, "fp16", id=f"{e}-{v}") for e in ("gemm_int8", "gemm_int8_scaled")
      for v in VARIANTS]
-    + [pytest.param("linear", "auto", d, id=f"linear-{d}") for d in ref.DTYPES]
+    + [pytest.param("linear", "auto", d, id=f"linear-{d}", marks=pytest.mark.cublas)
+       for d in ref.DTYPES]
 )
 
 
@@ -855,6 +859,7 @@ def test_cuda_graph_replay(entry, variant, dtype, monkeypatch, seed):
         ck.cuda.stream_destroy(stream)
 
 
+@pytest.mark.cublas
 def test_two_streams_run_gemm_and_linear_concurrently(seed):
     rng = np.random.default_rng(seed)
     scale = 4 if SANITIZE else 1  # a sixteenth of the work under the sanitizer
@@ -971,6 +976,7 @@ def test_wrapper_gemm_argument_errors(seed):
     assert info.value.status == ck.Status.UNSUPPORTED
 
 
+@pytest.mark.cublas
 @pytest.mark.parametrize("dtype", ref.DTYPES)
 def test_wrapper_linear(dtype, seed):
     rng = np.random.default_rng(seed)

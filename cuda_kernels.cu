@@ -12,6 +12,7 @@
 
 #include "kernels/common.cuh"
 #include "kernels/gemm_int8.cuh"
+#include "kernels/gemm_w4a16.cuh"
 #include "kernels/linear.cuh"
 #include "kernels/quantize.cuh"
 
@@ -329,6 +330,28 @@ ck_status_t run_gemm_int8(const Check& check, const ck::GemmInt8Args& args, cuda
     });
 }
 
+// ---------------------------------------------------------------------------------------------
+// W4A16 GEMM: which kernel runs a call (CK_GEMM_W4A16_KERNEL = auto, reference, small_m).
+// ---------------------------------------------------------------------------------------------
+ck_status_t run_gemm_w4a16(const Check& check, const ck::GemmW4A16Args& args, cudaStream_t stream) {
+    const char* v = getenv("CK_GEMM_W4A16_KERNEL");
+    const bool auto_pick = !v || !*v || !strcmp(v, "auto");
+    if (!auto_pick && strcmp(v, "reference") && strcmp(v, "small_m"))
+        return fail(CK_STATUS_INVALID_VALUE, check.fn(),
+                    "CK_GEMM_W4A16_KERNEL=%s is not one of auto, reference, small_m", v);
+    const int cc = ck::compute_capability();
+    const bool small_m_fits = cc >= kMmaMinArch && args.m <= kSmallMMax;
+    bool small_m = auto_pick ? small_m_fits : !strcmp(v, "small_m");
+    if (small_m && !small_m_fits)
+        return fail(CK_STATUS_UNSUPPORTED, check.fn(),
+                    "CK_GEMM_W4A16_KERNEL=small_m needs m <= %lld and compute capability 8.0 or "
+                    "newer (m=%lld, GPU %d.%d)",
+                    (long long)kSmallMMax, (long long)args.m, cc / 10, cc % 10);
+    return check.launch([&] {
+        return small_m ? ck::gemm_w4a16_small_m(args, stream) : ck::gemm_w4a16_reference(args, stream);
+    });
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -520,6 +543,46 @@ ck_status_t ck_linear(const void* x, const void* w, const void* bias, ck_dtype_t
     if (devices == 0) return fail(CK_STATUS_NO_DEVICE, fn, "no CUDA device is visible");
     cudaGetLastError();
     return CK_CUBLAS(fn, ck::linear(x, w, bias, dtype, m, n, k, activation, out, stream));
+}
+
+ck_status_t ck_gemm_w4a16(const void* x, ck_dtype_t dtype, const uint8_t* w_packed,
+                          const void* scales, const uint8_t* zeros, int64_t group_size,
+                          ck_int4_mode_t mode, const void* bias, ck_activation_t activation,
+                          int64_t m, int64_t n, int64_t k, void* out, ck_stream_t stream) {
+    const Check check("ck_gemm_w4a16");
+    CK_TRY(check.not_null(x, "x"));
+    CK_TRY(check.not_null(w_packed, "w_packed"));
+    CK_TRY(check.not_null(scales, "scales"));
+    CK_TRY(check.not_null(out, "out"));
+    CK_TRY(check.int4_mode(mode, zeros));
+    CK_TRY(check.float_dtype(dtype, "dtype"));
+    if (dtype == CK_DTYPE_FP32)
+        return fail(CK_STATUS_UNSUPPORTED, "ck_gemm_w4a16",
+                    "dtype=CK_DTYPE_FP32 is not supported (use CK_DTYPE_FP16 or CK_DTYPE_BF16)");
+    CK_TRY(check.enum_value(activation, 2, "activation", "ck_activation_t"));
+    CK_TRY(check.gemm_shape(m, n, k, dtype_size(dtype)));
+    CK_TRY(check.multiple_of(k, 32, "k", "a lane dequantizes 32 weights of a row from 16 bytes"));
+    CK_TRY(check.group_size(group_size));
+    CK_TRY(check.aligned(x, 16, "x", "16-byte vector loads"));
+    CK_TRY(check.aligned(w_packed, 16, "w_packed", "16-byte vector loads"));
+    CK_TRY(check.element_aligned(scales, dtype, "scales"));
+    if (bias) CK_TRY(check.element_aligned(bias, dtype, "bias"));
+    CK_TRY(check.element_aligned(out, dtype, "out"));
+    ck::GemmW4A16Args args{};
+    args.x = x;
+    args.dtype = dtype;
+    args.w = w_packed;
+    args.scales = scales;
+    args.zeros = zeros;
+    args.group_size = group_size == CK_GROUP_ROW ? k : group_size;
+    args.groups = ck::int4_groups_per_row(k, group_size);
+    args.bias = bias;
+    args.activation = activation;
+    args.m = m;
+    args.n = n;
+    args.k = k;
+    args.out = out;
+    return run_gemm_w4a16(check, args, stream);
 }
 
 }  // extern "C"

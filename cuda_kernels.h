@@ -243,6 +243,25 @@ CK_API ck_status_t ck_gemm_int8_scaled(const int8_t* a, const int8_t* b, ck_layo
                                        ck_activation_t activation, void* out, ck_dtype_t out_dtype,
                                        ck_stream_t stream);
 
+/* Weight-only INT4 linear layer (W4A16): out[M, N] = act(x[M, K] w'[N, K]^T + bias[N]).
+ *
+ * The weight comes in the plain interchange format that ck_quantize_int4 writes for an [N, K]
+ * matrix: w_packed [N, K / 2] bytes (element 2i of a row in the low nibble), scales [N, groups]
+ * of `dtype`, and for CK_INT4_ASYMMETRIC zeros [N, groups] uint8 (NULL for CK_INT4_SYMMETRIC),
+ * groups = ck_int4_groups_per_row(K, group_size). Each weight is dequantized exactly as
+ * ck_dequantize_int4 does, w' = (q - zero) * scale rounded to `dtype`, in registers (it is
+ * never written to memory); the products accumulate in float32, then the bias (`dtype`, N
+ * values, or NULL) is added and the activation applied before the single rounding to `dtype`.
+ * x, bias and out have `dtype`: CK_DTYPE_FP16 or CK_DTYPE_BF16.
+ * For M <= 16 the kernel streams the packed weight once, at memory bandwidth; larger M runs a
+ * simple tiled kernel for now.
+ * Requirements: M, N >= 1; K >= 32 and a multiple of 32; group_size 32, 64, 128 or
+ * CK_GROUP_ROW; x and w_packed 16-byte aligned; scales, bias and out aligned to `dtype`. */
+CK_API ck_status_t ck_gemm_w4a16(const void* x, ck_dtype_t dtype, const uint8_t* w_packed,
+                                 const void* scales, const uint8_t* zeros, int64_t group_size,
+                                 ck_int4_mode_t mode, const void* bias, ck_activation_t activation,
+                                 int64_t m, int64_t n, int64_t k, void* out, ck_stream_t stream);
+
 /* Floating-point linear layer: out[M, N] = act(x[M, K] w[N, K]^T + bias[N]).
  * x, w, bias and out all have `dtype` (CK_DTYPE_FP32, CK_DTYPE_FP16 or CK_DTYPE_BF16); the
  * products accumulate in float32 (fp32 inputs are not rounded to TF32), the bias is added and

@@ -5,7 +5,8 @@ Three levels, from convenient to exact:
 * NumPy / ``__cuda_array_interface__`` functions: :func:`quantize_int8`,
   :func:`dequantize_int8`, :func:`quantize_int4`, :func:`dequantize_int4`, the matrix products
   :func:`gemm_int8` (int32 out), :func:`gemm_int8_scaled` (W8A8 with a fused scale/bias/ReLU
-  epilogue) and :func:`linear` (fp32/fp16/bf16), and the seed API :func:`quantize_tensor` /
+  epilogue), :func:`linear` (fp32/fp16/bf16) and :func:`gemm_w4a16` (fp16/bf16 activations
+  times a packed INT4 weight, W4A16), and the seed API :func:`quantize_tensor` /
   :func:`dequantize_tensor` / :func:`int8_matmul`. NumPy inputs are copied to the GPU and the
   results come back as NumPy arrays. Objects with ``__cuda_array_interface__`` (torch, cupy,
   numba, :class:`DeviceArray`) are used in place, zero-copy; their results are
@@ -35,6 +36,7 @@ Example::
     wq, ws = ck.quantize_int8(w, granularity="row")          # int8 [4096, 4096], [N, K] layout
     y = ck.gemm_int8_scaled(q, wq, scales, ws, out_dtype="fp16", activation="relu")
     y2 = ck.linear(x, w.astype(np.float32), bias=None)      # float32 [16, 4096]
+    y3 = ck.gemm_w4a16(x.astype(np.float16), packed, s, z, group_size=128)  # float16 [16, 4096]
 
     xd = ck.DeviceArray.from_numpy(x)                        # or a torch/cupy CUDA tensor
     qd, sd = ck.quantize_int8(xd, granularity="row")         # DeviceArrays, nothing copied
@@ -68,7 +70,7 @@ __all__ = [
     "version", "device_count", "library_path", "load_library",
     "cuda", "CUDAGraph", "DeviceArray", "raw",
     "quantize_int8", "dequantize_int8", "quantize_int4", "dequantize_int4",
-    "gemm_int8", "gemm_int8_scaled", "linear",
+    "gemm_int8", "gemm_int8_scaled", "linear", "gemm_w4a16",
     "quantize_tensor", "dequantize_tensor", "int8_matmul",
 ]
 
@@ -216,6 +218,9 @@ DECLARATIONS = {
     # x, w, bias, dtype, m, n, k, activation, out, stream
     "ck_linear": (_STATUS, (_VOIDP, _VOIDP, _VOIDP, _ENUM, _I64, _I64, _I64, _ENUM, _VOIDP,
                             _VOIDP)),
+    # x, dtype, w_packed, scales, zeros, group_size, mode, bias, activation, m, n, k, out, stream
+    "ck_gemm_w4a16": (_STATUS, (_VOIDP, _ENUM, _VOIDP, _VOIDP, _VOIDP, _I64, _ENUM, _VOIDP,
+                                _ENUM, _I64, _I64, _I64, _VOIDP, _VOIDP)),
 }
 
 _lib_lock = threading.RLock()
@@ -362,6 +367,13 @@ class _Raw:
         """ck_linear (bias_ptr 0 for no bias)."""
         load_library().ck_linear(x_ptr, w_ptr, bias_ptr, dtype, m, n, k, activation, out_ptr,
                                  stream)
+
+    @staticmethod
+    def gemm_w4a16(x_ptr, dtype, w_ptr, scales_ptr, zeros_ptr, group_size, mode, bias_ptr,
+                   activation, m, n, k, out_ptr, stream=0):
+        """ck_gemm_w4a16 (zeros_ptr 0 for INT4_SYMMETRIC, bias_ptr 0 for no bias)."""
+        load_library().ck_gemm_w4a16(x_ptr, dtype, w_ptr, scales_ptr, zeros_ptr, group_size,
+                                     mode, bias_ptr, activation, m, n, k, out_ptr, stream)
 
     @staticmethod
     def int4_groups_per_row(cols, group_size):
@@ -1317,6 +1329,49 @@ def linear(x, w, bias=None, activation=None, dtype=None, out=None, stream=None):
             bias_ptr = bi.ptr
         o = call.output(out_shape, _NUMPY_OF[xa.ck_dtype], xa.ck_dtype, out, "out")
         raw.linear(xa.ptr, wa.ptr, bias_ptr, xa.ck_dtype, m, n, k, act, o.ptr, call.stream)
+        return call.finish(o)
+
+
+def gemm_w4a16(x, w_packed, scales, zeros=None, group_size=128, bias=None, activation=None,
+               out=None, dtype=None, stream=None):
+    """Weight-only INT4 linear layer (ck_gemm_w4a16): out = act(x @ w'.T + bias), where w' is
+    the packed weight dequantized as :func:`dequantize_int4` does (rounded to the dtype of x).
+
+    x [M, K] (or [K]) in fp16 or bf16 (uint16 bit patterns with dtype="bf16"); w_packed uint8
+    [N, K // 2] as :func:`quantize_int4` writes it for an [N, K] weight; scales [N, groups] in
+    the dtype of x; zeros uint8 [N, groups] for an asymmetric weight, None for a symmetric one
+    (the mode follows); group_size 32, 64, 128 or GROUP_ROW (-1); bias None or N values of the
+    dtype of x; activation None/"none" or "relu". The library's rules apply: K a multiple of
+    32. Returns [M, N] (or [N]) in the dtype of x.
+    """
+    act = _activation(activation)
+    mode = INT4_SYMMETRIC if zeros is None else INT4_ASYMMETRIC
+    with _Call(x, stream) as call:
+        xa = call.input(x, "x", dtype, matrix=True, need=_FLOAT_INPUT)
+        wa = call.input(w_packed, "w_packed", need=np.uint8)
+        m, k = _matrix(xa.shape, "x")
+        if len(wa.shape) != 2 or wa.shape[0] == 0 or wa.shape[1] != (k + 1) // 2:
+            raise ValueError("w_packed has shape %s: with x of shape %s it must be [N, %d] "
+                             "(K=%d values packed two per byte)"
+                             % (wa.shape, xa.shape, (k + 1) // 2, k))
+        n = wa.shape[0]
+        out_shape = (n,) if len(xa.shape) == 1 else (m, n)
+        groups = _groups(k, group_size)
+        s = call.input(scales, "scales", xa.ck_dtype)
+        _check_array(s, "scales", s.dtype, n * groups)
+        z_ptr = 0
+        if zeros is not None:
+            z = call.input(zeros, "zeros", need=np.uint8)
+            _check_array(z, "zeros", np.uint8, n * groups)
+            z_ptr = z.ptr
+        bias_ptr = 0
+        if bias is not None:
+            bi = call.input(bias, "bias", xa.ck_dtype)
+            _check_array(bi, "bias", bi.dtype, n)
+            bias_ptr = bi.ptr
+        o = call.output(out_shape, _NUMPY_OF[xa.ck_dtype], xa.ck_dtype, out, "out")
+        raw.gemm_w4a16(xa.ptr, xa.ck_dtype, wa.ptr, s.ptr, z_ptr, group_size, mode, bias_ptr,
+                       act, m, n, k, o.ptr, call.stream)
         return call.finish(o)
 
 

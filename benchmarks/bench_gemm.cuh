@@ -11,6 +11,14 @@
 //   gemm_int8 int32 [K,N] weight   a subset; baseline the same cuBLASLt int8 call on the [N, K]
 //                                  weight (cuBLASLt's int8 tensor-core kernels take TN only)
 //   linear <dtype> + bias + relu   a subset; baseline cublasGemmEx of that dtype, no epilogue
+//   gemm_w4a16 fp16 g128           weight-only INT4 (ck_gemm_w4a16, symmetric, groups of 128,
+//                                  the weight packed by ck_quantize_int4 from a random fp16 one)
+//                                  at M = 1 and 16 on every shape, and M = 64 on one (that M runs
+//                                  the reference kernel: small_m serves M <= 16); baseline
+//                                  "cuBLAS fp16": cublasGemmEx on the fp16 [N, K] weight, same M.
+//                                  Its bytes: packed weight + scales + x + out. Notes: the weight
+//                                  stream (packed weight + scales) as a % of copy bandwidth, and
+//                                  the speedup over cuBLAS fp16 against kW4A16SpeedupTarget.
 // Floors: `bytes` reads both operands (and scales, bias) once and writes the output once;
 // flops = 2 M N K. For M <= kWeightStreamMaxM the product is a stream over the weight: the note
 // gives N K weight bytes / time as a % of the copy bandwidth (target >= kWeightStreamTarget %).
@@ -47,6 +55,16 @@ constexpr int64_t kQuickLinearAllDtypesTokens = 256;
 constexpr int kWeightStreamMaxM = 16;       // up to here the weight stream is the whole cost
 constexpr double kWeightStreamTarget = 85;  // % of the measured copy bandwidth
 
+// The W4A16 rows: these M on every shape, plus kW4A16ReferenceTokens on kW4A16ReferenceShape; the
+// speedup target over cuBLAS fp16 (DESIGN.md 5: the packed weight is ~4x fewer bytes) applies
+// at M <= kWeightStreamMaxM on kW4A16SpeedupShape.
+constexpr int64_t kW4A16Tokens[] = {1, 16};
+constexpr Shape kW4A16ReferenceShape = {4096, 14336};
+constexpr int64_t kW4A16ReferenceTokens = 64;
+constexpr int64_t kW4A16GroupSize = 128;
+constexpr Shape kW4A16SpeedupShape = {8192, 28672};
+constexpr double kW4A16SpeedupTarget = 3.5;
+
 constexpr size_t kLtWorkspaceBytes = size_t(32) << 20;
 constexpr int kHeuristicCandidates = 4;  // cuBLASLt algorithms timed to pick its fastest
 constexpr int kPickWarmup = 2;
@@ -61,6 +79,12 @@ constexpr float kFloatAbsMax = 1;
 inline bool kn_rows_at(Shape s, int64_t m) {
     return (s == kShapes[0] || s == kShapes[1]) &&
            std::find(std::begin(kKnTokens), std::end(kKnTokens), m) != std::end(kKnTokens);
+}
+
+inline bool w4a16_row_at(Shape s, int64_t m) {
+    return std::find(std::begin(kW4A16Tokens), std::end(kW4A16Tokens), m) !=
+               std::end(kW4A16Tokens) ||
+           (s == kW4A16ReferenceShape && m == kW4A16ReferenceTokens);
 }
 
 // The dtypes of the linear rows at (s, m); none for most problems.
@@ -240,6 +264,14 @@ struct FloatSet {
     DeviceBuffer out;   // [M, N]
 };
 
+// One copy of the W4A16 problem's buffers (fp16 activations, symmetric packed INT4 weight).
+struct W4A16Set {
+    DeviceBuffer x;         // [M, K] fp16
+    DeviceBuffer w_packed;  // [N, K / 2] packed int4
+    DeviceBuffer scales;    // [N, K / kW4A16GroupSize] fp16
+    DeviceBuffer out;       // [M, N] fp16
+};
+
 // The rows of one (shape, M). Buffers are allocated on the first row the filter keeps.
 class Problem {
   public:
@@ -255,6 +287,7 @@ class Problem {
         reference_row();
         if (kn_rows_at(shape_, m_)) int32_row(CK_LAYOUT_KN);
         for (ck_dtype_t dtype : linear_dtypes_at(shape_, m_, ctx_.quick)) linear_row(dtype);
+        if (w4a16_row_at(shape_, m_)) w4a16_row();
         return summary;
     }
 
@@ -271,6 +304,15 @@ class Problem {
         const double e = double(dtype_size(dtype));
         return e * (double(m_) * double(k_) + weight_elements() + double(m_) * double(n_) +
                     (bias ? double(n_) : 0.0));
+    }
+
+    double w4a16_weight_bytes() const {
+        const double groups = double((k_ + kW4A16GroupSize - 1) / kW4A16GroupSize);
+        return weight_elements() / 2 + sizeof(__half) * double(n_) * groups;
+    }
+    double w4a16_call_bytes() const {
+        return w4a16_weight_bytes() +
+               sizeof(__half) * (double(m_) * double(k_) + double(m_) * double(n_));
     }
 
     RowSpec spec_for(const std::string& kernel, ck_dtype_t dtype, double bytes,
@@ -380,6 +422,40 @@ class Problem {
                             gemm_ex_timings_[dtype]);
     }
 
+    // ck_gemm_w4a16 (fp16, symmetric, groups of kW4A16GroupSize, no bias, no activation) vs
+    // cublasGemmEx on the unquantized fp16 [N, K] weight at the same M.
+    void w4a16_row() {
+        RowSpec spec = spec_for("gemm_w4a16 fp16 g" + std::to_string(kW4A16GroupSize),
+                                CK_DTYPE_FP16, w4a16_call_bytes(), "TFLOP/s");
+        if (!bench_.wants(spec)) return;
+        allocate_w4a16();
+        spec.copies = int(w4a16_sets_.size());
+        Row* row = bench_.run(spec, [this](int i) {
+            const W4A16Set& s = w4a16_sets_[size_t(i) % w4a16_sets_.size()];
+            CK_BENCH_CHECK(ck_gemm_w4a16(s.x.as(), CK_DTYPE_FP16, s.w_packed.as<uint8_t>(),
+                                         s.scales.as(), nullptr, kW4A16GroupSize,
+                                         CK_INT4_SYMMETRIC, nullptr, CK_ACTIVATION_NONE, m_, n_,
+                                         k_, s.out.as(), bench_.stream()));
+        });
+        if (!gemm_ex_timings_.count(CK_DTYPE_FP16)) {
+            const std::vector<FloatSet>& sets = float_sets(CK_DTYPE_FP16);
+            gemm_ex_timings_[CK_DTYPE_FP16] = bench_.time(
+                [this, &sets](int i) { gemm_ex(CK_DTYPE_FP16, sets[size_t(i) % sets.size()]); });
+        }
+        Bench::set_baseline(*row, "cuBLAS fp16", gemm_ex_timings_[CK_DTYPE_FP16]);
+        if (m_ > kWeightStreamMaxM) {
+            Bench::append_note(*row, "reference kernel (small_m serves M <= " +
+                                         std::to_string(kWeightStreamMaxM) + ")");
+            return;
+        }
+        weight_stream_note(*row, w4a16_weight_bytes(), /*with_target=*/true);
+        std::string speedup = "speedup vs cuBLAS fp16 " + format("%.2f", row->ratio()) + "x";
+        if (shape_ == kW4A16SpeedupShape)
+            speedup += std::string(" (target >= ") + format("%.1f", kW4A16SpeedupTarget) + "x: " +
+                       (row->ratio() >= kW4A16SpeedupTarget ? "met" : "MISSED") + ")";
+        Bench::append_note(*row, speedup);
+    }
+
     // out = x w^T through cublasGemmEx, TN (see LtInt8Gemm for the row-major trick), fp32
     // accumulation; the bench's handle keeps the default math mode, so fp32 stays fp32 (no TF32).
     void gemm_ex(ck_dtype_t dtype, const FloatSet& s) {
@@ -456,6 +532,34 @@ class Problem {
         CK_BENCH_CHECK(cudaStreamSynchronize(st));
     }
 
+    // Rotation copies of the W4A16 problem. Each weight is the library's own format:
+    // ck_quantize_int4 of a random fp16 [N, K] weight (one scratch buffer, refilled per copy).
+    void allocate_w4a16() {
+        if (!w4a16_sets_.empty()) return;
+        const int64_t groups = (k_ + kW4A16GroupSize - 1) / kW4A16GroupSize;
+        const int copies = bench_.rotation_copies(w4a16_call_bytes(), w4a16_call_bytes());
+        cudaStream_t st = bench_.stream();
+        DeviceBuffer w_fp16(sizeof(__half) * size_t(n_ * k_));
+        for (int c = 0; c < copies; ++c) {
+            const uint64_t seed = 13000 + 100 * uint64_t(c);
+            W4A16Set s;
+            s.x = DeviceBuffer(sizeof(__half) * size_t(m_ * k_));
+            s.w_packed = DeviceBuffer(size_t(n_ * k_ / 2));
+            s.scales = DeviceBuffer(sizeof(__half) * size_t(n_ * groups));
+            s.out = DeviceBuffer(sizeof(__half) * size_t(m_ * n_));
+            fill_uniform(s.x.as(), CK_DTYPE_FP16, m_ * k_, seed + 1, -kFloatAbsMax, kFloatAbsMax,
+                         st);
+            fill_uniform(w_fp16.as(), CK_DTYPE_FP16, n_ * k_, seed + 2, -kFloatAbsMax, kFloatAbsMax,
+                         st);
+            CK_BENCH_CHECK(ck_quantize_int4(w_fp16.as(), CK_DTYPE_FP16, n_, k_, kW4A16GroupSize,
+                                            CK_INT4_SYMMETRIC, s.w_packed.as<uint8_t>(),
+                                            s.scales.as(), nullptr, st));
+            fill_random_bytes(s.out.as(), int64_t(s.out.bytes()), seed + 3, st);
+            w4a16_sets_.push_back(std::move(s));
+        }
+        CK_BENCH_CHECK(cudaStreamSynchronize(st));
+    }
+
     // The rotation copies of a floating-point problem in `dtype`, allocated on first use.
     const std::vector<FloatSet>& float_sets(ck_dtype_t dtype) {
         std::vector<FloatSet>& sets = float_sets_[dtype];
@@ -488,6 +592,7 @@ class Problem {
     std::string shape_name_;
     std::vector<Int8Set> int8_sets_;
     std::map<ck_dtype_t, std::vector<FloatSet>> float_sets_;
+    std::vector<W4A16Set> w4a16_sets_;
     std::map<ck_dtype_t, Timing> gemm_ex_timings_;  // cublasGemmEx per dtype, timed once
     std::unique_ptr<LtInt8Gemm> lt_;
     cublasLtMatmulAlgo_t lt_algo_{};

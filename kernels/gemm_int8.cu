@@ -25,6 +25,7 @@
 //   For M <= 16 the weight's N*K bytes dominate: time >= N*K / copy bandwidth (H100: 3.0 TB/s,
 //   N=14336 K=4096 -> 20 us). For large M the tensor-core rate bounds it (mma.sync reaches a
 //   fraction of the H100's dense INT8 peak; Hopper's wgmma kernel lives in gemm_int8_sm90.cu).
+#include "kernels/ptx.cuh"
 #include "kernels/epilogue.cuh"
 #include "kernels/gemm_int8.cuh"
 
@@ -103,19 +104,6 @@ __device__ __forceinline__ void mma_s8_16x8x32(int32_t (&c)[4], uint32_t a0, uin
 #endif
 }
 
-// ld.global.nc.L1::no_allocate.L2::256B.v4.u32: 16 bytes of a read-once stream (the weight of
-// the small-M kernel): no L1 line is spent on it, and the 256-byte L2 prefetch brings in the
-// neighbouring chunks the other warps of the block are about to ask for.
-__device__ __forceinline__ uint4 load_stream_16(const void* p) {
-    uint4 v = make_uint4(0, 0, 0, 0);
-#if CK_GEMM_SM80
-    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-#endif
-    return v;
-}
-
 // Transposes a 4x4 byte block with 8 byte permutes (prmt): w[i] holds row i (bytes = columns
 // 0..3); afterwards w[j] holds column j (byte i = row i).
 __device__ __forceinline__ void transpose_4x4_bytes(uint32_t (&w)[4]) {
@@ -127,10 +115,6 @@ __device__ __forceinline__ void transpose_4x4_bytes(uint32_t (&w)[4]) {
     w[1] = __byte_perm(lo01, lo23, 0x7632);                 // w0.b1 w1.b1 w2.b1 w3.b1
     w[2] = __byte_perm(hi01, hi23, 0x5410);
     w[3] = __byte_perm(hi01, hi23, 0x7632);
-}
-
-__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
-    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -37,6 +37,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture
+def seed(request):
+    """A fresh random seed per test, printed so that a failure can be replayed with
+    CK_TEST_SEED=<seed>."""
+    seed = int(os.environ.get("CK_TEST_SEED") or int.from_bytes(os.urandom(4), "little"))
+    print(f"{request.node.nodeid}: seed {seed} (replay with CK_TEST_SEED={seed})")
+    return seed
+
+
 @pytest.fixture(scope="session")
 def gpu():
     """Skips the test unless a CUDA device is visible."""

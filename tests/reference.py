@@ -470,6 +470,49 @@ def linear(x, w, bias=None, activation="none", dtype=None):
     return round_f64_to_dtype(linear_f64(x, w, bias, activation, dtype), dtype)
 
 
+W4A16_DTYPES = ("fp16", "bf16")
+W4A16_K_MULTIPLE = 32  # ck_gemm_w4a16: K a multiple of 32
+
+
+def dequantized_int4_weight(w_packed, scales, zeros, group_size, k, dtype):
+    """The weight w' [N, K] that ck_gemm_w4a16 multiplies by, in `dtype`'s representation: the
+    packed INT4 weight dequantized exactly as ck_dequantize_int4 does (the mode follows from
+    zeros: None is symmetric). Bitwise what the library's ck_dequantize_int4 writes."""
+    mode = "sym" if zeros is None else "asym"
+    return dequantize_int4(np.asarray(w_packed), np.asarray(scales), zeros, k, group_size, mode,
+                           dtype)
+
+
+def gemm_w4a16_f64(x, w_packed, scales, zeros, group_size, k, dtype=None, bias=None,
+                   activation="none"):
+    """ck_gemm_w4a16 in exact arithmetic: act(x[M, K] w'[N, K]^T + bias[N]) as float64 [M, N].
+
+    x [M, K], scales [N, groups] and bias [N] are in `dtype`'s representation ('fp16' or
+    'bf16'; None infers it from x: float16, or uint16 bit patterns for bf16); w_packed uint8
+    [N, K / 2] and zeros uint8 [N, groups] (None for a symmetric weight) are the interchange
+    format of ck_quantize_int4. w' is dequantized_int4_weight (rounded to dtype, as the kernel
+    rounds it in registers); the product, the bias and the activation are then exact.
+    """
+    dtype = dtype or dtype_of(x)
+    if dtype not in W4A16_DTYPES:
+        raise ValueError(f"ck_gemm_w4a16 runs on {W4A16_DTYPES}, not {dtype!r}")
+    x = _matrix(np.asarray(x))
+    if x.shape[1] != k:
+        raise ValueError(f"x is {list(x.shape)}: K={k} expected")
+    w = dequantized_int4_weight(w_packed, scales, zeros, group_size, k, dtype)
+    return linear_f64(x, w, bias, activation, dtype)
+
+
+def gemm_w4a16(x, w_packed, scales, zeros, group_size, k, dtype=None, bias=None,
+               activation="none"):
+    """ck_gemm_w4a16, ideally: gemm_w4a16_f64 rounded once to the dtype (its representation).
+    The library accumulates in float32, so it is within a float32 error bound of the float64
+    value plus half an ulp of dtype, not bitwise equal."""
+    dtype = dtype or dtype_of(x)
+    return round_f64_to_dtype(
+        gemm_w4a16_f64(x, w_packed, scales, zeros, group_size, k, dtype, bias, activation), dtype)
+
+
 def dtype_of(arr):
     """'fp32', 'fp16' or 'bf16' from the NumPy representation (uint16 means bf16 here)."""
     for name, np_dtype in NUMPY_DTYPE.items():

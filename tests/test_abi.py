@@ -409,6 +409,40 @@ LINEAR_CASES = (
         ["bias"])]
 )
 
+# W4A16: x [M, K] and out [M, N] of dtype (fp16 or bf16 only), a packed INT4 weight [N, K / 2]
+# with scales [N, groups] of dtype and, for CK_INT4_ASYMMETRIC only, uint8 zeros. Rules
+# (cuda_kernels.h): K a multiple of 32, group_size 32, 64, 128 or -1, x and w_packed 16-byte
+# aligned, scales, bias and out aligned to dtype; bias may be NULL, zeros need no alignment.
+W4A16 = dict(x_ptr=X, dtype=DType.FP16, w_ptr=B, scales_ptr=S, zeros_ptr=0, group_size=128,
+             mode=ck.INT4_SYMMETRIC, bias_ptr=BIAS, activation=ck.ACTIVATION_RELU, m=4, n=64,
+             k=256, out_ptr=O)
+BAD_W4A16_K = [1, 16, 48, 100, 4112]        # >= 1 but not a multiple of 32
+W4A16_CASES = (
+    [("null-x", dict(x_ptr=0), INVALID, ["x"]),
+     ("null-w_packed", dict(w_ptr=0), INVALID, ["w_packed"]),
+     ("null-scales", dict(scales_ptr=0), INVALID, ["scales"]),
+     ("null-out", dict(out_ptr=0), INVALID, ["out"]),
+     ("null-zeros-asymmetric", dict(mode=ck.INT4_ASYMMETRIC), INVALID, ["zeros"]),
+     ("zeros-symmetric", dict(zeros_ptr=Z), INVALID, ["zeros"])]
+    + [("mode=%d" % v, dict(mode=v), INVALID, ["mode"]) for v in (2, -1, 99)]
+    + [("dtype=%d" % d, dict(dtype=d), INVALID, ["dtype"]) for d in UNKNOWN_DTYPES]
+    + [("dtype=%s" % d.name, dict(dtype=d), UNSUPPORTED, ["dtype"])
+       for d in [DType.FP32] + NOT_FLOAT_DTYPES]
+    + [("activation=%d" % v, dict(activation=v), INVALID, ["activation"])
+       for v in BAD_ACTIVATIONS]
+    + gemm_shape_cases(k_rule=False)
+    + [("k=%d" % v, dict(k=v), UNSUPPORTED, ["k"]) for v in BAD_W4A16_K]
+    + [("group_size=%d" % g, dict(group_size=g), UNSUPPORTED, ["group_size"])
+       for g in BAD_GROUP_SIZES]
+    + [("misaligned-x+%d" % d, dict(x_ptr=X + d), MISALIGNED, ["x"]) for d in (1, 2, 8)]
+    + [("misaligned-w_packed+%d" % d, dict(w_ptr=B + d), MISALIGNED, ["w_packed"])
+       for d in (1, 4, 8)]
+    + [("misaligned-%s-%s" % (name[:-4], dt.name.lower()), {name: base + 1, "dtype": dt},
+        MISALIGNED, [name[:-4]])
+       for name, base in (("scales_ptr", S), ("bias_ptr", BIAS), ("out_ptr", O))
+       for dt in (DType.FP16, DType.BF16)]
+)
+
 ENTRY_POINTS = {
     "ck_quantize_int8": (ck.raw.quantize_int8, QUANTIZE_INT8, QUANTIZE_INT8_CASES),
     "ck_dequantize_int8": (ck.raw.dequantize_int8, DEQUANTIZE_INT8, DEQUANTIZE_INT8_CASES),
@@ -417,6 +451,7 @@ ENTRY_POINTS = {
     "ck_gemm_int8": (ck.raw.gemm_int8, GEMM_INT8, GEMM_INT8_CASES),
     "ck_gemm_int8_scaled": (ck.raw.gemm_int8_scaled, GEMM_INT8_SCALED, GEMM_INT8_SCALED_CASES),
     "ck_linear": (ck.raw.linear, LINEAR, LINEAR_CASES),
+    "ck_gemm_w4a16": (ck.raw.gemm_w4a16, W4A16, W4A16_CASES),
 }
 
 
@@ -565,6 +600,79 @@ def test_gemm_argument_errors_come_before_the_kernel_override(lib, monkeypatch):
     monkeypatch.setenv("CK_GEMM_INT8_KERNEL", "bogus")
     error = rejection("ck_gemm_int8", dict(k=24))
     assert error.status == Status.UNSUPPORTED and mentions(error.message, "k"), error.message
+
+
+def w4a16_override_rejection(monkeypatch, changes):
+    """ck_gemm_w4a16 with CK_GEMM_W4A16_KERNEL=bogus, which the library reads once every
+    argument has passed validation (and before any CUDA call): an INVALID_VALUE about it proves
+    that the changed arguments are valid."""
+    monkeypatch.setenv("CK_GEMM_W4A16_KERNEL", "bogus")
+    error = rejection("ck_gemm_w4a16", changes)
+    assert error.status == Status.INVALID_VALUE, error.message
+    assert "CK_GEMM_W4A16_KERNEL" in error.message, error.message
+    assert error.cuda_error == 0 and lib_last_cuda_error() == 0
+    return error
+
+
+def lib_last_cuda_error():
+    return ck.load_library().ck_last_cuda_error()
+
+
+@pytest.mark.parametrize("changes", [
+    dict(n=1, m=1, k=32),
+    dict(n=7, m=17, k=96, group_size=64),            # a partial last group
+    dict(n=4097, m=100, k=160, group_size=ck.GROUP_ROW),
+    dict(m=10**6, group_size=32),
+    dict(dtype=DType.BF16, activation=ck.ACTIVATION_NONE),
+    dict(mode=ck.INT4_ASYMMETRIC, zeros_ptr=Z + 1),   # uint8 zeros: any address
+    dict(bias_ptr=0),
+    dict(scales_ptr=S + 2, bias_ptr=BIAS + 6, out_ptr=O + 10),
+    dict(scales_ptr=S + 2, bias_ptr=BIAS + 2, out_ptr=O + 2, dtype=DType.BF16),
+], ids=["1x1x32", "partial-group", "row-group", "m=1e6", "bf16", "asym-zeros+1", "no-bias",
+        "fp16-element-aligned", "bf16-element-aligned"])
+def test_gemm_w4a16_valid_arguments_pass_validation(lib, monkeypatch, changes):
+    """Any M and N, K a multiple of 32, any supported group size (K need not be a multiple of
+    it), scales/bias/out aligned to their element only, zeros anywhere, bias NULL."""
+    w4a16_override_rejection(monkeypatch, changes)
+
+
+@pytest.mark.parametrize("value", ["bogus", "mma", "wgmma", "SMALL_M", "cublas"])
+def test_gemm_w4a16_kernel_override_rejects_unknown_names(lib, monkeypatch, value):
+    """CK_GEMM_W4A16_KERNEL is auto, reference or small_m (mma/wgmma are INT8 GEMM names);
+    anything else is an invalid value reported before any CUDA call."""
+    monkeypatch.setenv("CK_GEMM_W4A16_KERNEL", value)
+    with pytest.raises(CKError) as info:
+        ck.raw.gemm_w4a16(**W4A16, stream=0)
+    error = info.value
+    assert error.status == Status.INVALID_VALUE, error.message
+    assert error.message.startswith("ck_gemm_w4a16: ")
+    assert "CK_GEMM_W4A16_KERNEL" in error.message and value in error.message, error.message
+    assert error.cuda_error == 0 and lib.ck_last_cuda_error() == 0
+
+
+def test_gemm_w4a16_argument_errors_come_before_the_kernel_override(lib, monkeypatch):
+    monkeypatch.setenv("CK_GEMM_W4A16_KERNEL", "bogus")
+    error = rejection("ck_gemm_w4a16", dict(k=48))
+    assert error.status == Status.UNSUPPORTED and mentions(error.message, "k"), error.message
+    error = rejection("ck_gemm_w4a16", dict(group_size=48))
+    assert error.status == Status.UNSUPPORTED and mentions(error.message, "group_size")
+
+
+def test_gemm_w4a16_ignores_the_int8_override(lib, monkeypatch):
+    """CK_GEMM_INT8_KERNEL belongs to the INT8 GEMMs: a bogus value must not fail W4A16."""
+    monkeypatch.setenv("CK_GEMM_INT8_KERNEL", "bogus")
+    error = w4a16_override_rejection(monkeypatch, {})
+    assert "CK_GEMM_INT8_KERNEL" not in error.message
+
+
+def test_gemm_w4a16_null_bias_is_allowed(lib):
+    """bias may be NULL: with another defect planted, the error is about that one."""
+    error = rejection("ck_gemm_w4a16", dict(bias_ptr=0, k=48))
+    assert error.status == Status.UNSUPPORTED and mentions(error.message, "k"), error.message
+    error = rejection("ck_gemm_w4a16", dict(bias_ptr=0, out_ptr=O + 1))
+    assert error.status == Status.MISALIGNED and mentions(error.message, "out"), error.message
+    error = rejection("ck_gemm_w4a16", dict(bias_ptr=0, scales_ptr=S + 1))
+    assert error.status == Status.MISALIGNED and mentions(error.message, "scales")
 
 
 def test_next_rejection_replaces_the_message(lib):
@@ -717,6 +825,11 @@ def test_wrapper_rejects_before_any_copy(lib, x, error):
 
 
 I8 = np.zeros((4, 32), np.int8)
+# W4A16 operands for K=32, N=8, group 128 (one group per row): device ones are never copied.
+W4, S4 = np.zeros((8, 16), np.uint8), np.ones((8, 1), np.float16)
+X16 = FakeCudaArray((4, 32), "<f2")
+W4D = FakeCudaArray((8, 16), "|u1", ptr=B)
+S16 = FakeCudaArray((8, 1), "<f2", ptr=S)
 
 
 @pytest.mark.parametrize("call, error", [
@@ -735,9 +848,23 @@ I8 = np.zeros((4, 32), np.int8)
     (lambda: ck.linear(np.zeros((4, 32), np.uint16), I8), TypeError),
     (lambda: ck.linear(np.zeros((4, 32), np.float32), I8, activation="tanh"), ValueError),
     (lambda: ck.int8_matmul(I8.astype(np.float32), I8, scale_c=1.0), TypeError),
+    (lambda: ck.gemm_w4a16(np.zeros((4, 32), np.float64), W4, S4), TypeError),
+    (lambda: ck.gemm_w4a16(np.zeros((4, 32), np.uint16), W4, S4), TypeError),
+    (lambda: ck.gemm_w4a16(X16, W4D, S16, activation="gelu"), ValueError),
+    (lambda: ck.gemm_w4a16(X16, FakeCudaArray((8, 32), "|u1"), S16), ValueError),
+    (lambda: ck.gemm_w4a16(X16, FakeCudaArray((8, 16), "<i1"), S16), TypeError),
+    (lambda: ck.gemm_w4a16(X16, W4D, FakeCudaArray((8, 2), "<f2")), ValueError),
+    (lambda: ck.gemm_w4a16(X16, W4D, FakeCudaArray((8, 1), "<f4")), TypeError),
+    (lambda: ck.gemm_w4a16(X16, W4D, S16, FakeCudaArray((8, 1), "<i1")), TypeError),
+    (lambda: ck.gemm_w4a16(X16, W4D, S16, FakeCudaArray((8, 2), "|u1")), ValueError),
+    (lambda: ck.gemm_w4a16(X16, W4D, S16, group_size=48), ValueError),
+    (lambda: ck.gemm_w4a16(X16, W4D, S16, bias=FakeCudaArray((7,), "<f2")), ValueError),
 ], ids=["int16", "float32", "sliced", "3d", "empty", "cai-strided", "layout", "scaled-uint8",
         "activation", "out_dtype", "scaled-layout", "linear-float64",
-        "linear-uint16", "linear-activation", "int8_matmul-float32"])
+        "linear-uint16", "linear-activation", "int8_matmul-float32", "w4a16-float64",
+        "w4a16-uint16", "w4a16-activation", "w4a16-w-unpacked", "w4a16-w-int8",
+        "w4a16-scales-count", "w4a16-scales-float32", "w4a16-zeros-int8", "w4a16-zeros-count",
+        "w4a16-group_size", "w4a16-bias-count"])
 def test_wrapper_gemm_rejects_before_any_copy(lib, call, error):
     with pytest.raises(error):
         call()

@@ -162,13 +162,6 @@ def assert_relu_output(got, pre_activation, float32_error, what):
 # ---------------------------------------------------------------------------------------------
 # Fixtures and helpers
 # ---------------------------------------------------------------------------------------------
-@pytest.fixture
-def seed(request):
-    seed = int(os.environ.get("CK_TEST_SEED") or int.from_bytes(os.urandom(4), "little"))
-    print(f"{request.node.nodeid}: seed {seed} (replay with CK_TEST_SEED={seed})")
-    return seed
-
-
 @pytest.fixture(autouse=True)
 def _auto_kernel(monkeypatch):
     """Every test starts with the kernel override unset (whatever the caller's shell says)."""
@@ -833,12 +826,10 @@ GRAPH_CASES = (
 )
 
 
-@pytest.mark.parametrize("entry, variant, dtype", GRAPH_CASES)
-def test_cuda_graph_replay(entry, variant, dtype, monkeypatch, seed):
-    rng = np.random.default_rng(seed)
-    call = make_graph_call(entry, variant, dtype, rng)
-    if entry != "linear":
-        use_variant(monkeypatch, variant, call.mnk[0], "nk")
+def assert_graph_replays(call, rng, seed, replays=2):
+    """Captures call.launch in a CUDA graph: the capture must record the launch without running
+    it, and every replay must read the new contents of the same input buffers (refilled with
+    fresh data) and write the whole (poisoned) output."""
     stream = ck.cuda.stream_create()
     try:
         with ck.cuda.graph_capture(stream) as graph:
@@ -846,7 +837,7 @@ def test_cuda_graph_replay(entry, variant, dtype, monkeypatch, seed):
         try:
             synchronize()
             call.assert_outputs_untouched("capture must record the launch, not run it")
-            for replay in range(2):
+            for replay in range(replays):
                 call.refill(rng)
                 call.poison_outputs()
                 synchronize()
@@ -857,6 +848,15 @@ def test_cuda_graph_replay(entry, variant, dtype, monkeypatch, seed):
             graph.close()
     finally:
         ck.cuda.stream_destroy(stream)
+
+
+@pytest.mark.parametrize("entry, variant, dtype", GRAPH_CASES)
+def test_cuda_graph_replay(entry, variant, dtype, monkeypatch, seed):
+    rng = np.random.default_rng(seed)
+    call = make_graph_call(entry, variant, dtype, rng)
+    if entry != "linear":
+        use_variant(monkeypatch, variant, call.mnk[0], "nk")
+    assert_graph_replays(call, rng, seed)
 
 
 @pytest.mark.cublas

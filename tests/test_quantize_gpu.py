@@ -70,13 +70,6 @@ def shape_id(shape):
     return "x".join(map(str, shape))
 
 
-@pytest.fixture
-def seed(request):
-    seed = int(os.environ.get("CK_TEST_SEED") or int.from_bytes(os.urandom(4), "little"))
-    print(f"{request.node.nodeid}: seed {seed} (replay with CK_TEST_SEED={seed})")
-    return seed
-
-
 # ---------------------------------------------------------------------------------------------
 # Device buffers with guards, and bitwise comparison
 # ---------------------------------------------------------------------------------------------

@@ -4,7 +4,6 @@ They run everywhere (no GPU). Data is fresh every run: each test draws a seed fr
 prints it and names it in its assertion messages; CK_TEST_SEED=<seed> replays a failure.
 """
 
-import os
 
 import numpy as np
 import pytest
@@ -17,13 +16,6 @@ import reference as ref
 ROUND_TRIP_SLACK = 1e-4
 
 INT4_SHAPES = [(1, 1), (3, 5), (5, 100), (4, 257), (2, 1000)]
-
-
-@pytest.fixture
-def seed(request):
-    seed = int(os.environ.get("CK_TEST_SEED") or int.from_bytes(os.urandom(4), "little"))
-    print(f"{request.node.nodeid}: seed {seed} (replay with CK_TEST_SEED={seed})")
-    return seed
 
 
 def group_scales_per_column(scales_f32, cols, group_size):
@@ -608,3 +600,90 @@ def test_linear_rejects_mismatched_shapes():
         ref.linear_f64(x, np.zeros((3, 8), np.float32), np.zeros(4, np.float32))
     with pytest.raises(TypeError):
         ref.linear_f64(x, np.zeros((3, 8), np.float16))
+
+
+# ---------------------------------------------------------------------------------------------
+# W4A16: x times a packed INT4 weight dequantized as ck_dequantize_int4 does
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", ref.W4A16_DTYPES)
+def test_gemm_w4a16_hand_computed(dtype):
+    """One group of 32 per row: symmetric codes 1..., scale 0.5; asymmetric with zero 8."""
+    k = 32
+    codes = np.zeros((2, k), np.int8)
+    codes[0, :2] = (1, -2)      # w'[0] = 0.5, -1.0, 0, ...
+    codes[1, 31] = 7            # w'[1, 31] = 3.5
+    packed = ref.pack_int4(codes, signed=True)
+    scales = ref.to_dtype(np.full((2, 1), 0.5, np.float32), dtype)
+    x = np.zeros((1, k), np.float32)
+    x[0, 0], x[0, 1], x[0, 31] = 4, 1, 2
+    x = ref.to_dtype(x, dtype)
+    got = ref.gemm_w4a16_f64(x, packed, scales, None, 32, k, dtype)
+    assert got.tolist() == [[4 * 0.5 - 1.0, 2 * 3.5]]
+    bias = ref.to_dtype(np.array([-2, 1], np.float32), dtype)
+    out = ref.gemm_w4a16(x, packed, scales, None, 32, k, dtype, bias, "relu")
+    assert out.dtype == ref.NUMPY_DTYPE[dtype]
+    assert ref.to_f32(out, dtype).tolist() == [[0, 8]]
+    # The same weight, asymmetric: codes + 8 with zero point 8.
+    zeros = np.full((2, 1), 8, np.uint8)
+    packed_asym = ref.pack_int4((codes + 8).astype(np.int8), signed=False)
+    assert ref.gemm_w4a16_f64(x, packed_asym, scales, zeros, 32, k, dtype).tolist() == \
+        got.tolist()
+
+
+@pytest.mark.parametrize("group_size", ref.INT4_GROUP_SIZES)
+@pytest.mark.parametrize("mode", ref.INT4_MODES)
+@pytest.mark.parametrize("dtype", ref.W4A16_DTYPES)
+def test_gemm_w4a16_is_linear_of_the_dequantized_weight(dtype, mode, group_size, seed):
+    """The spec in two sentences of the header: w' = dequantize_int4(...) rounded to dtype, then
+    linear(x, w') with the bias and activation; quantized from random float weights."""
+    rng = np.random.default_rng(seed)
+    m, n, k = 5, 7, 160        # 160: partial last group of 64 and of 128
+    w = ref.random_input(rng, (n, k), dtype)
+    packed, scales, zeros = ref.quantize_int4(w, dtype, group_size, mode)
+    x = ref.random_input(rng, (m, k), dtype)
+    bias = ref.random_input(rng, (1, n), dtype).reshape(-1)
+    w_deq = ref.dequantize_int4(packed, scales, zeros, k, group_size, mode, dtype)
+    assert np.array_equal(ref.dequantized_int4_weight(packed, scales, zeros, group_size, k,
+                                                      dtype), w_deq)
+    for activation in ref.ACTIVATIONS:
+        want = ref.linear_f64(x, w_deq, bias, activation, dtype)
+        got = ref.gemm_w4a16_f64(x, packed, scales, zeros, group_size, k, dtype, bias,
+                                 activation)
+        assert np.array_equal(got, want), f"seed={seed}"
+        rounded = ref.gemm_w4a16(x, packed, scales, zeros, group_size, k, None, bias, activation)
+        assert np.array_equal(rounded, ref.round_f64_to_dtype(want, dtype)), f"seed={seed}"
+    # The dequantized weight is close to the float weight: within half a step of its group
+    # (a whole step for asym, where the rounded zero point can push the top code past 15 into
+    # the clamp), plus the rounding of w' to dtype.
+    step = group_scales_per_column(ref.to_f32(scales, dtype), k, group_size)
+    wf = ref.to_f32(w, dtype)
+    err = np.abs(ref.to_f32(w_deq, dtype) - wf)
+    steps = 0.5 if mode == "sym" else 1.0
+    assert np.all(err <= steps * step * (1 + 1e-2) + ref.ulp(np.abs(wf) + step, dtype)), \
+        f"seed={seed}"
+
+
+def test_gemm_w4a16_relu_is_never_negative(seed):
+    rng = np.random.default_rng(seed)
+    w = ref.random_input(rng, (9, 64), "bf16")
+    packed, scales, zeros = ref.quantize_int4(w, "bf16", 32, "asym")
+    x = ref.random_input(rng, (4, 64), "bf16")
+    out = ref.to_f32(ref.gemm_w4a16(x, packed, scales, zeros, 32, 64, "bf16", None, "relu"),
+                     "bf16")
+    assert np.all(out >= 0) and np.any(out > 0), f"seed={seed}"
+
+
+def test_gemm_w4a16_rejects_bad_inputs():
+    x = np.zeros((2, 32), np.float16)
+    packed = np.zeros((3, 16), np.uint8)
+    scales = np.ones((3, 1), np.float16)
+    with pytest.raises(ValueError):      # fp32 is not a W4A16 dtype
+        ref.gemm_w4a16_f64(x.astype(np.float32), packed, scales.astype(np.float32), None, 32, 32)
+    with pytest.raises(ValueError):      # K of x differs from k
+        ref.gemm_w4a16_f64(x, packed, scales, None, 32, 64)
+    with pytest.raises(ValueError):      # scales are [N, groups]
+        ref.gemm_w4a16_f64(x, packed, np.ones((3, 2), np.float16), None, 32, 32)
+    with pytest.raises(ValueError):      # group size
+        ref.gemm_w4a16_f64(x, packed, scales, None, 48, 32)
+    with pytest.raises(ValueError):      # bias has N values
+        ref.gemm_w4a16_f64(x, packed, scales, None, 32, 32, bias=np.zeros(2, np.float16))

@@ -1,0 +1,572 @@
+// gemm_w4a16.cu - weight-only INT4 linear layer (W4A16): fp16/bf16 activations times a packed
+// int4 weight that is dequantized in registers, float32 accumulation, fused bias + activation.
+//
+// What it computes (the same operations as ck_dequantize_int4 followed by a float GEMM):
+//   w'[n][k] = round_to_dtype(float(q - zero) * float(scale[n][k / group_size]))
+//   out[m][n] = round_to_dtype(act(sum_k float(x[m][k]) * float(w'[n][k]) + float(bias[n])))
+// q is the 4-bit code: two's complement [-8, 7] with zero = 0 (symmetric, zeros == nullptr) or
+// unsigned [0, 15] with zero = zeros[n][g] (asymmetric). The sum runs in float32 in any order.
+//
+// Layout: x [M, K] dtype row-major; w [N, K / 2] bytes, element 2i of a row in the low nibble
+// of byte i; scales [N, groups] dtype; zeros [N, groups] uint8; bias [N] dtype; out [M, N] dtype.
+// The entry point guarantees K % 32 == 0 (every weight row is a whole number of 16-byte vectors
+// and every 32-k run of a row lies in one group), x and w 16-byte aligned, group_size 32, 64,
+// 128 or K (CK_GROUP_ROW, resolved by the caller: groups = 1).
+//
+// Variants (cuda_kernels.cu picks one):
+//   reference  any m, any GPU: 64x64 output tiles, 256 threads with 4x4 micro-tiles; each K step
+//              of 32 stages x as float and the dequantized weight (rounded to dtype, then widened)
+//              in shared memory, float FMAs. Simple, and the baseline the fast path is tested
+//              against. Serves M > 16 for now.
+//   small_m    sm_80+, m <= 16 (decode): streams the packed weight once, straight from global
+//              memory into mma.sync m16n8k16 fragments (f16/bf16 in, f32 accumulators), the
+//              int4 -> dtype conversion done with integer masks and a magic exponent; warps of a
+//              block split K and add their partial tiles through shared memory.
+//
+// Floors: bytes = M*K*2 + N*K/2 + N*groups*(2 [+1 with zeros]) + M*N*2 (+ bias); flops = 2*M*N*K.
+//   For M <= 16 the weight dominates: time >= N*K/2 / copy bandwidth (H100 ~3.0 TB/s:
+//   N=28672 K=8192 -> 117 MB -> ~39 us at full copy speed).
+#include "kernels/ptx.cuh"
+#include "kernels/epilogue.cuh"
+#include "kernels/gemm_int8.cuh"  // compute_capability()
+#include "kernels/gemm_w4a16.cuh"
+
+// Tensor-core f16/bf16 mma.sync and the streaming load need sm_80; the file is built for sm_75
+// too, where the small-M kernel is never launched (the dispatcher runs the reference there).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define CK_W4A16_SM80 1
+#else
+#define CK_W4A16_SM80 0
+#endif
+
+namespace ck {
+namespace {
+
+// The sm_80 kernel body compiles for every target; below sm_80 (and in the host pass) the PTX
+// wrappers are empty and the kernel traps at entry.
+constexpr bool kHasSm80 = CK_W4A16_SM80;
+
+inline bool grid_fits(int64_t blocks) { return blocks >= 1 && blocks <= INT32_MAX; }
+
+// Calls f with a value of the element type of dtype (fp16 or bf16; fp32 is rejected earlier).
+template <typename F> cudaError_t dispatch_half_dtype(ck_dtype_t dtype, F&& f) {
+    switch (dtype) {
+        case CK_DTYPE_FP16: return f(__half{});
+        case CK_DTYPE_BF16: return f(__nv_bfloat16{});
+        default: return cudaErrorInvalidValue;
+    }
+}
+
+template <typename F> cudaError_t with_asym(bool asym, F&& f) {
+    return asym ? f(std::true_type{}) : f(std::false_type{});
+}
+
+// The bits of a 16-bit float and back.
+__device__ __forceinline__ uint16_t half_bits(__half v) { return __half_as_ushort(v); }
+__device__ __forceinline__ uint16_t half_bits(__nv_bfloat16 v) { return __bfloat16_as_ushort(v); }
+
+// Stores columns c and c + 1 of one output row (c + 1 may be past n): one 4-byte store when
+// both are inside and the pair is 4-byte aligned, else one element at a time.
+template <typename T>
+__device__ __forceinline__ void store_out_pair(T* out, int64_t row, int64_t c, int64_t n,
+                                               float v0, float v1, bool pair_aligned) {
+    T* p = out + row * n + c;
+    const T h0 = from_float<T>(v0);
+    if (c + 1 < n) {
+        const T h1 = from_float<T>(v1);
+        if (pair_aligned) {
+            *reinterpret_cast<uint32_t*>(p) = uint32_t(half_bits(h0)) | uint32_t(half_bits(h1)) << 16;
+            return;
+        }
+        p[1] = h1;
+    }
+    p[0] = h0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reference kernel: 64x64 output tile per 256-thread block, K in steps of 32. Shared tiles are
+// k-major ([k][m] and [k][n]) floats so that a thread's operands for one k are plain loads;
+// the +1 pad puts the loaders' transposed stores (8 rows x 4 k-groups per warp) on 32
+// distinct banks. Thread (ty, tx) = (tid / 16, tid % 16) owns rows ty + 16 i and columns
+// tx + 16 j (i, j < 4). Loaders: thread tid handles row tid / 4, k (tid % 4) * 8 .. + 7 of
+// both x (one 16-byte load) and w (one 4-byte load of 8 codes).
+// ---------------------------------------------------------------------------------------------
+constexpr int kRefBM = 64, kRefBN = 64, kRefBK = 32;
+constexpr int kRefThreads = 256;
+constexpr int kRefPad = 1;
+constexpr int kRefMicro = 4;  // rows and columns per thread
+constexpr int kRefLoadK = 8;  // k per loader thread and step
+
+static_assert(kRefBM * kRefBK / kRefLoadK == kRefThreads, "one x vector per thread per step");
+static_assert(kRefBN * kRefBK / kRefLoadK == kRefThreads, "one 8-code weight word per thread");
+static_assert(kRefThreads / 16 * kRefMicro == kRefBM && 16 * kRefMicro == kRefBN,
+              "the micro-tiles cover the block tile");
+
+template <typename T, bool kAsym>
+__global__ void __launch_bounds__(kRefThreads)
+gemm_w4a16_reference_kernel(const T* __restrict__ x, const uint8_t* __restrict__ w,
+                            const T* __restrict__ scales, const uint8_t* __restrict__ zeros,
+                            int64_t group_size, int64_t groups, const T* __restrict__ bias,
+                            ck_activation_t activation, int64_t m, int64_t n, int64_t k,
+                            T* __restrict__ out) {
+    __shared__ float sx[kRefBK][kRefBM + kRefPad];
+    __shared__ float sw[kRefBK][kRefBN + kRefPad];
+
+    const int64_t tiles_m = ceil_div(m, kRefBM);
+    const int64_t m0 = blockIdx.x % tiles_m * kRefBM;
+    const int64_t n0 = blockIdx.x / tiles_m * kRefBN;
+    const int tid = threadIdx.x;
+    const int ty = tid / 16, tx = tid % 16;
+    const int ld_row = tid / 4, ld_k = (tid % 4) * kRefLoadK;
+    const int64_t row_bytes = k / 2;
+
+    float acc[kRefMicro][kRefMicro] = {};
+
+    for (int64_t k0 = 0; k0 < k; k0 += kRefBK) {  // k % 32 == 0: no K tail
+        float xv[kRefLoadK] = {};
+        if (m0 + ld_row < m) load_chunk<T, true>(x + (m0 + ld_row) * k + k0 + ld_k, kRefLoadK, xv);
+        float wv[kRefLoadK] = {};
+        if (n0 + ld_row < n) {
+            const int64_t r = n0 + ld_row;
+            const int64_t grp = r * groups + (k0 + ld_k) / group_size;
+            const float s = to_float(scales[grp]);
+            const int z = kAsym ? zeros[grp] : 0;
+            int q[kRefLoadK];
+            load_int4_chunk<true, !kAsym>(w + r * row_bytes + (k0 + ld_k) / 2, kRefLoadK, q);
+#pragma unroll
+            for (int i = 0; i < kRefLoadK; ++i)
+                wv[i] = to_float(from_float<T>(float(q[i] - z) * s));  // w' rounded to dtype
+        }
+        __syncthreads();  // the previous step's reads are done
+#pragma unroll
+        for (int i = 0; i < kRefLoadK; ++i) {
+            sx[ld_k + i][ld_row] = xv[i];
+            sw[ld_k + i][ld_row] = wv[i];
+        }
+        __syncthreads();
+#pragma unroll 8
+        for (int kk = 0; kk < kRefBK; ++kk) {
+            float a[kRefMicro], b[kRefMicro];
+#pragma unroll
+            for (int i = 0; i < kRefMicro; ++i) a[i] = sx[kk][ty + 16 * i];
+#pragma unroll
+            for (int j = 0; j < kRefMicro; ++j) b[j] = sw[kk][tx + 16 * j];
+#pragma unroll
+            for (int i = 0; i < kRefMicro; ++i)
+#pragma unroll
+                for (int j = 0; j < kRefMicro; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+        }
+    }
+
+#pragma unroll
+    for (int j = 0; j < kRefMicro; ++j) {
+        const int64_t c = n0 + tx + 16 * j;
+        if (c >= n) continue;
+        const float b = bias ? to_float(bias[c]) : 0.f;
+#pragma unroll
+        for (int i = 0; i < kRefMicro; ++i) {
+            const int64_t r = m0 + ty + 16 * i;
+            if (r < m) out[r * n + c] = from_float<T>(activate(acc[i][j] + b, activation));
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// PTX wrappers, one instruction each
+// ---------------------------------------------------------------------------------------------
+// mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32: c += a (16x16) * b (16x8).
+// Fragments (g = lane / 4, t = lane % 4), two 16-bit values per register, lower k in the low half:
+//   a0: A[g][2t..2t+1]   a1: A[g+8][2t..]   a2: A[g][2t+8..2t+9]   a3: A[g+8][2t+8..]
+//   b0: B[2t..2t+1][g]   b1: B[2t+8..2t+9][g]
+//   c0, c1: C[g][2t], C[g][2t+1]            c2, c3: C[g+8][2t], C[g+8][2t+1]
+template <typename T>
+__device__ __forceinline__ void mma_16x8x16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                            uint32_t a3, uint32_t b0, uint32_t b1) {
+#if CK_W4A16_SM80
+    if constexpr (std::is_same_v<T, __half>) {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+            "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    } else {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+            "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    }
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------
+// int4 -> fp16/bf16 in registers. A 32-bit word holds 8 codes, k = e (e < 8) in bits 4e..4e+3.
+// It becomes 4 packed pairs p[j] = (k = j, k = j + 4) (j < 4): masking two nibbles that sit in
+// the low bits of each 16-bit half and OR-ing in an exponent gives the float magic + u exactly
+// (fp16: 1024 + u, mantissa step 1 at 1024; bf16: 128 + u, step 1 at 128), and subtracting
+// magic + zero leaves u - zero exactly (a small integer). That the pairs are (j, j + 4) rather
+// than adjacent k does not matter: x is permuted the same way (see the small-M kernel).
+// The codes arrive biased: unsigned u with value u - zero (symmetric codes are XOR-ed with 8,
+// which maps two's complement q to u = q + 8, with zero = 8).
+// The final multiply by the scale is the only rounding: (u - zero) and scale are exact in the
+// dtype, and __hmul2_rn rounds their exact product once to nearest even, which is the bits of
+// round_to_dtype(float(q - zero) * float(scale)) (the product is exact in float32).
+// ---------------------------------------------------------------------------------------------
+template <typename T> struct Pair;
+template <> struct Pair<__half> {
+    using V = __half2;
+};
+template <> struct Pair<__nv_bfloat16> {
+    using V = __nv_bfloat162;
+};
+
+template <typename T> __device__ __forceinline__ typename Pair<T>::V as_pair(uint32_t v) {
+    typename Pair<T>::V r;
+    memcpy(&r, &v, sizeof r);
+    return r;
+}
+template <typename V> __device__ __forceinline__ uint32_t pair_bits(V v) {
+    uint32_t r;
+    memcpy(&r, &v, sizeof r);
+    return r;
+}
+
+constexpr uint32_t kNibbleLo = 0x000f000fu;  // nibble 0 of each 16-bit half
+constexpr uint32_t kNibbleHi = 0x00f000f0u;  // nibble 1 of each 16-bit half
+constexpr uint32_t kSymmetricBias = 0x88888888u;  // two's complement q -> u = q + 8
+constexpr uint32_t kSymmetricZero = 8;
+
+template <typename T>
+__device__ __forceinline__ void dequant_word(uint32_t q, uint32_t zero, uint32_t scale2,
+                                             uint32_t (&p)[4]);
+
+// fp16: magic 1024 (0x6400). The high nibble of a byte is handled in place: 1024 + 16u, then
+// one exact fma by 1/16 and -(64 + zero) (Marlin's trick) saves a shift.
+template <>
+__device__ __forceinline__ void dequant_word<__half>(uint32_t q, uint32_t zero, uint32_t scale2,
+                                                     uint32_t (&p)[4]) {
+    constexpr uint32_t kMagic = 0x64006400u;       // 1024, 1024
+    constexpr uint32_t kSixteenth = 0x2c002c00u;   // 1/16, 1/16
+    const __half2 sub = as_pair<__half>((0x6400u | zero) * 0x10001u);          // 1024 + zero
+    const __half2 add = as_pair<__half>((0xd400u | (zero << 4)) * 0x10001u);   // -(64 + zero)
+    const __half2 mul = as_pair<__half>(kSixteenth);
+    const __half2 s = as_pair<__half>(scale2);
+    const uint32_t q8 = q >> 8;
+    const __half2 v0 = __hsub2(as_pair<__half>((q & kNibbleLo) | kMagic), sub);          // k 0, 4
+    const __half2 v1 = __hfma2(as_pair<__half>((q & kNibbleHi) | kMagic), mul, add);     // k 1, 5
+    const __half2 v2 = __hsub2(as_pair<__half>((q8 & kNibbleLo) | kMagic), sub);         // k 2, 6
+    const __half2 v3 = __hfma2(as_pair<__half>((q8 & kNibbleHi) | kMagic), mul, add);    // k 3, 7
+    p[0] = pair_bits(__hmul2_rn(v0, s));
+    p[1] = pair_bits(__hmul2_rn(v1, s));
+    p[2] = pair_bits(__hmul2_rn(v2, s));
+    p[3] = pair_bits(__hmul2_rn(v3, s));
+}
+
+// bf16: magic 128 (0x4300). bf16 has 7 mantissa bits, so 16u does not fit below the exponent:
+// every nibble is shifted down to bits 0..3 of its half first.
+template <>
+__device__ __forceinline__ void dequant_word<__nv_bfloat16>(uint32_t q, uint32_t zero,
+                                                            uint32_t scale2, uint32_t (&p)[4]) {
+    constexpr uint32_t kMagic = 0x43004300u;  // 128, 128
+    const __nv_bfloat162 sub = as_pair<__nv_bfloat16>((0x4300u | zero) * 0x10001u);  // 128 + zero
+    const __nv_bfloat162 s = as_pair<__nv_bfloat16>(scale2);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {  // pair j: k = j, j + 4
+        const __nv_bfloat162 v =
+            __hsub2(as_pair<__nv_bfloat16>(((q >> (4 * j)) & kNibbleLo) | kMagic), sub);
+        p[j] = pair_bits(__hmul2_rn(v, s));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Small-M kernel (m <= 16): a weight-streaming GEMV/GEMM on tensor cores.
+//
+// A block owns kTiles n8 tiles (8 * kTiles consecutive output columns = weight rows); its kWarps
+// warps split K into chunks of kChunkK = 128: warp w takes chunks (w * U + u) + i * kWarps * U
+// (U = kUnroll consecutive chunks per step).
+// Per chunk and n8 tile, lane l (g = l / 4, t = l % 4) loads 16 bytes of weight row
+// n0 + 8 tile + g: the 32 codes of k = kk + 32 t .. + 31, all in one group (group sizes are
+// multiples of 32), so with them one scale (and zero). Dequantized (dequant_word), word i of
+// the vector (k = 8i .. 8i + 7 of those 32) becomes pairs P[4i + j] = (k 8i + j, 8i + j + 4).
+// mma s (s < 8, k16 each) takes b0 = P[2s], b1 = P[2s + 1]. The lane also loads x rows g and
+// g + 8 at the same 32 k (4 x 16 bytes a row; zeros for rows >= m, which are never read) and
+// builds A pairs the same way with one byte permute each (x word 4i + 0 / 2 low halves for
+// j = 0, ...): a0 = X_g[2s], a1 = X_{g+8}[2s], a2 = X_g[2s + 1], a3 = X_{g+8}[2s + 1].
+// Since the sum over k may run in any order as long as A and B agree, this is exact: both
+// operands see mma-k {2t, 2t+1} as the physical pair 2s and {2t+8, 2t+9} as pair 2s + 1 of
+// lane-column t, a bijection onto the 128 k of the chunk that depends on t only.
+// No shared memory on the way in: each weight byte is loaded once, by one lane, and the next
+// step's loads are in flight during the current step's MMAs (register double-buffering).
+// x is read by every block, from L1/L2; one x load serves kTiles weight rows. kHi = false
+// (m <= 8) drops rows g + 8 altogether: half the x registers and loads.
+// At the end the warps add their partial accumulators through shared memory (a fixed order:
+// deterministic) and the block stores its [m, 8 * kTiles] slice: bias, activation, rounding.
+// ---------------------------------------------------------------------------------------------
+constexpr int kChunkK = 128;          // k per chunk: 4 lanes x 32 codes
+constexpr int kLaneK = 32;            // k per lane and chunk: one 16-byte weight vector
+constexpr int kSmallMaxM = 16;        // rows of the mma fragment
+constexpr int kXVectors = kLaneK * 2 / 16;  // 16-byte x loads per row, lane and chunk
+static_assert(kLaneK % 8 == 0 && kChunkK == 4 * kLaneK, "4 lanes of 32 k per chunk");
+
+struct SmallMArgs {
+    const void* x;
+    const uint8_t* w;
+    const void* scales;
+    const uint8_t* zeros;
+    int group_shift;  // group of k = k >> group_shift (62 when one group per row)
+    int64_t groups;
+    const void* bias;
+    ck_activation_t activation;
+    int64_t m, n, k;
+    void* out;
+    bool pair_aligned;  // n even and out 4-byte aligned: an output pair is one 4-byte store
+};
+
+template <typename T, int kTiles, int kUnroll, int kWarps, bool kHi, bool kAsym>
+__global__ void __launch_bounds__(kWarps * 32)
+gemm_w4a16_small_m_kernel(const SmallMArgs args) {
+    if constexpr (!kHasSm80) __trap();  // never launched below sm_80 (see kHasSm80)
+    constexpr int kThreads = kWarps * 32;
+    constexpr int kHalves = kHi ? 2 : 1;  // m16 fragment halves that hold real rows
+    __shared__ float partial[kWarps][kTiles][4][32];
+
+    const T* __restrict__ x = static_cast<const T*>(args.x);
+    const uint16_t* __restrict__ scales = static_cast<const uint16_t*>(args.scales);
+    const int64_t m = args.m, n = args.n, k = args.k;
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int g = lane / 4, tq = lane % 4;
+    const int64_t n0 = int64_t(blockIdx.x) * 8 * kTiles;
+
+    // This lane's weight rows (one per n8 tile), at its 32-k column; rows past n read nothing.
+    const uint8_t* wrow[kTiles];
+    int64_t grow[kTiles];  // first scale (zero) of the row
+    bool wok[kTiles];
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t) {
+        const int64_t row = n0 + 8 * t + g;
+        wok[t] = row < n;
+        const int64_t r = wok[t] ? row : 0;
+        wrow[t] = args.w + r * (k / 2) + tq * (kLaneK / 2);
+        grow[t] = r * args.groups;
+    }
+    const bool x_lo = g < m, x_hi = kHi && g + 8 < m;
+    const T* xrow_lo = x + (x_lo ? g : 0) * k + tq * kLaneK;
+    const T* xrow_hi = x + (x_hi ? g + 8 : 0) * k + tq * kLaneK;
+
+    // One chunk's registers: per tile the 16-byte weight vector and its scale bits | zero << 16;
+    // the x vectors of rows g (lo) and g + 8 (hi).
+    struct Chunk128 {
+        uint4 w[kTiles];
+        uint32_t sz[kTiles];
+        uint4 lo[kXVectors];
+        uint4 hi[kHi ? kXVectors : 1];
+    };
+    struct Step {
+        Chunk128 c[kUnroll];
+    };
+    const int64_t chunks = ceil_div(k, kChunkK);
+    auto load_step = [&](int64_t c0, Step& s) {
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+            const int64_t kk = (c0 + u) * kChunkK;     // + 32 tq is in the row pointers
+            const int64_t kl = kk + tq * kLaneK;       // this lane's first k
+            const bool kok = kl < k;                   // the K tail (and chunks past it)
+            const int64_t grp = kl >> args.group_shift;
+            Chunk128& c = s.c[u];
+#pragma unroll
+            for (int t = 0; t < kTiles; ++t) {
+                const bool ok = kok && wok[t];
+                c.w[t] = ok ? load_stream_16(wrow[t] + kk / 2) : make_uint4(0, 0, 0, 0);
+                uint32_t sz = 0;  // a zero scale turns the (unloaded) codes into zeros
+                if (ok) {
+                    const uint32_t zero = kAsym ? uint32_t(__ldg(args.zeros + grow[t] + grp)) : kSymmetricZero;
+                    sz = uint32_t(__ldg(scales + grow[t] + grp)) | zero << 16;
+                }
+                c.sz[t] = sz;
+            }
+#pragma unroll
+            for (int v = 0; v < kXVectors; ++v) {
+                c.lo[v] = kok && x_lo ? __ldg(reinterpret_cast<const uint4*>(xrow_lo + kk) + v)
+                                      : make_uint4(0, 0, 0, 0);
+                if constexpr (kHi)
+                    c.hi[v] = kok && x_hi ? __ldg(reinterpret_cast<const uint4*>(xrow_hi + kk) + v)
+                                          : make_uint4(0, 0, 0, 0);
+            }
+        }
+    };
+
+    // x vector v holds k 8v .. 8v + 7 as words (8v, 8v+1) (8v+2, 8v+3) (8v+4, 8v+5) (8v+6, 8v+7);
+    // pairs (8v + j, 8v + j + 4) for j = 0..3 take the low / high halves of words 0 and 2 (j = 0,
+    // 1) and of words 1 and 3 (j = 2, 3): the order dequant_word gives the weight.
+    auto x_pairs = [](const uint4 (&xv)[kXVectors], uint32_t (&a)[2 * kXVectors * 2]) {
+#pragma unroll
+        for (int v = 0; v < kXVectors; ++v) {
+            a[4 * v + 0] = __byte_perm(xv[v].x, xv[v].z, 0x5410);
+            a[4 * v + 1] = __byte_perm(xv[v].x, xv[v].z, 0x7632);
+            a[4 * v + 2] = __byte_perm(xv[v].y, xv[v].w, 0x5410);
+            a[4 * v + 3] = __byte_perm(xv[v].y, xv[v].w, 0x7632);
+        }
+    };
+    constexpr int kPairs = kLaneK / 2;  // 16 pairs of k per lane and chunk
+    static_assert(2 * kXVectors * 2 == kPairs, "4 pairs per x vector");
+
+    float acc[kTiles][4] = {};
+    auto compute_step = [&](const Step& s) {
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+            const Chunk128& c = s.c[u];
+            uint32_t a_lo[kPairs], a_hi[kPairs];
+            x_pairs(c.lo, a_lo);
+            if constexpr (kHi) {
+                x_pairs(c.hi, a_hi);
+            } else {
+#pragma unroll
+                for (int p = 0; p < kPairs; ++p) a_hi[p] = 0;
+            }
+#pragma unroll
+            for (int t = 0; t < kTiles; ++t) {
+                const uint32_t scale2 = __byte_perm(c.sz[t], 0, 0x1010);  // scale in both halves
+                const uint32_t zero = c.sz[t] >> 16;
+                const uint32_t bias = kAsym ? 0u : kSymmetricBias;
+                uint32_t b[kPairs];
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    uint32_t p4[4];
+                    dequant_word<T>(word(c.w[t], i) ^ bias, zero, scale2, p4);
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) b[4 * i + j] = p4[j];
+                }
+#pragma unroll
+                for (int s16 = 0; s16 < kPairs / 2; ++s16)
+                    mma_16x8x16<T>(acc[t], a_lo[2 * s16], a_hi[2 * s16], a_lo[2 * s16 + 1],
+                                   a_hi[2 * s16 + 1], b[2 * s16], b[2 * s16 + 1]);
+            }
+        }
+    };
+
+    // Software pipeline in registers: the next step's loads are issued before this step's
+    // dequantization and MMAs, so a warp always has a step of loads in flight.
+    constexpr int64_t kStride = int64_t(kWarps) * kUnroll;
+    int64_t c0 = int64_t(warp) * kUnroll;
+    Step next;
+    if (c0 < chunks) load_step(c0, next);
+    for (; c0 < chunks; c0 += kStride) {
+        const Step cur = next;
+        if (c0 + kStride < chunks) load_step(c0 + kStride, next);
+        compute_step(cur);
+    }
+
+    // Sum the warps' partial tiles: element (t, r, lane) of each warp, consecutive lanes in
+    // consecutive banks. Then one thread per accumulator pair (c0 c1 or c2 c3) stores.
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) partial[warp][t][r][lane] = acc[t][r];
+    __syncthreads();
+    const T* bias = static_cast<const T*>(args.bias);
+    T* out = static_cast<T*>(args.out);
+    constexpr int kOutPairs = kTiles * kHalves * 32;
+    for (int p = tid; p < kOutPairs; p += kThreads) {
+        const int t = p / (32 * kHalves), rh = p / 32 % kHalves, l = p % 32;
+        const int64_t row = l / 4 + 8 * rh;
+        const int64_t col = n0 + 8 * t + 2 * (l % 4);
+        if (row >= m || col >= n) continue;
+        float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+        for (int v = 0; v < kWarps; ++v) {
+            s0 += partial[v][t][2 * rh][l];
+            s1 += partial[v][t][2 * rh + 1][l];
+        }
+        if (bias) {
+            s0 += to_float(bias[col]);
+            if (col + 1 < n) s1 += to_float(bias[col + 1]);
+        }
+        store_out_pair(out, row, col, n, activate(s0, args.activation),
+                       activate(s1, args.activation), args.pair_aligned);
+    }
+}
+
+// A small-M configuration: kTiles n8 tiles per block, kUnroll chunks per warp and step,
+// kWarps warps splitting K.
+template <int kTiles_, int kUnroll_, int kWarps_> struct SmallMConfig {
+    static constexpr int kTiles = kTiles_, kUnroll = kUnroll_, kWarps = kWarps_;
+    static constexpr int kCols = 8 * kTiles;
+};
+
+template <class Cfg, typename T, bool kHi, bool kAsym>
+cudaError_t launch_small_m(const SmallMArgs& a, cudaStream_t stream) {
+    const int64_t blocks = ceil_div(a.n, Cfg::kCols);
+    if (!grid_fits(blocks)) return cudaErrorInvalidConfiguration;
+    gemm_w4a16_small_m_kernel<T, Cfg::kTiles, Cfg::kUnroll, Cfg::kWarps, kHi, kAsym>
+        <<<unsigned(blocks), Cfg::kWarps * 32, 0, stream>>>(a);
+    return cudaGetLastError();
+}
+
+// Configurations, widest first; the launcher takes the first whose grid gives every SM at least
+// kMinBlocksPerSm blocks, else the last. Wider blocks read x fewer times per weight byte
+// (x traffic from L2 per weight byte = m / (2 * kTiles) with kHi, which matters at m = 16);
+// narrower ones keep enough warps streaming when N is small. Each keeps 64-128 bytes of the
+// weight in flight per lane: kTiles * kUnroll * 16. ptxas (CUDA 13, sm_80/sm_90, no spills):
+// LoWide 225-232 registers, LoNarrow 156-162, HiWide 225-238, HiMid 154-179, HiNarrow 139-146;
+// so 2 blocks of 4 warps (or 1 of 8) per SM for the wide ones. Not yet tuned on a GPU.
+using SmallLoWide = SmallMConfig<4, 2, 4>;    // m <= 8: 32 columns, 128 B per lane in flight
+using SmallLoNarrow = SmallMConfig<2, 2, 8>;  // m <= 8: 16 columns, 8 warps on K
+using SmallHiWide = SmallMConfig<8, 1, 4>;    // m > 8: 64 columns, 128 B per lane
+using SmallHiMid = SmallMConfig<4, 1, 4>;     // m > 8: 32 columns
+using SmallHiNarrow = SmallMConfig<2, 1, 8>;  // m > 8: 16 columns, 8 warps on K
+constexpr int64_t kMinBlocksPerSm = 2;
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Launchers (arguments validated by cuda_kernels.cu)
+// ---------------------------------------------------------------------------------------------
+cudaError_t gemm_w4a16_reference(const GemmW4A16Args& args, cudaStream_t stream) {
+    const int64_t blocks = ceil_div(args.m, kRefBM) * ceil_div(args.n, kRefBN);
+    if (!grid_fits(blocks)) return cudaErrorInvalidConfiguration;
+    return dispatch_half_dtype(args.dtype, [&](auto tag) {
+        using T = decltype(tag);
+        return with_asym(args.zeros != nullptr, [&](auto asym) {
+            gemm_w4a16_reference_kernel<T, decltype(asym)::value><<<unsigned(blocks), kRefThreads, 0, stream>>>(
+                static_cast<const T*>(args.x), args.w, static_cast<const T*>(args.scales), args.zeros,
+                args.group_size, args.groups, static_cast<const T*>(args.bias), args.activation,
+                args.m, args.n, args.k, static_cast<T*>(args.out));
+            return cudaGetLastError();
+        });
+    });
+}
+
+cudaError_t gemm_w4a16_small_m(const GemmW4A16Args& args, cudaStream_t stream) {
+    if (args.m < 1 || args.m > kSmallMaxM || compute_capability() < 80) return cudaErrorNotSupported;
+    SmallMArgs a{};
+    a.x = args.x;
+    a.w = args.w;
+    a.scales = args.scales;
+    a.zeros = args.zeros;
+    // One group per row (CK_GROUP_ROW, or a group size >= k): every k maps to group 0. Else
+    // the group size is 32, 64 or 128.
+    a.group_shift = args.groups == 1 ? 62 : args.group_size == 32 ? 5 : args.group_size == 64 ? 6 : 7;
+    a.groups = args.groups;
+    a.bias = args.bias;
+    a.activation = args.activation;
+    a.m = args.m;
+    a.n = args.n;
+    a.k = args.k;
+    a.out = args.out;
+    a.pair_aligned = args.n % 2 == 0 && is_aligned(args.out, 4);
+    const int64_t min_blocks = kMinBlocksPerSm * std::max(sm_count(), 1);
+    const auto fits = [&](int64_t cols) { return ceil_div(args.n, cols) >= min_blocks; };
+    return dispatch_half_dtype(args.dtype, [&](auto tag) {
+        using T = decltype(tag);
+        return with_asym(args.zeros != nullptr, [&](auto asym) {
+            constexpr bool kAsym = decltype(asym)::value;
+            if (args.m <= 8) {
+                if (fits(SmallLoWide::kCols)) return launch_small_m<SmallLoWide, T, false, kAsym>(a, stream);
+                return launch_small_m<SmallLoNarrow, T, false, kAsym>(a, stream);
+            }
+            if (fits(SmallHiWide::kCols)) return launch_small_m<SmallHiWide, T, true, kAsym>(a, stream);
+            if (fits(SmallHiMid::kCols)) return launch_small_m<SmallHiMid, T, true, kAsym>(a, stream);
+            return launch_small_m<SmallHiNarrow, T, true, kAsym>(a, stream);
+        });
+    });
+}
+
+}  // namespace ck

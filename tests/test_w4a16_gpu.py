@@ -1,0 +1,495 @@
+"""GPU tests of the weight-only INT4 linear layer ck_gemm_w4a16 against tests/reference.py.
+
+- The weight is made on the host in the library's interchange format, either by the reference
+  quantizer (ref.quantize_int4) from random float weights, or as uniformly random bytes (every
+  nibble value, -8 and 15 included) with random positive scales and random zero points.
+- The output is compared with the float64 reference ref.gemm_w4a16_f64 (x times the weight
+  dequantized exactly as ck_dequantize_int4 does, rounded to dtype) under a tolerance derived
+  from float32 accumulation plus half an ulp of the output dtype; ||err|| / ||ref|| is printed.
+- dtype fp16/bf16 x mode sym/asym x group 32/64/128/row x kernel variant (CK_GEMM_W4A16_KERNEL =
+  reference, small_m for M <= 16, auto) x shapes with partial tiles in M, N and K (and partial
+  last groups), bias or not, ReLU or not; one full-size layer on small_m; small_m and reference
+  agree on the same data; a forced variant that cannot serve is CK_STATUS_UNSUPPORTED.
+- Every output is poisoned and sits between guard regions (GuardedBuffer of test_gemm_gpu.py):
+  an unwritten element or an out-of-bounds write fails. CUDA graph capture and replay. The
+  wrapper's ck.gemm_w4a16 (NumPy in/out, DeviceArray in/out, out=) against the raw call.
+
+The tests skip without a CUDA device. CK_SANITIZE=1 drops the largest shapes. Each test draws a
+seed from os.urandom, prints it and names it in its messages; CK_TEST_SEED=<seed> replays it.
+"""
+
+import functools
+import math
+import os
+import sys
+
+import numpy as np
+import pytest
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+for _path in (os.path.dirname(TESTS_DIR), TESTS_DIR):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+
+import cuda_wrapper as ck  # noqa: E402
+import reference as ref  # noqa: E402
+# Helpers only (no test_* names, no fixtures): the guarded buffers, the float32 error bound of a
+# dot product, the output tolerance and the element-wise comparisons of the other GEMM tests.
+from test_gemm_gpu import (  # noqa: E402
+    POISON, U32, GuardedBuffer, assert_bitwise_equal, assert_graph_replays, assert_relu_output,
+    assert_within, output_tolerance, ptr_or_null, shape_id,
+)
+
+
+def _device_count():
+    try:
+        return ck.device_count()
+    except (OSError, RuntimeError):  # the library, libcudart or the driver is missing
+        return 0
+
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(_device_count() == 0, reason="no CUDA device: GPU tests need one"),
+]
+
+SANITIZE = os.environ.get("CK_SANITIZE") == "1"
+SANITIZE_MAX_MACS = 2**26  # under compute-sanitizer: larger products are left out
+
+KERNEL_ENV = "CK_GEMM_W4A16_KERNEL"
+VARIANTS = ("reference", "small_m", "auto")
+SMALL_M_MAX = 16  # the small_m kernel serves m <= 16 (compute capability 8.0+)
+
+CK_DTYPE = {"fp16": ck.DType.FP16, "bf16": ck.DType.BF16}
+CK_MODE = {"sym": ck.INT4_SYMMETRIC, "asym": ck.INT4_ASYMMETRIC}
+CK_ACTIVATION = {"none": ck.ACTIVATION_NONE, "relu": ck.ACTIVATION_RELU}
+GROUP_IDS = {32: "g32", 64: "g64", 128: "g128", ref.GROUP_ROW: "grow"}
+
+# ---------------------------------------------------------------------------------------------
+# Tolerance
+# ---------------------------------------------------------------------------------------------
+# The products x * w' are exact in float32 (x and w' are fp16 or bf16 values: 11 + 11 or 8 + 8
+# significand bits, fewer than 24). Their float32 sum, in any order, blocked or split along K, is
+# within gamma_{K+1} * sum_k |x_k w'_k| of the exact sum (Higham, Thm. 3.1); the bias add is one
+# more rounding (u |pre-activation|); ReLU is exact and 1-Lipschitz. Tensor cores accumulate
+# float32 with truncation rather than rounding to nearest on some GPUs (Fasi et al., "Numerical
+# behavior of NVIDIA tensor cores", 2021): the unit roundoff is then 2u, which this bound assumes.
+# It is a worst case; real errors are ~sqrt(K) times smaller, while accumulating in fp16 or
+# losing a product would be orders of magnitude larger. The rounding to fp16/bf16 then adds half
+# an ulp of the output dtype (output_tolerance).
+TENSOR_CORE_ROUNDOFF = 2 * U32
+SECOND_ORDER_SLACK = 1.001
+# A sanity bound on the norm-wise error ||got - ref|| / ||ref||: the element-wise tolerance is the
+# check; the relative error is reported and must stay within a few ulps of the output dtype
+# (its rounding alone gives ~2^-p / sqrt(3) for p significand bits).
+MAX_REL_ULPS = 4
+SIGNIFICAND_BITS = {"fp16": 11, "bf16": 8}
+# Below this many outputs a norm is dominated by one or two values, which cancellation can make
+# tiny (their absolute error is still bounded by the element-wise tolerance).
+MIN_ELEMENTS_FOR_NORM = 64
+
+
+def w4a16_float32_error(x_f64, w_f64, pre_activation):
+    """The bound on |v32 - v| of ck_gemm_w4a16's float32 value (see the comment above)."""
+    k = x_f64.shape[1]
+    u = TENSOR_CORE_ROUNDOFF
+    gamma = (k + 1) * u / (1 - (k + 1) * u)
+    abs_dot = np.abs(x_f64) @ np.abs(w_f64).T
+    return (gamma * abs_dot + U32 * np.abs(pre_activation)) * SECOND_ORDER_SLACK
+
+
+# ---------------------------------------------------------------------------------------------
+# Fixtures and helpers
+# ---------------------------------------------------------------------------------------------
+@pytest.fixture(autouse=True)
+def _auto_kernel(monkeypatch):
+    """Every test starts with the kernel override unset (whatever the caller's shell says)."""
+    monkeypatch.delenv(KERNEL_ENV, raising=False)
+
+
+@functools.lru_cache(maxsize=None)
+def compute_capability():
+    return ck.cuda.compute_capability()
+
+
+def use_variant(monkeypatch, variant, m):
+    """Forces the kernel through CK_GEMM_W4A16_KERNEL (read on every call); skips small_m where
+    the GPU has no such kernel. The M rule is the parametrization's business: asserted."""
+    if variant == "small_m":
+        assert m <= SMALL_M_MAX, "small_m serves m <= 16"
+        if compute_capability() < (8, 0):
+            pytest.skip(f"small_m needs compute capability 8.0+ (this GPU: "
+                        f"{compute_capability()})")
+    monkeypatch.setenv(KERNEL_ENV, variant)
+
+
+def small_enough(m, n, k):
+    return not SANITIZE or m * n * k <= SANITIZE_MAX_MACS
+
+
+def synchronize():
+    ck.cuda.device_synchronize()
+
+
+def random_activations(rng, m, k, dtype):
+    """x ~ N(0, 1) in dtype."""
+    return ref.to_dtype(rng.standard_normal((m, k), dtype=np.float32), dtype)
+
+
+def random_weight(rng, n, k, dtype, mode, group_size, source):
+    """(w_packed, scales, zeros) of an [N, K] weight whose dequantized values are ~ N(0, 1/K)
+    (outputs ~ N(0, 1), far inside fp16's range).
+
+    source 'quantized': ref.quantize_int4 of random float weights (ref.random_input: rows of
+    widely different magnitudes, all-positive and all-negative rows, outlier columns).
+    source 'codes': uniformly random bytes (every code), random zero points in [0, 15] and
+    positive scales spread over a factor of 10.
+    """
+    if source == "quantized":
+        w = ref.random_input(rng, (n, k), dtype, scale=1.0 / math.sqrt(k))
+        return ref.quantize_int4(w, dtype, group_size, mode)
+    groups = ref.int4_groups_per_row(k, group_size)
+    packed = rng.integers(0, 256, size=(n, k // 2), dtype=np.uint8)
+    typical_code = 5.0  # |q - zero| of uniform codes is ~4.6 on average (rms)
+    scales = (10.0 ** rng.uniform(-0.5, 0.5, (n, groups)) / (typical_code * math.sqrt(k)))
+    scales = ref.to_dtype(scales.astype(np.float32), dtype)
+    zeros = rng.integers(0, 16, size=(n, groups), dtype=np.uint8) if mode == "asym" else None
+    return packed, scales, zeros
+
+
+def random_bias(rng, n, dtype):
+    return ref.to_dtype(rng.standard_normal(n, dtype=np.float32), dtype)
+
+
+class W4A16Call:
+    """One ck_gemm_w4a16 call: its guarded device buffers, its launch and its check.
+    refill() writes fresh random inputs into the same buffers (as a graph replay needs)."""
+
+    def __init__(self, x, weight, group_size, bias, activation, dtype, misalign=(0, 0, 0, 0, 0)):
+        """misalign: extra bytes before x, w_packed, scales, bias and out."""
+        self.group_size, self.activation, self.dtype = group_size, activation, dtype
+        w_packed, scales, zeros = weight
+        m, k = x.shape
+        n = w_packed.shape[0]
+        assert w_packed.shape == (n, k // 2)
+        assert scales.shape == (n, ref.int4_groups_per_row(k, group_size))
+        self.mode = "sym" if zeros is None else "asym"
+        self.mnk = (m, n, k)
+        self.inputs = (x, w_packed, scales, zeros, bias)
+        self.x = GuardedBuffer.input(x, misalign[0])
+        self.w = GuardedBuffer.input(w_packed, misalign[1])
+        self.scales = GuardedBuffer.input(scales, misalign[2])
+        self.zeros = None if zeros is None else GuardedBuffer.input(zeros, 1)  # any address
+        self.bias = None if bias is None else GuardedBuffer.input(bias, misalign[3])
+        self.out = GuardedBuffer.output((m, n), ref.NUMPY_DTYPE[dtype], misalign[4])
+
+    def launch(self, stream=0):
+        m, n, k = self.mnk
+        ck.raw.gemm_w4a16(self.x.ptr, CK_DTYPE[self.dtype], self.w.ptr, self.scales.ptr,
+                          ptr_or_null(self.zeros), self.group_size, CK_MODE[self.mode],
+                          ptr_or_null(self.bias), CK_ACTIVATION[self.activation], m, n, k,
+                          self.out.ptr, stream)
+
+    def poison_outputs(self):
+        self.out.poison()
+
+    def assert_outputs_untouched(self, ctx):
+        assert self.out.untouched(), f"{ctx}: the output was written"
+
+    def refill(self, rng, source="codes"):
+        m, n, k = self.mnk
+        x = random_activations(rng, m, k, self.dtype)
+        w_packed, scales, zeros = random_weight(rng, n, k, self.dtype, self.mode,
+                                                self.group_size, source)
+        bias = None if self.bias is None else random_bias(rng, n, self.dtype)
+        for buffer, host in zip((self.x, self.w, self.scales, self.zeros, self.bias),
+                                (x, w_packed, scales, zeros, bias)):
+            if buffer is not None:
+                buffer.write(host)
+        self.inputs = (x, w_packed, scales, zeros, bias)
+
+    def check(self, ctx):
+        """Compares with the float64 reference; returns (output in float64, reference, raw
+        output). Prints ||err|| / ||ref|| and the largest |err|."""
+        synchronize()
+        x, w_packed, scales, zeros, bias = self.inputs
+        k = self.mnk[2]
+        w_deq = ref.dequantized_int4_weight(w_packed, scales, zeros, self.group_size, k,
+                                            self.dtype)
+        pre = ref.linear_f64(x, w_deq, bias, "none", self.dtype)
+        value = ref.activate(pre, self.activation)
+        error32 = w4a16_float32_error(ref.to_f32(x, self.dtype).astype(np.float64),
+                                      ref.to_f32(w_deq, self.dtype).astype(np.float64), pre)
+        out = self.out.read(f"out, {ctx}")
+        got = ref.to_f32(out, self.dtype).astype(np.float64)
+        err = np.abs(got - value)
+        norm = np.linalg.norm(value)
+        rel = np.linalg.norm(got - value) / norm if norm > 0 else 0.0
+        print(f"{ctx}: ||err||/||ref|| = {rel:.3g}, max |err| = {err.max():.3g}")
+        assert_within(got, value, output_tolerance(value, error32, self.dtype),
+                      f"out ({self.dtype}), {ctx}")
+        if value.size >= MIN_ELEMENTS_FOR_NORM:
+            assert rel <= MAX_REL_ULPS * 2.0**-SIGNIFICAND_BITS[self.dtype], \
+                f"{ctx}: ||err||/||ref|| = {rel:.3g}"
+        if self.activation == "relu":
+            assert_relu_output(got, pre, error32, f"out, {ctx}")
+        return got, value, out
+
+
+def make_call(rng, shape, dtype, mode, group_size, source="quantized", bias=True,
+              activation="relu", misalign=(0, 0, 0, 0, 0)):
+    m, n, k = shape
+    x = random_activations(rng, m, k, dtype)
+    weight = random_weight(rng, n, k, dtype, mode, group_size, source)
+    bias_values = random_bias(rng, n, dtype) if bias else None
+    return W4A16Call(x, weight, group_size, bias_values, activation, dtype, misalign)
+
+
+# ---------------------------------------------------------------------------------------------
+# Every variant, dtype and mode over shapes with partial tiles
+# ---------------------------------------------------------------------------------------------
+# (M, N, K): M in {1, 2, 5, 8, 9, 16, 17, 33, 100}, N in {1, 7, 8, 9, 64, 100, 1000, 4096},
+# K in {32, 64, 96, 160, 1024, 4096}, each value several times, paired so that tiles are partial
+# in every dimension and the last group of a row is partial (K = 96 with groups of 64, K = 160
+# with groups of 64 and 128). M <= 16 runs on small_m as well as on the reference kernel.
+SHAPES = [
+    (1, 1, 32), (1, 4096, 1024), (1, 100, 4096), (2, 7, 64), (2, 1000, 160), (5, 9, 96),
+    (5, 64, 4096), (8, 8, 32), (8, 100, 1024), (9, 1000, 64), (9, 7, 4096), (16, 4096, 96),
+    (16, 9, 160), (17, 64, 1024), (17, 1, 32), (33, 100, 160), (33, 4096, 64), (100, 8, 96),
+    (100, 1000, 1024),
+]
+# Each shape gets one group size, one weight source, bias or not and ReLU or not, rotated so
+# that every value meets every variant, dtype and mode (test_gemm_w4a16_group_sizes crosses the
+# group sizes with everything on two shapes).
+GROUP_ROTATION = (128, 32, ref.GROUP_ROW, 64)
+SOURCE_ROTATION = ("quantized", "codes")
+BIAS_ROTATION = (True, True, False)
+ACTIVATION_ROTATION = ("relu", "none")
+
+
+# The forced kernels run every dtype and mode on every shape; auto (which picks one of them)
+# runs one pair per shape, rotated.
+DTYPE_MODES = [(dtype, mode) for dtype in ref.W4A16_DTYPES for mode in ref.INT4_MODES]
+
+
+def variant_serves(variant, m):
+    return variant != "small_m" or m <= SMALL_M_MAX
+
+
+def main_cases():
+    for i, shape in enumerate(SHAPES):
+        if not small_enough(*shape):
+            continue
+        group = GROUP_ROTATION[i % len(GROUP_ROTATION)]
+        source = SOURCE_ROTATION[i % len(SOURCE_ROTATION)]
+        bias = BIAS_ROTATION[i % len(BIAS_ROTATION)]
+        activation = ACTIVATION_ROTATION[(i // 2) % len(ACTIVATION_ROTATION)]
+        for variant in VARIANTS:
+            if not variant_serves(variant, shape[0]):
+                continue
+            pairs = DTYPE_MODES if variant != "auto" else [DTYPE_MODES[i % len(DTYPE_MODES)]]
+            for dtype, mode in pairs:
+                yield pytest.param(
+                        variant, dtype, mode, shape, group, source, bias, activation,
+                        id=f"{variant}-{dtype}-{mode}-{shape_id(shape)}-{GROUP_IDS[group]}-"
+                           f"{source}-{'bias' if bias else 'nobias'}-{activation}")
+
+
+@pytest.mark.parametrize("variant, dtype, mode, shape, group_size, source, bias, activation",
+                         list(main_cases()))
+def test_gemm_w4a16(variant, dtype, mode, shape, group_size, source, bias, activation,
+                    monkeypatch, seed):
+    use_variant(monkeypatch, variant, shape[0])
+    rng = np.random.default_rng(seed)
+    call = make_call(rng, shape, dtype, mode, group_size, source, bias, activation)
+    call.launch()
+    call.check(f"{variant}, seed={seed}")
+
+
+# K = 160: a partial last group of 64 and of 128; K = 4096: many groups. The two alternate
+# over the group sizes.
+GROUP_SHAPES = [(9, 100, 160), (3, 72, 4096)]
+
+
+def group_cases():
+    for variant in ("reference", "small_m"):
+        for dtype, mode in DTYPE_MODES:
+            for i, group in enumerate(ref.INT4_GROUP_SIZES):
+                shape = GROUP_SHAPES[(i + len(mode)) % len(GROUP_SHAPES)]
+                yield pytest.param(variant, dtype, mode, group, shape,
+                                   id=f"{variant}-{dtype}-{mode}-{GROUP_IDS[group]}-"
+                                      f"{shape_id(shape)}")
+
+
+@pytest.mark.parametrize("variant, dtype, mode, group_size, shape", list(group_cases()))
+def test_gemm_w4a16_group_sizes(variant, dtype, mode, group_size, shape, monkeypatch, seed):
+    """Every group size on both kernels, every dtype and mode, with a weight whose scales
+    differ a lot between groups (codes source)."""
+    use_variant(monkeypatch, variant, shape[0])
+    rng = np.random.default_rng(seed)
+    call = make_call(rng, shape, dtype, mode, group_size, "codes", bias=True, activation="none")
+    call.launch()
+    call.check(f"{variant}, seed={seed}")
+
+
+LARGE = [("small_m", (16, 14336, 4096)), ("auto", (1, 14336, 4096)),
+         ("reference", (64, 4096, 4096))]
+
+
+@pytest.mark.parametrize("variant, shape", [pytest.param(v, s, id=f"{v}-{shape_id(s)}")
+                                            for v, s in LARGE if small_enough(*s)])
+@pytest.mark.parametrize("dtype", ref.W4A16_DTYPES)
+def test_gemm_w4a16_large(variant, shape, dtype, monkeypatch, seed):
+    """Full-size layers (the DESIGN shapes): group 128, asymmetric, bias and ReLU."""
+    use_variant(monkeypatch, variant, shape[0])
+    rng = np.random.default_rng(seed)
+    call = make_call(rng, shape, dtype, "asym", 128, "codes", bias=True, activation="relu")
+    call.launch()
+    call.check(f"{variant}, seed={seed}")
+
+
+@pytest.mark.parametrize("dtype", ref.W4A16_DTYPES)
+@pytest.mark.parametrize("mode", ref.INT4_MODES)
+def test_gemm_w4a16_element_aligned_pointers(dtype, mode, monkeypatch, seed):
+    """x and w_packed 16-byte aligned (not 256), scales, bias and out only element aligned,
+    zeros at an odd address: the least the header requires, on both kernels."""
+    rng = np.random.default_rng(seed)
+    for variant in ("reference", "small_m"):
+        use_variant(monkeypatch, variant, 7)
+        call = make_call(rng, (7, 73, 224), dtype, mode, 64, "quantized",
+                         misalign=(16, 48, 2, 6, 2))
+        call.launch()
+        call.check(f"{variant}, seed={seed}")
+
+
+# ---------------------------------------------------------------------------------------------
+# small_m and reference agree; the override
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("shape", [(1, 4096, 1024), (16, 1000, 4096), (5, 7, 160)], ids=shape_id)
+@pytest.mark.parametrize("dtype", ref.W4A16_DTYPES)
+def test_small_m_and_reference_agree(dtype, shape, monkeypatch, seed):
+    """The two kernels on the same device buffers: each within tolerance of the reference, and
+    within the sum of their tolerances of each other (their float32 sums may differ in order)."""
+    rng = np.random.default_rng(seed)
+    call = make_call(rng, shape, dtype, "asym", 128, "quantized", bias=True, activation="none")
+    results = {}
+    for variant in ("reference", "small_m"):
+        use_variant(monkeypatch, variant, shape[0])
+        call.poison_outputs()
+        call.launch()
+        results[variant] = call.check(f"{variant}, seed={seed}")
+    (a, value, _), (b, _, _) = results["reference"], results["small_m"]
+    x, w_packed, scales, zeros, bias = call.inputs
+    w_deq = ref.dequantized_int4_weight(w_packed, scales, zeros, 128, shape[2], dtype)
+    error32 = w4a16_float32_error(ref.to_f32(x, dtype).astype(np.float64),
+                                  ref.to_f32(w_deq, dtype).astype(np.float64), value)
+    tol = 2 * output_tolerance(value, error32, dtype)
+    assert_within(b, a, tol, f"small_m vs reference, seed={seed}")
+    diff = np.linalg.norm(a - b) / max(np.linalg.norm(value), 1e-30)
+    print(f"||small_m - reference|| / ||ref|| = {diff:.3g}")
+
+
+@pytest.mark.parametrize("m", [17, 100])
+def test_forced_small_m_beyond_16_rows_is_unsupported(m, monkeypatch, seed):
+    """small_m serves m <= 16 only: forced beyond, CK_STATUS_UNSUPPORTED, nothing written."""
+    monkeypatch.setenv(KERNEL_ENV, "small_m")
+    call = make_call(np.random.default_rng(seed), (m, 64, 64), "fp16", "sym", 32)
+    with pytest.raises(ck.CKError) as info:
+        call.launch()
+    assert info.value.status == ck.Status.UNSUPPORTED, info.value.message
+    assert KERNEL_ENV in info.value.message and "small_m" in info.value.message
+    synchronize()
+    call.assert_outputs_untouched("a rejected call")
+
+
+def test_kernel_override_is_read_on_every_call(monkeypatch, seed):
+    if compute_capability() < (8, 0):
+        pytest.skip("small_m needs compute capability 8.0+")
+    call = make_call(np.random.default_rng(seed), (20, 64, 128), "bf16", "asym", 64)
+    for value, ok in (("small_m", False), (None, True), ("auto", True), ("", True),
+                      ("small_m", False), ("reference", True)):
+        if value is None:
+            monkeypatch.delenv(KERNEL_ENV, raising=False)
+        else:
+            monkeypatch.setenv(KERNEL_ENV, value)
+        call.poison_outputs()
+        if ok:
+            call.launch()
+            call.check(f"{KERNEL_ENV}={value!r}, seed={seed}")
+        else:
+            with pytest.raises(ck.CKError) as info:
+                call.launch()
+            assert info.value.status == ck.Status.UNSUPPORTED, (value, info.value.message)
+
+
+# ---------------------------------------------------------------------------------------------
+# CUDA graphs
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("dtype", ref.W4A16_DTYPES)
+def test_cuda_graph_replay(variant, dtype, monkeypatch, seed):
+    """Capture records the launch without running it; each replay reads the new contents of
+    the same buffers and writes the whole output."""
+    rng = np.random.default_rng(seed)
+    m = 9 if variant != "reference" else 40
+    use_variant(monkeypatch, variant, m)
+    call = make_call(rng, (m, 136, 288), dtype, "asym", 32)
+    assert_graph_replays(call, rng, seed)
+
+
+# ---------------------------------------------------------------------------------------------
+# The wrapper: NumPy in -> NumPy out, device arrays in -> DeviceArray out, out=; bitwise what
+# the raw call writes (the wrapper does no arithmetic).
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("mode", ref.INT4_MODES)
+@pytest.mark.parametrize("dtype", ref.W4A16_DTYPES)
+def test_wrapper_gemm_w4a16(dtype, mode, seed):
+    rng = np.random.default_rng(seed)
+    m, n, k = 6, 40, 192
+    raw_call = make_call(rng, (m, n, k), dtype, mode, 64, "quantized", bias=True,
+                         activation="relu")
+    raw_call.launch()
+    _, _, want = raw_call.check(f"raw, seed={seed}")
+    x, w_packed, scales, zeros, bias = raw_call.inputs
+    dtype_arg = "bf16" if dtype == "bf16" else None
+    got = ck.gemm_w4a16(x, w_packed, scales, zeros, group_size=64, bias=bias,
+                        activation="relu", dtype=dtype_arg)
+    assert isinstance(got, np.ndarray)
+    assert_bitwise_equal(got, want, f"numpy, seed={seed}")
+    ck_dtype = CK_DTYPE[dtype]
+    xd, sd, bd = (ck.DeviceArray.from_numpy(v, ck_dtype=ck_dtype) for v in (x, scales, bias))
+    wd = ck.DeviceArray.from_numpy(w_packed)
+    zd = None if zeros is None else ck.DeviceArray.from_numpy(zeros)
+    got_d = ck.gemm_w4a16(xd, wd, sd, zd, group_size=64, bias=bd, activation="relu")
+    assert isinstance(got_d, ck.DeviceArray) and got_d.shape == (m, n)
+    assert got_d.ck_dtype == ck_dtype
+    assert_bitwise_equal(got_d.to_numpy(), want, f"device, seed={seed}")
+    out = ck.DeviceArray.empty((m, n), x.dtype, ck_dtype).fill_byte(POISON)
+    assert ck.gemm_w4a16(xd, wd, sd, zd, group_size=64, bias=bd, activation="relu",
+                         out=out) is out
+    assert_bitwise_equal(out.to_numpy(), want, f"device out=, seed={seed}")
+    row = ck.gemm_w4a16(x[2], w_packed, scales, zeros, group_size=64, bias=bias,
+                        activation="relu", dtype=dtype_arg)   # a 1-D x is one row: [N] out
+    assert row.shape == (n,)
+    assert_bitwise_equal(row, want[2], f"1-D x, seed={seed}")
+
+
+def test_wrapper_gemm_w4a16_no_bias_and_library_rules(seed):
+    rng = np.random.default_rng(seed)
+    x = random_activations(rng, 3, 64, "fp16")
+    packed, scales, _ = random_weight(rng, 16, 64, "fp16", "sym", ref.GROUP_ROW, "quantized")
+    got = ck.gemm_w4a16(x, packed, scales, group_size=ck.GROUP_ROW)
+    want = ref.gemm_w4a16_f64(x, packed, scales, None, ref.GROUP_ROW, 64, "fp16")
+    w_deq = ref.dequantized_int4_weight(packed, scales, None, ref.GROUP_ROW, 64, "fp16")
+    error32 = w4a16_float32_error(x.astype(np.float64), w_deq.astype(np.float64), want)
+    assert_within(got.astype(np.float64), want, output_tolerance(want, error32, "fp16"),
+                  f"no bias, seed={seed}")
+    with pytest.raises(ck.CKError) as info:     # the library's rule: K a multiple of 32
+        ck.gemm_w4a16(np.ascontiguousarray(x[:, :48]), np.ascontiguousarray(packed[:, :24]),
+                      np.ones((16, 1), np.float16),
+                      group_size=ck.GROUP_ROW)
+    assert info.value.status == ck.Status.UNSUPPORTED and "k" in info.value.message
+    with pytest.raises(ck.CKError) as info:     # fp32 activations: not a W4A16 dtype
+        ck.gemm_w4a16(x.astype(np.float32), packed, scales.astype(np.float32),
+                      group_size=ck.GROUP_ROW)
+    assert info.value.status == ck.Status.UNSUPPORTED

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <string>
 
 #include "cuda_kernels.h"
@@ -204,32 +205,44 @@ class Check {
 
 namespace ck {
 
-int sm_count() {
-    constexpr int kMaxDevices = 64;
-    static int cache[kMaxDevices] = {};  // 0: not read yet; a race only repeats the same query
+namespace {
+
+// query(device, &value) for the current device, cached per device (Cache is one static array per
+// query). 0 (never cached) when there is no device or the query fails; a race between threads
+// only repeats the same query.
+template <class Cache, class Query> int cached_device_query(Cache& cache, Query&& query) {
     int device = 0;
-    if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return 0;
+    if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= int(std::size(cache)))
+        return 0;
     if (cache[device] == 0) {
-        int n = 0;
-        if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return 0;
-        cache[device] = n;
+        int value = 0;
+        if (!query(device, &value)) return 0;
+        cache[device] = value;
     }
     return cache[device];
 }
 
-int compute_capability() {
-    constexpr int kMaxDevices = 64;
+constexpr int kMaxDevices = 64;
+
+}  // namespace
+
+int sm_count() {
     static int cache[kMaxDevices] = {};
-    int device = 0;
-    if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return 0;
-    if (cache[device] == 0) {
+    return cached_device_query(cache, [](int device, int* n) {
+        return cudaDeviceGetAttribute(n, cudaDevAttrMultiProcessorCount, device) == cudaSuccess;
+    });
+}
+
+int compute_capability() {
+    static int cache[kMaxDevices] = {};
+    return cached_device_query(cache, [](int device, int* cc) {
         int major = 0, minor = 0;
         if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
             cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
-            return 0;
-        cache[device] = major * 10 + minor;
-    }
-    return cache[device];
+            return false;
+        *cc = major * 10 + minor;
+        return true;
+    });
 }
 
 }  // namespace ck
@@ -313,6 +326,24 @@ ck_status_t check_gemm_int8_operands(const Check& check, const int8_t* a, const 
     CK_TRY(check.aligned(a, 16, "a", "16-byte vector loads"));
     CK_TRY(check.aligned(b, 16, "b", "16-byte vector loads"));
     return check.element_aligned(out, out_dtype, out_dtype == CK_DTYPE_INT32 ? "c" : "out");
+}
+
+// The operands of an INT8 GEMM call (validated by check_gemm_int8_operands); the epilogue's
+// fields stay empty (int32 output) for the caller to fill.
+ck::GemmInt8Args gemm_int8_operands(const int8_t* a, const int8_t* b, ck_layout_t b_layout,
+                                    int64_t m, int64_t n, int64_t k, void* out,
+                                    ck_dtype_t out_dtype) {
+    ck::GemmInt8Args args{};
+    args.a = a;
+    args.b = b;
+    args.b_layout = b_layout;
+    args.m = m;
+    args.n = n;
+    args.k = k;
+    args.activation = CK_ACTIVATION_NONE;
+    args.out = out;
+    args.out_dtype = out_dtype;
+    return args;
 }
 
 ck_status_t run_gemm_int8(const Check& check, const ck::GemmInt8Args& args, cudaStream_t stream) {
@@ -472,17 +503,8 @@ ck_status_t ck_gemm_int8(const int8_t* a, const int8_t* b, ck_layout_t b_layout,
                          int64_t k, int32_t* c, ck_stream_t stream) {
     const Check check("ck_gemm_int8");
     CK_TRY(check_gemm_int8_operands(check, a, b, b_layout, m, n, k, c, CK_DTYPE_INT32));
-    ck::GemmInt8Args args{};
-    args.a = a;
-    args.b = b;
-    args.b_layout = b_layout;
-    args.m = m;
-    args.n = n;
-    args.k = k;
-    args.activation = CK_ACTIVATION_NONE;
-    args.out = c;
-    args.out_dtype = CK_DTYPE_INT32;
-    return run_gemm_int8(check, args, stream);
+    return run_gemm_int8(check, gemm_int8_operands(a, b, b_layout, m, n, k, c, CK_DTYPE_INT32),
+                         stream);
 }
 
 ck_status_t ck_gemm_int8_scaled(const int8_t* a, const int8_t* b, ck_layout_t b_layout, int64_t m,
@@ -502,21 +524,13 @@ ck_status_t ck_gemm_int8_scaled(const int8_t* a, const int8_t* b, ck_layout_t b_
     CK_TRY(check.element_aligned(scale_a, CK_DTYPE_FP32, "scale_a"));
     CK_TRY(check.element_aligned(scale_b, CK_DTYPE_FP32, "scale_b"));
     if (bias) CK_TRY(check.element_aligned(bias, out_dtype, "bias"));
-    ck::GemmInt8Args args{};
-    args.a = a;
-    args.b = b;
-    args.b_layout = b_layout;
-    args.m = m;
-    args.n = n;
-    args.k = k;
+    ck::GemmInt8Args args = gemm_int8_operands(a, b, b_layout, m, n, k, out, out_dtype);
     args.scale_a = scale_a;
     args.scale_a_per_row = a_granularity == CK_PER_ROW;
     args.scale_b = scale_b;
     args.scale_b_per_col = b_granularity == CK_PER_ROW;
     args.bias = bias;
     args.activation = activation;
-    args.out = out;
-    args.out_dtype = out_dtype;
     return run_gemm_int8(check, args, stream);
 }
 

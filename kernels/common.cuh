@@ -27,6 +27,18 @@ inline bool is_aligned(const void* p, size_t bytes) {
 // Number of multiprocessors of the current device (cached per device; 0 on error).
 int sm_count();
 
+// The compute capability of the current device as major * 10 + minor (cached; 0 on error).
+int compute_capability();
+
+// Output tiles numbered along one grid dimension: 2^31 - 1 blocks at most (gridDim.y would cap
+// M or N at 65535 tiles).
+inline bool grid_fits(int64_t blocks) { return blocks >= 1 && blocks <= INT32_MAX; }
+
+// Calls f(std::true_type) or f(std::false_type): turns a run-time flag into a template argument.
+template <typename F> cudaError_t with_bool(bool flag, F&& f) {
+    return flag ? f(std::true_type{}) : f(std::false_type{});
+}
+
 // ---------------------------------------------------------------------------------------------
 // Element conversions. float is the compute type of every kernel; rounding to 16-bit types is
 // round-to-nearest-even, as tests/reference.py does it.

@@ -48,10 +48,6 @@ constexpr bool kHasSm80 = CK_GEMM_SM80;
 // ---------------------------------------------------------------------------------------------
 // PTX wrappers, one instruction each
 // ---------------------------------------------------------------------------------------------
-__device__ __forceinline__ uint32_t shared_address(const void* p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
 // cp.async.cg.shared.global (16 bytes, L2 only): src_bytes = 0 reads nothing from global memory
 // and fills the 16 shared bytes with zeros, which is how out-of-range rows and the K tail load.
 __device__ __forceinline__ void cp_async_16_zfill(uint32_t dst, const void* src, bool valid) {
@@ -126,9 +122,6 @@ template <typename F> cudaError_t dispatch_out_dtype(ck_dtype_t out_dtype, F&& f
     return dispatch_float_dtype(out_dtype, f);
 }
 
-// Output tiles are numbered along one grid dimension (2^31 - 1 blocks, where gridDim.y would cap
-// M or N at 65535 tiles).
-inline bool grid_fits(int64_t blocks) { return blocks >= 1 && blocks <= INT32_MAX; }
 
 // ---------------------------------------------------------------------------------------------
 // Reference kernel: 64x64 tile per 256-thread block, K in 64-byte steps through shared memory,

@@ -58,7 +58,4 @@ cudaError_t gemm_int8_small_m(const GemmInt8Args& args, cudaStream_t stream);
 bool gemm_int8_sm90_available();
 cudaError_t gemm_int8_sm90(const GemmInt8Args& args, cudaStream_t stream);
 
-// The compute capability of the current device as major * 10 + minor (cached; 0 on error).
-int compute_capability();
-
 }  // namespace ck

@@ -29,6 +29,7 @@
 #include <mutex>
 
 #include "kernels/epilogue.cuh"
+#include "kernels/ptx.cuh"
 #include "kernels/gemm_int8.cuh"
 
 // The sm_90a pass defines __CUDA_ARCH_FEAT_SM90_ALL; every other target compiles empty bodies
@@ -55,25 +56,21 @@ static_assert(kBlockK % kWgmmaK == 0, "a stage holds whole wgmma K steps");
 // PTX wrappers, one instruction each.
 // ---------------------------------------------------------------------------------------------
 #ifdef CK_SM90A_DEVICE
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
 // mbarrier.init: the barrier completes a phase after `count` arrivals (plus awaited tx bytes).
 __device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count));
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(shared_address(bar)), "r"(count));
 }
 
 // mbarrier.arrive.expect_tx: arrive and announce `bytes` that asynchronous copies will complete.
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)),
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_address(bar)),
                  "r"(bytes)
                  : "memory");
 }
 
 // mbarrier.arrive: one plain arrival.
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(shared_address(bar)) : "memory");
 }
 
 // mbarrier.try_wait.parity in a loop: returns once the phase with this parity has completed.
@@ -82,7 +79,7 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
         "{\n.reg .pred done;\n"
         "WAIT_%=:\n"
         "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-        "@!done bra WAIT_%=;\n}\n" ::"r"(smem_addr(bar)),
+        "@!done bra WAIT_%=;\n}\n" ::"r"(shared_address(bar)),
         "r"(parity)
         : "memory");
 }
@@ -98,8 +95,8 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, u
                                             int x, int y) {
     asm volatile(
         "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-        " [%0], [%1, {%3, %4}], [%2];" ::"r"(smem_addr(dst)),
-        "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(x), "r"(y)
+        " [%0], [%1, {%3, %4}], [%2];" ::"r"(shared_address(dst)),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(shared_address(bar)), "r"(x), "r"(y)
         : "memory");
 }
 
@@ -144,7 +141,7 @@ __device__ __forceinline__ uint64_t smem_descriptor(const void* tile) {
     constexpr uint64_t kLeading = 1;
     constexpr uint64_t kStride = (kSwizzleRows * kBlockK) >> 4;
     constexpr uint64_t kSwizzle128B = 1;
-    return uint64_t((smem_addr(tile) & 0x3FFFF) >> 4) | (kLeading << 16) | (kStride << 32) |
+    return uint64_t((shared_address(tile) & 0x3FFFF) >> 4) | (kLeading << 16) | (kStride << 32) |
            (kSwizzle128B << 62);
 }
 

@@ -28,7 +28,6 @@
 //   N=28672 K=8192 -> 117 MB -> ~39 us at full copy speed).
 #include "kernels/ptx.cuh"
 #include "kernels/epilogue.cuh"
-#include "kernels/gemm_int8.cuh"  // compute_capability()
 #include "kernels/gemm_w4a16.cuh"
 
 // Tensor-core f16/bf16 mma.sync and the streaming load need sm_80; the file is built for sm_75
@@ -46,8 +45,6 @@ namespace {
 // wrappers are empty and the kernel traps at entry.
 constexpr bool kHasSm80 = CK_W4A16_SM80;
 
-inline bool grid_fits(int64_t blocks) { return blocks >= 1 && blocks <= INT32_MAX; }
-
 // Calls f with a value of the element type of dtype (fp16 or bf16; fp32 is rejected earlier).
 template <typename F> cudaError_t dispatch_half_dtype(ck_dtype_t dtype, F&& f) {
     switch (dtype) {
@@ -55,10 +52,6 @@ template <typename F> cudaError_t dispatch_half_dtype(ck_dtype_t dtype, F&& f) {
         case CK_DTYPE_BF16: return f(__nv_bfloat16{});
         default: return cudaErrorInvalidValue;
     }
-}
-
-template <typename F> cudaError_t with_asym(bool asym, F&& f) {
-    return asym ? f(std::true_type{}) : f(std::false_type{});
 }
 
 // The bits of a 16-bit float and back.
@@ -524,7 +517,7 @@ cudaError_t gemm_w4a16_reference(const GemmW4A16Args& args, cudaStream_t stream)
     if (!grid_fits(blocks)) return cudaErrorInvalidConfiguration;
     return dispatch_half_dtype(args.dtype, [&](auto tag) {
         using T = decltype(tag);
-        return with_asym(args.zeros != nullptr, [&](auto asym) {
+        return with_bool(args.zeros != nullptr, [&](auto asym) {
             gemm_w4a16_reference_kernel<T, decltype(asym)::value><<<unsigned(blocks), kRefThreads, 0, stream>>>(
                 static_cast<const T*>(args.x), args.w, static_cast<const T*>(args.scales), args.zeros,
                 args.group_size, args.groups, static_cast<const T*>(args.bias), args.activation,
@@ -556,7 +549,7 @@ cudaError_t gemm_w4a16_small_m(const GemmW4A16Args& args, cudaStream_t stream) {
     const auto fits = [&](int64_t cols) { return ceil_div(args.n, cols) >= min_blocks; };
     return dispatch_half_dtype(args.dtype, [&](auto tag) {
         using T = decltype(tag);
-        return with_asym(args.zeros != nullptr, [&](auto asym) {
+        return with_bool(args.zeros != nullptr, [&](auto asym) {
             constexpr bool kAsym = decltype(asym)::value;
             if (args.m <= 8) {
                 if (fits(SmallLoWide::kCols)) return launch_small_m<SmallLoWide, T, false, kAsym>(a, stream);

@@ -5,6 +5,12 @@
 
 namespace ck {
 
+// The shared-memory (state space) address of a generic pointer into shared memory, as the PTX
+// instructions that name shared memory take it.
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
 // ld.global.nc.L1::no_allocate.L2::256B.v4.u32: 16 bytes of a read-once stream (the weight of a
 // small-M GEMM): no L1 line is spent on it, and the 256-byte L2 prefetch brings in the
 // neighbouring chunks the other warps of the block are about to ask for. sm_80 and newer; below

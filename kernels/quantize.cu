@@ -485,10 +485,6 @@ void launch_int4_quantize(const T* x, int64_t rows, int64_t cols, int64_t group_
     }
 }
 
-// Calls f(std::true_type) or f(std::false_type): turns a run-time flag into a template argument.
-template <typename F> cudaError_t with_bool(bool flag, F&& f) {
-    return flag ? f(std::true_type{}) : f(std::false_type{});
-}
 
 }  // namespace
 

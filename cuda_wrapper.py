@@ -1006,6 +1006,15 @@ class _Call:
             return _Arg(dev.ptr, a.shape, a.dtype, ck, dev)
         return _Arg(dev.ptr, a.shape, a.dtype, ck, a)
 
+    def optional_input(self, obj, name, size, dtype=None, need=None):
+        """The device address of an optional input of `size` values (a bias, zero points): 0 for
+        None. dtype: its ck dtype; need: its NumPy dtype (else the one it comes with)."""
+        if obj is None:
+            return 0
+        a = self.input(obj, name, dtype, need=need)
+        _check_array(a, name, a.dtype if need is None else need, size)
+        return a.ptr
+
     def output(self, shape, np_dtype, ck_dtype, out, name):
         """An output: out= if given (checked), else a new DeviceArray or NumPy array."""
         np_dtype = np.dtype(np_dtype)
@@ -1080,11 +1089,17 @@ def _granularity(value, scales_size=None, rows=None):
             return PER_ROW
         raise ValueError("scales has %s values: 1 (per tensor) or rows=%s (per row) expected"
                          % (scales_size, rows))
+    return _named_enum(value, "granularity", "'tensor' or 'row'",
+                       {"tensor": PER_TENSOR, "per_tensor": PER_TENSOR, "row": PER_ROW,
+                        "per_row": PER_ROW})
+
+
+def _named_enum(value, what, choices, names):
+    """An enum value from one of its `names` (case-insensitive) or the int itself; an unknown
+    name raises ValueError saying `what` takes `choices`."""
     if isinstance(value, str):
-        names = {"tensor": PER_TENSOR, "per_tensor": PER_TENSOR, "row": PER_ROW,
-                 "per_row": PER_ROW}
         if value.lower() not in names:
-            raise ValueError("granularity=%r: use 'tensor' or 'row'" % value)
+            raise ValueError("%s=%r: use %s" % (what, value, choices))
         return names[value.lower()]
     return int(value)
 
@@ -1210,24 +1225,16 @@ def dequantize_int4(packed, scales, zeros, cols, group_size=128, out_dtype=None,
 
 def _layout(value):
     """LAYOUT_NK / LAYOUT_KN from "nk" / "kn" (or the int itself)."""
-    if isinstance(value, str):
-        names = {"nk": LAYOUT_NK, "kn": LAYOUT_KN}
-        if value.lower() not in names:
-            raise ValueError("layout=%r: use 'nk' (b is [N, K]) or 'kn' (b is [K, N])" % value)
-        return names[value.lower()]
-    return int(value)
+    return _named_enum(value, "layout", "'nk' (b is [N, K]) or 'kn' (b is [K, N])",
+                       {"nk": LAYOUT_NK, "kn": LAYOUT_KN})
 
 
 def _activation(value):
     """ACTIVATION_NONE / ACTIVATION_RELU from None, "none" or "relu" (or the int itself)."""
     if value is None:
         return ACTIVATION_NONE
-    if isinstance(value, str):
-        names = {"none": ACTIVATION_NONE, "relu": ACTIVATION_RELU}
-        if value.lower() not in names:
-            raise ValueError("activation=%r: use None, 'none' or 'relu'" % value)
-        return names[value.lower()]
-    return int(value)
+    return _named_enum(value, "activation", "None, 'none' or 'relu'",
+                       {"none": ACTIVATION_NONE, "relu": ACTIVATION_RELU})
 
 
 def _gemm_shape(a, b, layout, a_name="a", b_name="b"):
@@ -1298,11 +1305,7 @@ def gemm_int8_scaled(a, b, scale_a, scale_b, bias=None, activation=None, out_dty
         a_gran = _scale_granularity(sa, "scale_a", m, "row of a")
         sb = call.input(scale_b, "scale_b", scalar_dtype=np.float32)
         b_gran = _scale_granularity(sb, "scale_b", n, "output column")
-        bias_ptr = 0
-        if bias is not None:
-            bi = call.input(bias, "bias", ck_out)
-            _check_array(bi, "bias", bi.dtype, n)
-            bias_ptr = bi.ptr
+        bias_ptr = call.optional_input(bias, "bias", n, ck_out)
         o = call.output(out_shape, _NUMPY_OF[ck_out], ck_out, out, "out")
         raw.gemm_int8_scaled(aa.ptr, ba.ptr, lay, m, n, k, sa.ptr, a_gran, sb.ptr, b_gran,
                              bias_ptr, act, o.ptr, ck_out, call.stream)
@@ -1322,11 +1325,7 @@ def linear(x, w, bias=None, activation=None, dtype=None, out=None, stream=None):
         xa = call.input(x, "x", dtype, matrix=True, need=_FLOAT_INPUT)
         wa = call.input(w, "w", xa.ck_dtype)
         m, n, k, out_shape = _gemm_shape(xa, wa, LAYOUT_NK, "x", "w")
-        bias_ptr = 0
-        if bias is not None:
-            bi = call.input(bias, "bias", xa.ck_dtype)
-            _check_array(bi, "bias", bi.dtype, n)
-            bias_ptr = bi.ptr
+        bias_ptr = call.optional_input(bias, "bias", n, xa.ck_dtype)
         o = call.output(out_shape, _NUMPY_OF[xa.ck_dtype], xa.ck_dtype, out, "out")
         raw.linear(xa.ptr, wa.ptr, bias_ptr, xa.ck_dtype, m, n, k, act, o.ptr, call.stream)
         return call.finish(o)
@@ -1359,16 +1358,8 @@ def gemm_w4a16(x, w_packed, scales, zeros=None, group_size=128, bias=None, activ
         groups = _groups(k, group_size)
         s = call.input(scales, "scales", xa.ck_dtype)
         _check_array(s, "scales", s.dtype, n * groups)
-        z_ptr = 0
-        if zeros is not None:
-            z = call.input(zeros, "zeros", need=np.uint8)
-            _check_array(z, "zeros", np.uint8, n * groups)
-            z_ptr = z.ptr
-        bias_ptr = 0
-        if bias is not None:
-            bi = call.input(bias, "bias", xa.ck_dtype)
-            _check_array(bi, "bias", bi.dtype, n)
-            bias_ptr = bi.ptr
+        z_ptr = call.optional_input(zeros, "zeros", n * groups, need=np.uint8)
+        bias_ptr = call.optional_input(bias, "bias", n, xa.ck_dtype)
         o = call.output(out_shape, _NUMPY_OF[xa.ck_dtype], xa.ck_dtype, out, "out")
         raw.gemm_w4a16(xa.ptr, xa.ck_dtype, wa.ptr, s.ptr, z_ptr, group_size, mode, bias_ptr,
                        act, m, n, k, o.ptr, call.stream)

@@ -31,21 +31,14 @@ for _path in (os.path.dirname(TESTS_DIR), TESTS_DIR):
 
 import cuda_wrapper as ck  # noqa: E402
 import reference as ref  # noqa: E402
+from gpu_support import (  # noqa: E402
+    GPU_MARKS, SANITIZE, GuardedBuffer, assert_bitwise_equal, assert_graph_replays,
+    assert_override_read_on_every_call, ptr_or_null, shape_id, synchronize,
+)
 
 
-def _device_count():
-    try:
-        return ck.device_count()
-    except (OSError, RuntimeError):  # the library, libcudart or the driver is missing
-        return 0
+pytestmark = GPU_MARKS
 
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(_device_count() == 0, reason="no CUDA device: GPU tests need one"),
-]
-
-SANITIZE = os.environ.get("CK_SANITIZE") == "1"
 # Under compute-sanitizer every kernel runs ~100x slower: products above this many
 # multiply-adds are left out.
 SANITIZE_MAX_MACS = 2**26
@@ -61,10 +54,6 @@ CK_GRANULARITY = {"tensor": ck.PER_TENSOR, "row": ck.PER_ROW}
 
 POISON = 0x7F  # outputs: int32 0x7F7F7F7F (above any |sum| tested but the wrap test's, which
 #                never lands on it), fp32 and bf16 ~3.4e38, fp16 NaN: none is a correct result
-INPUT_GUARD = 0xCD
-GUARD_BYTES = 256  # before and after every buffer; keeps cudaMalloc's 256-byte alignment
-
-_UINT_OF_SIZE = {1: np.uint8, 2: np.uint16, 4: np.uint32}
 
 # ---------------------------------------------------------------------------------------------
 # Tolerances of the float outputs
@@ -133,23 +122,6 @@ def assert_within(got, want, tol, what):
         f"got {got[first]!r}, expected {want[first]!r}")
 
 
-def assert_bitwise_equal(actual, expected, what):
-    """Same shape, same dtype and the same bit pattern in every element."""
-    expected = np.asarray(expected)
-    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
-    assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
-    as_uint = _UINT_OF_SIZE[actual.dtype.itemsize]
-    got, want = actual.view(as_uint), expected.view(as_uint)
-    if np.array_equal(got, want):
-        return
-    bad = np.argwhere(got != want)
-    at = tuple(int(i) for i in bad[0])
-    raise AssertionError(
-        f"{what}: {len(bad)} of {got.size} elements differ; first at {at}: "
-        f"got {actual[at].item()!r} (bits {int(got[at]):#x}), "
-        f"expected {expected[at].item()!r} (bits {int(want[at]):#x})")
-
-
 def assert_relu_output(got, pre_activation, float32_error, what):
     """ReLU: no negative output, and exactly 0 where the value is certainly negative."""
     assert (got >= 0).all(), f"{what}: ReLU output has negative (or NaN) values"
@@ -207,17 +179,9 @@ def kn_n(n):
     return 16 * -(-n // 16)
 
 
-def shape_id(shape):
-    return "x".join(map(str, shape))
-
-
 def random_int8(rng, shape):
     """Uniform over the whole int8 range, -128 included."""
     return rng.integers(-128, 128, size=shape, dtype=np.int8)
-
-
-def synchronize():
-    ck.cuda.device_synchronize()
 
 
 def small_enough(m, n, k):
@@ -227,64 +191,6 @@ def small_enough(m, n, k):
 # ---------------------------------------------------------------------------------------------
 # Device buffers with guards (as in test_quantize_gpu.py)
 # ---------------------------------------------------------------------------------------------
-class GuardedBuffer:
-    """A [shape] array of np_dtype in device memory, between two guard regions.
-
-    An output starts filled with `poison` (guards included); an input holds `host` between
-    guards of INPUT_GUARD. `misalign` extra bytes before the array move it off the 256-byte
-    alignment of cudaMalloc (16 keeps it 16-byte aligned; an element's size keeps it element
-    aligned). read() checks that the guards are intact.
-    """
-
-    def __init__(self, shape, np_dtype, *, poison=None, host=None, misalign=0):
-        self.shape, self.dtype = tuple(shape), np.dtype(np_dtype)
-        self.nbytes = int(np.prod(self.shape)) * self.dtype.itemsize
-        self.guard_byte = INPUT_GUARD if host is not None else poison
-        self._start = GUARD_BYTES + misalign
-        raw = np.full(self._start + self.nbytes + GUARD_BYTES, self.guard_byte, np.uint8)
-        if host is not None:
-            host = np.ascontiguousarray(host, dtype=self.dtype)
-            assert host.shape == self.shape
-            raw[self._start : self._start + self.nbytes] = host.reshape(-1).view(np.uint8)
-        self._device = ck.DeviceArray.from_numpy(raw)
-
-    @classmethod
-    def output(cls, shape, np_dtype, misalign=0):
-        return cls(shape, np_dtype, poison=POISON, misalign=misalign)
-
-    @classmethod
-    def input(cls, host, misalign=0):
-        host = np.asarray(host)
-        return cls(host.shape, host.dtype, host=host, misalign=misalign)
-
-    @property
-    def ptr(self):
-        return self._device.ptr + self._start
-
-    def poison(self):
-        self._device.fill_byte(self.guard_byte)
-
-    def write(self, host):
-        """Copies `host` into the array, in place (its address stays the same)."""
-        assert host.shape == self.shape and host.dtype == self.dtype
-        ck.cuda.memcpy_htod(self.ptr, np.ascontiguousarray(host))
-
-    def read(self, what):
-        """The array's contents, after checking that nothing was written around it."""
-        raw = self._device.to_numpy()
-        before, after = raw[: self._start], raw[self._start + self.nbytes :]
-        if not ((before == self.guard_byte).all() and (after == self.guard_byte).all()):
-            raise AssertionError(f"{what}: bytes outside the array were written (out of bounds)")
-        return raw[self._start : self._start + self.nbytes].view(self.dtype).reshape(self.shape)
-
-    def untouched(self):
-        return (self._device.to_numpy() == self.guard_byte).all()
-
-
-def ptr_or_null(buffer):
-    return 0 if buffer is None else buffer.ptr
-
-
 # ---------------------------------------------------------------------------------------------
 # One call of each entry point: its device buffers, its launch and its check
 # ---------------------------------------------------------------------------------------------
@@ -313,7 +219,7 @@ class GemmInt8Call(KernelCall):
         self.inputs = (a, b)
         self.a = GuardedBuffer.input(a, misalign[0])
         self.b = GuardedBuffer.input(b, misalign[1])
-        self.out = GuardedBuffer.output((m, n), np.int32, misalign[2])
+        self.out = GuardedBuffer.output((m, n), np.int32, POISON, misalign[2])
 
     def launch(self, stream=0):
         ck.raw.gemm_int8(self.a.ptr, self.b.ptr, CK_LAYOUT[self.layout], *self.mnk, self.out.ptr,
@@ -367,7 +273,7 @@ class GemmInt8ScaledCall(KernelCall):
         self.scale_a = GuardedBuffer.input(scale_a, 4 if misalign[3] else 0)
         self.scale_b = GuardedBuffer.input(scale_b, 4 if misalign[3] else 0)
         self.bias = None if bias is None else GuardedBuffer.input(bias, misalign[3])
-        self.out = GuardedBuffer.output((m, n), ref.NUMPY_DTYPE[out_dtype], misalign[2])
+        self.out = GuardedBuffer.output((m, n), ref.NUMPY_DTYPE[out_dtype], POISON, misalign[2])
 
     def launch(self, stream=0):
         ck.raw.gemm_int8_scaled(
@@ -426,7 +332,7 @@ class LinearCall(KernelCall):
         self.x = GuardedBuffer.input(x, misalign[0])
         self.w = GuardedBuffer.input(w, misalign[1])
         self.bias = None if bias is None else GuardedBuffer.input(bias, misalign[3])
-        self.out = GuardedBuffer.output((m, n), ref.NUMPY_DTYPE[dtype], misalign[2])
+        self.out = GuardedBuffer.output((m, n), ref.NUMPY_DTYPE[dtype], POISON, misalign[2])
 
     def launch(self, stream=0):
         m, n, k = self.mnk
@@ -741,20 +647,7 @@ def test_kernel_override_is_read_on_every_call(monkeypatch, seed):
     if compute_capability() < (8, 0):
         pytest.skip("small_m needs compute capability 8.0+")
     call = make_int8_call(np.random.default_rng(seed), ("nk", (32, 64, 64)))
-    for value, ok in (("small_m", False), (None, True), ("auto", True), ("", True),
-                      ("small_m", False), ("reference", True)):
-        if value is None:
-            monkeypatch.delenv(KERNEL_ENV, raising=False)
-        else:
-            monkeypatch.setenv(KERNEL_ENV, value)
-        call.poison_outputs()
-        if ok:
-            call.launch()
-            call.check(f"{KERNEL_ENV}={value!r}, seed={seed}")
-        else:
-            with pytest.raises(ck.CKError) as info:
-                call.launch()
-            assert info.value.status == ck.Status.UNSUPPORTED, (value, info.value.message)
+    assert_override_read_on_every_call(call, monkeypatch, KERNEL_ENV, seed)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -824,30 +717,6 @@ GRAPH_CASES = (
     + [pytest.param("linear", "auto", d, id=f"linear-{d}", marks=pytest.mark.cublas)
        for d in ref.DTYPES]
 )
-
-
-def assert_graph_replays(call, rng, seed, replays=2):
-    """Captures call.launch in a CUDA graph: the capture must record the launch without running
-    it, and every replay must read the new contents of the same input buffers (refilled with
-    fresh data) and write the whole (poisoned) output."""
-    stream = ck.cuda.stream_create()
-    try:
-        with ck.cuda.graph_capture(stream) as graph:
-            call.launch(stream)
-        try:
-            synchronize()
-            call.assert_outputs_untouched("capture must record the launch, not run it")
-            for replay in range(replays):
-                call.refill(rng)
-                call.poison_outputs()
-                synchronize()
-                graph.launch(stream)
-                ck.cuda.stream_synchronize(stream)
-                call.check(f"graph replay {replay}, seed={seed}")
-        finally:
-            graph.close()
-    finally:
-        ck.cuda.stream_destroy(stream)
 
 
 @pytest.mark.parametrize("entry, variant, dtype", GRAPH_CASES)

@@ -24,21 +24,14 @@ for _path in (os.path.dirname(TESTS_DIR), TESTS_DIR):
 
 import cuda_wrapper as ck  # noqa: E402
 import reference as ref  # noqa: E402
+from gpu_support import (  # noqa: E402
+    GPU_MARKS, SANITIZE, GuardedBuffer, assert_bitwise_equal, assert_graph_replays, ptr_or_null,
+    shape_id, synchronize,
+)
 
 
-def _device_count():
-    try:
-        return ck.device_count()
-    except (OSError, RuntimeError):  # the library, libcudart or the driver is missing
-        return 0
+pytestmark = GPU_MARKS
 
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(_device_count() == 0, reason="no CUDA device: GPU tests need one"),
-]
-
-SANITIZE = os.environ.get("CK_SANITIZE") == "1"
 
 SHAPES = [
     (1, 1), (3, 5), (1, 1_000_003), (2, 4097), (7, 100), (64, 4096), (33, 8192), (300, 136),
@@ -59,95 +52,6 @@ CK_GROUP = {32: 32, 64: 64, 128: 128, ref.GROUP_ROW: ck.GROUP_ROW}
 POISON_CODES = 0x80  # int8 codes: -128, outside [-127, 127]
 POISON = 0xAB  # scales: a negative number (scales are > 0); zeros: 171 (> 15); packed int4
 POISON_VALUES = 0x7F  # float outputs: ~3.4e38 (fp32, bf16) or NaN (fp16), never q * scale
-INPUT_GUARD = 0xCD
-# Guard regions before and after every buffer; 256 bytes keep cudaMalloc's alignment.
-GUARD_BYTES = 256
-
-_UINT_OF_SIZE = {1: np.uint8, 2: np.uint16, 4: np.uint32}
-
-
-def shape_id(shape):
-    return "x".join(map(str, shape))
-
-
-# ---------------------------------------------------------------------------------------------
-# Device buffers with guards, and bitwise comparison
-# ---------------------------------------------------------------------------------------------
-class GuardedBuffer:
-    """A [shape] array of np_dtype in device memory, between two guard regions.
-
-    An output starts filled with `poison` (guards included); an input holds `host` between
-    guards of INPUT_GUARD. `misalign` extra bytes before the array move it off the 16-byte
-    alignment that selects the vectorized paths. read() checks that the guards are intact.
-    """
-
-    def __init__(self, shape, np_dtype, *, poison=None, host=None, misalign=0):
-        self.shape, self.dtype = tuple(shape), np.dtype(np_dtype)
-        self.nbytes = int(np.prod(self.shape)) * self.dtype.itemsize
-        self.guard_byte = INPUT_GUARD if host is not None else poison
-        self._start = GUARD_BYTES + misalign
-        raw = np.full(self._start + self.nbytes + GUARD_BYTES, self.guard_byte, np.uint8)
-        if host is not None:
-            host = np.ascontiguousarray(host, dtype=self.dtype)
-            assert host.shape == self.shape
-            raw[self._start : self._start + self.nbytes] = host.reshape(-1).view(np.uint8)
-        self._device = ck.DeviceArray.from_numpy(raw)
-
-    @classmethod
-    def output(cls, shape, np_dtype, poison, misalign=0):
-        return cls(shape, np_dtype, poison=poison, misalign=misalign)
-
-    @classmethod
-    def input(cls, host, misalign=0):
-        host = np.asarray(host)
-        return cls(host.shape, host.dtype, host=host, misalign=misalign)
-
-    @property
-    def ptr(self):
-        return self._device.ptr + self._start
-
-    def poison(self):
-        """Fills the array and its guards with the poison byte again (cudaMemset)."""
-        self._device.fill_byte(self.guard_byte)
-
-    def write(self, host):
-        """Copies `host` into the array, in place (its address stays the same)."""
-        assert host.shape == self.shape and host.dtype == self.dtype
-        ck.cuda.memcpy_htod(self.ptr, np.ascontiguousarray(host))
-
-    def read(self, what):
-        """The array's contents, after checking that nothing was written around it."""
-        raw = self._device.to_numpy()
-        before, after = raw[: self._start], raw[self._start + self.nbytes :]
-        if not ((before == self.guard_byte).all() and (after == self.guard_byte).all()):
-            raise AssertionError(f"{what}: bytes outside the array were written (out of bounds)")
-        return raw[self._start : self._start + self.nbytes].view(self.dtype).reshape(self.shape)
-
-
-def assert_bitwise_equal(actual, expected, what):
-    """Same shape, same dtype and the same bit pattern in every element."""
-    expected = np.asarray(expected)
-    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
-    assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
-    as_uint = _UINT_OF_SIZE[actual.dtype.itemsize]
-    got, want = actual.view(as_uint), expected.view(as_uint)
-    if np.array_equal(got, want):
-        return
-    bad = np.argwhere(got != want)
-    at = tuple(int(i) for i in bad[0])
-    raise AssertionError(
-        f"{what}: {len(bad)} of {got.size} elements differ; first at {at}: "
-        f"got {actual[at].item()!r} (bits {int(got[at]):#x}), "
-        f"expected {expected[at].item()!r} (bits {int(want[at]):#x})"
-    )
-
-
-def synchronize():
-    ck.cuda.device_synchronize()
-
-
-def ptr_or_null(buffer):
-    return 0 if buffer is None else buffer.ptr
 
 
 # ---------------------------------------------------------------------------------------------
@@ -521,24 +425,7 @@ def make_graph_call(entry, dtype, rng):
 def test_cuda_graph_replay(entry, dtype, seed):
     rng = np.random.default_rng(seed)
     call = make_graph_call(entry, dtype, rng)
-    stream = ck.cuda.stream_create()
-    try:
-        with ck.cuda.graph_capture(stream) as graph:
-            call.launch(stream)
-        try:
-            synchronize()
-            call.assert_outputs_untouched("capture must record the launch, not run it")
-            for replay in range(2):
-                call.refill(rng)
-                call.poison_outputs()
-                synchronize()
-                graph.launch(stream)
-                ck.cuda.stream_synchronize(stream)
-                call.check(f"graph replay {replay}, seed={seed}")
-        finally:
-            graph.close()
-    finally:
-        ck.cuda.stream_destroy(stream)
+    assert_graph_replays(call, rng, seed)
 
 
 def test_two_streams_run_different_quantizations_concurrently(seed):

@@ -35,25 +35,17 @@ import cuda_wrapper as ck  # noqa: E402
 import reference as ref  # noqa: E402
 # Helpers only (no test_* names, no fixtures): the guarded buffers, the float32 error bound of a
 # dot product, the output tolerance and the element-wise comparisons of the other GEMM tests.
+from gpu_support import (  # noqa: E402
+    GPU_MARKS, SANITIZE, GuardedBuffer, assert_bitwise_equal, assert_graph_replays,
+    assert_override_read_on_every_call, ptr_or_null, shape_id, synchronize,
+)
 from test_gemm_gpu import (  # noqa: E402
-    POISON, U32, GuardedBuffer, assert_bitwise_equal, assert_graph_replays, assert_relu_output,
-    assert_within, output_tolerance, ptr_or_null, shape_id,
+    POISON, U32, assert_relu_output, assert_within, output_tolerance,
 )
 
 
-def _device_count():
-    try:
-        return ck.device_count()
-    except (OSError, RuntimeError):  # the library, libcudart or the driver is missing
-        return 0
+pytestmark = GPU_MARKS
 
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(_device_count() == 0, reason="no CUDA device: GPU tests need one"),
-]
-
-SANITIZE = os.environ.get("CK_SANITIZE") == "1"
 SANITIZE_MAX_MACS = 2**26  # under compute-sanitizer: larger products are left out
 
 KERNEL_ENV = "CK_GEMM_W4A16_KERNEL"
@@ -127,10 +119,6 @@ def small_enough(m, n, k):
     return not SANITIZE or m * n * k <= SANITIZE_MAX_MACS
 
 
-def synchronize():
-    ck.cuda.device_synchronize()
-
-
 def random_activations(rng, m, k, dtype):
     """x ~ N(0, 1) in dtype."""
     return ref.to_dtype(rng.standard_normal((m, k), dtype=np.float32), dtype)
@@ -181,7 +169,7 @@ class W4A16Call:
         self.scales = GuardedBuffer.input(scales, misalign[2])
         self.zeros = None if zeros is None else GuardedBuffer.input(zeros, 1)  # any address
         self.bias = None if bias is None else GuardedBuffer.input(bias, misalign[3])
-        self.out = GuardedBuffer.output((m, n), ref.NUMPY_DTYPE[dtype], misalign[4])
+        self.out = GuardedBuffer.output((m, n), ref.NUMPY_DTYPE[dtype], POISON, misalign[4])
 
     def launch(self, stream=0):
         m, n, k = self.mnk
@@ -406,20 +394,7 @@ def test_kernel_override_is_read_on_every_call(monkeypatch, seed):
     if compute_capability() < (8, 0):
         pytest.skip("small_m needs compute capability 8.0+")
     call = make_call(np.random.default_rng(seed), (20, 64, 128), "bf16", "asym", 64)
-    for value, ok in (("small_m", False), (None, True), ("auto", True), ("", True),
-                      ("small_m", False), ("reference", True)):
-        if value is None:
-            monkeypatch.delenv(KERNEL_ENV, raising=False)
-        else:
-            monkeypatch.setenv(KERNEL_ENV, value)
-        call.poison_outputs()
-        if ok:
-            call.launch()
-            call.check(f"{KERNEL_ENV}={value!r}, seed={seed}")
-        else:
-            with pytest.raises(ck.CKError) as info:
-                call.launch()
-            assert info.value.status == ck.Status.UNSUPPORTED, (value, info.value.message)
+    assert_override_read_on_every_call(call, monkeypatch, KERNEL_ENV, seed)
 
 
 # ---------------------------------------------------------------------------------------------

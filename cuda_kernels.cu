@@ -12,8 +12,10 @@
 #include <cublas_api.h>
 
 #include "kernels/common.cuh"
+#include "kernels/gemm_int4.cuh"
 #include "kernels/gemm_int8.cuh"
 #include "kernels/gemm_w4a16.cuh"
+#include "kernels/int4_import.cuh"
 #include "kernels/linear.cuh"
 #include "kernels/quantize.cuh"
 
@@ -126,6 +128,14 @@ class Check {
         return fail(CK_STATUS_UNSUPPORTED, fn_,
                     "%s=%s is not supported here (use CK_DTYPE_FP32, CK_DTYPE_FP16 or CK_DTYPE_BF16)",
                     name, dtype_name(dtype));
+    }
+
+    // A 16-bit floating-point element type (the W4A16 kernels' activations and scales).
+    ck_status_t half_dtype(ck_dtype_t dtype, const char* name) const {
+        CK_TRY(float_dtype(dtype, name));
+        if (dtype != CK_DTYPE_FP32) return CK_STATUS_SUCCESS;
+        return fail(CK_STATUS_UNSUPPORTED, fn_,
+                    "%s=CK_DTYPE_FP32 is not supported (use CK_DTYPE_FP16 or CK_DTYPE_BF16)", name);
     }
 
     ck_status_t enum_value(int value, int count, const char* name, const char* type) const {
@@ -346,6 +356,40 @@ ck::GemmInt8Args gemm_int8_operands(const int8_t* a, const int8_t* b, ck_layout_
     return args;
 }
 
+// The scaled epilogue's arguments, shared by the INT8 and INT4 scaled GEMMs: checked before the
+// operands (enum values) and after them (pointer alignment), in the order the messages promise.
+ck_status_t check_gemm_scaled_epilogue(const Check& check, const float* scale_a,
+                                       ck_granularity_t a_granularity, const float* scale_b,
+                                       ck_granularity_t b_granularity,
+                                       ck_activation_t activation, ck_dtype_t out_dtype) {
+    CK_TRY(check.not_null(scale_a, "scale_a"));
+    CK_TRY(check.not_null(scale_b, "scale_b"));
+    CK_TRY(check.float_dtype(out_dtype, "out_dtype"));
+    CK_TRY(check.enum_value(a_granularity, 2, "a_granularity", "ck_granularity_t"));
+    CK_TRY(check.enum_value(b_granularity, 2, "b_granularity", "ck_granularity_t"));
+    return check.enum_value(activation, 2, "activation", "ck_activation_t");
+}
+
+ck_status_t check_gemm_scaled_pointers(const Check& check, const float* scale_a,
+                                       const float* scale_b, const void* bias, ck_dtype_t out_dtype) {
+    CK_TRY(check.element_aligned(scale_a, CK_DTYPE_FP32, "scale_a"));
+    CK_TRY(check.element_aligned(scale_b, CK_DTYPE_FP32, "scale_b"));
+    if (bias) CK_TRY(check.element_aligned(bias, out_dtype, "bias"));
+    return CK_STATUS_SUCCESS;
+}
+
+void set_gemm_epilogue(ck::GemmInt8Args& args, const float* scale_a,
+                       ck_granularity_t a_granularity, const float* scale_b,
+                       ck_granularity_t b_granularity, const void* bias,
+                       ck_activation_t activation) {
+    args.scale_a = scale_a;
+    args.scale_a_per_row = a_granularity == CK_PER_ROW;
+    args.scale_b = scale_b;
+    args.scale_b_per_col = b_granularity == CK_PER_ROW;
+    args.bias = bias;
+    args.activation = activation;
+}
+
 ck_status_t run_gemm_int8(const Check& check, const ck::GemmInt8Args& args, cudaStream_t stream) {
     GemmInt8Kernel kernel;
     CK_TRY(pick_gemm_int8_kernel(check, args, &kernel));
@@ -362,25 +406,193 @@ ck_status_t run_gemm_int8(const Check& check, const ck::GemmInt8Args& args, cuda
 }
 
 // ---------------------------------------------------------------------------------------------
-// W4A16 GEMM: which kernel runs a call (CK_GEMM_W4A16_KERNEL = auto, reference, small_m).
+// W4A16 GEMM: which kernel runs a call. CK_GEMM_W4A16_KERNEL = auto, reference, small_m (M <= 16)
+// or tc (prepacked weights only).
 // ---------------------------------------------------------------------------------------------
-ck_status_t run_gemm_w4a16(const Check& check, const ck::GemmW4A16Args& args, cudaStream_t stream) {
+enum class GemmW4A16Kernel { kReference, kSmallM, kTc };
+
+ck_status_t pick_gemm_w4a16_kernel(const Check& check, const ck::GemmW4A16Args& args,
+                                   GemmW4A16Kernel* kernel) {
     const char* v = getenv("CK_GEMM_W4A16_KERNEL");
-    const bool auto_pick = !v || !*v || !strcmp(v, "auto");
-    if (!auto_pick && strcmp(v, "reference") && strcmp(v, "small_m"))
-        return fail(CK_STATUS_INVALID_VALUE, check.fn(),
-                    "CK_GEMM_W4A16_KERNEL=%s is not one of auto, reference, small_m", v);
     const int cc = ck::compute_capability();
-    const bool small_m_fits = cc >= kMmaMinArch && args.m <= kSmallMMax;
-    bool small_m = auto_pick ? small_m_fits : !strcmp(v, "small_m");
-    if (small_m && !small_m_fits)
+    const bool sm80 = cc >= kMmaMinArch;
+    const bool small_m_fits = sm80 && args.m <= kSmallMMax;
+    if (!v || !*v || !strcmp(v, "auto")) {
+        *kernel = small_m_fits ? GemmW4A16Kernel::kSmallM
+                  : sm80 && args.prepacked ? GemmW4A16Kernel::kTc
+                                           : GemmW4A16Kernel::kReference;
+        return CK_STATUS_SUCCESS;
+    }
+    if (!strcmp(v, "reference")) {
+        *kernel = GemmW4A16Kernel::kReference;
+        return CK_STATUS_SUCCESS;
+    }
+    if (!strcmp(v, "small_m")) {
+        *kernel = GemmW4A16Kernel::kSmallM;
+        if (small_m_fits) return CK_STATUS_SUCCESS;
         return fail(CK_STATUS_UNSUPPORTED, check.fn(),
                     "CK_GEMM_W4A16_KERNEL=small_m needs m <= %lld and compute capability 8.0 or "
                     "newer (m=%lld, GPU %d.%d)",
                     (long long)kSmallMMax, (long long)args.m, cc / 10, cc % 10);
+    }
+    if (!strcmp(v, "tc")) {
+        *kernel = GemmW4A16Kernel::kTc;
+        if (sm80 && args.prepacked) return CK_STATUS_SUCCESS;
+        return fail(CK_STATUS_UNSUPPORTED, check.fn(),
+                    "CK_GEMM_W4A16_KERNEL=tc needs a prepacked weight (ck_gemm_w4a16_prepacked) and "
+                    "compute capability 8.0 or newer (GPU %d.%d)", cc / 10, cc % 10);
+    }
+    return fail(CK_STATUS_INVALID_VALUE, check.fn(),
+                "CK_GEMM_W4A16_KERNEL=%s is not one of auto, reference, small_m, tc", v);
+}
+
+ck_status_t run_gemm_w4a16(const Check& check, const ck::GemmW4A16Args& args, cudaStream_t stream) {
+    GemmW4A16Kernel kernel = GemmW4A16Kernel::kReference;
+    CK_TRY(pick_gemm_w4a16_kernel(check, args, &kernel));
     return check.launch([&] {
-        return small_m ? ck::gemm_w4a16_small_m(args, stream) : ck::gemm_w4a16_reference(args, stream);
+        switch (kernel) {
+            case GemmW4A16Kernel::kReference: return ck::gemm_w4a16_reference(args, stream);
+            case GemmW4A16Kernel::kSmallM:
+                return args.prepacked ? ck::gemm_w4a16_prepacked_stream(args, stream)
+                                      : ck::gemm_w4a16_small_m(args, stream);
+            case GemmW4A16Kernel::kTc: return ck::gemm_w4a16_prepacked_tc(args, stream);
+        }
+        return cudaErrorInvalidValue;
     });
+}
+
+// What both W4A16 GEMM entry points require of their operands (see cuda_kernels.h); weight_align
+// is the alignment the weight (and, when prepacked, its scales and zeros) needs.
+ck_status_t check_gemm_w4a16_operands(const Check& check, const void* x, ck_dtype_t dtype,
+                                      const uint8_t* w, const void* scales, const uint8_t* zeros,
+                                      int64_t group_size, ck_int4_mode_t mode, const void* bias,
+                                      ck_activation_t activation, int64_t m, int64_t n, int64_t k,
+                                      const void* out, bool prepacked) {
+    const char* w_name = prepacked ? "w_prepacked" : "w_packed";
+    const char* s_name = prepacked ? "scales_prepacked" : "scales";
+    CK_TRY(check.not_null(x, "x"));
+    CK_TRY(check.not_null(w, w_name));
+    CK_TRY(check.not_null(scales, s_name));
+    CK_TRY(check.not_null(out, "out"));
+    CK_TRY(check.int4_mode(mode, zeros));
+    CK_TRY(check.half_dtype(dtype, "dtype"));
+    CK_TRY(check.enum_value(activation, 2, "activation", "ck_activation_t"));
+    CK_TRY(check.gemm_shape(m, n, k, dtype_size(dtype)));
+    CK_TRY(check.multiple_of(k, 32, "k", "a lane dequantizes 32 weights of a row from 16 bytes"));
+    CK_TRY(check.group_size(group_size));
+    CK_TRY(check.aligned(x, 16, "x", "16-byte vector loads"));
+    CK_TRY(check.aligned(w, 16, w_name, "16-byte vector loads"));
+    if (prepacked) {
+        CK_TRY(check.aligned(scales, 16, s_name, "16-byte asynchronous copies"));
+        if (zeros) CK_TRY(check.aligned(zeros, 16, "zeros_prepacked", "16-byte asynchronous copies"));
+    } else {
+        CK_TRY(check.element_aligned(scales, dtype, s_name));
+    }
+    if (bias) CK_TRY(check.element_aligned(bias, dtype, "bias"));
+    return check.element_aligned(out, dtype, "out");
+}
+
+ck::GemmW4A16Args gemm_w4a16_operands(const void* x, ck_dtype_t dtype, const uint8_t* w,
+                                      const void* scales, const uint8_t* zeros, int64_t group_size,
+                                      const void* bias, ck_activation_t activation, int64_t m,
+                                      int64_t n, int64_t k, void* out, bool prepacked) {
+    ck::GemmW4A16Args args{};
+    args.x = x;
+    args.dtype = dtype;
+    args.w = w;
+    args.scales = scales;
+    args.zeros = zeros;
+    args.group_size = group_size == CK_GROUP_ROW ? k : group_size;
+    args.groups = ck::int4_groups_per_row(k, group_size);
+    args.bias = bias;
+    args.activation = activation;
+    args.m = m;
+    args.n = n;
+    args.k = k;
+    args.out = out;
+    args.prepacked = prepacked;
+    return args;
+}
+
+// ---------------------------------------------------------------------------------------------
+// INT4 x INT4 GEMM: which kernel runs a call (CK_GEMM_INT4_KERNEL = auto, reference, mma).
+// ---------------------------------------------------------------------------------------------
+ck_status_t run_gemm_int4(const Check& check, const ck::GemmInt8Args& args, cudaStream_t stream) {
+    const char* v = getenv("CK_GEMM_INT4_KERNEL");
+    const int cc = ck::compute_capability();
+    bool mma = cc >= kMmaMinArch;
+    if (v && *v && strcmp(v, "auto")) {
+        if (!strcmp(v, "reference")) {
+            mma = false;
+        } else if (strcmp(v, "mma")) {
+            return fail(CK_STATUS_INVALID_VALUE, check.fn(),
+                        "CK_GEMM_INT4_KERNEL=%s is not one of auto, reference, mma", v);
+        } else if (!mma) {
+            return fail(CK_STATUS_UNSUPPORTED, check.fn(),
+                        "CK_GEMM_INT4_KERNEL=mma needs compute capability 8.0 or newer (this GPU: "
+                        "%d.%d)", cc / 10, cc % 10);
+        }
+    }
+    return check.launch([&] {
+        return mma ? ck::gemm_int4_mma(args, stream) : ck::gemm_int4_reference(args, stream);
+    });
+}
+
+// Shape and pointer rules shared by both INT4 x INT4 entry points (see cuda_kernels.h).
+ck_status_t check_gemm_int4_operands(const Check& check, const uint8_t* a, const uint8_t* b,
+                                     int64_t m, int64_t n, int64_t k, const void* out,
+                                     ck_dtype_t out_dtype) {
+    CK_TRY(check.not_null(a, "a"));
+    CK_TRY(check.not_null(b, "b"));
+    CK_TRY(check.not_null(out, out_dtype == CK_DTYPE_INT32 ? "c" : "out"));
+    CK_TRY(check.gemm_shape(m, n, k, dtype_size(out_dtype)));
+    CK_TRY(check.multiple_of(k, 32, "k", "packed rows are read in 16-byte vectors"));
+    CK_TRY(check.aligned(a, 16, "a", "16-byte vector loads"));
+    CK_TRY(check.aligned(b, 16, "b", "16-byte vector loads"));
+    return check.element_aligned(out, out_dtype, out_dtype == CK_DTYPE_INT32 ? "c" : "out");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Importers: the rules both checkpoint formats share (see cuda_kernels.h).
+// ---------------------------------------------------------------------------------------------
+ck_status_t check_import(const Check& check, const int32_t* qweight, const int32_t* qzeros,
+                         const void* scales, ck_dtype_t dtype, int64_t n, int64_t k,
+                         int64_t group_size, const uint8_t* w_packed, const void* scales_out,
+                         const uint8_t* zeros_out) {
+    CK_TRY(check.not_null(qweight, "qweight"));
+    CK_TRY(check.not_null(qzeros, "qzeros"));
+    CK_TRY(check.not_null(scales, "scales"));
+    CK_TRY(check.not_null(w_packed, "w_packed"));
+    CK_TRY(check.not_null(scales_out, "scales_out"));
+    CK_TRY(check.not_null(zeros_out, "zeros_out"));
+    CK_TRY(check.half_dtype(dtype, "dtype"));
+    CK_TRY(check.gemm_shape(1, n, k, 4));
+    CK_TRY(check.multiple_of(n, 8, "n", "eight codes or zeros per int32 along N"));
+    CK_TRY(check.multiple_of(k, 32, "k", "ck_gemm_w4a16 reads 32 codes of a row at a time"));
+    CK_TRY(check.group_size(group_size));
+    CK_TRY(check.element_aligned(qweight, CK_DTYPE_INT32, "qweight"));
+    CK_TRY(check.element_aligned(qzeros, CK_DTYPE_INT32, "qzeros"));
+    CK_TRY(check.element_aligned(scales, dtype, "scales"));
+    return check.element_aligned(scales_out, dtype, "scales_out");
+}
+
+ck::Int4ImportArgs import_operands(const int32_t* qweight, const int32_t* qzeros,
+                                   const void* scales, ck_dtype_t dtype, int64_t n, int64_t k,
+                                   int64_t group_size, uint8_t* w_packed, void* scales_out,
+                                   uint8_t* zeros_out) {
+    ck::Int4ImportArgs args{};
+    args.qweight = qweight;
+    args.qzeros = qzeros;
+    args.scales = scales;
+    args.dtype = dtype;
+    args.n = n;
+    args.k = k;
+    args.group_size = group_size == CK_GROUP_ROW ? k : group_size;
+    args.groups = ck::int4_groups_per_row(k, group_size);
+    args.w_out = w_packed;
+    args.scales_out = scales_out;
+    args.zeros_out = zeros_out;
+    return args;
 }
 
 }  // namespace
@@ -514,23 +726,12 @@ ck_status_t ck_gemm_int8_scaled(const int8_t* a, const int8_t* b, ck_layout_t b_
                                 ck_activation_t activation, void* out, ck_dtype_t out_dtype,
                                 ck_stream_t stream) {
     const Check check("ck_gemm_int8_scaled");
-    CK_TRY(check.not_null(scale_a, "scale_a"));
-    CK_TRY(check.not_null(scale_b, "scale_b"));
-    CK_TRY(check.float_dtype(out_dtype, "out_dtype"));
-    CK_TRY(check.enum_value(a_granularity, 2, "a_granularity", "ck_granularity_t"));
-    CK_TRY(check.enum_value(b_granularity, 2, "b_granularity", "ck_granularity_t"));
-    CK_TRY(check.enum_value(activation, 2, "activation", "ck_activation_t"));
+    CK_TRY(check_gemm_scaled_epilogue(check, scale_a, a_granularity, scale_b, b_granularity,
+                                      activation, out_dtype));
     CK_TRY(check_gemm_int8_operands(check, a, b, b_layout, m, n, k, out, out_dtype));
-    CK_TRY(check.element_aligned(scale_a, CK_DTYPE_FP32, "scale_a"));
-    CK_TRY(check.element_aligned(scale_b, CK_DTYPE_FP32, "scale_b"));
-    if (bias) CK_TRY(check.element_aligned(bias, out_dtype, "bias"));
+    CK_TRY(check_gemm_scaled_pointers(check, scale_a, scale_b, bias, out_dtype));
     ck::GemmInt8Args args = gemm_int8_operands(a, b, b_layout, m, n, k, out, out_dtype);
-    args.scale_a = scale_a;
-    args.scale_a_per_row = a_granularity == CK_PER_ROW;
-    args.scale_b = scale_b;
-    args.scale_b_per_col = b_granularity == CK_PER_ROW;
-    args.bias = bias;
-    args.activation = activation;
+    set_gemm_epilogue(args, scale_a, a_granularity, scale_b, b_granularity, bias, activation);
     return run_gemm_int8(check, args, stream);
 }
 
@@ -564,39 +765,161 @@ ck_status_t ck_gemm_w4a16(const void* x, ck_dtype_t dtype, const uint8_t* w_pack
                           ck_int4_mode_t mode, const void* bias, ck_activation_t activation,
                           int64_t m, int64_t n, int64_t k, void* out, ck_stream_t stream) {
     const Check check("ck_gemm_w4a16");
-    CK_TRY(check.not_null(x, "x"));
+    CK_TRY(check_gemm_w4a16_operands(check, x, dtype, w_packed, scales, zeros, group_size, mode,
+                                     bias, activation, m, n, k, out, false));
+    return run_gemm_w4a16(check,
+                          gemm_w4a16_operands(x, dtype, w_packed, scales, zeros, group_size, bias,
+                                              activation, m, n, k, out, false),
+                          stream);
+}
+
+int64_t ck_w4a16_prepacked_bytes(int64_t n, int64_t k) {
+    if (n < 1 || k < 32 || k % 32 || n > (int64_t(1) << 40) || k > (int64_t(1) << 40)) return 0;
+    int64_t bytes;
+    if (__builtin_mul_overflow(ck::prepacked_rows(n), ck::prepacked_chunks(k) * ck::kPackK / 2, &bytes))
+        return 0;
+    return bytes;
+}
+
+int64_t ck_w4a16_prepacked_groups(int64_t n, int64_t k, int64_t group_size) {
+    const int64_t groups = ck::int4_groups_per_row(k, group_size);
+    if (groups == 0 || ck_w4a16_prepacked_bytes(n, k) == 0) return 0;
+    int64_t values;
+    if (__builtin_mul_overflow(ck::prepacked_rows(n), groups, &values)) return 0;
+    return values;
+}
+
+ck_status_t ck_w4a16_prepack(const uint8_t* w_packed, const void* scales, const uint8_t* zeros,
+                             ck_dtype_t dtype, int64_t n, int64_t k, int64_t group_size,
+                             ck_int4_mode_t mode, uint8_t* w_prepacked, void* scales_prepacked,
+                             uint8_t* zeros_prepacked, ck_stream_t stream) {
+    const Check check("ck_w4a16_prepack");
     CK_TRY(check.not_null(w_packed, "w_packed"));
     CK_TRY(check.not_null(scales, "scales"));
-    CK_TRY(check.not_null(out, "out"));
+    CK_TRY(check.not_null(w_prepacked, "w_prepacked"));
+    CK_TRY(check.not_null(scales_prepacked, "scales_prepacked"));
     CK_TRY(check.int4_mode(mode, zeros));
-    CK_TRY(check.float_dtype(dtype, "dtype"));
-    if (dtype == CK_DTYPE_FP32)
-        return fail(CK_STATUS_UNSUPPORTED, "ck_gemm_w4a16",
-                    "dtype=CK_DTYPE_FP32 is not supported (use CK_DTYPE_FP16 or CK_DTYPE_BF16)");
-    CK_TRY(check.enum_value(activation, 2, "activation", "ck_activation_t"));
-    CK_TRY(check.gemm_shape(m, n, k, dtype_size(dtype)));
+    if (mode == CK_INT4_ASYMMETRIC) CK_TRY(check.not_null(zeros_prepacked, "zeros_prepacked"));
+    else if (zeros_prepacked)
+        return fail(CK_STATUS_INVALID_VALUE, check.fn(),
+                    "zeros_prepacked must be NULL for CK_INT4_SYMMETRIC (it has no zero points)");
+    CK_TRY(check.half_dtype(dtype, "dtype"));
+    CK_TRY(check.gemm_shape(1, n, k, 2));
     CK_TRY(check.multiple_of(k, 32, "k", "a lane dequantizes 32 weights of a row from 16 bytes"));
     CK_TRY(check.group_size(group_size));
-    CK_TRY(check.aligned(x, 16, "x", "16-byte vector loads"));
+    if (ck_w4a16_prepacked_bytes(n, k) == 0)
+        return fail(CK_STATUS_INVALID_VALUE, check.fn(), "n=%lld, k=%lld overflow a 64-bit byte count",
+                    (long long)n, (long long)k);
     CK_TRY(check.aligned(w_packed, 16, "w_packed", "16-byte vector loads"));
     CK_TRY(check.element_aligned(scales, dtype, "scales"));
-    if (bias) CK_TRY(check.element_aligned(bias, dtype, "bias"));
-    CK_TRY(check.element_aligned(out, dtype, "out"));
-    ck::GemmW4A16Args args{};
-    args.x = x;
-    args.dtype = dtype;
+    CK_TRY(check.aligned(w_prepacked, 16, "w_prepacked", "16-byte vector stores"));
+    CK_TRY(check.aligned(scales_prepacked, 16, "scales_prepacked", "the GEMM's 16-byte copies"));
+    if (zeros_prepacked) CK_TRY(check.aligned(zeros_prepacked, 16, "zeros_prepacked", "the GEMM's 16-byte copies"));
+    ck::W4A16PrepackArgs args{};
     args.w = w_packed;
     args.scales = scales;
     args.zeros = zeros;
-    args.group_size = group_size == CK_GROUP_ROW ? k : group_size;
-    args.groups = ck::int4_groups_per_row(k, group_size);
-    args.bias = bias;
-    args.activation = activation;
-    args.m = m;
+    args.dtype = dtype;
     args.n = n;
     args.k = k;
-    args.out = out;
-    return run_gemm_w4a16(check, args, stream);
+    args.group_size = group_size == CK_GROUP_ROW ? k : group_size;
+    args.groups = ck::int4_groups_per_row(k, group_size);
+    args.w_out = w_prepacked;
+    args.scales_out = scales_prepacked;
+    args.zeros_out = zeros_prepacked;
+    return check.launch([&] { return ck::w4a16_prepack(args, stream); });
+}
+
+ck_status_t ck_gemm_w4a16_prepacked(const void* x, ck_dtype_t dtype, const uint8_t* w_prepacked,
+                                    const void* scales_prepacked, const uint8_t* zeros_prepacked,
+                                    int64_t group_size, ck_int4_mode_t mode, const void* bias,
+                                    ck_activation_t activation, int64_t m, int64_t n, int64_t k,
+                                    void* out, ck_stream_t stream) {
+    const Check check("ck_gemm_w4a16_prepacked");
+    CK_TRY(check_gemm_w4a16_operands(check, x, dtype, w_prepacked, scales_prepacked,
+                                     zeros_prepacked, group_size, mode, bias, activation, m, n, k,
+                                     out, true));
+    return run_gemm_w4a16(check,
+                          gemm_w4a16_operands(x, dtype, w_prepacked, scales_prepacked,
+                                              zeros_prepacked, group_size, bias, activation, m, n,
+                                              k, out, true),
+                          stream);
+}
+
+ck_status_t ck_import_gptq(const int32_t* qweight, const int32_t* qzeros, const void* scales,
+                           const int32_t* g_idx, ck_dtype_t dtype, int64_t n, int64_t k,
+                           int64_t group_size, uint8_t* w_packed, void* scales_out,
+                           uint8_t* zeros_out, int32_t* perm, ck_stream_t stream) {
+    const Check check("ck_import_gptq");
+    CK_TRY(check_import(check, qweight, qzeros, scales, dtype, n, k, group_size, w_packed,
+                        scales_out, zeros_out));
+    if (g_idx) {
+        CK_TRY(check.not_null(perm, "perm"));
+        CK_TRY(check.element_aligned(g_idx, CK_DTYPE_INT32, "g_idx"));
+        CK_TRY(check.element_aligned(perm, CK_DTYPE_INT32, "perm"));
+    } else if (perm) {
+        return fail(CK_STATUS_INVALID_VALUE, check.fn(),
+                    "perm must be NULL without g_idx (the columns keep their order)");
+    }
+    ck::Int4ImportArgs args = import_operands(qweight, qzeros, scales, dtype, n, k, group_size,
+                                              w_packed, scales_out, zeros_out);
+    args.g_idx = g_idx;
+    args.perm = perm;
+    return check.launch([&] { return ck::import_gptq(args, stream); });
+}
+
+ck_status_t ck_import_awq(const int32_t* qweight, const int32_t* qzeros, const void* scales,
+                          ck_dtype_t dtype, int64_t n, int64_t k, int64_t group_size,
+                          uint8_t* w_packed, void* scales_out, uint8_t* zeros_out,
+                          ck_stream_t stream) {
+    const Check check("ck_import_awq");
+    CK_TRY(check_import(check, qweight, qzeros, scales, dtype, n, k, group_size, w_packed,
+                        scales_out, zeros_out));
+    const ck::Int4ImportArgs args = import_operands(qweight, qzeros, scales, dtype, n, k,
+                                                    group_size, w_packed, scales_out, zeros_out);
+    return check.launch([&] { return ck::import_awq(args, stream); });
+}
+
+ck_status_t ck_permute_columns(const void* x, ck_dtype_t dtype, int64_t rows, int64_t cols,
+                               const int32_t* perm, void* out, ck_stream_t stream) {
+    const Check check("ck_permute_columns");
+    CK_TRY(check.not_null(x, "x"));
+    CK_TRY(check.not_null(perm, "perm"));
+    CK_TRY(check.not_null(out, "out"));
+    CK_TRY(check.float_dtype(dtype, "dtype"));
+    CK_TRY(check.matrix(rows, cols, dtype_size(dtype)));
+    CK_TRY(check.element_aligned(x, dtype, "x"));
+    CK_TRY(check.element_aligned(perm, CK_DTYPE_INT32, "perm"));
+    CK_TRY(check.element_aligned(out, dtype, "out"));
+    return check.launch([&] { return ck::permute_columns(x, dtype, rows, cols, perm, out, stream); });
+}
+
+ck_status_t ck_gemm_int4(const uint8_t* a, const uint8_t* b, int64_t m, int64_t n, int64_t k,
+                         int32_t* c, ck_stream_t stream) {
+    const Check check("ck_gemm_int4");
+    CK_TRY(check_gemm_int4_operands(check, a, b, m, n, k, c, CK_DTYPE_INT32));
+    return run_gemm_int4(check,
+                         gemm_int8_operands(reinterpret_cast<const int8_t*>(a),
+                                            reinterpret_cast<const int8_t*>(b), CK_LAYOUT_NK, m,
+                                            n, k, c, CK_DTYPE_INT32),
+                         stream);
+}
+
+ck_status_t ck_gemm_int4_scaled(const uint8_t* a, const uint8_t* b, int64_t m, int64_t n,
+                                int64_t k, const float* scale_a, ck_granularity_t a_granularity,
+                                const float* scale_b, ck_granularity_t b_granularity,
+                                const void* bias, ck_activation_t activation, void* out,
+                                ck_dtype_t out_dtype, ck_stream_t stream) {
+    const Check check("ck_gemm_int4_scaled");
+    CK_TRY(check_gemm_scaled_epilogue(check, scale_a, a_granularity, scale_b, b_granularity,
+                                      activation, out_dtype));
+    CK_TRY(check_gemm_int4_operands(check, a, b, m, n, k, out, out_dtype));
+    CK_TRY(check_gemm_scaled_pointers(check, scale_a, scale_b, bias, out_dtype));
+    ck::GemmInt8Args args = gemm_int8_operands(reinterpret_cast<const int8_t*>(a),
+                                               reinterpret_cast<const int8_t*>(b), CK_LAYOUT_NK, m,
+                                               n, k, out, out_dtype);
+    set_gemm_epilogue(args, scale_a, a_granularity, scale_b, b_granularity, bias, activation);
+    return run_gemm_int4(check, args, stream);
 }
 
 }  // extern "C"

@@ -262,6 +262,126 @@ CK_API ck_status_t ck_gemm_w4a16(const void* x, ck_dtype_t dtype, const uint8_t*
                                  ck_int4_mode_t mode, const void* bias, ck_activation_t activation,
                                  int64_t m, int64_t n, int64_t k, void* out, ck_stream_t stream);
 
+/* ---------------------------------------------------------------------------------------------
+ * W4A16 on prepacked weights: the fast path for a weight that is used many times.
+ *
+ * ck_w4a16_prepack converts the interchange format above into the layout the kernels read
+ * fastest; ck_gemm_w4a16_prepacked computes exactly what ck_gemm_w4a16 computes on the original
+ * (the same bits for the same inputs and kernel variant). The layout, for the record (callers
+ * only need the sizes): with N8 = ceil(N / 8) * 8 and K128 = ceil(K / 128) * 128,
+ *   w_prepacked:  N8 * K128 / 2 bytes, in 512-byte tiles, tile (i, c) = rows 8i .. 8i + 7 and
+ *                 k 128c .. 128c + 127 at byte (i * K128 / 128 + c) * 512. In a tile, 16 bytes
+ *                 per (row r, k slice s) at (4r + s) * 16 hold k 128c + 32s .. + 31 as four
+ *                 32-bit words of 8 codes; a word's nibble e (bits 4e .. 4e + 3) holds its k
+ *                 2e (e < 4) or 2(e - 4) + 1 (e >= 4). Codes are unsigned: a symmetric code q is
+ *                 stored as q + 8 (and its zero point is 8). Padding (rows >= N, k >= K) holds
+ *                 code 8; no kernel uses codes at k >= K.
+ *   scales/zeros: N8 * groups values (dtype / uint8), value (n, g) at ((n / 8) * groups + g) * 8
+ *                 + n % 8; padding rows hold scale 0 and zero 8, so they dequantize to 0.
+ *                 zeros_prepacked exists for CK_INT4_ASYMMETRIC only (NULL for
+ *                 CK_INT4_SYMMETRIC).
+ * ------------------------------------------------------------------------------------------- */
+/* Bytes of the prepacked weight of an [N, K] matrix (K a multiple of 32), or 0 when n or k is
+ * invalid. */
+CK_API int64_t ck_w4a16_prepacked_bytes(int64_t n, int64_t k);
+
+/* Values in the prepacked scales (and zeros) of an [N, K] weight, or 0 when an argument is
+ * invalid: ceil(N / 8) * 8 * ck_int4_groups_per_row(K, group_size). */
+CK_API int64_t ck_w4a16_prepacked_groups(int64_t n, int64_t k, int64_t group_size);
+
+/* Converts an interchange-format weight (w_packed [N, K / 2], scales [N, groups] of dtype,
+ * zeros [N, groups] uint8 or NULL, as ck_gemm_w4a16 takes them) to the prepacked layout:
+ * w_prepacked (ck_w4a16_prepacked_bytes), scales_prepacked and, for CK_INT4_ASYMMETRIC,
+ * zeros_prepacked (ck_w4a16_prepacked_groups values each; NULL for CK_INT4_SYMMETRIC).
+ * Requirements: as ck_gemm_w4a16 for dtype, N, K, group_size and w_packed; the outputs
+ * 16-byte aligned, and no output overlapping an input. */
+CK_API ck_status_t ck_w4a16_prepack(const uint8_t* w_packed, const void* scales,
+                                    const uint8_t* zeros, ck_dtype_t dtype, int64_t n, int64_t k,
+                                    int64_t group_size, ck_int4_mode_t mode, uint8_t* w_prepacked,
+                                    void* scales_prepacked, uint8_t* zeros_prepacked,
+                                    ck_stream_t stream);
+
+/* ck_gemm_w4a16 on a weight prepared by ck_w4a16_prepack (with the same n, k, group_size and
+ * mode): out[M, N] = act(x[M, K] w'[N, K]^T + bias[N]). For M <= 16 a weight-streaming kernel
+ * keeps a deep pipeline of weight bytes in flight; larger M runs tensor-core tiles (sm_80+).
+ * CK_GEMM_W4A16_KERNEL forces a variant: "small_m" (M <= 16, sm_80+), "tc" (sm_80+),
+ * "reference" or "auto" (a variant that cannot serve the call returns CK_STATUS_UNSUPPORTED).
+ * Requirements: as ck_gemm_w4a16; w_prepacked, scales_prepacked and zeros_prepacked 16-byte
+ * aligned. */
+CK_API ck_status_t ck_gemm_w4a16_prepacked(const void* x, ck_dtype_t dtype,
+                                           const uint8_t* w_prepacked,
+                                           const void* scales_prepacked,
+                                           const uint8_t* zeros_prepacked, int64_t group_size,
+                                           ck_int4_mode_t mode, const void* bias,
+                                           ck_activation_t activation, int64_t m, int64_t n,
+                                           int64_t k, void* out, ck_stream_t stream);
+
+/* ---------------------------------------------------------------------------------------------
+ * Importers from checkpoint formats into the interchange format (device to device).
+ *
+ * GPTQ (AutoGPTQ / GPTQ-for-LLaMa, 4 bits): qweight int32 [K / 8, N], code of (k, n) in bits
+ * 4 (k % 8) .. + 3 of qweight[k / 8][n], unsigned [0, 15]; qzeros int32 [groups, N / 8], zero of
+ * (g, n) in bits 4 (n % 8) .. + 3 of qzeros[g][n / 8], stored as zero - 1 (the format's
+ * convention, so the zero point used is stored + 1, in [1, 16]); scales [groups, N] of dtype
+ * (fp16 in checkpoints); g_idx int32 [K], the group of each k, or NULL for groups of
+ * consecutive k (g_idx[k] = k / group_size). w = (q - zero) * scale.
+ * With g_idx (act-order checkpoints), the groups are not runs of consecutive k: the importer
+ * sorts k by group (stable) and writes perm [K] int32, where column j of the imported weight is
+ * checkpoint row perm[j]. The layer then computes x[:, perm] times the imported weight
+ * (ck_permute_columns). g_idx must put exactly group_size values of k in each group but the
+ * last (as act-order checkpoints do); otherwise the result is unspecified (the Python wrapper
+ * checks this on the host).
+ * AWQ (4 bits, GEMM layout): qweight int32 [K, N / 8], code of (k, n) in nibble p of
+ * qweight[k][n / 8] where n % 8 = (0, 2, 4, 6, 1, 3, 5, 7)[p]; qzeros int32 [groups, N / 8]
+ * packed the same way (the zero point itself); scales [groups, N] of dtype. w = (q - zero) *
+ * scale.
+ * Both write w_packed [N, K / 2], scales_out [N, groups] of dtype and zeros_out [N, groups]
+ * uint8: a CK_INT4_ASYMMETRIC weight in the interchange format, groups =
+ * ck_int4_groups_per_row(K, group_size). GPTQ's zero points lie in [1, 16], one past the range
+ * ck_quantize_int4 writes; ck_dequantize_int4 and every W4A16 GEMM accept zero points up to 16.
+ * Requirements: N a multiple of 8 (eight codes or zeros per int32 along N), K a multiple of
+ * 32 (as ck_gemm_w4a16 needs), group_size 32, 64, 128 or CK_GROUP_ROW; dtype CK_DTYPE_FP16 or
+ * CK_DTYPE_BF16; every pointer aligned to its element size; no output overlapping an input.
+ * The tensors come straight from a checkpoint's int32 / fp16 arrays, on the device.
+ * ------------------------------------------------------------------------------------------- */
+CK_API ck_status_t ck_import_gptq(const int32_t* qweight, const int32_t* qzeros,
+                                  const void* scales, const int32_t* g_idx, ck_dtype_t dtype,
+                                  int64_t n, int64_t k, int64_t group_size, uint8_t* w_packed,
+                                  void* scales_out, uint8_t* zeros_out, int32_t* perm,
+                                  ck_stream_t stream);
+
+CK_API ck_status_t ck_import_awq(const int32_t* qweight, const int32_t* qzeros,
+                                 const void* scales, ck_dtype_t dtype, int64_t n, int64_t k,
+                                 int64_t group_size, uint8_t* w_packed, void* scales_out,
+                                 uint8_t* zeros_out, ck_stream_t stream);
+
+/* Gathers columns: out[r, j] = x[r, perm[j]] for x, out [rows, cols] of dtype (any of
+ * CK_DTYPE_FP32, CK_DTYPE_FP16, CK_DTYPE_BF16) and perm [cols] int32, each in [0, cols) (not
+ * checked: device data). x and out must not overlap; pointers aligned to their element size. */
+CK_API ck_status_t ck_permute_columns(const void* x, ck_dtype_t dtype, int64_t rows, int64_t cols,
+                                      const int32_t* perm, void* out, ck_stream_t stream);
+
+/* ---------------------------------------------------------------------------------------------
+ * INT4 x INT4 GEMM: both operands packed int4 (two's complement [-8, 7], two per byte along K,
+ * element 2i in the low nibble of byte i): a [M, K / 2] bytes, b [N, K / 2] bytes (the
+ * nn.Linear layout, out = A B^T). Products accumulate in exact int32.
+ * Requirements: M, N >= 1; K >= 32 and a multiple of 32; a and b 16-byte aligned; c 4-byte
+ * aligned (out aligned to out_dtype). CK_GEMM_INT4_KERNEL forces a variant: "reference" (any
+ * GPU), "mma" (tensor cores, sm_80+) or "auto".
+ * ------------------------------------------------------------------------------------------- */
+/* c[M, N] = sum_k a[m, k] * b[n, k], exact (no int32 overflow below K = 2^25). */
+CK_API ck_status_t ck_gemm_int4(const uint8_t* a, const uint8_t* b, int64_t m, int64_t n,
+                                int64_t k, int32_t* c, ck_stream_t stream);
+
+/* The same product with ck_gemm_int8_scaled's fused epilogue (scales, bias, activation, one
+ * rounding to out_dtype), bit for bit the same float32 operations. */
+CK_API ck_status_t ck_gemm_int4_scaled(const uint8_t* a, const uint8_t* b, int64_t m, int64_t n,
+                                       int64_t k, const float* scale_a,
+                                       ck_granularity_t a_granularity, const float* scale_b,
+                                       ck_granularity_t b_granularity, const void* bias,
+                                       ck_activation_t activation, void* out, ck_dtype_t out_dtype,
+                                       ck_stream_t stream);
+
 /* Floating-point linear layer: out[M, N] = act(x[M, K] w[N, K]^T + bias[N]).
  * x, w, bias and out all have `dtype` (CK_DTYPE_FP32, CK_DTYPE_FP16 or CK_DTYPE_BF16); the
  * products accumulate in float32 (fp32 inputs are not rounded to TF32), the bias is added and

@@ -70,7 +70,9 @@ __all__ = [
     "version", "device_count", "library_path", "load_library",
     "cuda", "CUDAGraph", "DeviceArray", "raw",
     "quantize_int8", "dequantize_int8", "quantize_int4", "dequantize_int4",
-    "gemm_int8", "gemm_int8_scaled", "linear", "gemm_w4a16",
+    "gemm_int8", "gemm_int8_scaled", "linear", "gemm_w4a16", "w4a16_prepack",
+    "gemm_w4a16_prepacked", "import_gptq", "import_awq", "permute_columns", "gemm_int4",
+    "gemm_int4_scaled", "QuantizedLinear",
     "quantize_tensor", "dequantize_tensor", "int8_matmul",
 ]
 
@@ -221,6 +223,33 @@ DECLARATIONS = {
     # x, dtype, w_packed, scales, zeros, group_size, mode, bias, activation, m, n, k, out, stream
     "ck_gemm_w4a16": (_STATUS, (_VOIDP, _ENUM, _VOIDP, _VOIDP, _VOIDP, _I64, _ENUM, _VOIDP,
                                 _ENUM, _I64, _I64, _I64, _VOIDP, _VOIDP)),
+    # n, k
+    "ck_w4a16_prepacked_bytes": (_I64, (_I64, _I64)),
+    # n, k, group_size
+    "ck_w4a16_prepacked_groups": (_I64, (_I64, _I64, _I64)),
+    # w_packed, scales, zeros, dtype, n, k, group_size, mode, w_prepacked, scales_prepacked,
+    # zeros_prepacked, stream
+    "ck_w4a16_prepack": (_STATUS, (_VOIDP, _VOIDP, _VOIDP, _ENUM, _I64, _I64, _I64, _ENUM,
+                                   _VOIDP, _VOIDP, _VOIDP, _VOIDP)),
+    # x, dtype, w_prepacked, scales_prepacked, zeros_prepacked, group_size, mode, bias,
+    # activation, m, n, k, out, stream
+    "ck_gemm_w4a16_prepacked": (_STATUS, (_VOIDP, _ENUM, _VOIDP, _VOIDP, _VOIDP, _I64, _ENUM,
+                                          _VOIDP, _ENUM, _I64, _I64, _I64, _VOIDP, _VOIDP)),
+    # qweight, qzeros, scales, g_idx, dtype, n, k, group_size, w_packed, scales_out, zeros_out,
+    # perm, stream
+    "ck_import_gptq": (_STATUS, (_VOIDP, _VOIDP, _VOIDP, _VOIDP, _ENUM, _I64, _I64, _I64, _VOIDP,
+                                 _VOIDP, _VOIDP, _VOIDP, _VOIDP)),
+    # qweight, qzeros, scales, dtype, n, k, group_size, w_packed, scales_out, zeros_out, stream
+    "ck_import_awq": (_STATUS, (_VOIDP, _VOIDP, _VOIDP, _ENUM, _I64, _I64, _I64, _VOIDP, _VOIDP,
+                                _VOIDP, _VOIDP)),
+    # x, dtype, rows, cols, perm, out, stream
+    "ck_permute_columns": (_STATUS, (_VOIDP, _ENUM, _I64, _I64, _VOIDP, _VOIDP, _VOIDP)),
+    # a, b, m, n, k, c, stream
+    "ck_gemm_int4": (_STATUS, (_VOIDP, _VOIDP, _I64, _I64, _I64, _VOIDP, _VOIDP)),
+    # a, b, m, n, k, scale_a, a_granularity, scale_b, b_granularity, bias, activation, out,
+    # out_dtype, stream
+    "ck_gemm_int4_scaled": (_STATUS, (_VOIDP, _VOIDP, _I64, _I64, _I64, _VOIDP, _ENUM, _VOIDP,
+                                      _ENUM, _VOIDP, _ENUM, _VOIDP, _ENUM, _VOIDP)),
 }
 
 _lib_lock = threading.RLock()
@@ -374,6 +403,64 @@ class _Raw:
         """ck_gemm_w4a16 (zeros_ptr 0 for INT4_SYMMETRIC, bias_ptr 0 for no bias)."""
         load_library().ck_gemm_w4a16(x_ptr, dtype, w_ptr, scales_ptr, zeros_ptr, group_size,
                                      mode, bias_ptr, activation, m, n, k, out_ptr, stream)
+
+    @staticmethod
+    def w4a16_prepacked_bytes(n, k):
+        """ck_w4a16_prepacked_bytes: bytes of a prepacked [N, K] weight, 0 if invalid."""
+        return load_library().ck_w4a16_prepacked_bytes(n, k)
+
+    @staticmethod
+    def w4a16_prepacked_groups(n, k, group_size):
+        """ck_w4a16_prepacked_groups: values of its prepacked scales (zeros), 0 if invalid."""
+        return load_library().ck_w4a16_prepacked_groups(n, k, group_size)
+
+    @staticmethod
+    def w4a16_prepack(w_ptr, scales_ptr, zeros_ptr, dtype, n, k, group_size, mode, w_out_ptr,
+                      scales_out_ptr, zeros_out_ptr, stream=0):
+        """ck_w4a16_prepack (zeros_ptr and zeros_out_ptr 0 for INT4_SYMMETRIC)."""
+        load_library().ck_w4a16_prepack(w_ptr, scales_ptr, zeros_ptr, dtype, n, k, group_size,
+                                        mode, w_out_ptr, scales_out_ptr, zeros_out_ptr, stream)
+
+    @staticmethod
+    def gemm_w4a16_prepacked(x_ptr, dtype, w_ptr, scales_ptr, zeros_ptr, group_size, mode,
+                             bias_ptr, activation, m, n, k, out_ptr, stream=0):
+        """ck_gemm_w4a16_prepacked (zeros_ptr 0 for INT4_SYMMETRIC, bias_ptr 0 for none)."""
+        load_library().ck_gemm_w4a16_prepacked(x_ptr, dtype, w_ptr, scales_ptr, zeros_ptr,
+                                               group_size, mode, bias_ptr, activation, m, n, k,
+                                               out_ptr, stream)
+
+    @staticmethod
+    def import_gptq(qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, dtype, n, k, group_size,
+                    w_ptr, scales_out_ptr, zeros_out_ptr, perm_ptr, stream=0):
+        """ck_import_gptq (g_idx_ptr and perm_ptr 0 without act-order)."""
+        load_library().ck_import_gptq(qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, dtype, n,
+                                      k, group_size, w_ptr, scales_out_ptr, zeros_out_ptr,
+                                      perm_ptr, stream)
+
+    @staticmethod
+    def import_awq(qweight_ptr, qzeros_ptr, scales_ptr, dtype, n, k, group_size, w_ptr,
+                   scales_out_ptr, zeros_out_ptr, stream=0):
+        """ck_import_awq."""
+        load_library().ck_import_awq(qweight_ptr, qzeros_ptr, scales_ptr, dtype, n, k,
+                                     group_size, w_ptr, scales_out_ptr, zeros_out_ptr, stream)
+
+    @staticmethod
+    def permute_columns(x_ptr, dtype, rows, cols, perm_ptr, out_ptr, stream=0):
+        """ck_permute_columns."""
+        load_library().ck_permute_columns(x_ptr, dtype, rows, cols, perm_ptr, out_ptr, stream)
+
+    @staticmethod
+    def gemm_int4(a_ptr, b_ptr, m, n, k, c_ptr, stream=0):
+        """ck_gemm_int4."""
+        load_library().ck_gemm_int4(a_ptr, b_ptr, m, n, k, c_ptr, stream)
+
+    @staticmethod
+    def gemm_int4_scaled(a_ptr, b_ptr, m, n, k, scale_a_ptr, a_granularity, scale_b_ptr,
+                         b_granularity, bias_ptr, activation, out_ptr, out_dtype, stream=0):
+        """ck_gemm_int4_scaled (bias_ptr 0 for no bias)."""
+        load_library().ck_gemm_int4_scaled(a_ptr, b_ptr, m, n, k, scale_a_ptr, a_granularity,
+                                           scale_b_ptr, b_granularity, bias_ptr, activation,
+                                           out_ptr, out_dtype, stream)
 
     @staticmethod
     def int4_groups_per_row(cols, group_size):
@@ -1364,6 +1451,318 @@ def gemm_w4a16(x, w_packed, scales, zeros=None, group_size=128, bias=None, activ
         raw.gemm_w4a16(xa.ptr, xa.ck_dtype, wa.ptr, s.ptr, z_ptr, group_size, mode, bias_ptr,
                        act, m, n, k, o.ptr, call.stream)
         return call.finish(o)
+
+
+def _packed_weight(call, w_packed, k_name="x"):
+    """(arg, n, k) of a packed int4 weight uint8 [N, K // 2]."""
+    wa = call.input(w_packed, "w_packed", need=np.uint8)
+    if len(wa.shape) != 2 or wa.shape[0] == 0 or wa.shape[1] == 0:
+        raise ValueError("w_packed must be a non-empty uint8 [N, K // 2], not of shape %s"
+                         % (wa.shape,))
+    return wa, wa.shape[0], 2 * wa.shape[1]
+
+
+def w4a16_prepack(w_packed, scales, zeros=None, group_size=128, dtype=None, stream=None):
+    """Converts an INT4 weight in the interchange format (w_packed uint8 [N, K // 2], scales
+    [N, groups] fp16/bf16, zeros uint8 [N, groups] or None) into the layout the W4A16 kernels
+    read fastest (ck_w4a16_prepack). Returns (w_prepacked uint8, scales_prepacked, zeros_prepacked
+    or None), flat arrays sized by ck_w4a16_prepacked_bytes / _groups, for
+    :func:`gemm_w4a16_prepacked` (with the same N, group_size and mode).
+    """
+    mode = INT4_SYMMETRIC if zeros is None else INT4_ASYMMETRIC
+    with _Call(w_packed, stream) as call:
+        wa, n, k = _packed_weight(call, w_packed)
+        groups = _groups(k, group_size)
+        sa = call.input(scales, "scales", dtype)
+        if sa.ck_dtype not in (DType.FP16, DType.BF16):
+            raise TypeError("scales have dtype %s: fp16 or bf16 (uint16 with dtype='bf16') "
+                            "expected" % sa.dtype)
+        _check_array(sa, "scales", sa.dtype, n * groups)
+        z_ptr = call.optional_input(zeros, "zeros", n * groups, need=np.uint8)
+        nbytes = raw.w4a16_prepacked_bytes(n, k)
+        nvalues = raw.w4a16_prepacked_groups(n, k, group_size)
+        if nbytes <= 0 or nvalues <= 0:
+            raise ValueError("n=%d, k=%d, group_size=%r cannot be prepacked (K a multiple of 32)"
+                             % (n, k, group_size))
+        w_out = call.output((nbytes,), np.uint8, DType.UINT8, None, "w_prepacked")
+        s_out = call.output((nvalues,), sa.dtype, sa.ck_dtype, None, "scales_prepacked")
+        z_out = (call.output((nvalues,), np.uint8, DType.UINT8, None, "zeros_prepacked")
+                 if zeros is not None else None)
+        raw.w4a16_prepack(wa.ptr, sa.ptr, z_ptr, sa.ck_dtype, n, k, group_size, mode, w_out.ptr,
+                          s_out.ptr, z_out.ptr if z_out is not None else 0, call.stream)
+        return call.finish(w_out, s_out, z_out)
+
+
+def gemm_w4a16_prepacked(x, w_prepacked, scales_prepacked, zeros_prepacked=None, n=None,
+                         group_size=128, bias=None, activation=None, out=None, dtype=None,
+                         stream=None):
+    """:func:`gemm_w4a16` on a weight prepared by :func:`w4a16_prepack`
+    (ck_gemm_w4a16_prepacked): out = act(x @ w'.T + bias), the same bits as gemm_w4a16 on the
+    original weight. n: the weight's N (the prepacked arrays are padded, so it must be given).
+    Returns [M, N] (or [N]) in the dtype of x.
+    """
+    if n is None or int(n) < 1:
+        raise ValueError("n (the weight's number of rows) must be given and >= 1")
+    n = int(n)
+    act = _activation(activation)
+    mode = INT4_SYMMETRIC if zeros_prepacked is None else INT4_ASYMMETRIC
+    with _Call(x, stream) as call:
+        xa = call.input(x, "x", dtype, matrix=True, need=_FLOAT_INPUT)
+        m, k = _matrix(xa.shape, "x")
+        wa = call.input(w_prepacked, "w_prepacked", need=np.uint8)
+        _check_array(wa, "w_prepacked", np.uint8, max(raw.w4a16_prepacked_bytes(n, k), 0))
+        nvalues = max(raw.w4a16_prepacked_groups(n, k, group_size), 0)
+        sa = call.input(scales_prepacked, "scales_prepacked", xa.ck_dtype)
+        _check_array(sa, "scales_prepacked", sa.dtype, nvalues)
+        z_ptr = call.optional_input(zeros_prepacked, "zeros_prepacked", nvalues, need=np.uint8)
+        bias_ptr = call.optional_input(bias, "bias", n, xa.ck_dtype)
+        out_shape = (n,) if len(xa.shape) == 1 else (m, n)
+        o = call.output(out_shape, _NUMPY_OF[xa.ck_dtype], xa.ck_dtype, out, "out")
+        raw.gemm_w4a16_prepacked(xa.ptr, xa.ck_dtype, wa.ptr, sa.ptr, z_ptr, group_size, mode,
+                                 bias_ptr, act, m, n, k, o.ptr, call.stream)
+        return call.finish(o)
+
+
+def _checkpoint_int32(call, obj, name):
+    a = call.input(obj, name, need=np.int32)
+    if len(a.shape) != 2 or 0 in a.shape:
+        raise ValueError("%s must be a non-empty int32 matrix, not of shape %s" % (name, a.shape))
+    return a
+
+
+def _import_outputs(call, sa, n, k, group_size, qz, scales_name="scales"):
+    groups = _groups(k, group_size)
+    if sa.ck_dtype not in (DType.FP16, DType.BF16):
+        raise TypeError("%s have dtype %s: fp16 or bf16 (uint16 with dtype='bf16') expected"
+                        % (scales_name, sa.dtype))
+    _check_array(sa, scales_name, sa.dtype, groups * n)
+    if tuple(qz.shape) != (groups, n // 8):
+        raise ValueError("qzeros has shape %s, needs (%d, %d)" % (qz.shape, groups, n // 8))
+    w = call.output((n, k // 2), np.uint8, DType.UINT8, None, "w_packed")
+    s = call.output((n, groups), sa.dtype, sa.ck_dtype, None, "scales")
+    z = call.output((n, groups), np.uint8, DType.UINT8, None, "zeros")
+    return w, s, z
+
+
+def import_gptq(qweight, qzeros, scales, g_idx=None, group_size=128, dtype=None, stream=None):
+    """Imports a 4-bit GPTQ weight (ck_import_gptq): qweight int32 [K / 8, N], qzeros int32
+    [groups, N / 8] (zero points stored minus one, as GPTQ writes them), scales [groups, N]
+    fp16 (or bf16), g_idx int32 [K] or None. Returns (w_packed uint8 [N, K / 2], scales
+    [N, groups], zeros uint8 [N, groups], perm int32 [K] or None): an asymmetric weight in the
+    interchange format. With perm, the layer's input columns must be gathered first:
+    x[:, perm] (:func:`permute_columns`). An act-order g_idx must give every group but the last
+    exactly group_size rows (checked here on the host).
+    """
+    with _Call(qweight, stream) as call:
+        qw = _checkpoint_int32(call, qweight, "qweight")
+        k, n = 8 * qw.shape[0], qw.shape[1]
+        qz = _checkpoint_int32(call, qzeros, "qzeros")
+        sa = call.input(scales, "scales", dtype)
+        w, s, z = _import_outputs(call, sa, n, k, group_size, qz)
+        g_ptr, perm = 0, None
+        if g_idx is not None:
+            _check_act_order(g_idx, k, group_size)
+            ga = call.input(g_idx, "g_idx", need=np.int32)
+            _check_array(ga, "g_idx", np.int32, k)
+            g_ptr = ga.ptr
+            perm = call.output((k,), np.int32, DType.INT32, None, "perm")
+        raw.import_gptq(qw.ptr, qz.ptr, sa.ptr, g_ptr, sa.ck_dtype, n, k, group_size, w.ptr,
+                        s.ptr, z.ptr, perm.ptr if perm is not None else 0, call.stream)
+        return call.finish(w, s, z, perm)
+
+
+def _check_act_order(g_idx, k, group_size):
+    """The importer's rule for g_idx: each group but the last holds exactly group_size rows."""
+    g = g_idx.to_numpy() if isinstance(g_idx, DeviceArray) else (
+        None if _is_device(g_idx) else np.asarray(g_idx))
+    if g is None:   # a foreign device array: the caller vouches for it
+        return
+    size = k if group_size == GROUP_ROW else group_size
+    groups = _groups(k, group_size)
+    g = g.reshape(-1)
+    if g.size != k or g.min() < 0 or g.max() >= groups:
+        raise ValueError("g_idx must hold K=%d group indices in [0, %d)" % (k, groups))
+    counts = np.bincount(g, minlength=groups)
+    expected = np.full(groups, size)
+    expected[-1] = k - size * (groups - 1)
+    if not np.array_equal(counts, expected):
+        raise ValueError("g_idx puts %s rows in the groups; the library needs %d per group "
+                         "(the last: %d)" % (counts.tolist()[:8], size, expected[-1]))
+
+
+def import_awq(qweight, qzeros, scales, group_size=128, dtype=None, stream=None):
+    """Imports a 4-bit AWQ weight (ck_import_awq, GEMM layout): qweight int32 [K, N / 8] and
+    qzeros int32 [groups, N / 8], both packed along N in AWQ's nibble order 0, 2, 4, 6, 1, 3, 5,
+    7; scales [groups, N] fp16 (or bf16). Returns (w_packed uint8 [N, K / 2], scales
+    [N, groups], zeros uint8 [N, groups]): an asymmetric weight in the interchange format.
+    """
+    with _Call(qweight, stream) as call:
+        qw = _checkpoint_int32(call, qweight, "qweight")
+        k, n = qw.shape[0], 8 * qw.shape[1]
+        qz = _checkpoint_int32(call, qzeros, "qzeros")
+        sa = call.input(scales, "scales", dtype)
+        w, s, z = _import_outputs(call, sa, n, k, group_size, qz)
+        raw.import_awq(qw.ptr, qz.ptr, sa.ptr, sa.ck_dtype, n, k, group_size, w.ptr, s.ptr,
+                       z.ptr, call.stream)
+        return call.finish(w, s, z)
+
+
+def permute_columns(x, perm, dtype=None, out=None, stream=None):
+    """out[r, j] = x[r, perm[j]] (ck_permute_columns): x [rows, cols] (or [cols]) fp32, fp16 or
+    bf16; perm int32 [cols]. Returns an array like x."""
+    with _Call(x, stream) as call:
+        xa = call.input(x, "x", dtype, matrix=True, need=_FLOAT_INPUT)
+        rows, cols = _matrix(xa.shape, "x")
+        pa = call.input(perm, "perm", need=np.int32)
+        _check_array(pa, "perm", np.int32, cols)
+        o = call.output(xa.shape, _NUMPY_OF[xa.ck_dtype], xa.ck_dtype, out, "out")
+        raw.permute_columns(xa.ptr, xa.ck_dtype, rows, cols, pa.ptr, o.ptr, call.stream)
+        return call.finish(o)
+
+
+def _int4_gemm_shape(aa, ba):
+    m, half_k = _matrix(aa.shape, "a_packed")
+    if len(ba.shape) != 2 or ba.shape[0] == 0 or ba.shape[1] != half_k:
+        raise ValueError("b_packed has shape %s: with a_packed of shape %s it must be [N, %d]"
+                         % (ba.shape, aa.shape, half_k))
+    n = ba.shape[0]
+    return m, n, 2 * half_k, ((n,) if len(aa.shape) == 1 else (m, n))
+
+
+def gemm_int4(a_packed, b_packed, out=None, stream=None):
+    """INT4 x INT4 matrix product with exact int32 results (ck_gemm_int4): a_packed uint8
+    [M, K / 2] and b_packed uint8 [N, K / 2], signed int4 two per byte (element 2i in the low
+    nibble, as :func:`quantize_int4` packs symmetric codes); out = a @ b.T, int32 [M, N]. The
+    library's rules apply: K a multiple of 32."""
+    with _Call(a_packed, stream) as call:
+        aa = call.input(a_packed, "a_packed", matrix=True, need=np.uint8)
+        ba = call.input(b_packed, "b_packed", need=np.uint8)
+        m, n, k, out_shape = _int4_gemm_shape(aa, ba)
+        c = call.output(out_shape, np.int32, DType.INT32, out, "c")
+        raw.gemm_int4(aa.ptr, ba.ptr, m, n, k, c.ptr, call.stream)
+        return call.finish(c)
+
+
+def gemm_int4_scaled(a_packed, b_packed, scale_a, scale_b, bias=None, activation=None,
+                     out_dtype="fp32", out=None, stream=None):
+    """INT4 x INT4 product with the fused epilogue of :func:`gemm_int8_scaled`
+    (ck_gemm_int4_scaled): out = act(float(acc) * scale_a * scale_b + bias), same conventions."""
+    act = _activation(activation)
+    ck_out = _as_dtype_enum(out_dtype, "out_dtype")
+    with _Call(a_packed, stream) as call:
+        aa = call.input(a_packed, "a_packed", matrix=True, need=np.uint8)
+        ba = call.input(b_packed, "b_packed", need=np.uint8)
+        m, n, k, out_shape = _int4_gemm_shape(aa, ba)
+        sa = call.input(scale_a, "scale_a", scalar_dtype=np.float32)
+        a_gran = _scale_granularity(sa, "scale_a", m, "row of a")
+        sb = call.input(scale_b, "scale_b", scalar_dtype=np.float32)
+        b_gran = _scale_granularity(sb, "scale_b", n, "output column")
+        bias_ptr = call.optional_input(bias, "bias", n, ck_out)
+        o = call.output(out_shape, _NUMPY_OF[ck_out], ck_out, out, "out")
+        raw.gemm_int4_scaled(aa.ptr, ba.ptr, m, n, k, sa.ptr, a_gran, sb.ptr, b_gran, bias_ptr,
+                             act, o.ptr, ck_out, call.stream)
+        return call.finish(o)
+
+
+class QuantizedLinear:
+    """A W4A16 linear layer whose weight lives on the GPU, prepacked: y = act(x @ w'.T + bias).
+
+    Build it from a float weight (:meth:`from_float`, quantized on the device with
+    :func:`quantize_int4`) or from checkpoint tensors (:meth:`from_gptq`, :meth:`from_awq`);
+    call it on NumPy arrays (NumPy out) or CUDA arrays (DeviceArray out). dtype is the layer's
+    activation dtype, fp16 or bf16; in_features must be a multiple of 32.
+    """
+
+    def __init__(self, w_packed, scales, zeros, group_size, dtype, bias=None, activation=None,
+                 perm=None):
+        """From an interchange-format weight already on the device (DeviceArrays or CUDA
+        arrays): w_packed [N, K / 2], scales [N, groups], zeros or None; perm from GPTQ."""
+        self.dtype = _as_dtype_enum(dtype, "dtype")
+        if self.dtype not in (DType.FP16, DType.BF16):
+            raise TypeError("QuantizedLinear runs in fp16 or bf16, not %s" % self.dtype.name)
+        shape = _cai(w_packed, "w_packed")[1]
+        self.out_features, self.in_features = shape[0], 2 * shape[1]
+        self.group_size = group_size
+        self.activation = _activation(activation)
+        self.weight = w_packed, scales, zeros   # the interchange format (dequantize_int4 reads it)
+        self.prepacked = w4a16_prepack(w_packed, scales, zeros, group_size, dtype=self.dtype)
+        self.bias = None if bias is None else _to_device(self._host_cast(bias), self.dtype)
+        self.perm = None if perm is None else _to_device(perm, None)
+
+    @classmethod
+    def from_float(cls, weight, bias=None, group_size=128, symmetric=True, dtype=None,
+                   activation=None):
+        """weight [out_features, in_features] (nn.Linear layout) in fp16 or bf16 (uint16 bit
+        patterns with dtype="bf16"); float32 NumPy weights are converted to fp16 first. bias:
+        None or out_features values."""
+        if not _is_device(weight) and np.asarray(weight).dtype == np.float32 and dtype is None:
+            weight = np.asarray(weight).astype(np.float16)
+        wd = _to_device(weight, dtype)
+        layer_dtype = wd.ck_dtype
+        w, s, z = quantize_int4(wd, group_size=group_size, symmetric=symmetric,
+                                dtype=layer_dtype)
+        return cls(w, s, z, group_size, layer_dtype, bias=bias, activation=activation)
+
+    @classmethod
+    def from_gptq(cls, qweight, qzeros, scales, g_idx=None, bias=None, group_size=128,
+                  dtype=None, activation=None):
+        """From GPTQ tensors (see :func:`import_gptq`); an act-order g_idx is honoured by
+        gathering the input columns before each product."""
+        dev = [_to_device(a, None) for a in (qweight, qzeros)]
+        sd = _to_device(scales, dtype)
+        gd = None if g_idx is None else np.asarray(g_idx) if not _is_device(g_idx) else g_idx
+        w, s, z, perm = import_gptq(dev[0], dev[1], sd, g_idx=gd, group_size=group_size)
+        return cls(w, s, z, group_size, sd.ck_dtype, bias=bias, activation=activation,
+                   perm=perm)
+
+    @classmethod
+    def from_awq(cls, qweight, qzeros, scales, bias=None, group_size=128, dtype=None,
+                 activation=None):
+        """From AWQ tensors (see :func:`import_awq`)."""
+        dev = [_to_device(a, None) for a in (qweight, qzeros)]
+        sd = _to_device(scales, dtype)
+        w, s, z = import_awq(dev[0], dev[1], sd, group_size=group_size)
+        return cls(w, s, z, group_size, sd.ck_dtype, bias=bias, activation=activation)
+
+    def __call__(self, x, out=None, stream=None):
+        """x [M, in_features] (or [in_features]) in the layer's dtype -> [M, out_features]."""
+        on_host = not _is_device(x)
+        xd = _to_device(self._host_cast(x), self.dtype) if on_host else x
+        if self.perm is not None:
+            xd = permute_columns(xd, self.perm, dtype=self.dtype, stream=stream)
+        w, s, z = self.prepacked
+        y = gemm_w4a16_prepacked(xd, w, s, z, n=self.out_features, group_size=self.group_size,
+                                 bias=self.bias, activation=self.activation,
+                                 out=None if on_host else out, dtype=self.dtype, stream=stream)
+        if not on_host:
+            return y
+        result = y.to_numpy()
+        if out is not None:
+            out[...] = result.reshape(out.shape)
+            return out
+        return result
+
+    def _host_cast(self, a):
+        """float32 NumPy data for an fp16 layer becomes fp16 (bf16 data must come as uint16)."""
+        if not _is_device(a) and self.dtype == DType.FP16 and np.asarray(a).dtype == np.float32:
+            return np.asarray(a).astype(np.float16)
+        return a
+
+    def __repr__(self):
+        return ("QuantizedLinear(in_features=%d, out_features=%d, group_size=%d, dtype=%s%s)"
+                % (self.in_features, self.out_features, self.group_size,
+                   self.dtype.name.lower(), ", act-order" if self.perm is not None else ""))
+
+
+def _to_device(a, dtype):
+    """A CUDA array as it is, or a NumPy array uploaded to a DeviceArray (ck dtype `dtype`)."""
+    if _is_device(a):
+        return a
+    a = np.ascontiguousarray(a)
+    ck_dtype = _as_dtype_enum(dtype, "dtype") if dtype is not None else None
+    if ck_dtype == DType.BF16 and a.dtype != np.uint16:
+        raise TypeError("bf16 data is held as uint16 bit patterns, not %s" % a.dtype)
+    return DeviceArray.from_numpy(a, ck_dtype=ck_dtype)
 
 
 def quantize_tensor(x):

@@ -1,5 +1,7 @@
-// benchmarks/bench_gemm.cuh - family "gemm": the INT8 GEMMs (ck_gemm_int8, ck_gemm_int8_scaled)
-// and the cuBLASLt linear layer (ck_linear), each beside what a user runs today, on the same run.
+// benchmarks/bench_gemm.cuh - family "gemm": the INT8 GEMMs (ck_gemm_int8, ck_gemm_int8_scaled),
+// the W4A16 GEMMs (ck_gemm_w4a16, ck_gemm_w4a16_prepacked), the INT4 x INT4 GEMMs (ck_gemm_int4,
+// ck_gemm_int4_scaled) and the cuBLASLt linear layer (ck_linear), each beside what a user runs
+// today, on the same run.
 //
 // Problems: the LLM weight shapes (K, N) of DESIGN.md section 4 times M tokens (--quick: one
 // shape, three M; --size does not apply: the shapes are the models'). Rows of each (shape, M):
@@ -19,6 +21,26 @@
 //                                  Its bytes: packed weight + scales + x + out. Notes: the weight
 //                                  stream (packed weight + scales) as a % of copy bandwidth, and
 //                                  the speedup over cuBLAS fp16 against kW4A16SpeedupTarget.
+//   gemm_w4a16_prepacked fp16 g128 / gemm_w4a16_prepacked fp16 asym g128
+//                                  every (shape, M): ck_gemm_w4a16_prepacked (auto variant) on the
+//                                  same kind of weight (symmetric; asymmetric, with zeros), put
+//                                  through ck_w4a16_prepack once, outside timing.
+//                                  Baseline "dequantize_int4 [asym] + cuBLAS fp16", the unfused
+//                                  pipeline timed as one: ck_dequantize_int4 of the interchange
+//                                  weight into one fp16 [N, K] buffer, then the cublasGemmEx of
+//                                  "cuBLAS fp16 (reference)". Its bytes: prepacked weight +
+//                                  scales (+ zeros) + x + out. Notes: the speedup over cuBLAS fp16
+//                                  (the reference row's timing, not timed again) and, for small M,
+//                                  the weight stream as a % of copy bandwidth.
+//   gemm_int4 int32                every (shape, M): ck_gemm_int4 on random packed a [M, K / 2]
+//                                  and b [N, K / 2]; baseline "cuBLASLt int8" (the timing of the
+//                                  gemm_int8 int32 row's baseline, on the unpacked int8 operands
+//                                  of the same sizes); note: the speedup over ck_gemm_int8.
+//   gemm_int4 scaled fp16 (...)    at M = kInt4ScaledTokens: ck_gemm_int4_scaled with the
+//                                  epilogue of the gemm_int8 scaled row; baseline "cuBLASLt int8 +
+//                                  epilogue" (that row's baseline); note: vs ck_gemm_int8_scaled.
+// A row whose kernel choice an environment variable forces (CK_GEMM_W4A16_KERNEL,
+// CK_GEMM_INT4_KERNEL set to anything but "auto") says so in its note.
 // Floors: `bytes` reads both operands (and scales, bias) once and writes the output once;
 // flops = 2 M N K. For M <= kWeightStreamMaxM the product is a stream over the weight: the note
 // gives N K weight bytes / time as a % of the copy bandwidth (target >= kWeightStreamTarget %).
@@ -64,6 +86,12 @@ constexpr int64_t kW4A16ReferenceTokens = 64;
 constexpr int64_t kW4A16GroupSize = 128;
 constexpr Shape kW4A16SpeedupShape = {8192, 28672};
 constexpr double kW4A16SpeedupTarget = 3.5;
+// The prepacked W4A16 rows run on every (shape, M), in both modes, groups of kW4A16GroupSize.
+constexpr ck_int4_mode_t kW4A16PrepackedModes[] = {CK_INT4_SYMMETRIC, CK_INT4_ASYMMETRIC};
+
+// The INT4 x INT4 rows: int32 out on every (shape, M); the fused fp16 epilogue at one M.
+constexpr int64_t kInt4ScaledTokens = 4096;
+constexpr int64_t kQuickInt4ScaledTokens = 256;
 
 constexpr size_t kLtWorkspaceBytes = size_t(32) << 20;
 constexpr int kHeuristicCandidates = 4;  // cuBLASLt algorithms timed to pick its fastest
@@ -85,6 +113,26 @@ inline bool w4a16_row_at(Shape s, int64_t m) {
     return std::find(std::begin(kW4A16Tokens), std::end(kW4A16Tokens), m) !=
                std::end(kW4A16Tokens) ||
            (s == kW4A16ReferenceShape && m == kW4A16ReferenceTokens);
+}
+
+inline bool int4_scaled_row_at(int64_t m, bool quick) {
+    return m == (quick ? kQuickInt4ScaledTokens : kInt4ScaledTokens);
+}
+
+// "CK_GEMM_W4A16_KERNEL=tc" when the variable forces a kernel variant; empty when unset or "auto".
+inline std::string kernel_override(const char* variable) {
+    const char* value = std::getenv(variable);
+    if (!value || !*value || std::string(value) == "auto") return "";
+    return std::string(variable) + "=" + value;
+}
+
+inline void kernel_override_note(Row& row, const char* variable) {
+    const std::string forced = kernel_override(variable);
+    if (!forced.empty()) Bench::append_note(row, "variant forced by " + forced);
+}
+
+inline const char* int4_mode_word(ck_int4_mode_t mode) {  // the row names' "asym " or nothing
+    return mode == CK_INT4_ASYMMETRIC ? "asym " : "";
 }
 
 // The dtypes of the linear rows at (s, m); none for most problems.
@@ -243,6 +291,13 @@ struct Summary {
     int64_t m;
     const Row* int32 = nullptr;
     const Row* fused = nullptr;
+    const Row* w4a16 = nullptr;                      // ck_gemm_w4a16, where it runs
+    const Row* w4a16_prepacked = nullptr;            // symmetric
+    const Row* w4a16_prepacked_asym = nullptr;
+    const Row* int4 = nullptr;
+    const Row* int4_scaled = nullptr;
+    double fp16_us = 0;  // cublasGemmEx fp16 (0: not measured)
+    double int8_us = 0;  // ck_gemm_int8 int32, [N, K] weight (0: not measured)
 };
 
 // One copy of the INT8 problem's buffers.
@@ -264,12 +319,28 @@ struct FloatSet {
     DeviceBuffer out;   // [M, N]
 };
 
-// One copy of the W4A16 problem's buffers (fp16 activations, symmetric packed INT4 weight).
+// One copy of the INT4 x INT4 problem's buffers.
+struct Int4Set {
+    DeviceBuffer a;        // [M, K / 2] packed int4
+    DeviceBuffer b;        // [N, K / 2] packed int4
+    DeviceBuffer c;        // [M, N] int32
+    DeviceBuffer scale_a;  // [M] float, per token (scaled row only)
+    DeviceBuffer scale_b;  // [N] float, per output channel (scaled row only)
+    DeviceBuffer bias;     // [N] fp16 (scaled row only)
+    DeviceBuffer out;      // [M, N] fp16 (scaled row only)
+};
+
+// One copy of the W4A16 problem's buffers (fp16 activations, a packed INT4 weight of one mode in
+// the interchange format and prepacked).
 struct W4A16Set {
-    DeviceBuffer x;         // [M, K] fp16
-    DeviceBuffer w_packed;  // [N, K / 2] packed int4
-    DeviceBuffer scales;    // [N, K / kW4A16GroupSize] fp16
-    DeviceBuffer out;       // [M, N] fp16
+    DeviceBuffer x;                 // [M, K] fp16
+    DeviceBuffer w_packed;          // [N, K / 2] packed int4
+    DeviceBuffer scales;            // [N, groups] fp16
+    DeviceBuffer zeros;             // [N, groups] uint8 (asymmetric only)
+    DeviceBuffer w_prepacked;       // ck_w4a16_prepacked_bytes(N, K)
+    DeviceBuffer scales_prepacked;  // ck_w4a16_prepacked_groups(N, K, group) fp16
+    DeviceBuffer zeros_prepacked;   // as many uint8 (asymmetric only)
+    DeviceBuffer out;               // [M, N] fp16
 };
 
 // The rows of one (shape, M). Buffers are allocated on the first row the filter keeps.
@@ -287,7 +358,17 @@ class Problem {
         reference_row();
         if (kn_rows_at(shape_, m_)) int32_row(CK_LAYOUT_KN);
         for (ck_dtype_t dtype : linear_dtypes_at(shape_, m_, ctx_.quick)) linear_row(dtype);
-        if (w4a16_row_at(shape_, m_)) w4a16_row();
+        if (w4a16_row_at(shape_, m_)) summary.w4a16 = w4a16_row();
+        for (ck_int4_mode_t mode : kW4A16PrepackedModes) {
+            const Row* row = w4a16_prepacked_row(mode);
+            if (mode == CK_INT4_ASYMMETRIC) summary.w4a16_prepacked_asym = row;
+            else summary.w4a16_prepacked = row;
+        }
+        summary.int4 = int4_row();
+        if (int4_scaled_row_at(m_, ctx_.quick)) summary.int4_scaled = int4_scaled_row();
+        if (gemm_ex_timings_.count(CK_DTYPE_FP16))
+            summary.fp16_us = gemm_ex_timings_[CK_DTYPE_FP16].median_us;
+        if (int8_timing_) summary.int8_us = int8_timing_->median_us;
         return summary;
     }
 
@@ -310,17 +391,44 @@ class Problem {
         const double groups = double((k_ + kW4A16GroupSize - 1) / kW4A16GroupSize);
         return weight_elements() / 2 + sizeof(__half) * double(n_) * groups;
     }
-    double w4a16_call_bytes() const {
-        return w4a16_weight_bytes() +
-               sizeof(__half) * (double(m_) * double(k_) + double(m_) * double(n_));
+    double w4a16_activation_bytes() const {  // x read + out written, fp16
+        return sizeof(__half) * (double(m_) * double(k_) + double(m_) * double(n_));
+    }
+    double w4a16_call_bytes() const { return w4a16_weight_bytes() + w4a16_activation_bytes(); }
+    // Bytes per scale (+ zero point) of a weight in `mode`.
+    static double int4_meta_bytes(ck_int4_mode_t mode) {
+        return sizeof(__half) + (mode == CK_INT4_ASYMMETRIC ? 1.0 : 0.0);
+    }
+    double w4a16_interchange_bytes(ck_int4_mode_t mode) const {
+        const double groups = double(ck_int4_groups_per_row(k_, kW4A16GroupSize));
+        return weight_elements() / 2 + int4_meta_bytes(mode) * double(n_) * groups;
+    }
+    // The prepacked weight + scales (+ zeros), as the library sizes them (padding included).
+    double w4a16_prepacked_weight_bytes(ck_int4_mode_t mode) const {
+        return double(ck_w4a16_prepacked_bytes(n_, k_)) +
+               int4_meta_bytes(mode) * double(ck_w4a16_prepacked_groups(n_, k_, kW4A16GroupSize));
+    }
+    double w4a16_prepacked_call_bytes(ck_int4_mode_t mode) const {
+        return w4a16_prepacked_weight_bytes(mode) + w4a16_activation_bytes();
+    }
+
+    double int4_input_bytes() const { return (double(m_) * double(k_) + weight_elements()) / 2; }
+    double int4_call_bytes() const { return int4_input_bytes() + 4.0 * double(m_) * double(n_); }
+    double int4_scaled_call_bytes() const {
+        return int4_input_bytes() + 2.0 * double(m_) * double(n_) +
+               sizeof(float) * double(m_ + n_) + sizeof(__half) * double(n_);
     }
 
     RowSpec spec_for(const std::string& kernel, ck_dtype_t dtype, double bytes,
                      const char* ops_unit) const {
+        return spec_for(kernel, std::string(dtype_name(dtype)), bytes, ops_unit);
+    }
+    RowSpec spec_for(const std::string& kernel, const std::string& dtype, double bytes,
+                     const char* ops_unit) const {
         RowSpec spec;
         spec.family = "gemm";
         spec.kernel = kernel;
-        spec.dtype = dtype_name(dtype);
+        spec.dtype = dtype;
         spec.shape = shape_name_;
         spec.bytes = bytes;
         spec.flops = 2.0 * mnk();
@@ -329,15 +437,17 @@ class Problem {
     }
 
     // For M <= kWeightStreamMaxM: the weight stream's share of the copy bandwidth, ours and the
-    // baseline's (the target applies to ours).
-    void weight_stream_note(Row& row, double weight_bytes, bool with_target) const {
+    // baseline's (the target applies to ours). with_baseline = false leaves the baseline out (where
+    // it reads a different weight, e.g. int8 beside int4).
+    void weight_stream_note(Row& row, double weight_bytes, bool with_target,
+                            bool with_baseline = true) const {
         if (m_ > kWeightStreamMaxM) return;
         const double ours = bench_.percent_of_copy(weight_bytes, row.time.median_us);
         std::string note = "weight stream " + format("%.1f", ours) + "% of copy BW";
         if (with_target)
             note += std::string(" (target >= ") + format("%.0f", kWeightStreamTarget) + "%: " +
                     (ours >= kWeightStreamTarget ? "met" : "MISSED") + ")";
-        if (row.has_baseline())
+        if (with_baseline && row.has_baseline())
             note += "; baseline " +
                     format("%.1f", bench_.percent_of_copy(weight_bytes, row.baseline_us)) + "%";
         Bench::append_note(row, note);
@@ -351,11 +461,8 @@ class Problem {
         if (!bench_.wants(spec)) return nullptr;
         allocate_int8();
         spec.copies = int(int8_sets_.size());
-        Row* row = bench_.run(spec, [this, layout](int i) {
-            const Int8Set& s = int8_set(i);
-            CK_BENCH_CHECK(ck_gemm_int8(s.a.as<int8_t>(), s.b.as<int8_t>(), layout, m_, n_, k_,
-                                        s.c.as<int32_t>(), bench_.stream()));
-        });
+        Row* row = bench_.run(spec, [this, layout](int i) { int8_launch(int8_set(i), layout); });
+        if (!kn) int8_timing_ = row->time;
         Bench::set_baseline(*row, "cuBLASLt int8", lt_int8_timing());
         if (kn) Bench::append_note(*row, "baseline on the [N,K] weight (cuBLASLt int8 is TN only)");
         weight_stream_note(*row, weight_elements(), /*with_target=*/true);
@@ -370,20 +477,9 @@ class Problem {
         if (!bench_.wants(spec)) return nullptr;
         allocate_int8();
         spec.copies = int(int8_sets_.size());
-        Row* row = bench_.run(spec, [this](int i) {
-            const Int8Set& s = int8_set(i);
-            CK_BENCH_CHECK(ck_gemm_int8_scaled(
-                s.a.as<int8_t>(), s.b.as<int8_t>(), CK_LAYOUT_NK, m_, n_, k_, s.scale_a.as<float>(),
-                CK_PER_ROW, s.scale_b.as<float>(), CK_PER_ROW, s.bias.as(), CK_ACTIVATION_RELU,
-                s.out.as(), CK_DTYPE_FP16, bench_.stream()));
-        });
-        const Timing unfused = bench_.time([this](int i) {
-            const Int8Set& s = int8_set(i);
-            lt_int8_launch(s);
-            scale_bias_relu_fp16(s.c.as<int32_t>(), s.scale_a.as<float>(), s.scale_b.as<float>(),
-                                 s.bias.as<__half>(), s.out.as<__half>(), m_, n_, bench_.stream());
-        });
-        Bench::set_baseline(*row, "cuBLASLt int8 + epilogue", unfused);
+        Row* row = bench_.run(spec, [this](int i) { int8_scaled_launch(int8_set(i)); });
+        int8_scaled_timing_ = row->time;
+        Bench::set_baseline(*row, "cuBLASLt int8 + epilogue", lt_epilogue_timing());
         weight_stream_note(*row, weight_elements(), /*with_target=*/true);
         return row;
     }
@@ -424,47 +520,191 @@ class Problem {
 
     // ck_gemm_w4a16 (fp16, symmetric, groups of kW4A16GroupSize, no bias, no activation) vs
     // cublasGemmEx on the unquantized fp16 [N, K] weight at the same M.
-    void w4a16_row() {
+    const Row* w4a16_row() {
         RowSpec spec = spec_for("gemm_w4a16 fp16 g" + std::to_string(kW4A16GroupSize),
                                 CK_DTYPE_FP16, w4a16_call_bytes(), "TFLOP/s");
-        if (!bench_.wants(spec)) return;
-        allocate_w4a16();
-        spec.copies = int(w4a16_sets_.size());
-        Row* row = bench_.run(spec, [this](int i) {
-            const W4A16Set& s = w4a16_sets_[size_t(i) % w4a16_sets_.size()];
+        if (!bench_.wants(spec)) return nullptr;
+        const std::vector<W4A16Set>& sets = w4a16_sets(CK_INT4_SYMMETRIC);
+        spec.copies = int(sets.size());
+        Row* row = bench_.run(spec, [this, &sets](int i) {
+            const W4A16Set& s = sets[size_t(i) % sets.size()];
             CK_BENCH_CHECK(ck_gemm_w4a16(s.x.as(), CK_DTYPE_FP16, s.w_packed.as<uint8_t>(),
                                          s.scales.as(), nullptr, kW4A16GroupSize,
                                          CK_INT4_SYMMETRIC, nullptr, CK_ACTIVATION_NONE, m_, n_,
                                          k_, s.out.as(), bench_.stream()));
         });
+        Bench::set_baseline(*row, "cuBLAS fp16", fp16_timing());
+        kernel_override_note(*row, "CK_GEMM_W4A16_KERNEL");
+        if (m_ > kWeightStreamMaxM) {
+            Bench::append_note(*row, "reference kernel (small_m serves M <= " +
+                                         std::to_string(kWeightStreamMaxM) + ")");
+            return row;
+        }
+        weight_stream_note(*row, w4a16_weight_bytes(), /*with_target=*/true);
+        Bench::append_note(*row, speedup_vs_fp16_note(row->ratio()));
+        return row;
+    }
+
+    // "speedup vs cuBLAS fp16 1.83x", with the DESIGN.md target where it applies.
+    std::string speedup_vs_fp16_note(double speedup) const {
+        std::string note = "speedup vs cuBLAS fp16 " + format("%.2f", speedup) + "x";
+        if (shape_ == kW4A16SpeedupShape && m_ <= kWeightStreamMaxM)
+            note += std::string(" (target >= ") + format("%.1f", kW4A16SpeedupTarget) + "x: " +
+                    (speedup >= kW4A16SpeedupTarget ? "met" : "MISSED") + ")";
+        return note;
+    }
+
+    // ck_gemm_w4a16_prepacked (fp16, groups of kW4A16GroupSize, no bias, no activation, the auto
+    // variant) on a weight prepacked once, vs the unfused pipeline a user runs without it:
+    // ck_dequantize_int4 of the interchange weight into an fp16 [N, K] buffer, then cublasGemmEx,
+    // timed together. The note adds the speedup over cuBLAS fp16 alone (the reference row).
+    const Row* w4a16_prepacked_row(ck_int4_mode_t mode) {
+        const bool asym = mode == CK_INT4_ASYMMETRIC;
+        RowSpec spec = spec_for(std::string("gemm_w4a16_prepacked fp16 ") + int4_mode_word(mode) +
+                                    "g" + std::to_string(kW4A16GroupSize),
+                                CK_DTYPE_FP16, w4a16_prepacked_call_bytes(mode), "TFLOP/s");
+        if (!bench_.wants(spec)) return nullptr;
+        const std::vector<W4A16Set>& sets = w4a16_sets(mode);
+        spec.copies = int(sets.size());
+        Row* row = bench_.run(spec, [this, mode, asym, &sets](int i) {
+            const W4A16Set& s = sets[size_t(i) % sets.size()];
+            CK_BENCH_CHECK(ck_gemm_w4a16_prepacked(
+                s.x.as(), CK_DTYPE_FP16, s.w_prepacked.as<uint8_t>(), s.scales_prepacked.as(),
+                asym ? s.zeros_prepacked.as<uint8_t>() : nullptr, kW4A16GroupSize, mode, nullptr,
+                CK_ACTIVATION_NONE, m_, n_, k_, s.out.as(), bench_.stream()));
+        });
+        const Timing unfused = bench_.time([this, mode, asym, &sets](int i) {
+            const W4A16Set& s = sets[size_t(i) % sets.size()];
+            CK_BENCH_CHECK(ck_dequantize_int4(s.w_packed.as<uint8_t>(), s.scales.as(),
+                                              asym ? s.zeros.as<uint8_t>() : nullptr, n_, k_,
+                                              kW4A16GroupSize, mode, w4a16_dense_.as(),
+                                              CK_DTYPE_FP16, bench_.stream()));
+            gemm_ex(CK_DTYPE_FP16, s.x.as(), w4a16_dense_.as(), s.out.as());
+        });
+        const std::string pipeline =
+            std::string("dequantize_int4 ") + int4_mode_word(mode) + "+ cuBLAS fp16";
+        Bench::set_baseline(*row, pipeline, unfused);
+        kernel_override_note(*row, "CK_GEMM_W4A16_KERNEL");
+        weight_stream_note(*row, w4a16_prepacked_weight_bytes(mode), /*with_target=*/true,
+                           /*with_baseline=*/false);
+        Bench::append_note(*row, speedup_vs_fp16_note(fp16_timing().median_us /
+                                                      row->time.median_us));
+        return row;
+    }
+
+    // ck_gemm_int4 (packed int4 x packed int4 -> int32) vs cuBLASLt int8 -> int32 on int8 operands
+    // of the same M, N, K (the gemm_int8 int32 row's baseline, timed once per problem); the note
+    // compares with ck_gemm_int8 on those int8 operands.
+    const Row* int4_row() {
+        RowSpec spec = spec_for("gemm_int4 int32", "int4", int4_call_bytes(), "TOPS");
+        if (!bench_.wants(spec)) return nullptr;
+        allocate_int4();
+        spec.copies = int(int4_sets_.size());
+        Row* row = bench_.run(spec, [this](int i) {
+            const Int4Set& s = int4_set(i);
+            CK_BENCH_CHECK(ck_gemm_int4(s.a.as<uint8_t>(), s.b.as<uint8_t>(), m_, n_, k_,
+                                        s.c.as<int32_t>(), bench_.stream()));
+        });
+        Bench::set_baseline(*row, "cuBLASLt int8", lt_int8_timing());
+        kernel_override_note(*row, "CK_GEMM_INT4_KERNEL");
+        Bench::append_note(*row, "vs gemm_int8 int32 " +
+                                     format("%.2f", int8_timing().median_us / row->time.median_us) +
+                                     "x");
+        weight_stream_note(*row, weight_elements() / 2, /*with_target=*/true,
+                           /*with_baseline=*/false);
+        return row;
+    }
+
+    // ck_gemm_int4_scaled with the gemm_int8 scaled row's epilogue (per-token x per-channel scales,
+    // bias, ReLU, fp16 out) vs cuBLASLt int8 + the separate epilogue kernel (that row's baseline).
+    const Row* int4_scaled_row() {
+        RowSpec spec = spec_for("gemm_int4 scaled fp16 (per-token x per-channel + bias + relu)",
+                                "int4", int4_scaled_call_bytes(), "TOPS");
+        if (!bench_.wants(spec)) return nullptr;
+        allocate_int4();
+        spec.copies = int(int4_sets_.size());
+        Row* row = bench_.run(spec, [this](int i) {
+            const Int4Set& s = int4_set(i);
+            CK_BENCH_CHECK(ck_gemm_int4_scaled(
+                s.a.as<uint8_t>(), s.b.as<uint8_t>(), m_, n_, k_, s.scale_a.as<float>(),
+                CK_PER_ROW, s.scale_b.as<float>(), CK_PER_ROW, s.bias.as(), CK_ACTIVATION_RELU,
+                s.out.as(), CK_DTYPE_FP16, bench_.stream()));
+        });
+        Bench::set_baseline(*row, "cuBLASLt int8 + epilogue", lt_epilogue_timing());
+        kernel_override_note(*row, "CK_GEMM_INT4_KERNEL");
+        Bench::append_note(*row, "vs gemm_int8 scaled fp16 " +
+                                     format("%.2f", int8_scaled_timing().median_us /
+                                                        row->time.median_us) +
+                                     "x");
+        weight_stream_note(*row, weight_elements() / 2, /*with_target=*/true,
+                           /*with_baseline=*/false);
+        return row;
+    }
+
+    // out = x w^T through cublasGemmEx, TN (see LtInt8Gemm for the row-major trick), fp32
+    // accumulation; the bench's handle keeps the default math mode, so fp32 stays fp32 (no TF32).
+    void gemm_ex(ck_dtype_t dtype, const void* x, const void* w, void* out) {
+        const float alpha = 1.f, beta = 0.f;
+        const cudaDataType_t t = cuda_type(dtype);
+        CK_BENCH_CHECK(cublasGemmEx(bench_.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, int(n_), int(m_),
+                                    int(k_), &alpha, w, t, int(k_), x, t, int(k_), &beta, out, t,
+                                    int(n_), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    }
+    void gemm_ex(ck_dtype_t dtype, const FloatSet& s) {
+        gemm_ex(dtype, s.x.as(), s.w.as(), s.out.as());
+    }
+
+    // cublasGemmEx fp16: the reference row's timing, or timed here when the filter skipped it.
+    Timing fp16_timing() {
         if (!gemm_ex_timings_.count(CK_DTYPE_FP16)) {
             const std::vector<FloatSet>& sets = float_sets(CK_DTYPE_FP16);
             gemm_ex_timings_[CK_DTYPE_FP16] = bench_.time(
                 [this, &sets](int i) { gemm_ex(CK_DTYPE_FP16, sets[size_t(i) % sets.size()]); });
         }
-        Bench::set_baseline(*row, "cuBLAS fp16", gemm_ex_timings_[CK_DTYPE_FP16]);
-        if (m_ > kWeightStreamMaxM) {
-            Bench::append_note(*row, "reference kernel (small_m serves M <= " +
-                                         std::to_string(kWeightStreamMaxM) + ")");
-            return;
-        }
-        weight_stream_note(*row, w4a16_weight_bytes(), /*with_target=*/true);
-        std::string speedup = "speedup vs cuBLAS fp16 " + format("%.2f", row->ratio()) + "x";
-        if (shape_ == kW4A16SpeedupShape)
-            speedup += std::string(" (target >= ") + format("%.1f", kW4A16SpeedupTarget) + "x: " +
-                       (row->ratio() >= kW4A16SpeedupTarget ? "met" : "MISSED") + ")";
-        Bench::append_note(*row, speedup);
+        return gemm_ex_timings_[CK_DTYPE_FP16];
     }
 
-    // out = x w^T through cublasGemmEx, TN (see LtInt8Gemm for the row-major trick), fp32
-    // accumulation; the bench's handle keeps the default math mode, so fp32 stays fp32 (no TF32).
-    void gemm_ex(ck_dtype_t dtype, const FloatSet& s) {
-        const float alpha = 1.f, beta = 0.f;
-        const cudaDataType_t t = cuda_type(dtype);
-        CK_BENCH_CHECK(cublasGemmEx(bench_.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, int(n_), int(m_),
-                                    int(k_), &alpha, s.w.as(), t, int(k_), s.x.as(), t, int(k_),
-                                    &beta, s.out.as(), t, int(n_), CUBLAS_COMPUTE_32F,
-                                    CUBLAS_GEMM_DEFAULT));
+    void int8_launch(const Int8Set& s, ck_layout_t layout) const {
+        CK_BENCH_CHECK(ck_gemm_int8(s.a.as<int8_t>(), s.b.as<int8_t>(), layout, m_, n_, k_,
+                                    s.c.as<int32_t>(), bench_.stream()));
+    }
+
+    void int8_scaled_launch(const Int8Set& s) const {
+        CK_BENCH_CHECK(ck_gemm_int8_scaled(
+            s.a.as<int8_t>(), s.b.as<int8_t>(), CK_LAYOUT_NK, m_, n_, k_, s.scale_a.as<float>(),
+            CK_PER_ROW, s.scale_b.as<float>(), CK_PER_ROW, s.bias.as(), CK_ACTIVATION_RELU,
+            s.out.as(), CK_DTYPE_FP16, bench_.stream()));
+    }
+
+    // ck_gemm_int8 ([N, K] weight) and ck_gemm_int8_scaled: their rows' timings, or timed here
+    // when the filter skipped those rows.
+    Timing int8_timing() {
+        if (!int8_timing_) {
+            allocate_int8();
+            int8_timing_ = bench_.time([this](int i) { int8_launch(int8_set(i), CK_LAYOUT_NK); });
+        }
+        return *int8_timing_;
+    }
+
+    Timing int8_scaled_timing() {
+        if (!int8_scaled_timing_) {
+            allocate_int8();
+            int8_scaled_timing_ = bench_.time([this](int i) { int8_scaled_launch(int8_set(i)); });
+        }
+        return *int8_scaled_timing_;
+    }
+
+    // cuBLASLt int8 followed by the separate epilogue kernel, timed once per problem.
+    Timing lt_epilogue_timing() {
+        if (lt_epilogue_timing_) return *lt_epilogue_timing_;
+        pick_lt_algo();
+        lt_epilogue_timing_ = bench_.time([this](int i) {
+            const Int8Set& s = int8_set(i);
+            lt_int8_launch(s);
+            scale_bias_relu_fp16(s.c.as<int32_t>(), s.scale_a.as<float>(), s.scale_b.as<float>(),
+                                 s.bias.as<__half>(), s.out.as<__half>(), m_, n_, bench_.stream());
+        });
+        return *lt_epilogue_timing_;
     }
 
     // The cuBLASLt int8 baseline: its fastest of kHeuristicCandidates algorithms (each timed
@@ -476,6 +716,15 @@ class Problem {
 
     Timing lt_int8_timing() {
         if (lt_timing_) return *lt_timing_;
+        pick_lt_algo();
+        lt_timing_ = bench_.time([this](int i) { lt_int8_launch(int8_set(i)); });
+        return *lt_timing_;
+    }
+
+    // Picks lt_algo_ once per problem (needs the INT8 buffers).
+    void pick_lt_algo() {
+        if (lt_) return;
+        allocate_int8();
         lt_ = std::make_unique<LtInt8Gemm>(ctx_.lt, m_, n_, k_);
         TimingConfig pick;
         pick.warmup = kPickWarmup;
@@ -495,8 +744,6 @@ class Problem {
                 lt_algo_ = algo;
             }
         }
-        lt_timing_ = bench_.time([this](int i) { lt_int8_launch(int8_set(i)); });
-        return *lt_timing_;
     }
 
     const Int8Set& int8_set(int iteration) const {
@@ -532,30 +779,92 @@ class Problem {
         CK_BENCH_CHECK(cudaStreamSynchronize(st));
     }
 
-    // Rotation copies of the W4A16 problem. Each weight is the library's own format:
-    // ck_quantize_int4 of a random fp16 [N, K] weight (one scratch buffer, refilled per copy).
-    void allocate_w4a16() {
-        if (!w4a16_sets_.empty()) return;
-        const int64_t groups = (k_ + kW4A16GroupSize - 1) / kW4A16GroupSize;
-        const int copies = bench_.rotation_copies(w4a16_call_bytes(), w4a16_call_bytes());
+    // Rotation copies of the W4A16 problem in `mode`, allocated on first use. Each weight is the
+    // library's own format: ck_quantize_int4 of a random fp16 [N, K] weight (w4a16_dense_, refilled
+    // per copy), then ck_w4a16_prepack of it. Sized by the smaller of the plain and prepacked
+    // calls.
+    const std::vector<W4A16Set>& w4a16_sets(ck_int4_mode_t mode) {
+        std::vector<W4A16Set>& sets = w4a16_sets_[mode];
+        if (!sets.empty()) return sets;
+        const bool asym = mode == CK_INT4_ASYMMETRIC;
+        const int64_t groups = ck_int4_groups_per_row(k_, kW4A16GroupSize);
+        const int64_t prepacked_groups = ck_w4a16_prepacked_groups(n_, k_, kW4A16GroupSize);
+        const int64_t prepacked_bytes = ck_w4a16_prepacked_bytes(n_, k_);
+        if (groups <= 0 || prepacked_groups <= 0 || prepacked_bytes <= 0) {
+            std::fprintf(stderr, "gemm: no W4A16 layout for N=%lld K=%lld\n", (long long)n_,
+                         (long long)k_);
+            std::exit(kExitFailure);
+        }
+        const double smallest_call =
+            std::min(w4a16_call_bytes(), w4a16_prepacked_call_bytes(mode));
+        const double per_copy = w4a16_interchange_bytes(mode) +
+                                w4a16_prepacked_weight_bytes(mode) + w4a16_activation_bytes();
+        if (w4a16_dense_.bytes() == 0)
+            w4a16_dense_ = DeviceBuffer(sizeof(__half) * size_t(n_ * k_));
+        const int copies = bench_.rotation_copies(smallest_call, per_copy);
         cudaStream_t st = bench_.stream();
-        DeviceBuffer w_fp16(sizeof(__half) * size_t(n_ * k_));
         for (int c = 0; c < copies; ++c) {
-            const uint64_t seed = 13000 + 100 * uint64_t(c);
+            const uint64_t seed = 13000 + 10000 * uint64_t(mode) + 100 * uint64_t(c);
             W4A16Set s;
             s.x = DeviceBuffer(sizeof(__half) * size_t(m_ * k_));
             s.w_packed = DeviceBuffer(size_t(n_ * k_ / 2));
             s.scales = DeviceBuffer(sizeof(__half) * size_t(n_ * groups));
+            s.w_prepacked = DeviceBuffer(size_t(prepacked_bytes));
+            s.scales_prepacked = DeviceBuffer(sizeof(__half) * size_t(prepacked_groups));
+            if (asym) {
+                s.zeros = DeviceBuffer(size_t(n_ * groups));
+                s.zeros_prepacked = DeviceBuffer(size_t(prepacked_groups));
+            }
             s.out = DeviceBuffer(sizeof(__half) * size_t(m_ * n_));
             fill_uniform(s.x.as(), CK_DTYPE_FP16, m_ * k_, seed + 1, -kFloatAbsMax, kFloatAbsMax,
                          st);
-            fill_uniform(w_fp16.as(), CK_DTYPE_FP16, n_ * k_, seed + 2, -kFloatAbsMax, kFloatAbsMax,
-                         st);
-            CK_BENCH_CHECK(ck_quantize_int4(w_fp16.as(), CK_DTYPE_FP16, n_, k_, kW4A16GroupSize,
-                                            CK_INT4_SYMMETRIC, s.w_packed.as<uint8_t>(),
-                                            s.scales.as(), nullptr, st));
+            fill_uniform(w4a16_dense_.as(), CK_DTYPE_FP16, n_ * k_, seed + 2, -kFloatAbsMax,
+                         kFloatAbsMax, st);
+            CK_BENCH_CHECK(ck_quantize_int4(w4a16_dense_.as(), CK_DTYPE_FP16, n_, k_,
+                                            kW4A16GroupSize, mode, s.w_packed.as<uint8_t>(),
+                                            s.scales.as(), asym ? s.zeros.as<uint8_t>() : nullptr,
+                                            st));
+            CK_BENCH_CHECK(ck_w4a16_prepack(
+                s.w_packed.as<uint8_t>(), s.scales.as(), asym ? s.zeros.as<uint8_t>() : nullptr,
+                CK_DTYPE_FP16, n_, k_, kW4A16GroupSize, mode, s.w_prepacked.as<uint8_t>(),
+                s.scales_prepacked.as(), asym ? s.zeros_prepacked.as<uint8_t>() : nullptr, st));
             fill_random_bytes(s.out.as(), int64_t(s.out.bytes()), seed + 3, st);
-            w4a16_sets_.push_back(std::move(s));
+            sets.push_back(std::move(s));
+        }
+        CK_BENCH_CHECK(cudaStreamSynchronize(st));
+        return sets;
+    }
+
+    const Int4Set& int4_set(int iteration) const {
+        return int4_sets_[size_t(iteration) % int4_sets_.size()];
+    }
+
+    // Rotation copies of the INT4 x INT4 problem, sized by its smaller call (fp16 out). Any byte
+    // is a valid pair of int4 codes, so the operands are random bytes.
+    void allocate_int4() {
+        if (!int4_sets_.empty()) return;
+        const double mn = double(m_) * double(n_);
+        const double per_copy = int4_input_bytes() + 6.0 * mn + 8.0 * double(m_ + n_);
+        const int copies = bench_.rotation_copies(int4_scaled_call_bytes(), per_copy);
+        cudaStream_t st = bench_.stream();
+        for (int c = 0; c < copies; ++c) {
+            const uint64_t seed = 17000 + 100 * uint64_t(c);
+            Int4Set s;
+            s.a = DeviceBuffer(size_t(m_ * k_ / 2));
+            s.b = DeviceBuffer(size_t(n_ * k_ / 2));
+            s.c = DeviceBuffer(sizeof(int32_t) * size_t(m_ * n_));
+            s.scale_a = DeviceBuffer(sizeof(float) * size_t(m_));
+            s.scale_b = DeviceBuffer(sizeof(float) * size_t(n_));
+            s.bias = DeviceBuffer(sizeof(__half) * size_t(n_));
+            s.out = DeviceBuffer(sizeof(__half) * size_t(m_ * n_));
+            fill_random_bytes(s.a.as(), int64_t(s.a.bytes()), seed + 1, st);
+            fill_random_bytes(s.b.as(), int64_t(s.b.bytes()), seed + 2, st);
+            fill_uniform(s.scale_a.as(), CK_DTYPE_FP32, m_, seed + 3, kScaleMin, kScaleMax, st);
+            fill_uniform(s.scale_b.as(), CK_DTYPE_FP32, n_, seed + 4, kScaleMin, kScaleMax, st);
+            fill_uniform(s.bias.as(), CK_DTYPE_FP16, n_, seed + 5, -kFloatAbsMax, kFloatAbsMax, st);
+            fill_random_bytes(s.c.as(), int64_t(s.c.bytes()), seed + 6, st);
+            fill_random_bytes(s.out.as(), int64_t(s.out.bytes()), seed + 7, st);
+            int4_sets_.push_back(std::move(s));
         }
         CK_BENCH_CHECK(cudaStreamSynchronize(st));
     }
@@ -592,15 +901,23 @@ class Problem {
     std::string shape_name_;
     std::vector<Int8Set> int8_sets_;
     std::map<ck_dtype_t, std::vector<FloatSet>> float_sets_;
-    std::vector<W4A16Set> w4a16_sets_;
+    std::map<ck_int4_mode_t, std::vector<W4A16Set>> w4a16_sets_;
+    // [N, K] fp16: the source of each W4A16 copy's weight, then the unfused pipeline's dequantized
+    // weight (one buffer, allocated outside timing).
+    DeviceBuffer w4a16_dense_;
+    std::vector<Int4Set> int4_sets_;
     std::map<ck_dtype_t, Timing> gemm_ex_timings_;  // cublasGemmEx per dtype, timed once
+    std::optional<Timing> int8_timing_;             // ck_gemm_int8, [N, K] weight
+    std::optional<Timing> int8_scaled_timing_;      // ck_gemm_int8_scaled
     std::unique_ptr<LtInt8Gemm> lt_;
     cublasLtMatmulAlgo_t lt_algo_{};
-    std::optional<Timing> lt_timing_;
+    std::optional<Timing> lt_timing_;           // cuBLASLt int8
+    std::optional<Timing> lt_epilogue_timing_;  // cuBLASLt int8 + the separate epilogue kernel
 };
 
 // Ours against the unfused baselines per (shape, M), and the weight stream for small M.
-inline ExtraTable summary_table(const std::vector<Summary>& summaries, const Bench& bench) {
+inline ExtraTable int8_summary_table(const std::vector<Summary>& summaries,
+                                     const Bench& bench) {
     ExtraTable t;
     t.family = "gemm";
     t.title = "INT8 GEMM vs cuBLASLt (speedup = cuBLASLt time / ours; weight stream for M <= " +
@@ -643,6 +960,63 @@ inline ExtraTable summary_table(const std::vector<Summary>& summaries, const Ben
     return t;
 }
 
+inline std::string us_cell(const Row* r) { return r ? format("%.1f", r->time.median_us) : ""; }
+inline std::string us_cell(double us) { return us > 0 ? format("%.1f", us) : ""; }
+inline std::string baseline_us_cell(const Row* r) {
+    return r && r->has_baseline() ? format("%.1f", r->baseline_us) : "";
+}
+inline std::string speedup_cell(const Row* r) {
+    return r && r->has_baseline() ? format("%.2fx", r->ratio()) : "";
+}
+// reference_us / our time, e.g. cuBLAS fp16 over ours.
+inline std::string speedup_cell(const Row* r, double reference_us) {
+    return r && reference_us > 0 ? format("%.2fx", reference_us / r->time.median_us) : "";
+}
+
+// The prepacked W4A16 rows per (shape, M) beside cuBLAS fp16 and the unfused pipeline.
+inline ExtraTable w4a16_summary_table(const std::vector<Summary>& summaries, const Bench& bench) {
+    ExtraTable t;
+    t.family = "gemm";
+    t.title = "W4A16 prepacked (fp16, g" + std::to_string(kW4A16GroupSize) +
+              ") vs cuBLAS fp16 and dequantize_int4 + cuBLAS fp16 (speedup = their time / ours; "
+              "% copy: prepacked weight + scales (+ zeros) + x + out over the copy bandwidth)";
+    t.headers = {"K x N", "M", "prepacked us", "% copy", "cuBLAS fp16 us", "vs cuBLAS fp16",
+                 "dequant + cuBLAS us", "vs dequant + cuBLAS", "asym us", "asym % copy",
+                 "asym vs dequant + cuBLAS", "gemm_w4a16 us"};
+    auto pct = [&](const Row* r) {
+        return r ? format("%.1f", bench.percent_of_copy(r->bytes, r->time.median_us)) : "";
+    };
+    for (const Summary& s : summaries) {
+        const Row* sym = s.w4a16_prepacked;
+        const Row* asym = s.w4a16_prepacked_asym;
+        if (!sym && !asym) continue;
+        t.cells.push_back({shape_string(s.shape.k, s.shape.n), std::to_string(s.m), us_cell(sym),
+                           pct(sym), us_cell(s.fp16_us), speedup_cell(sym, s.fp16_us),
+                           baseline_us_cell(sym), speedup_cell(sym), us_cell(asym), pct(asym),
+                           speedup_cell(asym), us_cell(s.w4a16)});
+    }
+    return t;
+}
+
+// The INT4 x INT4 rows per (shape, M) beside cuBLASLt int8 and ck_gemm_int8.
+inline ExtraTable int4_summary_table(const std::vector<Summary>& summaries) {
+    ExtraTable t;
+    t.family = "gemm";
+    t.title = "INT4 x INT4 GEMM vs cuBLASLt int8 and gemm_int8 (int32 out; speedup = their time / "
+              "ours)";
+    t.headers = {"K x N", "M", "int4 us", "int4 TOPS", "cuBLASLt int8 us", "vs cuBLASLt int8",
+                 "gemm_int8 us", "vs gemm_int8", "int4 scaled us", "vs cuBLASLt int8 + epilogue"};
+    for (const Summary& s : summaries) {
+        if (!s.int4 && !s.int4_scaled) continue;
+        t.cells.push_back({shape_string(s.shape.k, s.shape.n), std::to_string(s.m), us_cell(s.int4),
+                           s.int4 ? format("%.1f", s.int4->tera_ops()) : "",
+                           baseline_us_cell(s.int4), speedup_cell(s.int4), us_cell(s.int8_us),
+                           speedup_cell(s.int4, s.int8_us), us_cell(s.int4_scaled),
+                           speedup_cell(s.int4_scaled)});
+    }
+    return t;
+}
+
 }  // namespace gemm_bench
 
 inline void bench_gemm(Bench& bench, const Options& options) {
@@ -658,6 +1032,9 @@ inline void bench_gemm(Bench& bench, const Options& options) {
     for (const Shape& shape : shapes) {
         for (int64_t m : tokens) summaries.push_back(Problem(ctx, shape, m).run_all());
     }
-    ExtraTable table = summary_table(summaries, bench);
-    if (!table.cells.empty()) bench.add_table(std::move(table));
+    for (ExtraTable table : {int8_summary_table(summaries, bench),
+                             w4a16_summary_table(summaries, bench),
+                             int4_summary_table(summaries)}) {
+        if (!table.cells.empty()) bench.add_table(std::move(table));
+    }
 }

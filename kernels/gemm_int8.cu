@@ -30,76 +30,16 @@
 #include "kernels/gemm_int8.cuh"
 
 
-// Tensor-core int8 mma.sync and cp.async exist from sm_80; the file is built for sm_75 too,
-// where these kernels are never launched (the dispatcher runs the reference kernel there).
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-#define CK_GEMM_SM80 1
-#else
-#define CK_GEMM_SM80 0
-#endif
-
 namespace ck {
 namespace {
 
 // The sm_80 kernels' bodies compile for every target; below sm_80 (and in the host pass) the
 // PTX wrappers are empty and the kernels trap at entry, so nothing after the trap is emitted.
-constexpr bool kHasSm80 = CK_GEMM_SM80;
+constexpr bool kHasSm80 = CK_SM80;
 
 // ---------------------------------------------------------------------------------------------
-// PTX wrappers, one instruction each
+// PTX wrappers
 // ---------------------------------------------------------------------------------------------
-// cp.async.cg.shared.global (16 bytes, L2 only): src_bytes = 0 reads nothing from global memory
-// and fills the 16 shared bytes with zeros, which is how out-of-range rows and the K tail load.
-__device__ __forceinline__ void cp_async_16_zfill(uint32_t dst, const void* src, bool valid) {
-#if CK_GEMM_SM80
-    const int src_bytes = valid ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(src_bytes)
-                 : "memory");
-#endif
-}
-
-// cp.async.commit_group
-__device__ __forceinline__ void cp_async_commit() {
-#if CK_GEMM_SM80
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-
-// cp.async.wait_group: at most kPending of this thread's groups are still in flight.
-template <int kPending> __device__ __forceinline__ void cp_async_wait() {
-#if CK_GEMM_SM80
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-#endif
-}
-
-// ldmatrix.sync.aligned.m8n8.x4.shared.b16: four 8x8 b16 matrices (8 rows of 16 bytes each);
-// lane i gives the address of row i % 8 of matrix i / 8; register j receives matrix j, row
-// lane / 4, bytes 4 * (lane % 4) .. +3.
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-#if CK_GEMM_SM80
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr)
-                 : "memory");
-#endif
-}
-
-// mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32: c += a (16x32, row) * b (32x8, col).
-// Fragments (g = lane / 4, t = lane % 4), four int8 per register, lowest k in the lowest byte:
-//   a0: A[g][4t..4t+3]   a1: A[g+8][4t..]   a2: A[g][16+4t..]   a3: A[g+8][16+4t..]
-//   b0: B[4t..4t+3][g]   b1: B[16+4t..][g]
-//   c0, c1: C[g][2t], C[g][2t+1]            c2, c3: C[g+8][2t], C[g+8][2t+1]
-__device__ __forceinline__ void mma_s8_16x8x32(int32_t (&c)[4], uint32_t a0, uint32_t a1,
-                                               uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
-#if CK_GEMM_SM80
-    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};\n"
-        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#endif
-}
-
 // Transposes a 4x4 byte block with 8 byte permutes (prmt): w[i] holds row i (bytes = columns
 // 0..3); afterwards w[j] holds column j (byte i = row i).
 __device__ __forceinline__ void transpose_4x4_bytes(uint32_t (&w)[4]) {

@@ -26,55 +26,17 @@
 // Floors: bytes = M*K*2 + N*K/2 + N*groups*(2 [+1 with zeros]) + M*N*2 (+ bias); flops = 2*M*N*K.
 //   For M <= 16 the weight dominates: time >= N*K/2 / copy bandwidth (H100 ~3.0 TB/s:
 //   N=28672 K=8192 -> 117 MB -> ~39 us at full copy speed).
-#include "kernels/ptx.cuh"
 #include "kernels/epilogue.cuh"
 #include "kernels/gemm_w4a16.cuh"
-
-// Tensor-core f16/bf16 mma.sync and the streaming load need sm_80; the file is built for sm_75
-// too, where the small-M kernel is never launched (the dispatcher runs the reference there).
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-#define CK_W4A16_SM80 1
-#else
-#define CK_W4A16_SM80 0
-#endif
+#include "kernels/w4a16_fragment.cuh"
 
 namespace ck {
 namespace {
 
 // The sm_80 kernel body compiles for every target; below sm_80 (and in the host pass) the PTX
 // wrappers are empty and the kernel traps at entry.
-constexpr bool kHasSm80 = CK_W4A16_SM80;
+constexpr bool kHasSm80 = CK_SM80;
 
-// Calls f with a value of the element type of dtype (fp16 or bf16; fp32 is rejected earlier).
-template <typename F> cudaError_t dispatch_half_dtype(ck_dtype_t dtype, F&& f) {
-    switch (dtype) {
-        case CK_DTYPE_FP16: return f(__half{});
-        case CK_DTYPE_BF16: return f(__nv_bfloat16{});
-        default: return cudaErrorInvalidValue;
-    }
-}
-
-// The bits of a 16-bit float and back.
-__device__ __forceinline__ uint16_t half_bits(__half v) { return __half_as_ushort(v); }
-__device__ __forceinline__ uint16_t half_bits(__nv_bfloat16 v) { return __bfloat16_as_ushort(v); }
-
-// Stores columns c and c + 1 of one output row (c + 1 may be past n): one 4-byte store when
-// both are inside and the pair is 4-byte aligned, else one element at a time.
-template <typename T>
-__device__ __forceinline__ void store_out_pair(T* out, int64_t row, int64_t c, int64_t n,
-                                               float v0, float v1, bool pair_aligned) {
-    T* p = out + row * n + c;
-    const T h0 = from_float<T>(v0);
-    if (c + 1 < n) {
-        const T h1 = from_float<T>(v1);
-        if (pair_aligned) {
-            *reinterpret_cast<uint32_t*>(p) = uint32_t(half_bits(h0)) | uint32_t(half_bits(h1)) << 16;
-            return;
-        }
-        p[1] = h1;
-    }
-    p[0] = h0;
-}
 
 // ---------------------------------------------------------------------------------------------
 // Reference kernel: 64x64 output tile per 256-thread block, K in steps of 32. Shared tiles are
@@ -95,7 +57,37 @@ static_assert(kRefBN * kRefBK / kRefLoadK == kRefThreads, "one 8-code weight wor
 static_assert(kRefThreads / 16 * kRefMicro == kRefBM && 16 * kRefMicro == kRefBN,
               "the micro-tiles cover the block tile");
 
-template <typename T, bool kAsym>
+// The 8 codes of row r at k .. k + 7 (k a multiple of 8) as signed values q - zero, and their
+// scale, in either layout. Interchange: one 4-byte word of the row, codes signed (symmetric) or
+// unsigned with zeros[r][g]. Prepacked: the word of the row's 16-byte slice vector, nibbles
+// permuted (prepacked_nibble_k), codes always unsigned (zero point 8 when symmetric).
+template <typename T, bool kAsym, bool kPrepacked>
+__device__ __forceinline__ float load_weight_8(const uint8_t* __restrict__ w,
+                                               const T* __restrict__ scales,
+                                               const uint8_t* __restrict__ zeros, int64_t r,
+                                               int64_t kk, int64_t group_size, int64_t groups,
+                                               int64_t k, int (&v)[kRefLoadK]) {
+    const int64_t grp = kk / group_size;
+    if constexpr (kPrepacked) {
+        const int64_t gi = prepacked_group_index(r, grp, groups);
+        const int zero = kAsym ? zeros[gi] : int(kSymmetricZero);
+        const uint32_t word = *reinterpret_cast<const uint32_t*>(
+            w + prepacked_vector_offset(r, kk & ~int64_t(kPackSliceK - 1), prepacked_chunks(k)) +
+            (kk % kPackSliceK) / 2);
+#pragma unroll
+        for (int e = 0; e < kRefLoadK; ++e) v[prepacked_nibble_k(e)] = int((word >> (4 * e)) & 0xF) - zero;
+        return to_float(scales[gi]);
+    } else {
+        const int64_t gi = r * groups + grp;
+        const int zero = kAsym ? zeros[gi] : 0;
+        load_int4_chunk<true, !kAsym>(w + r * (k / 2) + kk / 2, kRefLoadK, v);
+#pragma unroll
+        for (int e = 0; e < kRefLoadK; ++e) v[e] -= zero;
+        return to_float(scales[gi]);
+    }
+}
+
+template <typename T, bool kAsym, bool kPrepacked>
 __global__ void __launch_bounds__(kRefThreads)
 gemm_w4a16_reference_kernel(const T* __restrict__ x, const uint8_t* __restrict__ w,
                             const T* __restrict__ scales, const uint8_t* __restrict__ zeros,
@@ -111,8 +103,6 @@ gemm_w4a16_reference_kernel(const T* __restrict__ x, const uint8_t* __restrict__
     const int tid = threadIdx.x;
     const int ty = tid / 16, tx = tid % 16;
     const int ld_row = tid / 4, ld_k = (tid % 4) * kRefLoadK;
-    const int64_t row_bytes = k / 2;
-
     float acc[kRefMicro][kRefMicro] = {};
 
     for (int64_t k0 = 0; k0 < k; k0 += kRefBK) {  // k % 32 == 0: no K tail
@@ -120,15 +110,12 @@ gemm_w4a16_reference_kernel(const T* __restrict__ x, const uint8_t* __restrict__
         if (m0 + ld_row < m) load_chunk<T, true>(x + (m0 + ld_row) * k + k0 + ld_k, kRefLoadK, xv);
         float wv[kRefLoadK] = {};
         if (n0 + ld_row < n) {
-            const int64_t r = n0 + ld_row;
-            const int64_t grp = r * groups + (k0 + ld_k) / group_size;
-            const float s = to_float(scales[grp]);
-            const int z = kAsym ? zeros[grp] : 0;
-            int q[kRefLoadK];
-            load_int4_chunk<true, !kAsym>(w + r * row_bytes + (k0 + ld_k) / 2, kRefLoadK, q);
+            int v[kRefLoadK];  // q - zero
+            const float s = load_weight_8<T, kAsym, kPrepacked>(w, scales, zeros, n0 + ld_row,
+                                                                k0 + ld_k, group_size, groups, k, v);
 #pragma unroll
             for (int i = 0; i < kRefLoadK; ++i)
-                wv[i] = to_float(from_float<T>(float(q[i] - z) * s));  // w' rounded to dtype
+                wv[i] = to_float(from_float<T>(float(v[i]) * s));  // w' rounded to dtype
         }
         __syncthreads();  // the previous step's reads are done
 #pragma unroll
@@ -161,111 +148,6 @@ gemm_w4a16_reference_kernel(const T* __restrict__ x, const uint8_t* __restrict__
             const int64_t r = m0 + ty + 16 * i;
             if (r < m) out[r * n + c] = from_float<T>(activate(acc[i][j] + b, activation));
         }
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// PTX wrappers, one instruction each
-// ---------------------------------------------------------------------------------------------
-// mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32: c += a (16x16) * b (16x8).
-// Fragments (g = lane / 4, t = lane % 4), two 16-bit values per register, lower k in the low half:
-//   a0: A[g][2t..2t+1]   a1: A[g+8][2t..]   a2: A[g][2t+8..2t+9]   a3: A[g+8][2t+8..]
-//   b0: B[2t..2t+1][g]   b1: B[2t+8..2t+9][g]
-//   c0, c1: C[g][2t], C[g][2t+1]            c2, c3: C[g+8][2t], C[g+8][2t+1]
-template <typename T>
-__device__ __forceinline__ void mma_16x8x16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                            uint32_t a3, uint32_t b0, uint32_t b1) {
-#if CK_W4A16_SM80
-    if constexpr (std::is_same_v<T, __half>) {
-        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
-            "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-    } else {
-        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-            "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-    }
-#endif
-}
-
-// ---------------------------------------------------------------------------------------------
-// int4 -> fp16/bf16 in registers. A 32-bit word holds 8 codes, k = e (e < 8) in bits 4e..4e+3.
-// It becomes 4 packed pairs p[j] = (k = j, k = j + 4) (j < 4): masking two nibbles that sit in
-// the low bits of each 16-bit half and OR-ing in an exponent gives the float magic + u exactly
-// (fp16: 1024 + u, mantissa step 1 at 1024; bf16: 128 + u, step 1 at 128), and subtracting
-// magic + zero leaves u - zero exactly (a small integer). That the pairs are (j, j + 4) rather
-// than adjacent k does not matter: x is permuted the same way (see the small-M kernel).
-// The codes arrive biased: unsigned u with value u - zero (symmetric codes are XOR-ed with 8,
-// which maps two's complement q to u = q + 8, with zero = 8).
-// The final multiply by the scale is the only rounding: (u - zero) and scale are exact in the
-// dtype, and __hmul2_rn rounds their exact product once to nearest even, which is the bits of
-// round_to_dtype(float(q - zero) * float(scale)) (the product is exact in float32).
-// ---------------------------------------------------------------------------------------------
-template <typename T> struct Pair;
-template <> struct Pair<__half> {
-    using V = __half2;
-};
-template <> struct Pair<__nv_bfloat16> {
-    using V = __nv_bfloat162;
-};
-
-template <typename T> __device__ __forceinline__ typename Pair<T>::V as_pair(uint32_t v) {
-    typename Pair<T>::V r;
-    memcpy(&r, &v, sizeof r);
-    return r;
-}
-template <typename V> __device__ __forceinline__ uint32_t pair_bits(V v) {
-    uint32_t r;
-    memcpy(&r, &v, sizeof r);
-    return r;
-}
-
-constexpr uint32_t kNibbleLo = 0x000f000fu;  // nibble 0 of each 16-bit half
-constexpr uint32_t kNibbleHi = 0x00f000f0u;  // nibble 1 of each 16-bit half
-constexpr uint32_t kSymmetricBias = 0x88888888u;  // two's complement q -> u = q + 8
-constexpr uint32_t kSymmetricZero = 8;
-
-template <typename T>
-__device__ __forceinline__ void dequant_word(uint32_t q, uint32_t zero, uint32_t scale2,
-                                             uint32_t (&p)[4]);
-
-// fp16: magic 1024 (0x6400). The high nibble of a byte is handled in place: 1024 + 16u, then
-// one exact fma by 1/16 and -(64 + zero) (Marlin's trick) saves a shift.
-template <>
-__device__ __forceinline__ void dequant_word<__half>(uint32_t q, uint32_t zero, uint32_t scale2,
-                                                     uint32_t (&p)[4]) {
-    constexpr uint32_t kMagic = 0x64006400u;       // 1024, 1024
-    constexpr uint32_t kSixteenth = 0x2c002c00u;   // 1/16, 1/16
-    const __half2 sub = as_pair<__half>((0x6400u | zero) * 0x10001u);          // 1024 + zero
-    const __half2 add = as_pair<__half>((0xd400u | (zero << 4)) * 0x10001u);   // -(64 + zero)
-    const __half2 mul = as_pair<__half>(kSixteenth);
-    const __half2 s = as_pair<__half>(scale2);
-    const uint32_t q8 = q >> 8;
-    const __half2 v0 = __hsub2(as_pair<__half>((q & kNibbleLo) | kMagic), sub);          // k 0, 4
-    const __half2 v1 = __hfma2(as_pair<__half>((q & kNibbleHi) | kMagic), mul, add);     // k 1, 5
-    const __half2 v2 = __hsub2(as_pair<__half>((q8 & kNibbleLo) | kMagic), sub);         // k 2, 6
-    const __half2 v3 = __hfma2(as_pair<__half>((q8 & kNibbleHi) | kMagic), mul, add);    // k 3, 7
-    p[0] = pair_bits(__hmul2_rn(v0, s));
-    p[1] = pair_bits(__hmul2_rn(v1, s));
-    p[2] = pair_bits(__hmul2_rn(v2, s));
-    p[3] = pair_bits(__hmul2_rn(v3, s));
-}
-
-// bf16: magic 128 (0x4300). bf16 has 7 mantissa bits, so 16u does not fit below the exponent:
-// every nibble is shifted down to bits 0..3 of its half first.
-template <>
-__device__ __forceinline__ void dequant_word<__nv_bfloat16>(uint32_t q, uint32_t zero,
-                                                            uint32_t scale2, uint32_t (&p)[4]) {
-    constexpr uint32_t kMagic = 0x43004300u;  // 128, 128
-    const __nv_bfloat162 sub = as_pair<__nv_bfloat16>((0x4300u | zero) * 0x10001u);  // 128 + zero
-    const __nv_bfloat162 s = as_pair<__nv_bfloat16>(scale2);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {  // pair j: k = j, j + 4
-        const __nv_bfloat162 v =
-            __hsub2(as_pair<__nv_bfloat16>(((q >> (4 * j)) & kNibbleLo) | kMagic), sub);
-        p[j] = pair_bits(__hmul2_rn(v, s));
     }
 }
 
@@ -507,6 +389,60 @@ using SmallHiMid = SmallMConfig<4, 1, 4>;     // m > 8: 32 columns
 using SmallHiNarrow = SmallMConfig<2, 1, 8>;  // m > 8: 16 columns, 8 warps on K
 constexpr int64_t kMinBlocksPerSm = 2;
 
+// ---------------------------------------------------------------------------------------------
+// Prepack (ck_w4a16_prepack): interchange -> prepacked layout (kernels/w4a16_fragment.cuh).
+// One thread per 16-byte output vector (a row's 32-k slice): it reads the slice's 16 bytes from
+// the interchange row (when inside the matrix), permutes each word's nibbles and makes the codes
+// unsigned; padding rows and slices at k >= K get code 8. A second kernel, one thread per
+// prepacked scale, copies scales (0 for padding rows) and zeros (8 for padding rows).
+// Run once per weight: simple beats fast here.
+// ---------------------------------------------------------------------------------------------
+constexpr int kPrepackThreads = 256;
+
+// Word of 8 codes (k = nibble) -> prepacked word (nibble e holds k prepacked_nibble_k(e)).
+__device__ __forceinline__ uint32_t prepack_word(uint32_t w) {
+    uint32_t r = 0;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) r |= ((w >> (4 * prepacked_nibble_k(e))) & 0xFu) << (4 * e);
+    return r;
+}
+
+__global__ void __launch_bounds__(kPrepackThreads)
+w4a16_prepack_weight_kernel(const uint8_t* __restrict__ w, bool symmetric, int64_t n, int64_t k,
+                            uint8_t* __restrict__ w_out) {
+    const int64_t chunks = prepacked_chunks(k);
+    const int64_t slices = chunks * (kPackK / kPackSliceK);
+    const int64_t vectors = prepacked_rows(n) * slices;
+    const uint32_t pad = 0x88888888u;  // code 8 everywhere
+    for (int64_t v = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; v < vectors;
+         v += int64_t(gridDim.x) * blockDim.x) {
+        const int64_t row = v / slices, k0 = v % slices * kPackSliceK;
+        uint4 out = make_uint4(pad, pad, pad, pad);
+        if (row < n && k0 < k) {  // k % 32 == 0: a slice is all inside or all padding
+            const uint4 in = *reinterpret_cast<const uint4*>(w + row * (k / 2) + k0 / 2);
+            const uint32_t flip = symmetric ? 0x88888888u : 0u;  // two's complement q -> q + 8
+            out = make_uint4(prepack_word(in.x ^ flip), prepack_word(in.y ^ flip),
+                             prepack_word(in.z ^ flip), prepack_word(in.w ^ flip));
+        }
+        *reinterpret_cast<uint4*>(w_out + prepacked_vector_offset(row, k0, chunks)) = out;
+    }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kPrepackThreads)
+w4a16_prepack_groups_kernel(const T* __restrict__ scales, const uint8_t* __restrict__ zeros,
+                            int64_t n, int64_t groups, T* __restrict__ scales_out,
+                            uint8_t* __restrict__ zeros_out) {
+    const int64_t count = prepacked_rows(n) * groups;
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+         i += int64_t(gridDim.x) * blockDim.x) {
+        const int64_t row = i / groups, g = i % groups;
+        const int64_t dst = prepacked_group_index(row, g, groups);
+        scales_out[dst] = row < n ? scales[i] : from_float<T>(0.f);
+        if (zeros_out) zeros_out[dst] = row < n ? zeros[i] : uint8_t(kSymmetricZero);
+    }
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -518,11 +454,14 @@ cudaError_t gemm_w4a16_reference(const GemmW4A16Args& args, cudaStream_t stream)
     return dispatch_half_dtype(args.dtype, [&](auto tag) {
         using T = decltype(tag);
         return with_bool(args.zeros != nullptr, [&](auto asym) {
-            gemm_w4a16_reference_kernel<T, decltype(asym)::value><<<unsigned(blocks), kRefThreads, 0, stream>>>(
-                static_cast<const T*>(args.x), args.w, static_cast<const T*>(args.scales), args.zeros,
-                args.group_size, args.groups, static_cast<const T*>(args.bias), args.activation,
-                args.m, args.n, args.k, static_cast<T*>(args.out));
-            return cudaGetLastError();
+            return with_bool(args.prepacked, [&](auto prepacked) {
+                gemm_w4a16_reference_kernel<T, decltype(asym)::value, decltype(prepacked)::value>
+                    <<<unsigned(blocks), kRefThreads, 0, stream>>>(
+                        static_cast<const T*>(args.x), args.w, static_cast<const T*>(args.scales),
+                        args.zeros, args.group_size, args.groups, static_cast<const T*>(args.bias),
+                        args.activation, args.m, args.n, args.k, static_cast<T*>(args.out));
+                return cudaGetLastError();
+            });
         });
     });
 }
@@ -559,6 +498,24 @@ cudaError_t gemm_w4a16_small_m(const GemmW4A16Args& args, cudaStream_t stream) {
             if (fits(SmallHiMid::kCols)) return launch_small_m<SmallHiMid, T, true, kAsym>(a, stream);
             return launch_small_m<SmallHiNarrow, T, true, kAsym>(a, stream);
         });
+    });
+}
+
+cudaError_t w4a16_prepack(const W4A16PrepackArgs& args, cudaStream_t stream) {
+    // Grid-stride loops: a few waves of blocks cover any size.
+    const int64_t max_blocks = 8 * std::max(sm_count(), 1);
+    const int64_t vectors = prepacked_rows(args.n) * prepacked_chunks(args.k) * (kPackK / kPackSliceK);
+    w4a16_prepack_weight_kernel<<<unsigned(std::min(ceil_div(vectors, kPrepackThreads), max_blocks)),
+                                  kPrepackThreads, 0, stream>>>(args.w, args.zeros == nullptr,
+                                                                args.n, args.k, args.w_out);
+    const int64_t values = prepacked_rows(args.n) * args.groups;
+    const unsigned blocks = unsigned(std::min(ceil_div(values, kPrepackThreads), max_blocks));
+    return dispatch_half_dtype(args.dtype, [&](auto tag) {
+        using T = decltype(tag);
+        w4a16_prepack_groups_kernel<T><<<blocks, kPrepackThreads, 0, stream>>>(
+            static_cast<const T*>(args.scales), args.zeros, args.n, args.groups,
+            static_cast<T*>(args.scales_out), args.zeros_out);
+        return cudaGetLastError();
     });
 }
 

@@ -3,6 +3,15 @@
 
 #include "kernels/common.cuh"
 
+// Tensor-core mma.sync (int8, fp16, bf16), cp.async and ldmatrix exist from sm_80. Files that
+// use them are built for sm_75 too, where their kernels are never launched: below sm_80 (and in
+// the host pass) these wrappers are empty, and kernels that need them trap at entry.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define CK_SM80 1
+#else
+#define CK_SM80 0
+#endif
+
 namespace ck {
 
 // The shared-memory (state space) address of a generic pointer into shared memory, as the PTX
@@ -17,12 +26,99 @@ __device__ __forceinline__ uint32_t shared_address(const void* p) {
 // that (and in the host pass) it compiles to zeros and is never called.
 __device__ __forceinline__ uint4 load_stream_16(const void* p) {
     uint4 v = make_uint4(0, 0, 0, 0);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if CK_SM80
     asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                  : "l"(p));
 #endif
     return v;
+}
+
+// cp.async.cg.shared.global (16 bytes, L2 only): src_bytes = 0 reads nothing from global memory
+// and fills the 16 shared bytes with zeros, which is how out-of-range rows and the K tail load.
+__device__ __forceinline__ void cp_async_16_zfill(uint32_t dst, const void* src, bool valid) {
+#if CK_SM80
+    const int src_bytes = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(src_bytes)
+                 : "memory");
+#endif
+}
+
+// cp.async.commit_group
+__device__ __forceinline__ void cp_async_commit() {
+#if CK_SM80
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+// cp.async.wait_group: at most kPending of this thread's groups are still in flight.
+template <int kPending> __device__ __forceinline__ void cp_async_wait() {
+#if CK_SM80
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+#endif
+}
+
+// ldmatrix.sync.aligned.m8n8.x4.shared.b16: four 8x8 b16 matrices (8 rows of 16 bytes each);
+// lane i gives the address of row i % 8 of matrix i / 8; register j receives matrix j, row
+// lane / 4, bytes 4 * (lane % 4) .. +3.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+#if CK_SM80
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+#endif
+}
+
+// mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32: c += a (16x32, row) * b (32x8, col).
+// Fragments (g = lane / 4, t = lane % 4), four int8 per register, lowest k in the lowest byte:
+//   a0: A[g][4t..4t+3]   a1: A[g+8][4t..]   a2: A[g][16+4t..]   a3: A[g+8][16+4t..]
+//   b0: B[4t..4t+3][g]   b1: B[16+4t..][g]
+//   c0, c1: C[g][2t], C[g][2t+1]            c2, c3: C[g+8][2t], C[g+8][2t+1]
+__device__ __forceinline__ void mma_s8_16x8x32(int32_t (&c)[4], uint32_t a0, uint32_t a1,
+                                               uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
+#if CK_SM80
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
+
+// mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32: c += a (16x16) * b (16x8).
+// Fragments (g = lane / 4, t = lane % 4), two 16-bit values per register, lower k in the low half:
+//   a0: A[g][2t..2t+1]   a1: A[g+8][2t..]   a2: A[g][2t+8..2t+9]   a3: A[g+8][2t+8..]
+//   b0: B[2t..2t+1][g]   b1: B[2t+8..2t+9][g]
+//   c0, c1: C[g][2t], C[g][2t+1]            c2, c3: C[g+8][2t], C[g+8][2t+1]
+template <typename T>
+__device__ __forceinline__ void mma_16x8x16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                            uint32_t a3, uint32_t b0, uint32_t b1) {
+#if CK_SM80
+    if constexpr (std::is_same_v<T, __half>) {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+            "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    } else {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+            "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    }
+#endif
+}
+
+// lop3.b32 with lookup table 0xEA: (a & b) | c in one instruction. Written out, the mask and
+// the magic exponent are two immediates, and a LOP3 takes only one: ptxas then emits two.
+__device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t b, uint32_t c) {
+#if defined(__CUDA_ARCH__)
+    uint32_t d;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+#else
+    return (a & b) | c;
+#endif
 }
 
 // 32-bit word i (a compile-time constant after unrolling) of a 16-byte vector.

@@ -553,3 +553,74 @@ def round_f64_to_dtype(v, dtype):
         with np.errstate(over="ignore"):
             return f32_to_bf16_bits(rounded.astype(np.float32))
     raise ValueError(f"unknown dtype {dtype!r} (use one of {DTYPES})")
+
+
+# ---------------------------------------------------------------------------------------------
+# INT4 x INT4 GEMM (ck_gemm_int4, ck_gemm_int4_scaled)
+# ---------------------------------------------------------------------------------------------
+# Both operands are signed packed INT4 (pack_int4(q, signed=True): two's complement codes in
+# [-8, 7], element 2i in the low nibble of byte i): a [M, K / 2], b [N, K / 2] (the nn.Linear
+# layout). The product is the int8 product of the unpacked codes, so ck_gemm_int4_scaled is
+# ck_gemm_int8_scaled of unpack_int4(a), unpack_int4(b) (the same float32 epilogue on the same
+# int32 sums): its references are gemm_int8_scaled(_f64) of the unpacked operands.
+GEMM_INT4_K_MULTIPLE = 32  # ck_gemm_int4*: K a multiple of 32 (whole 16-byte vectors per row)
+INT4_PRODUCT_MAX = 8 * 8  # the largest |a * b| of two int4 codes: (-8) * (-8)
+
+
+def gemm_int4_i32(a_packed, b_packed, k):
+    """ck_gemm_int4: packed signed int4 a [M, K / 2] and b [N, K / 2] (uint8) -> int32 [M, N].
+
+    c[m, n] = sum_k a[m, k] * b[n, k] over the K = k codes of each row, computed exactly (int64)
+    and wrapped modulo 2**32 like int32 addition (no sum can wrap below K = 2**25).
+    """
+    a = unpack_int4(_matrix(np.asarray(a_packed)), k, signed=True)
+    b = unpack_int4(_matrix(np.asarray(b_packed)), k, signed=True)
+    return wrap_int32(int_matmul_exact(a, b))
+
+
+# ---------------------------------------------------------------------------------------------
+# W4A16 prepacked layout (ck_w4a16_prepack; cuda_kernels.h describes it)
+# ---------------------------------------------------------------------------------------------
+PACK_ROWS, PACK_K, PACK_SLICE_K = 8, 128, 32
+# Nibble e of a prepacked 32-bit word holds the word's k = PREPACKED_NIBBLE_K[e].
+PREPACKED_NIBBLE_K = (0, 2, 4, 6, 1, 3, 5, 7)
+
+
+def w4a16_prepacked_sizes(n, k, group_size):
+    """(bytes of the prepacked weight, values of its prepacked scales) of an [N, K] weight."""
+    rows = -(-n // PACK_ROWS) * PACK_ROWS
+    chunks = -(-k // PACK_K)
+    return rows * chunks * PACK_K // 2, rows * int4_groups_per_row(k, group_size)
+
+
+def w4a16_prepack(w_packed, scales, zeros, n, k, group_size):
+    """ck_w4a16_prepack in NumPy: (w_prepacked uint8 [bytes], scales_prepacked [values] in the
+    dtype of scales, zeros_prepacked uint8 or None), exactly as the header lays them out."""
+    _require_dtype(w_packed, np.uint8, "w_packed")
+    symmetric = zeros is None
+    codes = unpack_int4(w_packed, k, signed=symmetric).astype(np.int64)
+    if symmetric:
+        codes = codes + 8                          # two's complement q -> q + 8 (zero point 8)
+    rows = -(-n // PACK_ROWS) * PACK_ROWS
+    chunks = -(-k // PACK_K)
+    padded = np.full((rows, chunks * PACK_K), 8, np.int64)
+    padded[:n, :k] = codes
+    # [tile i, chunk c, row r, slice s, word w, k-in-word e'] -> nibble e with k = NIBBLE_K[e]
+    t = padded.reshape(rows // PACK_ROWS, PACK_ROWS, chunks, PACK_K // PACK_SLICE_K,
+                       PACK_SLICE_K // 8, 8)
+    t = t.transpose(0, 2, 1, 3, 4, 5)               # tile, chunk, row, slice, word, k
+    nibbles = t[..., list(PREPACKED_NIBBLE_K)]      # nibble e holds k NIBBLE_K[e]
+    words = np.zeros(nibbles.shape[:-1], np.uint64)
+    for e in range(8):
+        words |= nibbles[..., e].astype(np.uint64) << np.uint64(4 * e)
+    w_out = words.astype("<u4").reshape(-1).view(np.uint8).copy()
+    groups = int4_groups_per_row(k, group_size)
+    s = np.zeros((rows, groups), scales.dtype)
+    s[:n] = scales.reshape(n, groups)
+    s_out = s.reshape(rows // PACK_ROWS, PACK_ROWS, groups).transpose(0, 2, 1).reshape(-1).copy()
+    z_out = None
+    if not symmetric:
+        z = np.full((rows, groups), 8, np.uint8)
+        z[:n] = zeros.reshape(n, groups)
+        z_out = z.reshape(rows // PACK_ROWS, PACK_ROWS, groups).transpose(0, 2, 1).reshape(-1).copy()
+    return w_out, s_out, z_out

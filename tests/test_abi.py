@@ -443,6 +443,136 @@ W4A16_CASES = (
        for dt in (DType.FP16, DType.BF16)]
 )
 
+# The prepacked W4A16 GEMM: ck_gemm_w4a16's rules, except that the prepacked weight, scales and
+# zeros need 16-byte alignment (the kernels copy them with 16-byte cp.async).
+W4A16_PREPACKED = dict(W4A16)
+PREPACKED_NAMES = {"w_packed": "w_prepacked", "scales": "scales_prepacked"}
+W4A16_PREPACKED_CASES = (
+    [(case_id, changes, status, [PREPACKED_NAMES.get(n, n) for n in names])
+     for case_id, changes, status, names in W4A16_CASES]
+    + [("misaligned-scales_prepacked+%d" % d, dict(scales_ptr=S + d), MISALIGNED,
+        ["scales_prepacked"]) for d in (2, 8)]
+    + [("misaligned-zeros_prepacked+%d" % d,
+        dict(mode=ck.INT4_ASYMMETRIC, zeros_ptr=Z + d), MISALIGNED, ["zeros_prepacked"])
+       for d in (1, 4)]
+)
+
+# ck_w4a16_prepack: the interchange weight in, the prepacked one out (all outputs 16-byte aligned).
+W4A16_PREPACK = dict(w_ptr=B, scales_ptr=S, zeros_ptr=0, dtype=DType.FP16, n=64, k=256,
+                     group_size=128, mode=ck.INT4_SYMMETRIC, w_out_ptr=Q, scales_out_ptr=O,
+                     zeros_out_ptr=0)
+ASYM_PREPACK = dict(mode=ck.INT4_ASYMMETRIC, zeros_ptr=Z, zeros_out_ptr=BIAS)
+W4A16_PREPACK_CASES = (
+    [("null-w_packed", dict(w_ptr=0), INVALID, ["w_packed"]),
+     ("null-scales", dict(scales_ptr=0), INVALID, ["scales"]),
+     ("null-w_prepacked", dict(w_out_ptr=0), INVALID, ["w_prepacked"]),
+     ("null-scales_prepacked", dict(scales_out_ptr=0), INVALID, ["scales_prepacked"]),
+     ("null-zeros-asymmetric", dict(ASYM_PREPACK, zeros_ptr=0), INVALID, ["zeros"]),
+     ("null-zeros_prepacked-asymmetric", dict(ASYM_PREPACK, zeros_out_ptr=0), INVALID,
+      ["zeros_prepacked"]),
+     ("zeros-symmetric", dict(zeros_ptr=Z), INVALID, ["zeros"]),
+     ("zeros_prepacked-symmetric", dict(zeros_out_ptr=BIAS), INVALID, ["zeros_prepacked"])]
+    + [("mode=%d" % v, dict(mode=v), INVALID, ["mode"]) for v in (2, -1)]
+    + [("dtype=%d" % d, dict(dtype=d), INVALID, ["dtype"]) for d in UNKNOWN_DTYPES]
+    + [("dtype=%s" % d.name, dict(dtype=d), UNSUPPORTED, ["dtype"])
+       for d in [DType.FP32] + NOT_FLOAT_DTYPES]
+    + [("n=%d" % v, dict(n=v), INVALID, ["n"]) for v in (0, -3)]
+    + [("k=%d" % v, dict(k=v), INVALID, ["k"]) for v in (0, -32)]
+    + [("overflow-nk", dict(n=BIG, k=BIG), INVALID, ["n", "k"])]
+    + [("k=%d" % v, dict(k=v), UNSUPPORTED, ["k"]) for v in BAD_W4A16_K]
+    + [("group_size=%d" % g, dict(group_size=g), UNSUPPORTED, ["group_size"])
+       for g in BAD_GROUP_SIZES]
+    + [("misaligned-w_packed+%d" % d, dict(w_ptr=B + d), MISALIGNED, ["w_packed"])
+       for d in (1, 8)]
+    + [("misaligned-scales+1", dict(scales_ptr=S + 1), MISALIGNED, ["scales"]),
+       ("misaligned-w_prepacked+8", dict(w_out_ptr=Q + 8), MISALIGNED, ["w_prepacked"]),
+       ("misaligned-scales_prepacked+2", dict(scales_out_ptr=O + 2), MISALIGNED,
+        ["scales_prepacked"]),
+       ("misaligned-zeros_prepacked+4", dict(ASYM_PREPACK, zeros_out_ptr=BIAS + 4), MISALIGNED,
+        ["zeros_prepacked"])]
+)
+
+# Importers: checkpoint int32 tensors in, the interchange format out. N a multiple of 8, K of 32.
+G, P = 0x7F0000900000, 0x7F0000A00000   # g_idx, perm
+IMPORT_AWQ = dict(qweight_ptr=A, qzeros_ptr=Z, scales_ptr=S, dtype=DType.FP16, n=64, k=256,
+                  group_size=128, w_ptr=Q, scales_out_ptr=O, zeros_out_ptr=BIAS)
+
+
+def import_cases():
+    """What both importers check."""
+    return (
+        [("null-%s" % name[:-4], {name: 0}, INVALID, [label])
+         for name, label in (("qweight_ptr", "qweight"), ("qzeros_ptr", "qzeros"),
+                             ("scales_ptr", "scales"), ("w_ptr", "w_packed"),
+                             ("scales_out_ptr", "scales_out"), ("zeros_out_ptr", "zeros_out"))]
+        + [("dtype=%d" % d, dict(dtype=d), INVALID, ["dtype"]) for d in UNKNOWN_DTYPES]
+        + [("dtype=%s" % d.name, dict(dtype=d), UNSUPPORTED, ["dtype"])
+           for d in [DType.FP32] + NOT_FLOAT_DTYPES]
+        + [("n=%d" % v, dict(n=v), INVALID, ["n"]) for v in (0, -8)]
+        + [("k=%d" % v, dict(k=v), INVALID, ["k"]) for v in (0, -32)]
+        + [("overflow-nk", dict(n=BIG, k=BIG), INVALID, ["n", "k"])]
+        + [("n=%d" % v, dict(n=v), UNSUPPORTED, ["n"]) for v in (1, 12, 100)]
+        + [("k=%d" % v, dict(k=v), UNSUPPORTED, ["k"]) for v in BAD_W4A16_K]
+        + [("group_size=%d" % g, dict(group_size=g), UNSUPPORTED, ["group_size"])
+           for g in BAD_GROUP_SIZES]
+        + [("misaligned-qweight+2", dict(qweight_ptr=A + 2), MISALIGNED, ["qweight"]),
+           ("misaligned-qzeros+1", dict(qzeros_ptr=Z + 1), MISALIGNED, ["qzeros"]),
+           ("misaligned-scales+1", dict(scales_ptr=S + 1), MISALIGNED, ["scales"]),
+           ("misaligned-scales_out+1", dict(scales_out_ptr=O + 1), MISALIGNED, ["scales_out"])]
+    )
+
+
+IMPORT_AWQ_CASES = import_cases()
+IMPORT_GPTQ = dict(IMPORT_AWQ, g_idx_ptr=0, perm_ptr=0)
+IMPORT_GPTQ_CASES = import_cases() + [
+    ("g_idx-without-perm", dict(g_idx_ptr=G), INVALID, ["perm"]),
+    ("perm-without-g_idx", dict(perm_ptr=P), INVALID, ["perm", "g_idx"]),
+    ("misaligned-g_idx+2", dict(g_idx_ptr=G + 2, perm_ptr=P), MISALIGNED, ["g_idx"]),
+    ("misaligned-perm+1", dict(g_idx_ptr=G, perm_ptr=P + 1), MISALIGNED, ["perm"]),
+]
+
+PERMUTE_COLUMNS = dict(x_ptr=X, dtype=DType.FP16, rows=4, cols=64, perm_ptr=P, out_ptr=O)
+PERMUTE_COLUMNS_CASES = (
+    [("null-x", dict(x_ptr=0), INVALID, ["x"]),
+     ("null-perm", dict(perm_ptr=0), INVALID, ["perm"]),
+     ("null-out", dict(out_ptr=0), INVALID, ["out"])]
+    + [("dtype=%d" % d, dict(dtype=d), INVALID, ["dtype"]) for d in UNKNOWN_DTYPES]
+    + [("dtype=%s" % d.name, dict(dtype=d), UNSUPPORTED, ["dtype"]) for d in NOT_FLOAT_DTYPES]
+    + [("rows=%d" % r, dict(rows=r), INVALID, ["rows"]) for r in (0, -1)]
+    + [("cols=%d" % c, dict(cols=c), INVALID, ["cols"]) for c in (0, -5)]
+    + [("overflow-bytes", dict(rows=HALF_BIG, cols=HALF_BIG), INVALID, ["rows", "cols"]),
+       ("misaligned-x-fp16", dict(x_ptr=X + 1), MISALIGNED, ["x"]),
+       ("misaligned-x-fp32", dict(x_ptr=X + 2, dtype=DType.FP32), MISALIGNED, ["x"]),
+       ("misaligned-perm", dict(perm_ptr=P + 2), MISALIGNED, ["perm"]),
+       ("misaligned-out-bf16", dict(out_ptr=O + 1, dtype=DType.BF16), MISALIGNED, ["out"])]
+)
+
+# INT4 x INT4: packed a [M, K / 2] and b [N, K / 2]; K a multiple of 32; a, b 16-byte aligned.
+BAD_INT4_K = [16, 48, 100, 4112]
+
+
+def gemm_int4_operand_cases():
+    return (
+        [("null-a", dict(a_ptr=0), INVALID, ["a"]),
+         ("null-b", dict(b_ptr=0), INVALID, ["b"])]
+        + gemm_shape_cases(k_rule=False)
+        + [("k=%d" % v, dict(k=v), UNSUPPORTED, ["k"]) for v in BAD_INT4_K]
+        + [("misaligned-a+%d" % d, dict(a_ptr=A + d), MISALIGNED, ["a"]) for d in (1, 8)]
+        + [("misaligned-b+%d" % d, dict(b_ptr=B + d), MISALIGNED, ["b"]) for d in (2, 4)]
+    )
+
+
+GEMM_INT4 = dict(a_ptr=A, b_ptr=B, m=4, n=64, k=64, c_ptr=C)
+GEMM_INT4_CASES = gemm_int4_operand_cases() + [
+    ("null-c", dict(c_ptr=0), INVALID, ["c"]),
+    ("misaligned-c+2", dict(c_ptr=C + 2), MISALIGNED, ["c"]),
+]
+GEMM_INT4_SCALED = {key: value for key, value in GEMM_INT8_SCALED.items() if key != "b_layout"}
+GEMM_INT4_SCALED_CASES = gemm_int4_operand_cases() + [
+    case for case in GEMM_INT8_SCALED_CASES
+    if not any(key in ("a_ptr", "b_ptr", "b_layout", "m", "n", "k") for key in case[1])
+]
+
 ENTRY_POINTS = {
     "ck_quantize_int8": (ck.raw.quantize_int8, QUANTIZE_INT8, QUANTIZE_INT8_CASES),
     "ck_dequantize_int8": (ck.raw.dequantize_int8, DEQUANTIZE_INT8, DEQUANTIZE_INT8_CASES),
@@ -452,6 +582,14 @@ ENTRY_POINTS = {
     "ck_gemm_int8_scaled": (ck.raw.gemm_int8_scaled, GEMM_INT8_SCALED, GEMM_INT8_SCALED_CASES),
     "ck_linear": (ck.raw.linear, LINEAR, LINEAR_CASES),
     "ck_gemm_w4a16": (ck.raw.gemm_w4a16, W4A16, W4A16_CASES),
+    "ck_gemm_w4a16_prepacked": (ck.raw.gemm_w4a16_prepacked, W4A16_PREPACKED,
+                                W4A16_PREPACKED_CASES),
+    "ck_w4a16_prepack": (ck.raw.w4a16_prepack, W4A16_PREPACK, W4A16_PREPACK_CASES),
+    "ck_import_gptq": (ck.raw.import_gptq, IMPORT_GPTQ, IMPORT_GPTQ_CASES),
+    "ck_import_awq": (ck.raw.import_awq, IMPORT_AWQ, IMPORT_AWQ_CASES),
+    "ck_permute_columns": (ck.raw.permute_columns, PERMUTE_COLUMNS, PERMUTE_COLUMNS_CASES),
+    "ck_gemm_int4": (ck.raw.gemm_int4, GEMM_INT4, GEMM_INT4_CASES),
+    "ck_gemm_int4_scaled": (ck.raw.gemm_int4_scaled, GEMM_INT4_SCALED, GEMM_INT4_SCALED_CASES),
 }
 
 
@@ -765,6 +903,34 @@ def test_int4_groups_per_row_invalid_is_zero(lib, cols, group_size):
 # ------------------------------------------------------------------------------------------------
 # The wrapper on the host: loading and argument checks made before anything reaches the GPU
 # ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("n, k, nbytes", [
+    (1, 32, 8 * 128 // 2),              # one tile: 8 rows x 128 k, both padded
+    (8, 128, 512), (9, 128, 1024), (64, 256, 64 * 256 // 2), (4096, 4096, 4096 * 2048),
+    (4096, 4128, 4096 * 4224 // 2),     # K padded to 33 chunks of 128
+])
+def test_w4a16_prepacked_bytes(lib, n, k, nbytes):
+    assert lib.ck_w4a16_prepacked_bytes(n, k) == nbytes
+
+
+@pytest.mark.parametrize("n, k", [(0, 128), (-1, 128), (8, 0), (8, 48), (8, 100), (2**62, 2**62)])
+def test_w4a16_prepacked_bytes_invalid_is_zero(lib, n, k):
+    assert lib.ck_w4a16_prepacked_bytes(n, k) == 0
+
+
+@pytest.mark.parametrize("n, k, group_size, values", [
+    (1, 32, 32, 8), (9, 128, 32, 16 * 4), (64, 256, 128, 64 * 2), (64, 96, 64, 64 * 2),
+    (4096, 4096, ck.GROUP_ROW, 4096),
+])
+def test_w4a16_prepacked_groups(lib, n, k, group_size, values):
+    assert lib.ck_w4a16_prepacked_groups(n, k, group_size) == values
+
+
+@pytest.mark.parametrize("n, k, group_size", [(0, 128, 128), (8, 48, 32), (8, 128, 48),
+                                              (8, 128, 0)])
+def test_w4a16_prepacked_groups_invalid_is_zero(lib, n, k, group_size):
+    assert lib.ck_w4a16_prepacked_groups(n, k, group_size) == 0
+
+
 def run_python(code, **env):
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=dict(os.environ, **env),
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)

@@ -687,3 +687,35 @@ def test_gemm_w4a16_rejects_bad_inputs():
         ref.gemm_w4a16_f64(x, packed, scales, None, 48, 32)
     with pytest.raises(ValueError):      # bias has N values
         ref.gemm_w4a16_f64(x, packed, scales, None, 32, 32, bias=np.zeros(2, np.float16))
+
+
+# ---------------------------------------------------------------------------------------------
+# INT4 x INT4 GEMM: the int8 product of the unpacked signed codes
+# ---------------------------------------------------------------------------------------------
+def test_gemm_int4_hand_computed():
+    codes = np.arange(-8, 8, dtype=np.int8)                  # every code, K = 16 (reference only)
+    a = np.stack([codes, np.full(16, -8, np.int8)])          # [2, 16]
+    b = np.stack([codes, np.ones(16, np.int8), codes[::-1]])  # [3, 16]
+    got = ref.gemm_int4_i32(ref.pack_int4(a, True), ref.pack_int4(b, True), 16)
+    squares = int((codes.astype(np.int64) ** 2).sum())       # 344
+    reversed_ = int((codes.astype(np.int64) * codes[::-1]).sum())
+    want = np.array([[squares, -8, reversed_], [64, -128, 64]], np.int32)
+    assert got.dtype == np.int32 and np.array_equal(got, want), got
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 32), (5, 7, 96), (33, 17, 256)], ids=str)
+def test_gemm_int4_matches_brute_force(shape, seed):
+    rng = np.random.default_rng(seed)
+    m, n, k = shape
+    a = rng.integers(-8, 8, size=(m, k), dtype=np.int8)
+    b = rng.integers(-8, 8, size=(n, k), dtype=np.int8)
+    want = np.array([[sum(int(x) * int(y) for x, y in zip(a[i], b[j])) for j in range(n)]
+                     for i in range(m)], np.int64)
+    got = ref.gemm_int4_i32(ref.pack_int4(a, True), ref.pack_int4(b, True), k)
+    assert np.array_equal(got, want.astype(np.int32)), f"seed={seed}"
+    assert np.array_equal(got, ref.gemm_int8(a, b)), f"seed={seed}"
+
+
+def test_gemm_int4_rejects_a_wrong_row_length():
+    with pytest.raises(ValueError):  # 64 codes pack into 32 bytes, not 16
+        ref.gemm_int4_i32(np.zeros((2, 16), np.uint8), np.zeros((3, 16), np.uint8), 64)

@@ -49,7 +49,15 @@ pytestmark = GPU_MARKS
 SANITIZE_MAX_MACS = 2**26  # under compute-sanitizer: larger products are left out
 
 KERNEL_ENV = "CK_GEMM_W4A16_KERNEL"
-VARIANTS = ("reference", "small_m", "auto")
+# Each variant is (entry point, CK_GEMM_W4A16_KERNEL): "plain" is ck_gemm_w4a16 on the
+# interchange layout, "packed" ck_gemm_w4a16_prepacked on what ck_w4a16_prepack made of it.
+VARIANTS = (("plain", "reference"), ("plain", "small_m"), ("plain", "auto"),
+            ("packed", "reference"), ("packed", "small_m"), ("packed", "tc"), ("packed", "auto"))
+FORCED = {v for v in VARIANTS if v[1] != "auto"}
+
+
+def variant_id(variant):
+    return f"{variant[0]}-{variant[1]}"
 SMALL_M_MAX = 16  # the small_m kernel serves m <= 16 (compute capability 8.0+)
 
 CK_DTYPE = {"fp16": ck.DType.FP16, "bf16": ck.DType.BF16}
@@ -105,14 +113,17 @@ def compute_capability():
 
 
 def use_variant(monkeypatch, variant, m):
-    """Forces the kernel through CK_GEMM_W4A16_KERNEL (read on every call); skips small_m where
-    the GPU has no such kernel. The M rule is the parametrization's business: asserted."""
-    if variant == "small_m":
-        assert m <= SMALL_M_MAX, "small_m serves m <= 16"
+    """Forces the kernel through CK_GEMM_W4A16_KERNEL (read on every call); skips small_m and
+    tc where the GPU has no such kernel. The M rule is the parametrization's business: asserted.
+    variant: a kernel name or an (entry point, kernel) pair; returns whether it is prepacked."""
+    entry, kernel = variant if isinstance(variant, tuple) else ("plain", variant)
+    if kernel in ("small_m", "tc"):
+        assert kernel != "small_m" or m <= SMALL_M_MAX, "small_m serves m <= 16"
         if compute_capability() < (8, 0):
-            pytest.skip(f"small_m needs compute capability 8.0+ (this GPU: "
+            pytest.skip(f"{kernel} needs compute capability 8.0+ (this GPU: "
                         f"{compute_capability()})")
-    monkeypatch.setenv(KERNEL_ENV, variant)
+    monkeypatch.setenv(KERNEL_ENV, kernel)
+    return entry == "packed"
 
 
 def small_enough(m, n, k):
@@ -153,9 +164,13 @@ class W4A16Call:
     """One ck_gemm_w4a16 call: its guarded device buffers, its launch and its check.
     refill() writes fresh random inputs into the same buffers (as a graph replay needs)."""
 
-    def __init__(self, x, weight, group_size, bias, activation, dtype, misalign=(0, 0, 0, 0, 0)):
-        """misalign: extra bytes before x, w_packed, scales, bias and out."""
+    def __init__(self, x, weight, group_size, bias, activation, dtype, misalign=(0, 0, 0, 0, 0),
+                 prepacked=False):
+        """misalign: extra bytes before x, w_packed, scales, bias and out. prepacked: the call
+        is ck_gemm_w4a16_prepacked on the weight ck_w4a16_prepack made on the device (into
+        poisoned, guarded buffers) from the same interchange buffers."""
         self.group_size, self.activation, self.dtype = group_size, activation, dtype
+        self.prepacked = prepacked
         w_packed, scales, zeros = weight
         m, k = x.shape
         n = w_packed.shape[0]
@@ -170,9 +185,31 @@ class W4A16Call:
         self.zeros = None if zeros is None else GuardedBuffer.input(zeros, 1)  # any address
         self.bias = None if bias is None else GuardedBuffer.input(bias, misalign[3])
         self.out = GuardedBuffer.output((m, n), ref.NUMPY_DTYPE[dtype], POISON, misalign[4])
+        if prepacked:
+            nbytes, nvalues = ref.w4a16_prepacked_sizes(n, k, group_size)
+            self.w_pre = GuardedBuffer.output((nbytes,), np.uint8, POISON)
+            self.scales_pre = GuardedBuffer.output((nvalues,), ref.NUMPY_DTYPE[dtype], POISON)
+            self.zeros_pre = (None if zeros is None else
+                              GuardedBuffer.output((nvalues,), np.uint8, POISON))
+            self.prepack()
+
+    def prepack(self, stream=0):
+        """ck_w4a16_prepack of the interchange buffers into the prepacked ones."""
+        m, n, k = self.mnk
+        ck.raw.w4a16_prepack(self.w.ptr, self.scales.ptr, ptr_or_null(self.zeros),
+                             CK_DTYPE[self.dtype], n, k, self.group_size, CK_MODE[self.mode],
+                             self.w_pre.ptr, self.scales_pre.ptr, ptr_or_null(self.zeros_pre),
+                             stream)
 
     def launch(self, stream=0):
         m, n, k = self.mnk
+        if self.prepacked:
+            ck.raw.gemm_w4a16_prepacked(
+                self.x.ptr, CK_DTYPE[self.dtype], self.w_pre.ptr, self.scales_pre.ptr,
+                ptr_or_null(self.zeros_pre), self.group_size, CK_MODE[self.mode],
+                ptr_or_null(self.bias), CK_ACTIVATION[self.activation], m, n, k, self.out.ptr,
+                stream)
+            return
         ck.raw.gemm_w4a16(self.x.ptr, CK_DTYPE[self.dtype], self.w.ptr, self.scales.ptr,
                           ptr_or_null(self.zeros), self.group_size, CK_MODE[self.mode],
                           ptr_or_null(self.bias), CK_ACTIVATION[self.activation], m, n, k,
@@ -195,6 +232,8 @@ class W4A16Call:
             if buffer is not None:
                 buffer.write(host)
         self.inputs = (x, w_packed, scales, zeros, bias)
+        if self.prepacked:   # outside any graph: the captured launch reads the new weight
+            self.prepack()
 
     def check(self, ctx):
         """Compares with the float64 reference; returns (output in float64, reference, raw
@@ -225,12 +264,12 @@ class W4A16Call:
 
 
 def make_call(rng, shape, dtype, mode, group_size, source="quantized", bias=True,
-              activation="relu", misalign=(0, 0, 0, 0, 0)):
+              activation="relu", misalign=(0, 0, 0, 0, 0), prepacked=False):
     m, n, k = shape
     x = random_activations(rng, m, k, dtype)
     weight = random_weight(rng, n, k, dtype, mode, group_size, source)
     bias_values = random_bias(rng, n, dtype) if bias else None
-    return W4A16Call(x, weight, group_size, bias_values, activation, dtype, misalign)
+    return W4A16Call(x, weight, group_size, bias_values, activation, dtype, misalign, prepacked)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -261,7 +300,7 @@ DTYPE_MODES = [(dtype, mode) for dtype in ref.W4A16_DTYPES for mode in ref.INT4_
 
 
 def variant_serves(variant, m):
-    return variant != "small_m" or m <= SMALL_M_MAX
+    return variant[1] != "small_m" or m <= SMALL_M_MAX
 
 
 def main_cases():
@@ -275,23 +314,25 @@ def main_cases():
         for variant in VARIANTS:
             if not variant_serves(variant, shape[0]):
                 continue
-            pairs = DTYPE_MODES if variant != "auto" else [DTYPE_MODES[i % len(DTYPE_MODES)]]
+            pairs = DTYPE_MODES if variant in FORCED else [DTYPE_MODES[i % len(DTYPE_MODES)]]
             for dtype, mode in pairs:
                 yield pytest.param(
                         variant, dtype, mode, shape, group, source, bias, activation,
-                        id=f"{variant}-{dtype}-{mode}-{shape_id(shape)}-{GROUP_IDS[group]}-"
-                           f"{source}-{'bias' if bias else 'nobias'}-{activation}")
+                        id=f"{variant_id(variant)}-{dtype}-{mode}-{shape_id(shape)}-"
+                           f"{GROUP_IDS[group]}-{source}-{'bias' if bias else 'nobias'}-"
+                           f"{activation}")
 
 
 @pytest.mark.parametrize("variant, dtype, mode, shape, group_size, source, bias, activation",
                          list(main_cases()))
 def test_gemm_w4a16(variant, dtype, mode, shape, group_size, source, bias, activation,
                     monkeypatch, seed):
-    use_variant(monkeypatch, variant, shape[0])
+    prepacked = use_variant(monkeypatch, variant, shape[0])
     rng = np.random.default_rng(seed)
-    call = make_call(rng, shape, dtype, mode, group_size, source, bias, activation)
+    call = make_call(rng, shape, dtype, mode, group_size, source, bias, activation,
+                     prepacked=prepacked)
     call.launch()
-    call.check(f"{variant}, seed={seed}")
+    call.check(f"{variant_id(variant)}, seed={seed}")
 
 
 # K = 160: a partial last group of 64 and of 128; K = 4096: many groups. The two alternate
@@ -300,40 +341,46 @@ GROUP_SHAPES = [(9, 100, 160), (3, 72, 4096)]
 
 
 def group_cases():
-    for variant in ("reference", "small_m"):
+    for variant in (("plain", "reference"), ("plain", "small_m"), ("packed", "small_m"),
+                    ("packed", "tc")):
         for dtype, mode in DTYPE_MODES:
             for i, group in enumerate(ref.INT4_GROUP_SIZES):
                 shape = GROUP_SHAPES[(i + len(mode)) % len(GROUP_SHAPES)]
                 yield pytest.param(variant, dtype, mode, group, shape,
-                                   id=f"{variant}-{dtype}-{mode}-{GROUP_IDS[group]}-"
-                                      f"{shape_id(shape)}")
+                                   id=f"{variant_id(variant)}-{dtype}-{mode}-"
+                                      f"{GROUP_IDS[group]}-{shape_id(shape)}")
 
 
 @pytest.mark.parametrize("variant, dtype, mode, group_size, shape", list(group_cases()))
 def test_gemm_w4a16_group_sizes(variant, dtype, mode, group_size, shape, monkeypatch, seed):
     """Every group size on both kernels, every dtype and mode, with a weight whose scales
     differ a lot between groups (codes source)."""
-    use_variant(monkeypatch, variant, shape[0])
+    prepacked = use_variant(monkeypatch, variant, shape[0])
     rng = np.random.default_rng(seed)
-    call = make_call(rng, shape, dtype, mode, group_size, "codes", bias=True, activation="none")
+    call = make_call(rng, shape, dtype, mode, group_size, "codes", bias=True, activation="none",
+                     prepacked=prepacked)
     call.launch()
-    call.check(f"{variant}, seed={seed}")
+    call.check(f"{variant_id(variant)}, seed={seed}")
 
 
-LARGE = [("small_m", (16, 14336, 4096)), ("auto", (1, 14336, 4096)),
-         ("reference", (64, 4096, 4096))]
+LARGE = [(("plain", "small_m"), (16, 14336, 4096)), (("plain", "auto"), (1, 14336, 4096)),
+         (("plain", "reference"), (64, 4096, 4096)), (("packed", "small_m"), (16, 14336, 4096)),
+         (("packed", "auto"), (1, 4096, 14336)), (("packed", "tc"), (256, 14336, 4096)),
+         (("packed", "auto"), (1000, 4096, 4096))]
 
 
-@pytest.mark.parametrize("variant, shape", [pytest.param(v, s, id=f"{v}-{shape_id(s)}")
-                                            for v, s in LARGE if small_enough(*s)])
+@pytest.mark.parametrize("variant, shape", [
+    pytest.param(v, s, id=f"{variant_id(v)}-{shape_id(s)}") for v, s in LARGE
+    if small_enough(*s)])
 @pytest.mark.parametrize("dtype", ref.W4A16_DTYPES)
 def test_gemm_w4a16_large(variant, shape, dtype, monkeypatch, seed):
     """Full-size layers (the DESIGN shapes): group 128, asymmetric, bias and ReLU."""
-    use_variant(monkeypatch, variant, shape[0])
+    prepacked = use_variant(monkeypatch, variant, shape[0])
     rng = np.random.default_rng(seed)
-    call = make_call(rng, shape, dtype, "asym", 128, "codes", bias=True, activation="relu")
+    call = make_call(rng, shape, dtype, "asym", 128, "codes", bias=True, activation="relu",
+                     prepacked=prepacked)
     call.launch()
-    call.check(f"{variant}, seed={seed}")
+    call.check(f"{variant_id(variant)}, seed={seed}")
 
 
 @pytest.mark.parametrize("dtype", ref.W4A16_DTYPES)
@@ -342,12 +389,13 @@ def test_gemm_w4a16_element_aligned_pointers(dtype, mode, monkeypatch, seed):
     """x and w_packed 16-byte aligned (not 256), scales, bias and out only element aligned,
     zeros at an odd address: the least the header requires, on both kernels."""
     rng = np.random.default_rng(seed)
-    for variant in ("reference", "small_m"):
-        use_variant(monkeypatch, variant, 7)
+    for variant in (("plain", "reference"), ("plain", "small_m"), ("packed", "small_m"),
+                    ("packed", "tc")):
+        prepacked = use_variant(monkeypatch, variant, 7)
         call = make_call(rng, (7, 73, 224), dtype, mode, 64, "quantized",
-                         misalign=(16, 48, 2, 6, 2))
+                         misalign=(16, 48, 2, 6, 2), prepacked=prepacked)
         call.launch()
-        call.check(f"{variant}, seed={seed}")
+        call.check(f"{variant_id(variant)}, seed={seed}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -400,16 +448,104 @@ def test_kernel_override_is_read_on_every_call(monkeypatch, seed):
 # ---------------------------------------------------------------------------------------------
 # CUDA graphs
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", VARIANTS, ids=variant_id)
 @pytest.mark.parametrize("dtype", ref.W4A16_DTYPES)
 def test_cuda_graph_replay(variant, dtype, monkeypatch, seed):
     """Capture records the launch without running it; each replay reads the new contents of
     the same buffers and writes the whole output."""
     rng = np.random.default_rng(seed)
-    m = 9 if variant != "reference" else 40
-    use_variant(monkeypatch, variant, m)
-    call = make_call(rng, (m, 136, 288), dtype, "asym", 32)
+    m = 9 if variant[1] in ("small_m", "auto") else 40
+    prepacked = use_variant(monkeypatch, variant, m)
+    call = make_call(rng, (m, 136, 288), dtype, "asym", 32, prepacked=prepacked)
     assert_graph_replays(call, rng, seed)
+
+
+def test_prepack_is_captured_in_a_graph(seed):
+    """ck_w4a16_prepack itself is capturable: recorded, not run; the replay writes it all."""
+    rng = np.random.default_rng(seed)
+    call = make_call(rng, (3, 40, 96), "fp16", "asym", 32, prepacked=True)
+    call.w_pre.poison()
+    stream = ck.cuda.stream_create()
+    try:
+        with ck.cuda.graph_capture(stream) as graph:
+            call.prepack(stream)
+        synchronize()
+        assert call.w_pre.untouched(), "capture must record the prepack, not run it"
+        graph.launch(stream)
+        ck.cuda.stream_synchronize(stream)
+        graph.close()
+    finally:
+        ck.cuda.stream_destroy(stream)
+    _, w_packed, scales, zeros, _ = call.inputs
+    want, _, _ = ref.w4a16_prepack(w_packed, scales, zeros, 40, 96, 32)
+    assert_bitwise_equal(call.w_pre.read("w_prepacked"), want, f"replayed prepack, seed={seed}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The prepack: bit for bit the layout of cuda_kernels.h (ref.w4a16_prepack), padding included;
+# nothing written past its buffers.
+# ---------------------------------------------------------------------------------------------
+PREPACK_SHAPES = [(1, 32), (8, 128), (9, 96), (40, 160), (100, 4096), (1000, 224)]
+
+
+@pytest.mark.parametrize("n, k", PREPACK_SHAPES, ids=lambda v: str(v))
+@pytest.mark.parametrize("group_size", ref.INT4_GROUP_SIZES, ids=lambda g: GROUP_IDS[g])
+@pytest.mark.parametrize("mode", ref.INT4_MODES)
+@pytest.mark.parametrize("dtype", ref.W4A16_DTYPES)
+def test_prepack_layout(dtype, mode, group_size, n, k, seed):
+    rng = np.random.default_rng(seed)
+    call = make_call(rng, (1, n, k), dtype, mode, group_size, "codes", prepacked=True)
+    synchronize()
+    _, w_packed, scales, zeros, _ = call.inputs
+    want_w, want_s, want_z = ref.w4a16_prepack(w_packed, scales, zeros, n, k, group_size)
+    ctx = f"{dtype}-{mode}-g{group_size}-{n}x{k}, seed={seed}"
+    assert_bitwise_equal(call.w_pre.read("w_prepacked"), want_w, f"w_prepacked, {ctx}")
+    assert_bitwise_equal(call.scales_pre.read("scales_prepacked"), want_s,
+                         f"scales_prepacked, {ctx}")
+    if want_z is not None:
+        assert_bitwise_equal(call.zeros_pre.read("zeros_prepacked"), want_z,
+                             f"zeros_prepacked, {ctx}")
+
+
+@pytest.mark.parametrize("shape", [(1, 4096, 1024), (16, 1000, 4096), (5, 7, 160),
+                                   (64, 1000, 1024)], ids=shape_id)
+@pytest.mark.parametrize("dtype", ref.W4A16_DTYPES)
+def test_prepacked_and_plain_agree(dtype, shape, monkeypatch, seed):
+    """On the same weight, ck_gemm_w4a16_prepacked's fast kernel and ck_gemm_w4a16's
+    reference kernel each meet the reference, and agree within the sum of their tolerances;
+    the prepacked reference kernel returns exactly the plain reference kernel's bits (the same
+    operations in the same order on the same values)."""
+    rng = np.random.default_rng(seed)
+    plain = make_call(rng, shape, dtype, "asym", 64, "quantized", bias=True, activation="none")
+    x, w_packed, scales, zeros, bias = plain.inputs
+    packed = W4A16Call(x, (w_packed, scales, zeros), 64, bias, "none", dtype, prepacked=True)
+    use_variant(monkeypatch, "reference", shape[0])
+    plain.launch()
+    a, value, a_raw = plain.check(f"plain reference, seed={seed}")
+    packed.launch()
+    _, _, p_raw = packed.check(f"prepacked reference, seed={seed}")
+    assert_bitwise_equal(p_raw, a_raw, f"prepacked vs plain reference kernel, seed={seed}")
+    monkeypatch.setenv(KERNEL_ENV, "auto")
+    packed.poison_outputs()
+    packed.launch()
+    b, _, _ = packed.check(f"prepacked auto, seed={seed}")
+    w_deq = ref.dequantized_int4_weight(w_packed, scales, zeros, 64, shape[2], dtype)
+    error32 = w4a16_float32_error(ref.to_f32(x, dtype).astype(np.float64),
+                                  ref.to_f32(w_deq, dtype).astype(np.float64), value)
+    assert_within(b, a, 2 * output_tolerance(value, error32, dtype),
+                  f"prepacked auto vs plain reference, seed={seed}")
+
+
+def test_forced_tc_on_the_plain_layout_is_unsupported(monkeypatch, seed):
+    """tc reads only the prepacked layout: forced on ck_gemm_w4a16, CK_STATUS_UNSUPPORTED."""
+    monkeypatch.setenv(KERNEL_ENV, "tc")
+    call = make_call(np.random.default_rng(seed), (40, 64, 64), "fp16", "sym", 32)
+    with pytest.raises(ck.CKError) as info:
+        call.launch()
+    assert info.value.status == ck.Status.UNSUPPORTED, info.value.message
+    assert "prepacked" in info.value.message
+    synchronize()
+    call.assert_outputs_untouched("a rejected call")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -468,3 +604,70 @@ def test_wrapper_gemm_w4a16_no_bias_and_library_rules(seed):
         ck.gemm_w4a16(x.astype(np.float32), packed, scales.astype(np.float32),
                       group_size=ck.GROUP_ROW)
     assert info.value.status == ck.Status.UNSUPPORTED
+
+
+@pytest.mark.parametrize("mode", ref.INT4_MODES)
+@pytest.mark.parametrize("dtype", ref.W4A16_DTYPES)
+def test_wrapper_prepack_and_gemm_w4a16_prepacked(dtype, mode, seed):
+    """ck.w4a16_prepack returns the layout bit for bit; ck.gemm_w4a16_prepacked returns what
+    the raw call writes, for NumPy and device arrays."""
+    rng = np.random.default_rng(seed)
+    m, n, k = 20, 72, 320
+    raw_call = make_call(rng, (m, n, k), dtype, mode, 64, "quantized", bias=True,
+                         activation="relu", prepacked=True)
+    raw_call.launch()
+    _, _, want = raw_call.check(f"raw, seed={seed}")
+    x, w_packed, scales, zeros, bias = raw_call.inputs
+    dtype_arg = "bf16" if dtype == "bf16" else None
+    w_pre, s_pre, z_pre = ck.w4a16_prepack(w_packed, scales, zeros, group_size=64,
+                                           dtype=dtype_arg)
+    ref_w, ref_s, ref_z = ref.w4a16_prepack(w_packed, scales, zeros, n, k, 64)
+    assert_bitwise_equal(w_pre, ref_w, f"w_prepacked, seed={seed}")
+    assert_bitwise_equal(s_pre, ref_s, f"scales_prepacked, seed={seed}")
+    assert (z_pre is None) == (ref_z is None)
+    got = ck.gemm_w4a16_prepacked(x, w_pre, s_pre, z_pre, n=n, group_size=64, bias=bias,
+                                  activation="relu", dtype=dtype_arg)
+    assert_bitwise_equal(got, want, f"numpy, seed={seed}")
+    ck_dtype = CK_DTYPE[dtype]
+    xd, bd = (ck.DeviceArray.from_numpy(v, ck_dtype=ck_dtype) for v in (x, bias))
+    wd, sd, zd = ck.w4a16_prepack(
+        ck.DeviceArray.from_numpy(w_packed), ck.DeviceArray.from_numpy(scales, ck_dtype=ck_dtype),
+        None if zeros is None else ck.DeviceArray.from_numpy(zeros), group_size=64)
+    assert isinstance(wd, ck.DeviceArray)
+    got_d = ck.gemm_w4a16_prepacked(xd, wd, sd, zd, n=n, group_size=64, bias=bd,
+                                    activation="relu")
+    assert isinstance(got_d, ck.DeviceArray) and got_d.shape == (m, n)
+    assert_bitwise_equal(got_d.to_numpy(), want, f"device, seed={seed}")
+
+
+@pytest.mark.parametrize("m", [1, 16, 100])
+@pytest.mark.parametrize("dtype", ref.W4A16_DTYPES)
+def test_quantized_linear_from_float(dtype, m, seed):
+    """QuantizedLinear.from_float quantizes on the device (ck_quantize_int4) and runs the
+    prepacked GEMM: its output is the raw prepacked call's on the same quantized weight, which
+    meets the float64 reference."""
+    rng = np.random.default_rng(seed)
+    n, k = 96, 512
+    w = ref.random_input(rng, (n, k), dtype, scale=1.0 / math.sqrt(k))
+    bias = random_bias(rng, n, dtype)
+    dtype_arg = "bf16" if dtype == "bf16" else None
+    layer = ck.QuantizedLinear.from_float(w, bias=bias, group_size=128, symmetric=False,
+                                          dtype=dtype_arg, activation="relu")
+    assert (layer.in_features, layer.out_features) == (k, n)
+    x = random_activations(rng, m, k, dtype)
+    got = layer(x)
+    assert isinstance(got, np.ndarray) and got.shape == (m, n)
+    w_packed, scales, zeros = (a.to_numpy() for a in layer.weight)
+    call = W4A16Call(x, (w_packed, scales, zeros), 128, bias, "relu", dtype, prepacked=True)
+    call.launch()
+    _, _, want = call.check(f"QuantizedLinear m={m}, seed={seed}")
+    assert_bitwise_equal(got, want, f"QuantizedLinear, seed={seed}")
+    xd = ck.DeviceArray.from_numpy(x, ck_dtype=CK_DTYPE[dtype])
+    got_d = layer(xd)
+    assert isinstance(got_d, ck.DeviceArray)
+    assert_bitwise_equal(got_d.to_numpy(), want, f"QuantizedLinear on device, seed={seed}")
+    # The quantized weight is what ck.quantize_int4 makes of w, bit for bit.
+    ref_packed, ref_scales, ref_zeros = ref.quantize_int4(w, dtype, 128, "asym")
+    assert_bitwise_equal(w_packed, ref_packed, f"quantized weight, seed={seed}")
+    assert_bitwise_equal(scales, ref_scales, f"scales, seed={seed}")
+    assert_bitwise_equal(zeros, ref_zeros, f"zeros, seed={seed}")

@@ -1,0 +1,450 @@
+// gemm_int4.cu - INT4 x INT4 -> INT32 matrix products with the shared epilogue (epilogue.cuh).
+//
+// What it computes: acc[m, n] = sum_k a[m, k] * b[n, k], exact int32 sums of products of signed
+// 4-bit codes ([-8, 7], |product| <= 64, so no sum overflows below K = 2^25), then
+// Epilogue<OutT>: raw int32, or act(fma(float(acc) * scale_a, scale_b, bias)) rounded once to
+// fp32/fp16/bf16. The accumulators are the same integers ck_gemm_int8 computes on the unpacked
+// codes and the epilogue is the same code, so the float results are bit-identical to
+// ck_gemm_int8_scaled on the unpacked int8 operands. Integer addition is associative: every
+// summation order (and any permutation of k applied to both operands) gives the same bits.
+//
+// Layout: a [M, K / 2] and b [N, K / 2] bytes, row-major (b is the nn.Linear weight [N, K]);
+// element 2i of a row in the low nibble of byte i, 2i + 1 in the high nibble, two's complement.
+// out [M, N] row-major. The entry points guarantee M, N >= 1, K >= 32 and K % 32 == 0 (so a row
+// is a whole number of 16-byte vectors), a and b 16-byte aligned. Every 16-byte vector of a row
+// (32 k) is therefore wholly inside the matrix or wholly outside; partial tiles in M, N and K are
+// zero-filled on load (a zero byte is two zero codes) and dropped on store.
+//
+// Variants (cuda_kernels.cu picks one):
+//   reference  any GPU (dp4a): 64x64 output tiles, 256 threads with 4x4 micro-tiles, 128 k
+//              (64 packed bytes) per step through shared memory. Each nibble is sign-extended on
+//              its own and stored in natural k order: nothing clever, the baseline of the tests.
+//   mma        sm_80+: the packed tiles go through a 4-stage cp.async pipeline into shared memory
+//              (half the bytes of the INT8 kernel's tiles for the same k), ldmatrix loads packed
+//              fragments, and registers unpack them to int8 for mma.sync m16n8k32 s8. 128x128
+//              tiles (8 warps of 64x32) or, when those make less than one wave, 64x64 (4 warps).
+//              Why not the native m16n8k64 .s4 mma: Hopper runs sub-byte mma.sync far below its
+//              int8 rate, while unpacking costs ~2 integer instructions per mma (see below).
+//              K > 131040 (kScaledMaxK) runs the 64x64 tile with a costlier exact unpacking.
+//
+// Floors: bytes = (M + N) * K / 2 + M * N * sizeof(out) (+ scales and bias); ops = 2 * M * N * K.
+//   For large M and N the tensor-core rate bounds it: the same int8 mma.sync rate as
+//   gemm_int8.cu's mma kernel (~550-600 TOPS at 4096^3 on an H100) with half its shared-memory
+//   traffic; measured 606 TOPS (4096^3), 637 (4096 x 14336 x 4096), 523 (M = 1024). For M <= 16 the N * K / 2 weight bytes bound it (N = 14336, K = 4096 at 3.0 TB/s:
+//   10 us); this file has no weight-streaming kernel for that case yet.
+#include "kernels/epilogue.cuh"
+#include "kernels/gemm_int4.cuh"
+#include "kernels/ptx.cuh"
+
+namespace ck {
+namespace {
+
+// The sm_80 kernel's body compiles for every target; below sm_80 (and in the host pass) the PTX
+// wrappers are empty and the kernel traps at entry, so nothing after the trap is emitted.
+constexpr bool kHasSm80 = CK_SM80;
+
+constexpr int kKPerByte = 2;        // two int4 codes per byte
+constexpr int kChunkBytes = 16;     // one 16-byte vector: 32 k
+constexpr int kKPerChunk = kChunkBytes * kKPerByte;
+
+// Calls f with a value of the output element type of out_dtype.
+template <typename F> cudaError_t dispatch_out_dtype(ck_dtype_t out_dtype, F&& f) {
+    if (out_dtype == CK_DTYPE_INT32) return f(int32_t{});
+    return dispatch_float_dtype(out_dtype, f);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reference kernel: 64x64 tile per 256-thread block, 64 packed bytes (128 k) of each row per
+// step. A thread loads one 16-byte vector (32 k) of an A row and of a B row, sign-extends each
+// nibble on its own and stores 8 words of 4 consecutive k (natural order) into word-row-major
+// tiles ([k / 4][m] and [k / 4][n]), so that a thread's operands for one k group are plain word
+// loads for dp4a. Thread (ty, tx) = (tid / 16, tid % 16) owns rows ty + 16 i (i < 4) and column
+// pairs 32 j + 2 tx + {0, 1} (j < 2): pairs of adjacent columns, the epilogue's store unit.
+// ---------------------------------------------------------------------------------------------
+constexpr int kRefBM = 64, kRefBN = 64;
+constexpr int kRefBKBytes = 64;                             // packed bytes per step and row
+constexpr int kRefKWords = kRefBKBytes * kKPerByte / 4;     // 4-k words per step: 32
+constexpr int kRefVectorsPerRow = kRefBKBytes / kChunkBytes;
+constexpr int kRefWordsPerVector = kKPerChunk / 4;          // 8
+constexpr int kRefThreads = 256;
+constexpr int kRefPad = 4;                    // words; keeps rows 8-byte aligned for pair loads
+constexpr int kRefRows = 4, kRefColPairs = 2; // micro-tile: 4 rows x 2 column pairs
+
+static_assert(kRefBM * kRefVectorsPerRow == kRefThreads, "one A vector per thread per step");
+static_assert(kRefBN * kRefVectorsPerRow == kRefThreads, "one B vector per thread per step");
+static_assert(kRefThreads / 16 * kRefRows == kRefBM && 16 * 2 * kRefColPairs == kRefBN,
+              "the micro-tiles cover the block tile");
+static_assert(kRefPad % 2 == 0, "column pairs are read as 8-byte words");
+
+// The 8 codes of a packed 32-bit word (nibble e = k e) as two words of 4 int8 each, in natural
+// order: w0 = k 0..3, w1 = k 4..7 (lowest k in the lowest byte, as dp4a pairs bytes).
+__device__ __forceinline__ void unpack_natural(uint32_t w, uint32_t& w0, uint32_t& w1) {
+    uint32_t out[2] = {0, 0};
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+        const int code = int((w >> (4 * e)) & 0xFu);
+        const int value = (code ^ 8) - 8;  // two's complement nibble -> [-8, 7]
+        out[e / 4] |= (uint32_t(value) & 0xFFu) << (8 * (e % 4));
+    }
+    w0 = out[0];
+    w1 = out[1];
+}
+
+template <typename OutT>
+__global__ void __launch_bounds__(kRefThreads)
+gemm_int4_reference_kernel(const uint8_t* __restrict__ a, const uint8_t* __restrict__ b,
+                           int64_t k_bytes, Epilogue<OutT> ep) {
+    __shared__ uint32_t sa[kRefKWords][kRefBM + kRefPad];
+    __shared__ __align__(8) uint32_t sb[kRefKWords][kRefBN + kRefPad];
+
+    const int64_t m = ep.m, n = ep.n;
+    const int64_t tiles_m = ceil_div(m, kRefBM);
+    const int64_t m0 = blockIdx.x % tiles_m * kRefBM;
+    const int64_t n0 = blockIdx.x / tiles_m * kRefBN;
+    const int tid = threadIdx.x;
+    const int ty = tid / 16, tx = tid % 16;
+
+    int32_t acc[kRefRows][2 * kRefColPairs] = {};
+
+    // Loader role: row tid / 4 of each tile, vector tid % 4 of the step (words kw0 .. kw0 + 7).
+    const int ld_row = tid / kRefVectorsPerRow, ld_vec = tid % kRefVectorsPerRow;
+    const int kw0 = ld_vec * kRefWordsPerVector;
+
+    for (int64_t kb0 = 0; kb0 < k_bytes; kb0 += kRefBKBytes) {
+        const int64_t kb = kb0 + ld_vec * kChunkBytes;
+        uint4 va = make_uint4(0, 0, 0, 0), vb = make_uint4(0, 0, 0, 0);
+        if (m0 + ld_row < m && kb < k_bytes)
+            va = *reinterpret_cast<const uint4*>(a + (m0 + ld_row) * k_bytes + kb);
+        if (n0 + ld_row < n && kb < k_bytes)
+            vb = *reinterpret_cast<const uint4*>(b + (n0 + ld_row) * k_bytes + kb);
+        __syncthreads();  // the previous step's reads of sa/sb are done
+#pragma unroll
+        for (int p = 0; p < 4; ++p) {  // packed word p holds k 8p .. 8p + 7 of the vector
+            uint32_t lo, hi;
+            unpack_natural(word(va, p), lo, hi);
+            sa[kw0 + 2 * p][ld_row] = lo;
+            sa[kw0 + 2 * p + 1][ld_row] = hi;
+            unpack_natural(word(vb, p), lo, hi);
+            sb[kw0 + 2 * p][ld_row] = lo;
+            sb[kw0 + 2 * p + 1][ld_row] = hi;
+        }
+        __syncthreads();
+
+#pragma unroll 4
+        for (int kw = 0; kw < kRefKWords; ++kw) {
+            int av[kRefRows], bv[2 * kRefColPairs];
+#pragma unroll
+            for (int i = 0; i < kRefRows; ++i) av[i] = int(sa[kw][ty + 16 * i]);
+#pragma unroll
+            for (int j = 0; j < kRefColPairs; ++j) {
+                const uint2 p = *reinterpret_cast<const uint2*>(&sb[kw][32 * j + 2 * tx]);
+                bv[2 * j] = int(p.x);
+                bv[2 * j + 1] = int(p.y);
+            }
+#pragma unroll
+            for (int i = 0; i < kRefRows; ++i)
+#pragma unroll
+                for (int j = 0; j < 2 * kRefColPairs; ++j) acc[i][j] = __dp4a(av[i], bv[j], acc[i][j]);
+        }
+    }
+
+#pragma unroll
+    for (int i = 0; i < kRefRows; ++i)
+#pragma unroll
+        for (int j = 0; j < kRefColPairs; ++j)
+            ep.store_pair(m0 + ty + 16 * i, n0 + 32 * j + 2 * tx, acc[i][2 * j], acc[i][2 * j + 1]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tensor-core kernel (mma.sync m16n8k32 s8 on unpacked int4, sm_80+).
+//
+// Block tile kBM x kBN, kBKBytes = 64 packed bytes (128 k) of each row per pipeline stage;
+// kStages shared-memory stages filled by cp.async (16 bytes a thread at a time, zero-filled
+// outside the matrix), so that the loads of step kt + kStages - 1 overlap the MMAs of step kt.
+// Warps form a kWarpsM x kWarpsN grid; each owns a (kBM / kWarpsM) x (kBN / kWarpsN) sub-tile:
+// kMI x kNI fragments of 16 x 8.
+//
+// Shared layout: [rows][64 bytes] for A and B, 16-byte chunks XOR-swizzled exactly as in
+// gemm_int8.cu (chunk c of row r at chunk c ^ ((r >> 1) & 3)): ldmatrix reads 8 rows at one
+// chunk, two rows share a 128-byte line, and the swizzle puts those 8 rows on 8 distinct 16-byte
+// bank groups; the cp.async writes of 8 consecutive chunks cover a 128-byte line once.
+//
+// Fragments without shuffles. ldmatrix.x4 over packed bytes gives lane (g = lane / 4,
+// t = lane % 4) register j = row (g or g + 8) of matrix j, bytes 4t .. 4t + 3 of a chunk: one
+// 32-bit word holding 8 consecutive k, 8t .. 8t + 7 of that chunk, low nibbles at even k and
+// high nibbles at odd k. The word unpacks into two int8 words: lo = the 4 even k, hi = the 4
+// odd k, each sign-extended. One A ldmatrix.x4 covers rows 0-15 x chunks c0, c0 + 1 (64 k), one
+// B ldmatrix.x4 covers n rows 0-7 and 8-15 (two n8 tiles) x the same two chunks; together they
+// feed two mma.sync k32 steps, h = 0 with the lo words and h = 1 with the hi words. In step h,
+// mma-k q = 16 j + 4 t + i (j: register a0/a1 vs a2/a3 and b0 vs b1; i: byte in the register)
+// stands for real k = kc0 + 32 j + 8 t + 2 i + h, where kc0 is chunk c0's first k. Over
+// j, t, i in [0, 2) x [0, 4) x [0, 4) and h in [0, 2) that is a bijection onto the 64 k of the
+// two chunks, and A and B see the same one (same ldmatrix positions, same unpacking), so the
+// MMAs sum every product a[m, k] * b[n, k] exactly once: a k permutation common to both
+// operands leaves the integer sum unchanged.
+//
+// Unpack cost (unpack_half): for K <= kScaledMaxK the codes unpack to 16 s (1 instruction for
+// the high nibbles, 2 for the low ones) and the accumulators hold 256 * sum; longer rows take
+// the sign-extending unpacking (3 / 4 instructions). A 64x32 warp tile unpacks 16 A and 8 B
+// packed words into 48 int8 words per 32 MMAs: ~2.3 instructions per mma (scaled). Measured on
+// an H100 at 4096^3: 606 TOPS (int8 mma kernel on the same run: 582); the sign-extending
+// unpacking everywhere gave 422, bound by integer issue. ldmatrix count per mma is half the
+// INT8 kernel's (one packed register feeds two MMAs).
+// ---------------------------------------------------------------------------------------------
+constexpr int kBKBytes = 64;                       // packed bytes of k per pipeline stage
+constexpr int kChunksK = kBKBytes / kChunkBytes;   // 4
+constexpr int kFragChunks = 2;                     // chunks one A/B ldmatrix.x4 covers per row
+constexpr int kGroupM = 8;                         // tile rows per rasterization group (L2 reuse)
+
+template <int kBM_, int kBN_, int kWarpsM_, int kWarpsN_, int kStages_, int kMinBlocks_>
+struct Int4Tile {
+    static constexpr int kBM = kBM_, kBN = kBN_, kWarpsM = kWarpsM_, kWarpsN = kWarpsN_;
+    static constexpr int kStages = kStages_, kMinBlocks = kMinBlocks_;
+    static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
+    static constexpr int kWarpM = kBM / kWarpsM, kWarpN = kBN / kWarpsN;
+    static constexpr int kMI = kWarpM / 16, kNI = kWarpN / 8;
+    static constexpr int kABytes = kBM * kBKBytes, kBBytes = kBN * kBKBytes;
+    static constexpr int kStageBytes = kABytes + kBBytes;
+    static constexpr int kSmemBytes = kStages * kStageBytes;
+    static constexpr int kALoads = kABytes / kChunkBytes / kThreads;  // cp.async per thread
+    static constexpr int kBLoads = kBBytes / kChunkBytes / kThreads;
+
+    static_assert(kChunksK == 4, "the swizzle assumes 4 chunks (64 bytes) per row and stage");
+    static_assert(kChunksK % kFragChunks == 0, "whole ldmatrix k steps per stage");
+    static_assert(kWarpM % 16 == 0 && kWarpN % 16 == 0, "warp tiles of whole m16 and n16 pieces");
+    static_assert(kNI % 2 == 0, "B fragments load two n8 tiles per ldmatrix.x4");
+    static_assert(kABytes % (kChunkBytes * kThreads) == 0 &&
+                      kBBytes % (kChunkBytes * kThreads) == 0,
+                  "every thread issues the same number of cp.async");
+    static_assert(kStages >= 2, "a pipeline needs two stages");
+};
+
+// 128x128: 8 warps of 64x32, 4 stages x 16 KB = 64 KB (two blocks per SM on sm_80/sm_90).
+using Int4TileLarge = Int4Tile<128, 128, 2, 4, 4, 2>;
+// 64x64: 4 warps of 32x32, 4 stages x 8 KB = 32 KB; for grids the large tile leaves short of
+// one wave.
+using Int4TileSmall = Int4Tile<64, 64, 2, 2, 4, 4>;
+
+// Byte offset of chunk c of row r in a stage's A or B tile ([rows][64 bytes]).
+__device__ __forceinline__ uint32_t rowk_offset(int r, int c) {
+    return uint32_t(r * kChunksK + (c ^ ((r >> 1) & 3))) * kChunkBytes;
+}
+
+// Four packed codes (in the low nibble of each byte; the high nibbles are ignored) -> four
+// sign-extended int8. Per byte, with x the nibble and s its two's complement value:
+//   x ^ 0x88 = (s + 8) + 0x80, in [0x80, 0x8F]   (x ^ 8 = s + 8 for s in [-8, 7])
+//   - 0x08   = s + 0x80,       in [0x78, 0x87]   (every byte >= 0x80 > 8: no borrow between bytes)
+//   ^ 0x80   = s mod 256                         (the two's complement byte)
+// Three instructions (lop3, iadd, lop3) for four values.
+__device__ __forceinline__ uint32_t sign_extend_nibbles(uint32_t w) {
+    const uint32_t biased = (w & 0x0F0F0F0Fu) ^ 0x88888888u;
+    return (biased - 0x08080808u) ^ 0x80808080u;
+}
+
+// The even-k (h = 0: low nibbles) or odd-k (h = 1: high nibbles) codes of a packed word as
+// four int8, lowest k in the lowest byte.
+//   kScaled = false: the codes themselves, s (sign_extend_nibbles: 3 or 4 instructions).
+//   kScaled = true:  16 s, the nibble moved to the top of its byte (in [-128, 112], an exact
+//                    int8): w & 0xF0F0F0F0 for h = 1 (one lop3), (w << 4) & 0xF0F0F0F0 for h = 0
+//                    (shift + lop3). Both operands scaled: every product is 256 a b and the
+//                    int32 accumulator holds 256 * sum (see kScaledMaxK), shifted back at the end.
+template <bool kScaled> __device__ __forceinline__ uint32_t unpack_half(uint32_t w, int h) {
+    if constexpr (kScaled) return (h == 0 ? w << 4 : w) & 0xF0F0F0F0u;
+    return sign_extend_nibbles(h == 0 ? w : w >> 4);
+}
+
+// The scaled unpacking is exact while 256 * |sum| fits in int32: |a b| <= 64, so
+// 256 * 64 * K <= 2^31 - 1, K < 2^17. Longer rows (the header allows K up to 2^25 exact) take
+// the sign-extending unpacking.
+constexpr int64_t kScaledMaxK = (int64_t(INT32_MAX) / (256 * 64)) / 32 * 32;  // 131040
+constexpr int kScaledShift = 8;  // acc = 2^8 * sum: an arithmetic shift recovers the sum exactly
+
+// The sum from an accumulator: kScaled ones hold 2^8 * sum, exactly (an arithmetic shift).
+template <bool kScaled> __device__ __forceinline__ int32_t unscale(int32_t acc) {
+    return kScaled ? acc >> kScaledShift : acc;
+}
+
+template <class Tile, bool kScaled, typename OutT>
+__global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
+gemm_int4_mma_kernel(const uint8_t* __restrict__ a, const uint8_t* __restrict__ b,
+                     int64_t k_bytes, Epilogue<OutT> ep) {
+    if constexpr (!kHasSm80) __trap();  // never launched below sm_80 (see kHasSm80)
+    constexpr int kBM = Tile::kBM, kBN = Tile::kBN, kStages = Tile::kStages;
+    constexpr int kMI = Tile::kMI, kNI = Tile::kNI, kThreads = Tile::kThreads;
+    extern __shared__ __align__(128) uint8_t smem[];
+
+    const int64_t m = ep.m, n = ep.n;
+
+    // Grouped rasterization: consecutive blocks sweep kGroupM tile rows for one tile column, so
+    // that the B rows (and A rows) they share are still in L2.
+    const int64_t tiles_m = ceil_div(m, kBM), tiles_n = ceil_div(n, kBN);
+    const int64_t per_group = int64_t(kGroupM) * tiles_n;
+    const int64_t group = blockIdx.x / per_group;
+    const int64_t first_m = group * kGroupM;
+    const int64_t group_rows = min(tiles_m - first_m, int64_t(kGroupM));
+    const int64_t in_group = blockIdx.x % per_group;
+    const int64_t m0 = (first_m + in_group % group_rows) * kBM;
+    const int64_t n0 = in_group / group_rows * kBN;
+
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int wm0 = warp / Tile::kWarpsN * Tile::kWarpM;  // warp sub-tile origin in the block tile
+    const int wn0 = warp % Tile::kWarpsN * Tile::kWarpN;
+    const int g = lane / 4, tq = lane % 4;                  // mma fragment coordinates
+
+    const uint32_t smem_base = shared_address(smem);
+    const int k_tiles = int(ceil_div(k_bytes, kBKBytes));  // < 2^31: the entry points bound K
+
+    // Loads k tile kt into stage s: chunk idx = tid + i * kThreads of each operand.
+    auto load_stage = [&](int s, int kt) {
+        const int64_t kb0 = int64_t(kt) * kBKBytes;
+        const uint32_t sa = smem_base + s * Tile::kStageBytes;
+        const uint32_t sb = sa + Tile::kABytes;
+#pragma unroll
+        for (int i = 0; i < Tile::kALoads; ++i) {
+            const int idx = tid + i * kThreads, r = idx / kChunksK, c = idx % kChunksK;
+            const bool ok = m0 + r < m && kb0 + c * kChunkBytes < k_bytes;
+            const uint8_t* src = ok ? a + (m0 + r) * k_bytes + kb0 + c * kChunkBytes : a;
+            cp_async_16_zfill(sa + rowk_offset(r, c), src, ok);
+        }
+#pragma unroll
+        for (int i = 0; i < Tile::kBLoads; ++i) {
+            const int idx = tid + i * kThreads, r = idx / kChunksK, c = idx % kChunksK;
+            const bool ok = n0 + r < n && kb0 + c * kChunkBytes < k_bytes;
+            const uint8_t* src = ok ? b + (n0 + r) * k_bytes + kb0 + c * kChunkBytes : b;
+            cp_async_16_zfill(sb + rowk_offset(r, c), src, ok);
+        }
+    };
+
+    int32_t acc[kMI][kNI][4] = {};
+
+    // Prologue: kStages - 1 tiles in flight. Every iteration commits one group (possibly
+    // empty) so that wait_group counts tiles.
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+        if (s < k_tiles) load_stage(s, s);
+        cp_async_commit();
+    }
+
+    for (int kt = 0; kt < k_tiles; ++kt) {
+        cp_async_wait<kStages - 2>();  // tile kt has landed (for this thread) ...
+        __syncthreads();               // ... for every thread; stage (kt - 1) % kStages is free
+        {
+            const int next = kt + kStages - 1;
+            if (next < k_tiles) load_stage(next % kStages, next);
+            cp_async_commit();
+        }
+
+        const int s = kt % kStages;
+        const uint32_t sa = smem_base + s * Tile::kStageBytes;
+        const uint32_t sb = sa + Tile::kABytes;
+        // Not unrolled: unrolled, ptxas hoists the next step's fragment loads over these MMAs
+        // and the large tile spills under its 128-register cap; the other resident warps hide
+        // the ldmatrix latency instead.
+#pragma unroll 1
+        for (int ks = 0; ks < kChunksK / kFragChunks; ++ks) {
+            const int c0 = ks * kFragChunks;  // first chunk of these 64 k
+            uint32_t af[kMI][4];              // packed: 8 k per register
+#pragma unroll
+            for (int mi = 0; mi < kMI; ++mi)
+                ldmatrix_x4(af[mi], sa + rowk_offset(wm0 + mi * 16 + lane % 16, c0 + lane / 16));
+            uint32_t bf[kNI][2];
+#pragma unroll
+            for (int nj = 0; nj < kNI; nj += 2) {
+                uint32_t r[4];
+                const int row = wn0 + nj * 8 + (lane / 16) * 8 + lane % 8;
+                ldmatrix_x4(r, sb + rowk_offset(row, c0 + (lane / 8) % 2));
+                bf[nj][0] = r[0], bf[nj][1] = r[1], bf[nj + 1][0] = r[2], bf[nj + 1][1] = r[3];
+            }
+
+#pragma unroll
+            for (int h = 0; h < kKPerByte; ++h) {  // h = 0: even k (low nibbles), 1: odd k
+                uint32_t bu[kNI][2];
+#pragma unroll
+                for (int ni = 0; ni < kNI; ++ni) {
+                    bu[ni][0] = unpack_half<kScaled>(bf[ni][0], h);
+                    bu[ni][1] = unpack_half<kScaled>(bf[ni][1], h);
+                }
+#pragma unroll
+                for (int mi = 0; mi < kMI; ++mi) {
+                    const uint32_t a0 = unpack_half<kScaled>(af[mi][0], h), a1 = unpack_half<kScaled>(af[mi][1], h);
+                    const uint32_t a2 = unpack_half<kScaled>(af[mi][2], h), a3 = unpack_half<kScaled>(af[mi][3], h);
+#pragma unroll
+                    for (int ni = 0; ni < kNI; ++ni)
+                        mma_s8_16x8x32(acc[mi][ni], a0, a1, a2, a3, bu[ni][0], bu[ni][1]);
+                }
+            }
+        }
+    }
+    cp_async_wait<0>();  // only empty groups remain; leave nothing in flight at exit
+
+#pragma unroll
+    for (int mi = 0; mi < kMI; ++mi)
+#pragma unroll
+        for (int rh = 0; rh < 2; ++rh) {  // c0 c1: row g; c2 c3: row g + 8
+            const int64_t row = m0 + wm0 + mi * 16 + g + rh * 8;
+#pragma unroll
+            for (int ni = 0; ni < kNI; ++ni)
+                ep.store_pair(row, n0 + wn0 + ni * 8 + tq * 2, unscale<kScaled>(acc[mi][ni][2 * rh]),
+                              unscale<kScaled>(acc[mi][ni][2 * rh + 1]));
+        }
+}
+
+template <class Tile, bool kScaled, typename OutT>
+cudaError_t launch_mma(const GemmInt8Args& g, cudaStream_t stream) {
+    const int64_t blocks = ceil_div(g.m, Tile::kBM) * ceil_div(g.n, Tile::kBN);
+    if (!grid_fits(blocks)) return cudaErrorInvalidConfiguration;
+    auto kernel = gemm_int4_mma_kernel<Tile, kScaled, OutT>;
+    constexpr int kSmem = Tile::kSmemBytes;
+    if constexpr (kSmem > 48 * 1024) {
+        // Above the default 48 KB a kernel must opt in; cheap, and allowed during graph capture.
+        const cudaError_t e =
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+        if (e != cudaSuccess) return e;
+    }
+    kernel<<<unsigned(blocks), Tile::kThreads, kSmem, stream>>>(
+        reinterpret_cast<const uint8_t*>(g.a), reinterpret_cast<const uint8_t*>(g.b),
+        g.k / kKPerByte, make_epilogue<OutT>(g));
+    return cudaGetLastError();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Launchers (arguments validated by cuda_kernels.cu)
+// ---------------------------------------------------------------------------------------------
+cudaError_t gemm_int4_reference(const GemmInt8Args& args, cudaStream_t stream) {
+    const int64_t blocks = ceil_div(args.m, kRefBM) * ceil_div(args.n, kRefBN);
+    if (!grid_fits(blocks)) return cudaErrorInvalidConfiguration;
+    const uint8_t* a = reinterpret_cast<const uint8_t*>(args.a);
+    const uint8_t* b = reinterpret_cast<const uint8_t*>(args.b);
+    return dispatch_out_dtype(args.out_dtype, [&](auto tag) {
+        using OutT = decltype(tag);
+        gemm_int4_reference_kernel<OutT><<<unsigned(blocks), kRefThreads, 0, stream>>>(
+            a, b, args.k / kKPerByte, make_epilogue<OutT>(args));
+        return cudaGetLastError();
+    });
+}
+
+cudaError_t gemm_int4_mma(const GemmInt8Args& args, cudaStream_t stream) {
+    if (compute_capability() < 80) return cudaErrorNotSupported;
+    // The large tile unless its grid would leave SMs idle for the whole run: below one block
+    // per SM, the 64x64 tile's four times as many blocks spread the work wider.
+    const int64_t large_blocks =
+        ceil_div(args.m, Int4TileLarge::kBM) * ceil_div(args.n, Int4TileLarge::kBN);
+    const bool small = large_blocks < sm_count();
+    // Rows longer than kScaledMaxK (far beyond any layer) take the sign-extending unpacking, on
+    // the small tile only: under the large tile's 128-register cap its extra unpacking
+    // registers spilled.
+    if (args.k > kScaledMaxK) {
+        return dispatch_out_dtype(args.out_dtype, [&](auto tag) {
+            return launch_mma<Int4TileSmall, false, decltype(tag)>(args, stream);
+        });
+    }
+    return dispatch_out_dtype(args.out_dtype, [&](auto tag) {
+        using OutT = decltype(tag);
+        return small ? launch_mma<Int4TileSmall, true, OutT>(args, stream)
+                     : launch_mma<Int4TileLarge, true, OutT>(args, stream);
+    });
+}
+
+}  // namespace ck

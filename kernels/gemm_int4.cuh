@@ -1,0 +1,21 @@
+// gemm_int4.cuh - launchers of the INT4 x INT4 GEMM kernels (kernels/gemm_int4.cu), called by
+// the entry points after they validated every argument.
+#pragma once
+
+#include "kernels/gemm_int8.cuh"
+
+namespace ck {
+
+// One INT4 x INT4 GEMM call reuses GemmInt8Args (and so make_epilogue and the epilogue):
+//   a: [m, k / 2] packed bytes, b: [n, k / 2] packed bytes (b_layout is CK_LAYOUT_NK), both
+//      reinterpreted as const uint8_t*: two's complement codes in [-8, 7], element 2i in the
+//      low nibble of byte i; 16-byte aligned. k is the logical K: a multiple of 32, >= 32.
+//   out_dtype CK_DTYPE_INT32 writes the exact int32 sums; otherwise the fused epilogue, bit for
+//   bit what ck_gemm_int8_scaled computes on the unpacked int8 operands.
+// reference: shared-memory tiles, nibbles unpacked one by one, dp4a; any GPU.
+// mma:       cp.async pipeline of packed tiles, nibbles unpacked to int8 in registers, mma.sync
+//            m16n8k32 s8 (sm_80 and newer; cudaErrorNotSupported below).
+cudaError_t gemm_int4_reference(const GemmInt8Args& args, cudaStream_t stream);
+cudaError_t gemm_int4_mma(const GemmInt8Args& args, cudaStream_t stream);
+
+}  // namespace ck

@@ -1,0 +1,633 @@
+// gemm_w4a16_stream.cu - the weight-streaming W4A16 GEMM for M <= 16 (decode) on the prepacked
+// weight layout: fp16/bf16 x times a prepacked int4 weight dequantized in registers, float32
+// accumulation on mma.sync m16n8k16, fused bias + activation, one rounding to dtype.
+//
+// What it computes (exactly what gemm_w4a16_small_m computes on the interchange layout):
+//   w'[n][k] = round_to_dtype(float(u - zero) * float(scale[n][k >> group_shift]))
+//   out[m][n] = round_to_dtype(act(sum_k float(x[m][k]) * float(w'[n][k]) + float(bias[n])))
+// u is the unsigned 4-bit code (symmetric codes are stored biased by 8, with zero point 8).
+// Rows and columns outside [m, n) are never written.
+//
+// Layout (ck_w4a16_prepack, kernels/w4a16_fragment.cuh): the weight is 512-byte tiles of
+// 8 rows x 128 k, tile (i, c) at (i * chunks + c) * 512; lane l = 4g + s of a warp reads the
+// 16 bytes at l * 16 (row g, k slice 32s .. 32s + 31 of the chunk). Rows are padded to a multiple
+// of 8 and k to a multiple of 128 with the zero point, so every chunk < prepacked_chunks(k) of
+// every tile < ceil(n / 8) can be read without guards. Scales [ceil(n / 8)][groups][8] dtype,
+// zeros the same shape uint8 (nullptr: symmetric, zero point 8). x [m, k], out [m, n] row-major.
+//
+// Algorithm. A block owns kTiles n8 tiles (a "tile group", 8 * kTiles output columns) at a time
+// and walks the tile groups blockIdx.x, blockIdx.x + gridDim.x, ... (one block per SM: the ring
+// below takes the SM's shared memory); its warps split K, warp w taking chunks w, w + warps, ...
+// Each warp owns a ring of `stages` stages in shared memory. Per step (one chunk of all kTiles
+// tiles) every lane cp.async's exactly the bytes it will read back itself: its 16-byte weight
+// vector of each tile (cp.async.cg, L2 evict_first: read once), its 64 bytes of x row g (and
+// g + 8) at the same 32 k (cp.async.ca: every tile group of every block reads x again), and the
+// 4-byte words holding its scale and zero of each tile (cp.async.ca). So the main loop needs only
+// cp.async.wait_group: no __syncthreads, no __syncwarp, and the weight bytes in flight are the
+// ring's, not registers (gemm_w4a16_small_m holds one step in registers: ~225 registers, 8 warps
+// per SM, too few bytes in flight). The ring runs on across tile groups; at the end of each
+// group the warps add their partial accumulators through shared memory in a fixed order
+// (deterministic) and store the group's [m, 8 * kTiles] slice: bias, activation, one rounding.
+//
+// Fragments. dequant_word turns word i of a lane's vector into pairs p[j] = (k 8i + 2j,
+// 8i + 2j + 1) of its slice: exactly x's 32-bit words 4i + j of the same slice (two 16-bit values
+// per word, lower k in the low half). The mma runs transposed, out^T[n][m] = w'[n][k] x^T[k][m]:
+// A (16 x k16) is a pair of tiles (A rows g and g + 8 = row g of tiles 2q and 2q + 1), B (k16 x 8)
+// is 8 rows of x as columns. For word i and h = 0, 1: a0, a1 = p[2h] of tiles 2q, 2q + 1,
+// a2, a3 = p[2h + 1] of the same; b0, b1 = x words 4i + 2h, 4i + 2h + 1 of row g. Per the
+// m16n8k16 fragment layout (ptx.cuh), lane column t = s then sees mma-k {2t, 2t + 1} as physical
+// k 32t + 8i + 4h + {0, 1} and mma-k {2t + 8, 2t + 9} as 32t + 8i + 4h + {2, 3} in both A and B;
+// that map depends on t, i and h only, and over them it is a bijection onto the chunk's 128 k,
+// so the sum is the same sum over k. Why transposed: the dequantized pairs land straight in A
+// registers and (b0, b1) is an aligned half of one 16-byte shared load of x, so no operand needs
+// a register move (with x as A, rows g and g + 8 of x interleave word by word in the A registers:
+// ~6 moves per weight vector in SASS), and for m <= 8 one mma serves two tiles (half the mma).
+// C: c0, c1 = (row g of tile 2q; x rows 2t, 2t + 1), c2, c3 = (row g of tile 2q + 1; the same).
+//
+// Floors: bytes = weight N8 * K128 / 2 + scales N8 * groups * 2 (+ zeros N8 * groups) + x M*K*2
+// + out M*N*2 (+ bias N*2); time >= bytes / copy bandwidth (H100 SXM ~3.0 TB/s): N=28672
+// K=8192 g128 M=1: 117.4 + 3.7 (+1.8) MB -> ~40 us; N=4096 K=4096: 8.4 + 0.26 MB -> ~2.9 us.
+// flops = 2*M*N*K (negligible: ~1% of the tensor cores at M=16).
+#include <atomic>
+
+#include "kernels/epilogue.cuh"
+#include "kernels/gemm_w4a16.cuh"
+#include "kernels/w4a16_fragment.cuh"
+
+namespace ck {
+namespace {
+
+// The sm_80 kernel body compiles for every target; below sm_80 (and in the host pass) the PTX
+// wrappers are empty and the kernel traps at entry.
+constexpr bool kHasSm80 = CK_SM80;
+
+// ---------------------------------------------------------------------------------------------
+// PTX wrappers this file alone needs (one instruction each).
+// ---------------------------------------------------------------------------------------------
+
+// createpolicy.fractional.L2::evict_first.b64: a cache policy that marks every line it touches
+// as first to go. The weight is read exactly once; x, scales and zeros, which every block reads
+// again, then stay in L2.
+__device__ __forceinline__ uint64_t l2_evict_first_policy() {
+    uint64_t policy = 0;
+#if CK_SM80
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+#endif
+    return policy;
+}
+
+// cp.async.cg.shared.global.L2::cache_hint (16 bytes, L2 only, with a cache policy).
+__device__ __forceinline__ void cp_async_16_hint(uint32_t dst, const void* src, uint64_t policy) {
+#if CK_SM80
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(dst),
+                 "l"(src), "l"(policy)
+                 : "memory");
+#endif
+}
+
+// cp.async.ca.shared.global (16 bytes, through L1); src_bytes = 0 reads nothing and fills the
+// 16 shared bytes with zeros.
+__device__ __forceinline__ void cp_async_16_ca_zfill(uint32_t dst, const void* src, bool valid) {
+#if CK_SM80
+    const int src_bytes = valid ? 16 : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(src_bytes)
+                 : "memory");
+#endif
+}
+
+// cp.async.ca.shared.global (4 bytes, through L1), zero-filled when !valid.
+__device__ __forceinline__ void cp_async_4_zfill(uint32_t dst, const void* src, bool valid) {
+#if CK_SM80
+    const int src_bytes = valid ? 4 : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(src_bytes)
+                 : "memory");
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shape of the pipeline.
+// ---------------------------------------------------------------------------------------------
+constexpr int kStreamMaxM = 16;       // two n8 B fragments of x rows
+constexpr int kMaxStages = 8;         // cp.async.wait_group takes an immediate: 0 .. kMaxStages - 2
+constexpr int kMinStages = 3;         // two stages in flight while one is consumed
+constexpr int kMaxWarps = 8;          // warps of a block (the launcher may take fewer)
+constexpr int kXVectors = kPackSliceK * 2 / 16;  // 16-byte x vectors per row, lane and chunk
+constexpr int kLanes = 32;
+constexpr int kXRowBytes = (kPackK / kPackSliceK) * 16;  // one x vector of a row's 4 slices
+static_assert(kPackK == 4 * kPackSliceK, "the 4 lanes of a row cover one 128-k chunk");
+static_assert(kXVectors == 4 && kPackSliceK / 8 == kXVectors,
+              "x vector i holds the k of weight word i (8 k, 4 pairs)");
+static_assert(kPackTileBytes == kLanes * 16, "a tile is one 16-byte vector per lane");
+
+// One stage of a warp's ring: per lane, what it copies for one chunk of kTiles tiles. Each region
+// is [item][lane][bytes] (or [vector][row][slice][16] for x), so a warp's 16-byte cp.async and
+// its 16-byte shared loads touch 8 consecutive 16-byte vectors per quarter warp: no bank
+// conflicts. x rows: kXRows = 1 (m = 1: only row 0 is copied, by lanes 0..3), 8 (m <= 8: rows g,
+// zeros for g >= m) or 16 (rows g and g + 8). Scales and zeros: lane l's word of tile t at
+// [t / P][l][t % P] (P = min(kTiles, 4)), so one shared load brings P tiles' words.
+struct StageLayout {
+    int w, x_lo, x_hi, scale, zero, bytes;
+};
+__host__ __device__ constexpr int stage_lo_rows(int x_rows) { return x_rows < 8 ? x_rows : 8; }
+__host__ __device__ constexpr int stage_scale_pack(int tiles) { return tiles < 4 ? tiles : 4; }
+__host__ __device__ constexpr StageLayout stage_layout(int tiles, int x_rows, bool asym) {
+    const int w_bytes = tiles * kPackTileBytes;
+    const int x_bytes = kXVectors * stage_lo_rows(x_rows) * kXRowBytes;
+    const int word_bytes = tiles * kLanes * 4;  // one 4-byte scale (zero) word per tile and lane
+    StageLayout l{};
+    l.w = 0;
+    l.x_lo = l.w + w_bytes;
+    l.x_hi = l.x_lo + x_bytes;
+    l.scale = l.x_hi + (x_rows == 16 ? x_bytes : 0);
+    l.zero = l.scale + word_bytes;
+    l.bytes = l.zero + (asym ? word_bytes : 0);
+    return l;
+}
+
+// Floats of the cross-warp reduction buffer: per warp, tile pair, x half (rows 0-7, 8-15),
+// accumulator register and lane.
+__host__ __device__ constexpr int partial_floats(int warps, int tiles, int x_rows) {
+    return warps * tiles * (x_rows == 16 ? 4 : 2) * kLanes;
+}
+
+struct StreamArgs {
+    const void* x;
+    const uint8_t* w;
+    const void* scales;
+    const uint8_t* zeros;
+    int group_shift;      // group of k = k >> group_shift (62 when one group per row)
+    int64_t groups;
+    const void* bias;
+    ck_activation_t activation;
+    int64_t m, n, k;
+    void* out;
+    bool pair_aligned;    // n even and out 4-byte aligned: an output pair is one 4-byte store
+    int stages;           // ring stages per warp, kMinStages .. kMaxStages (2 works too)
+    int64_t chunks;       // prepacked_chunks(k)
+    int64_t tiles;        // ceil(n / 8)
+    int64_t tile_groups;  // ceil(tiles / kTiles)
+};
+
+// cp.async.wait_group with a run-time count (the stage count is chosen from the device's shared
+// memory): one uniform branch per step.
+__device__ __forceinline__ void cp_async_wait_pending(int pending) {
+    static_assert(kMaxStages - 2 == 6, "one case per possible count");
+    switch (pending) {
+        case 6: cp_async_wait<6>(); break;
+        case 5: cp_async_wait<5>(); break;
+        case 4: cp_async_wait<4>(); break;
+        case 3: cp_async_wait<3>(); break;
+        case 2: cp_async_wait<2>(); break;
+        case 1: cp_async_wait<1>(); break;
+        default: cp_async_wait<0>(); break;
+    }
+}
+
+// Word j of a P-word scale (zero) vector from shared memory.
+template <int P> struct Words;
+template <> struct Words<4> {
+    using V = uint4;
+    __device__ __forceinline__ static uint32_t at(const V& v, int j) { return word(v, j); }
+};
+template <> struct Words<2> {
+    using V = uint2;
+    __device__ __forceinline__ static uint32_t at(const V& v, int j) { return j == 0 ? v.x : v.y; }
+};
+
+template <typename T, int kTiles, int kXRows, bool kAsym>
+__global__ void __launch_bounds__(kMaxWarps * kLanes, 1)
+gemm_w4a16_stream_kernel(const StreamArgs a) {
+    if constexpr (!kHasSm80) __trap();  // never launched below sm_80 (see kHasSm80)
+    constexpr bool kHi = kXRows == 16;              // x rows 8 .. 15 exist
+    constexpr int kLoRows = stage_lo_rows(kXRows);  // x rows copied for rows 0 .. 7
+    constexpr int kHalves = kHi ? 2 : 1;            // n8 B fragments of x: rows 0-7, 8-15
+    constexpr int kPairs = kTiles / 2;              // tile pairs: one m16 A fragment each
+    constexpr int kP = stage_scale_pack(kTiles);
+    constexpr StageLayout kL = stage_layout(kTiles, kXRows, kAsym);
+    constexpr int kVecElems = 16 / int(sizeof(T));  // x elements per 16-byte vector
+    using ScaleWords = Words<kP>;
+    static_assert(kXRows == 1 || kXRows == 8 || kXRows == 16, "x row classes");
+    static_assert(!kHi || kLoRows == 8, "rows 8 .. 15 sit beside rows 0 .. 7");
+    static_assert(kTiles % 2 == 0, "tiles go to the mma in pairs (A rows g and g + 8)");
+    static_assert(kTiles % kP == 0 && (kP == 2 || kP == 4), "scale words come in vectors");
+    static_assert(kL.x_lo % 16 == 0 && kL.x_hi % 16 == 0 && kL.scale % 16 == 0 &&
+                      kL.zero % 16 == 0 && kL.bytes % 16 == 0,
+                  "16-byte aligned regions");
+
+    extern __shared__ __align__(16) uint8_t smem[];
+    const int lane = threadIdx.x % kLanes, warp = threadIdx.x / kLanes;
+    const int warps = blockDim.x / kLanes;
+    const int g = lane / 4, s = lane % 4;  // fragment row / column of the lane; s = k slice
+    const int ring_bytes = a.stages * kL.bytes;
+    const uint8_t* ring = smem + warp * ring_bytes;
+    float* partial = reinterpret_cast<float*>(smem + warps * ring_bytes);
+
+    const T* __restrict__ x = static_cast<const T*>(a.x);
+    const uint16_t* __restrict__ scales = static_cast<const uint16_t*>(a.scales);
+    const int64_t m = a.m, k = a.k, chunks = a.chunks;
+    const int64_t k_slices = k / kPackSliceK;
+    // Chunks of this warp in every tile group (0 when K has fewer chunks than the block warps:
+    // the warp then only joins the reductions, with zero partials).
+    const int n_steps = warp < chunks ? int((chunks - 1 - warp) / warps) + 1 : 0;
+
+    // ------------------------------------------------------------------ issue side (producer)
+    const uint64_t policy = l2_evict_first_policy();
+    const int64_t w_tile_stride = chunks * kPackTileBytes;  // bytes from tile i to tile i + 1
+    const int64_t s_tile_stride = a.groups * kPackRows;     // values from tile i to tile i + 1
+    const int64_t w_step = int64_t(warps) * kPackTileBytes;
+    const int64_t s_step = a.group_shift >= 32 ? 0 : (int64_t(warps) * kPackK >> a.group_shift) * kPackRows;
+    const int64_t x_step = int64_t(warps) * kPackK;
+    const bool lo_loader = g < kLoRows;              // lanes that copy x row g
+    const bool lo_ok = lo_loader && g < m;           // ... that exists (else zeros)
+    const bool hi_ok = kHi && g + 8 < m;
+    const T* x_lo_row = x + (lo_ok ? g : 0) * k + s * kPackSliceK;
+    const T* x_hi_row = x + (hi_ok ? g + 8 : 0) * k + s * kPackSliceK;
+    // This lane's destinations in stage 0 of the ring (a stage offset is added per step).
+    const uint32_t ring_smem = shared_address(ring);
+    const uint32_t w_dst = ring_smem + kL.w + lane * 16;
+    const uint32_t lo_dst = ring_smem + kL.x_lo + g * kXRowBytes + s * 16;
+    const uint32_t hi_dst = ring_smem + kL.x_hi + g * kXRowBytes + s * 16;
+    const uint32_t s_dst = ring_smem + kL.scale + lane * kP * 4;
+    const uint32_t z_dst = ring_smem + kL.zero + lane * kP * 4;
+
+    // The step to issue next: tile group ig, its step is; and this lane's sources for it.
+    int64_t ig = blockIdx.x;
+    int is = 0, tiles_here = 0;
+    int64_t slice = 0;  // this lane's k slice (of 32)
+    const uint8_t* wp = nullptr;
+    const uint16_t* sp = nullptr;
+    const uint8_t* zp = nullptr;
+    const T* xlp = nullptr;
+    const T* xhp = nullptr;
+    auto start_group = [&]() {
+        const int64_t tile0 = ig * kTiles;
+        tiles_here = int(std::min<int64_t>(kTiles, a.tiles - tile0));
+        wp = a.w + (tile0 * chunks + warp) * kPackTileBytes + lane * 16;
+        slice = int64_t(warp) * (kPackK / kPackSliceK) + s;
+        const int64_t grp = (slice * kPackSliceK) >> a.group_shift;
+        const int64_t idx = (tile0 * a.groups + grp) * kPackRows + g;
+        sp = scales + (idx & ~int64_t(1));                        // the 4-byte word holding the scale
+        if constexpr (kAsym) zp = a.zeros + (idx & ~int64_t(3));  // ... and the zero
+        xlp = x_lo_row + int64_t(warp) * kPackK;
+        xhp = x_hi_row + int64_t(warp) * kPackK;
+    };
+    if (n_steps > 0 && ig < a.tile_groups) start_group();
+
+    // The copies of one step into the stage at byte offset off. kPartial (the grid's last tile
+    // group, when ceil(n / 8) is not a multiple of kTiles): tiles past the weight copy nothing;
+    // their stale stage bytes only reach output columns >= n, which are never stored.
+    auto copy_step = [&](auto partial_tag, uint32_t off) {
+        constexpr bool kPartial = decltype(partial_tag)::value;
+        const bool kok = slice < k_slices;  // lanes past K (the last chunk): zeros
+#pragma unroll
+        for (int t = 0; t < kTiles; ++t)
+            if (!kPartial || t < tiles_here)
+                cp_async_16_hint(w_dst + off + t * kPackTileBytes, wp + t * w_tile_stride, policy);
+        if (lo_loader) {
+            const T* src = kok ? xlp : x;
+#pragma unroll
+            for (int v = 0; v < kXVectors; ++v)
+                cp_async_16_ca_zfill(lo_dst + off + v * kLoRows * kXRowBytes, src + v * kVecElems,
+                                     kok && lo_ok);
+        }
+        if constexpr (kHi) {
+            const T* src = kok ? xhp : x;
+#pragma unroll
+            for (int v = 0; v < kXVectors; ++v)
+                cp_async_16_ca_zfill(hi_dst + off + v * kLoRows * kXRowBytes, src + v * kVecElems,
+                                     kok && hi_ok);
+        }
+        // Lanes past K read no scale: their group (k >> shift) may be past `groups`. A zero
+        // scale (and x = 0) makes their products exact zeros.
+        const uint16_t* ssrc = kok ? sp : scales;
+#pragma unroll
+        for (int t = 0; t < kTiles; ++t) {
+            if (!kPartial || t < tiles_here) {
+                const uint32_t word_off = off + (t / kP) * kLanes * kP * 4 + (t % kP) * 4;
+                cp_async_4_zfill(s_dst + word_off, ssrc + t * s_tile_stride, kok);
+                if constexpr (kAsym) {
+                    const uint8_t* zsrc = kok ? zp : a.zeros;
+                    cp_async_4_zfill(z_dst + word_off, zsrc + t * s_tile_stride, kok);
+                }
+            }
+        }
+    };
+
+    // Issues the next step (nothing past the block's last one) and commits a group either way,
+    // so that commit group i is always step i.
+    auto issue = [&](uint32_t off) {
+        if (n_steps > 0 && ig < a.tile_groups) {
+            if (tiles_here == kTiles) copy_step(std::false_type{}, off);
+            else copy_step(std::true_type{}, off);
+            if (++is == n_steps) {
+                is = 0;
+                ig += gridDim.x;
+                if (ig < a.tile_groups) start_group();
+            } else {
+                wp += w_step;
+                sp += s_step;
+                if constexpr (kAsym) zp += s_step;
+                slice += int64_t(warps) * (kPackK / kPackSliceK);
+                xlp += x_step;
+                if constexpr (kHi) xhp += x_step;
+            }
+        }
+        cp_async_commit();
+    };
+
+    // ---------------------------------------------------------------- compute side (consumer)
+    // The transposed mma of the file comment; with x rows 8 .. 15 (kHi) a second mma per step
+    // takes them as B. Lanes g >= kLoRows (m = 1: x rows past m, which only feed C columns that
+    // are never stored) read the copy of row kLoRows - 1 that another lane made.
+    const int lo_row = g < kLoRows ? g : kLoRows - 1;
+    const uint32_t scale_sel = g & 1 ? 0x3232u : 0x1010u;  // our half of the scale word, twice
+    const int zero_shift = 8 * (g & 3);                   // our byte of the zero word
+    auto compute = [&](const uint8_t* st, float (&acc)[kPairs][kHalves][4]) {
+        uint4 xl[kXVectors], xh[kXVectors];
+#pragma unroll
+        for (int v = 0; v < kXVectors; ++v) {
+            xl[v] = *reinterpret_cast<const uint4*>(st + kL.x_lo + (v * kLoRows + lo_row) * kXRowBytes + s * 16);
+            if constexpr (kHi)
+                xh[v] = *reinterpret_cast<const uint4*>(st + kL.x_hi + (v * kLoRows + g) * kXRowBytes + s * 16);
+        }
+        typename ScaleWords::V sw[kTiles / kP], zw[kTiles / kP];
+#pragma unroll
+        for (int q = 0; q < kTiles / kP; ++q) {
+            const int off = (q * kLanes + lane) * kP * 4;
+            sw[q] = *reinterpret_cast<const typename ScaleWords::V*>(st + kL.scale + off);
+            if constexpr (kAsym) zw[q] = *reinterpret_cast<const typename ScaleWords::V*>(st + kL.zero + off);
+        }
+#pragma unroll
+        for (int q = 0; q < kPairs; ++q) {
+            uint4 wv[2];
+            uint32_t scale2[2], zero[2];
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int t = 2 * q + e;
+                wv[e] = *reinterpret_cast<const uint4*>(st + kL.w + t * kPackTileBytes + lane * 16);
+                scale2[e] = __byte_perm(ScaleWords::at(sw[t / kP], t % kP), 0, scale_sel);
+                zero[e] = kSymmetricZero;
+                if constexpr (kAsym) zero[e] = (ScaleWords::at(zw[t / kP], t % kP) >> zero_shift) & 0xffu;
+            }
+#pragma unroll
+            for (int i = 0; i < kXVectors; ++i) {  // weight word i <-> x vector i
+                uint32_t p0[4], p1[4];
+                dequant_word<T>(word(wv[0], i), zero[0], scale2[0], p0);
+                dequant_word<T>(word(wv[1], i), zero[1], scale2[1], p1);
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    mma_16x8x16<T>(acc[q][0], p0[2 * h], p1[2 * h], p0[2 * h + 1], p1[2 * h + 1],
+                                   word(xl[i], 2 * h), word(xl[i], 2 * h + 1));
+                    if constexpr (kHi)
+                        mma_16x8x16<T>(acc[q][1], p0[2 * h], p1[2 * h], p0[2 * h + 1],
+                                       p1[2 * h + 1], word(xh[i], 2 * h), word(xh[i], 2 * h + 1));
+                }
+            }
+        }
+    };
+
+    // ------------------------------------------------------------------------------ main loop
+    // Stage i of the ring holds step i mod stages. At step i: wait for step i, refill the stage
+    // that step i - 1 used (its shared loads fed MMAs that issued before this cp.async: no
+    // hazard within the lane, and no other lane reads it), then consume step i. So stages - 1
+    // steps stay in flight while one is dequantized.
+    for (int j = 0; j < a.stages - 1; ++j) issue(j * kL.bytes);
+    int read_off = 0, write_off = (a.stages - 1) * kL.bytes;
+    const T* bias = static_cast<const T*>(a.bias);
+    T* out = static_cast<T*>(a.out);
+    constexpr int kRows = 8 * kHalves;                 // output rows a block may store
+    constexpr int kColPairs = kPackRows / 2;           // column pairs per tile
+    constexpr int kOutPairs = kTiles * kRows * kColPairs;
+
+    for (int64_t group = blockIdx.x; group < a.tile_groups; group += gridDim.x) {
+        float acc[kPairs][kHalves][4] = {};
+        for (int step = 0; step < n_steps; ++step) {
+            cp_async_wait_pending(a.stages - 2);
+            issue(write_off);
+            write_off = write_off + kL.bytes == ring_bytes ? 0 : write_off + kL.bytes;
+            compute(ring + read_off, acc);
+            read_off = read_off + kL.bytes == ring_bytes ? 0 : read_off + kL.bytes;
+        }
+
+        // Sum the warps' partial tiles: element (q, half, r, lane) of each warp, consecutive
+        // lanes in consecutive banks. The first barrier keeps this group's writes behind the
+        // previous group's reads; the copies in flight keep streaming meanwhile.
+        __syncthreads();
+#pragma unroll
+        for (int q = 0; q < kPairs; ++q)
+#pragma unroll
+            for (int hf = 0; hf < kHalves; ++hf)
+#pragma unroll
+                for (int r = 0; r < 4; ++r)
+                    partial[(((warp * kPairs + q) * kHalves + hf) * 4 + r) * kLanes + lane] = acc[q][hf][r];
+        __syncthreads();
+        // One thread per output pair (row, columns c, c + 1 of tile t): consecutive threads store
+        // consecutive pairs of a row. Column 8t + j of x row r sits in lane 4j + (r % 8) / 2,
+        // register (r % 2) + 2 (t % 2), of tile pair t / 2 and half r / 8.
+        const int64_t n0 = group * kTiles * kPackRows;
+        for (int p = threadIdx.x; p < kOutPairs; p += blockDim.x) {
+            const int cp = p % kColPairs, row = p / kColPairs % kRows, t = p / (kColPairs * kRows);
+            const int64_t col = n0 + kPackRows * t + 2 * cp;
+            if (row >= m || col >= a.n) continue;
+            const int r8 = row % 8, reg = r8 % 2 + 2 * (t % 2);
+            const int base = ((t / 2) * kHalves + row / 8) * 4 + reg;
+            const int l0 = 4 * (2 * cp) + r8 / 2, l1 = l0 + 4;
+            float s0 = 0.f, s1 = 0.f;
+            for (int v = 0; v < warps; ++v) {
+                const float* pv = partial + ((v * kPairs * kHalves * 4) + base) * kLanes;
+                s0 += pv[l0];
+                s1 += pv[l1];
+            }
+            if (bias) {
+                s0 += to_float(bias[col]);
+                if (col + 1 < a.n) s1 += to_float(bias[col + 1]);
+            }
+            store_out_pair(out, row, col, a.n, activate(s0, a.activation),
+                           activate(s1, a.activation), a.pair_aligned);
+        }
+    }
+    cp_async_wait<0>();  // only empty groups can remain; leave nothing in flight
+}
+
+// ---------------------------------------------------------------------------------------------
+// Launch planning
+// ---------------------------------------------------------------------------------------------
+
+// Shared memory a block may opt in to on the current device (cached per device; 0 on error).
+constexpr int kMaxDevices = 64;
+int smem_optin_bytes() {
+    static std::atomic<int> cache[kMaxDevices] = {};
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return 0;
+    int v = cache[device].load(std::memory_order_relaxed);
+    if (v == 0) {
+        if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess)
+            return 0;
+        cache[device].store(v, std::memory_order_relaxed);
+    }
+    return v;
+}
+
+// Lets the kernel take up to `bytes` of dynamic shared memory on the current device; done once
+// per instantiation and device (the attribute belongs to the function on that device).
+template <typename T, int kTiles, int kXRows, bool kAsym> cudaError_t allow_smem(int bytes) {
+    static std::atomic<uint64_t> done{0};
+    int device = 0;
+    cudaError_t e = cudaGetDevice(&device);
+    if (e != cudaSuccess) return e;
+    const uint64_t bit = device < kMaxDevices ? uint64_t(1) << device : 0;
+    if (bit && (done.load(std::memory_order_relaxed) & bit)) return cudaSuccess;
+    e = cudaFuncSetAttribute(gemm_w4a16_stream_kernel<T, kTiles, kXRows, kAsym>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (e == cudaSuccess) done.fetch_or(bit, std::memory_order_relaxed);
+    return e;
+}
+
+// A block shape: warps and ring stages that fit the shared memory, and its bytes.
+struct StreamPlan {
+    int tiles = 0;   // kTiles
+    int warps = 0;
+    int stages = 0;
+    int smem = 0;
+    int64_t grid = 0;
+    double score = -1;
+};
+
+// The most stages (<= kMaxStages) of `warps` rings that fit `smem_limit` beside the reduction
+// buffer; 0 when fewer than kMinStages fit.
+inline int fit_stages(int smem_limit, int warps, int tiles, int x_rows, bool asym) {
+    const int stage = stage_layout(tiles, x_rows, asym).bytes;
+    const int free_bytes = smem_limit - partial_floats(warps, tiles, x_rows) * int(sizeof(float));
+    const int stages = std::min(kMaxStages, free_bytes / (warps * stage));
+    return stages >= kMinStages ? stages : 0;
+}
+
+// Tile counts the launcher weighs, widest first. Wider tile groups read x fewer times per
+// weight byte; narrower ones cut the last round of tile groups finer.
+constexpr int kTileChoices[] = {8, 4, 2};
+
+// Warps per block the launcher weighs, most first: more warps hide the dequantization's
+// latencies better, fewer leave each ring more stages.
+constexpr int kWarpChoices[] = {kMaxWarps, 6, 4};
+
+// Weight bytes in flight per SM that the launcher aims for. Little's law: 3.0 TB/s / 132 SMs
+// x ~2 us of loaded DRAM latency ~ 45 KB; more lets the SMs of a partial last round (and an
+// SM whose neighbours finished) pull more than their share.
+constexpr int kInFlightTarget = 64 * 1024;
+
+// Weight of the x traffic from L2 against the weight stream in the choice (a guess to tune on
+// a GPU): L2 serves roughly 3x the DRAM bandwidth, so one x byte per weight byte costs ~1/3 of
+// a weight byte when it does not overlap, less when it does.
+constexpr double kXTrafficCost = 0.1;
+
+// The plan for one tile count, or score -1 when no block shape fits the shared memory.
+// One block per SM (its rings take the SM's shared memory), persistent over tile groups: the
+// pipeline fills once per block, not once per tile group. Warps: the most of kWarpChoices
+// whose rings keep kInFlightTarget weight bytes in flight, else the one that keeps the most.
+// Score: the share of SM time spent streaming, groups / (SMs * rounds), divided by
+// 1 + kXTrafficCost * (x bytes read from L2 per weight byte).
+inline StreamPlan plan_for(int tiles, int x_rows, bool asym, int64_t m, int64_t n_tiles, int sms,
+                           int smem_limit) {
+    StreamPlan p;
+    p.tiles = tiles;
+    int64_t best_in_flight = 0;
+    for (int warps : kWarpChoices) {
+        const int stages = fit_stages(smem_limit, warps, tiles, x_rows, asym);
+        const int64_t in_flight = int64_t(warps) * (stages - 1) * tiles * kPackTileBytes;
+        if (stages == 0 || in_flight <= best_in_flight) continue;
+        best_in_flight = in_flight;
+        p.warps = warps;
+        p.stages = stages;
+        if (in_flight >= kInFlightTarget) break;
+    }
+    if (p.stages == 0) return p;
+    p.smem = p.warps * p.stages * stage_layout(tiles, x_rows, asym).bytes +
+             partial_floats(p.warps, tiles, x_rows) * int(sizeof(float));
+    const int64_t groups = ceil_div(n_tiles, tiles);
+    p.grid = std::min<int64_t>(groups, sms);
+    const int64_t rounds = ceil_div(groups, sms);
+    const double busy = double(groups) / double(int64_t(sms) * rounds);
+    // Per chunk a block reads m x rows of 128 k (2 bytes each) against tiles * 512 weight bytes.
+    const double x_per_weight = double(m) * kPackK * 2 / (double(tiles) * kPackTileBytes);
+    p.score = busy / (1.0 + kXTrafficCost * x_per_weight);
+    return p;
+}
+
+template <typename T, int kTiles, int kXRows, bool kAsym>
+cudaError_t launch_stream(StreamArgs a, const StreamPlan& p, int smem_limit, cudaStream_t stream) {
+    if (!grid_fits(p.grid)) return cudaErrorInvalidConfiguration;
+    const cudaError_t e = allow_smem<T, kTiles, kXRows, kAsym>(smem_limit);
+    if (e != cudaSuccess) return e;
+    a.stages = p.stages;
+    a.tile_groups = ceil_div(a.tiles, kTiles);
+    gemm_w4a16_stream_kernel<T, kTiles, kXRows, kAsym>
+        <<<unsigned(p.grid), p.warps * kLanes, size_t(p.smem), stream>>>(a);
+    return cudaGetLastError();
+}
+
+template <typename T, int kXRows, bool kAsym>
+cudaError_t launch_rows(const StreamArgs& a, const StreamPlan& p, int smem_limit,
+                        cudaStream_t stream) {
+    switch (p.tiles) {
+        case 8: return launch_stream<T, 8, kXRows, kAsym>(a, p, smem_limit, stream);
+        case 4: return launch_stream<T, 4, kXRows, kAsym>(a, p, smem_limit, stream);
+        case 2: return launch_stream<T, 2, kXRows, kAsym>(a, p, smem_limit, stream);
+        default: return cudaErrorInvalidConfiguration;
+    }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Launcher (arguments validated by cuda_kernels.cu)
+// ---------------------------------------------------------------------------------------------
+cudaError_t gemm_w4a16_prepacked_stream(const GemmW4A16Args& args, cudaStream_t stream) {
+    if (args.m < 1 || args.m > kStreamMaxM || compute_capability() < 80) return cudaErrorNotSupported;
+    const int sms = std::max(sm_count(), 1);
+    const int smem_limit = smem_optin_bytes();
+    StreamArgs a{};
+    a.x = args.x;
+    a.w = args.w;
+    a.scales = args.scales;
+    a.zeros = args.zeros;
+    // One group per row (CK_GROUP_ROW, or a group size >= k): every k maps to group 0. Else
+    // the group size is 32, 64 or 128, a divisor of the 128-k chunk.
+    a.group_shift = args.groups == 1 ? 62 : args.group_size == 32 ? 5 : args.group_size == 64 ? 6 : 7;
+    a.groups = args.groups;
+    a.bias = args.bias;
+    a.activation = args.activation;
+    a.m = args.m;
+    a.n = args.n;
+    a.k = args.k;
+    a.out = args.out;
+    a.pair_aligned = args.n % 2 == 0 && is_aligned(args.out, 4);
+    a.chunks = prepacked_chunks(args.k);
+    a.tiles = ceil_div(args.n, kPackRows);
+    // A warp counts its steps in an int.
+    if (a.chunks > INT32_MAX / (kPackK / kPackSliceK)) return cudaErrorInvalidConfiguration;
+
+    const int x_rows = args.m == 1 ? 1 : args.m <= 8 ? 8 : 16;
+    const bool asym = args.zeros != nullptr;
+    StreamPlan best;
+    for (int tiles : kTileChoices) {
+        const StreamPlan p = plan_for(tiles, x_rows, asym, args.m, a.tiles, sms, smem_limit);
+        if (p.score > best.score) best = p;  // ties go to the wider tile group (listed first)
+    }
+    if (best.score < 0) return cudaErrorNotSupported;  // too little shared memory for any shape
+
+    return dispatch_half_dtype(args.dtype, [&](auto tag) {
+        using T = decltype(tag);
+        return with_bool(asym, [&](auto asym_tag) {
+            constexpr bool kAsym = decltype(asym_tag)::value;
+            switch (x_rows) {
+                case 1: return launch_rows<T, 1, kAsym>(a, best, smem_limit, stream);
+                case 8: return launch_rows<T, 8, kAsym>(a, best, smem_limit, stream);
+                default: return launch_rows<T, 16, kAsym>(a, best, smem_limit, stream);
+            }
+        });
+    });
+}
+
+}  // namespace ck

@@ -5,8 +5,11 @@ Three levels, from convenient to exact:
 * NumPy / ``__cuda_array_interface__`` functions: :func:`quantize_int8`,
   :func:`dequantize_int8`, :func:`quantize_int4`, :func:`dequantize_int4`, the matrix products
   :func:`gemm_int8` (int32 out), :func:`gemm_int8_scaled` (W8A8 with a fused scale/bias/ReLU
-  epilogue), :func:`linear` (fp32/fp16/bf16) and :func:`gemm_w4a16` (fp16/bf16 activations
-  times a packed INT4 weight, W4A16), and the seed API :func:`quantize_tensor` /
+  epilogue), :func:`linear` (fp32/fp16/bf16), :func:`gemm_w4a16` (fp16/bf16 activations
+  times a packed INT4 weight, W4A16) with :func:`w4a16_prepack` / :func:`gemm_w4a16_prepacked`
+  (its fast path), :func:`gemm_int4` / :func:`gemm_int4_scaled` (INT4 x INT4), the checkpoint
+  importers :func:`import_gptq` / :func:`import_awq` with :func:`permute_columns`, the layer
+  :class:`QuantizedLinear`, and the seed API :func:`quantize_tensor` /
   :func:`dequantize_tensor` / :func:`int8_matmul`. NumPy inputs are copied to the GPU and the
   results come back as NumPy arrays. Objects with ``__cuda_array_interface__`` (torch, cupy,
   numba, :class:`DeviceArray`) are used in place, zero-copy; their results are
@@ -1351,6 +1354,18 @@ def _scale_granularity(arg, name, count, per):
                      % (name, arg.size, count, per))
 
 
+def _epilogue_args(call, scale_a, scale_b, bias, m, n, ck_out, out, out_shape):
+    """The scaled GEMMs' epilogue inputs and output: (scale_a arg, its granularity, scale_b arg,
+    its granularity, bias pointer or 0, output arg)."""
+    sa = call.input(scale_a, "scale_a", scalar_dtype=np.float32)
+    a_gran = _scale_granularity(sa, "scale_a", m, "row of a")
+    sb = call.input(scale_b, "scale_b", scalar_dtype=np.float32)
+    b_gran = _scale_granularity(sb, "scale_b", n, "output column")
+    bias_ptr = call.optional_input(bias, "bias", n, ck_out)
+    o = call.output(out_shape, _NUMPY_OF[ck_out], ck_out, out, "out")
+    return sa, a_gran, sb, b_gran, bias_ptr, o
+
+
 def gemm_int8(a, b, layout="nk", out=None, stream=None):
     """INT8 matrix product with exact int32 results (ck_gemm_int8).
 
@@ -1388,12 +1403,8 @@ def gemm_int8_scaled(a, b, scale_a, scale_b, bias=None, activation=None, out_dty
         aa = call.input(a, "a", matrix=True, need=np.int8)
         ba = call.input(b, "b", need=np.int8)
         m, n, k, out_shape = _gemm_shape(aa, ba, lay)
-        sa = call.input(scale_a, "scale_a", scalar_dtype=np.float32)
-        a_gran = _scale_granularity(sa, "scale_a", m, "row of a")
-        sb = call.input(scale_b, "scale_b", scalar_dtype=np.float32)
-        b_gran = _scale_granularity(sb, "scale_b", n, "output column")
-        bias_ptr = call.optional_input(bias, "bias", n, ck_out)
-        o = call.output(out_shape, _NUMPY_OF[ck_out], ck_out, out, "out")
+        sa, a_gran, sb, b_gran, bias_ptr, o = _epilogue_args(call, scale_a, scale_b, bias, m, n,
+                                                             ck_out, out, out_shape)
         raw.gemm_int8_scaled(aa.ptr, ba.ptr, lay, m, n, k, sa.ptr, a_gran, sb.ptr, b_gran,
                              bias_ptr, act, o.ptr, ck_out, call.stream)
         return call.finish(o)
@@ -1653,12 +1664,8 @@ def gemm_int4_scaled(a_packed, b_packed, scale_a, scale_b, bias=None, activation
         aa = call.input(a_packed, "a_packed", matrix=True, need=np.uint8)
         ba = call.input(b_packed, "b_packed", need=np.uint8)
         m, n, k, out_shape = _int4_gemm_shape(aa, ba)
-        sa = call.input(scale_a, "scale_a", scalar_dtype=np.float32)
-        a_gran = _scale_granularity(sa, "scale_a", m, "row of a")
-        sb = call.input(scale_b, "scale_b", scalar_dtype=np.float32)
-        b_gran = _scale_granularity(sb, "scale_b", n, "output column")
-        bias_ptr = call.optional_input(bias, "bias", n, ck_out)
-        o = call.output(out_shape, _NUMPY_OF[ck_out], ck_out, out, "out")
+        sa, a_gran, sb, b_gran, bias_ptr, o = _epilogue_args(call, scale_a, scale_b, bias, m, n,
+                                                             ck_out, out, out_shape)
         raw.gemm_int4_scaled(aa.ptr, ba.ptr, m, n, k, sa.ptr, a_gran, sb.ptr, b_gran, bias_ptr,
                              act, o.ptr, ck_out, call.stream)
         return call.finish(o)

@@ -34,9 +34,32 @@ int compute_capability();
 // M or N at 65535 tiles).
 inline bool grid_fits(int64_t blocks) { return blocks >= 1 && blocks <= INT32_MAX; }
 
+// A kernel that wants more than the default 48 KB of dynamic shared memory must opt in; cheap, and
+// allowed during graph capture.
+template <class Kernel> cudaError_t allow_dynamic_smem(Kernel kernel, int bytes) {
+    if (bytes <= 48 * 1024) return cudaSuccess;
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+}
+
 // Calls f(std::true_type) or f(std::false_type): turns a run-time flag into a template argument.
 template <typename F> cudaError_t with_bool(bool flag, F&& f) {
     return flag ? f(std::true_type{}) : f(std::false_type{});
+}
+
+// Grouped rasterization of a 1-D grid over [tiles_m, tiles_n] output tiles: consecutive blocks
+// sweep group_m tile rows of one tile column, so that the weight columns (and activation rows)
+// they share are still in L2. Returns the tile's first row and column.
+struct TileOrigin {
+    int64_t m0, n0;
+};
+__device__ __forceinline__ TileOrigin grouped_tile(int64_t block, int64_t m, int64_t n, int bm,
+                                                   int bn, int group_m) {
+    const int64_t tiles_m = ceil_div(m, bm), tiles_n = ceil_div(n, bn);
+    const int64_t per_group = int64_t(group_m) * tiles_n;
+    const int64_t first_m = block / per_group * group_m;
+    const int64_t group_rows = min(tiles_m - first_m, int64_t(group_m));
+    const int64_t in_group = block % per_group;
+    return {(first_m + in_group % group_rows) * bm, in_group / group_rows * bn};
 }
 
 // ---------------------------------------------------------------------------------------------

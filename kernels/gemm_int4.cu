@@ -47,12 +47,6 @@ constexpr int kKPerByte = 2;        // two int4 codes per byte
 constexpr int kChunkBytes = 16;     // one 16-byte vector: 32 k
 constexpr int kKPerChunk = kChunkBytes * kKPerByte;
 
-// Calls f with a value of the output element type of out_dtype.
-template <typename F> cudaError_t dispatch_out_dtype(ck_dtype_t out_dtype, F&& f) {
-    if (out_dtype == CK_DTYPE_INT32) return f(int32_t{});
-    return dispatch_float_dtype(out_dtype, f);
-}
-
 // ---------------------------------------------------------------------------------------------
 // Reference kernel: 64x64 tile per 256-thread block, 64 packed bytes (128 k) of each row per
 // step. A thread loads one 16-byte vector (32 k) of an A row and of a B row, sign-extends each
@@ -61,20 +55,15 @@ template <typename F> cudaError_t dispatch_out_dtype(ck_dtype_t out_dtype, F&& f
 // loads for dp4a. Thread (ty, tx) = (tid / 16, tid % 16) owns rows ty + 16 i (i < 4) and column
 // pairs 32 j + 2 tx + {0, 1} (j < 2): pairs of adjacent columns, the epilogue's store unit.
 // ---------------------------------------------------------------------------------------------
-constexpr int kRefBM = 64, kRefBN = 64;
+constexpr int kRefBM = kDp4aBM, kRefBN = kDp4aBN;
 constexpr int kRefBKBytes = 64;                             // packed bytes per step and row
 constexpr int kRefKWords = kRefBKBytes * kKPerByte / 4;     // 4-k words per step: 32
 constexpr int kRefVectorsPerRow = kRefBKBytes / kChunkBytes;
 constexpr int kRefWordsPerVector = kKPerChunk / 4;          // 8
-constexpr int kRefThreads = 256;
-constexpr int kRefPad = 4;                    // words; keeps rows 8-byte aligned for pair loads
-constexpr int kRefRows = 4, kRefColPairs = 2; // micro-tile: 4 rows x 2 column pairs
+constexpr int kRefThreads = kDp4aThreads;
 
 static_assert(kRefBM * kRefVectorsPerRow == kRefThreads, "one A vector per thread per step");
 static_assert(kRefBN * kRefVectorsPerRow == kRefThreads, "one B vector per thread per step");
-static_assert(kRefThreads / 16 * kRefRows == kRefBM && 16 * 2 * kRefColPairs == kRefBN,
-              "the micro-tiles cover the block tile");
-static_assert(kRefPad % 2 == 0, "column pairs are read as 8-byte words");
 
 // The 8 codes of a packed 32-bit word (nibble e = k e) as two words of 4 int8 each, in natural
 // order: w0 = k 0..3, w1 = k 4..7 (lowest k in the lowest byte, as dp4a pairs bytes).
@@ -94,8 +83,9 @@ template <typename OutT>
 __global__ void __launch_bounds__(kRefThreads)
 gemm_int4_reference_kernel(const uint8_t* __restrict__ a, const uint8_t* __restrict__ b,
                            int64_t k_bytes, Epilogue<OutT> ep) {
-    __shared__ uint32_t sa[kRefKWords][kRefBM + kRefPad];
-    __shared__ __align__(8) uint32_t sb[kRefKWords][kRefBN + kRefPad];
+    __shared__ Dp4aTiles<kRefKWords> tiles;
+    auto& sa = tiles.a;
+    auto& sb = tiles.b;
 
     const int64_t m = ep.m, n = ep.n;
     const int64_t tiles_m = ceil_div(m, kRefBM);
@@ -104,7 +94,7 @@ gemm_int4_reference_kernel(const uint8_t* __restrict__ a, const uint8_t* __restr
     const int tid = threadIdx.x;
     const int ty = tid / 16, tx = tid % 16;
 
-    int32_t acc[kRefRows][2 * kRefColPairs] = {};
+    Dp4aAcc acc = {};
 
     // Loader role: row tid / 4 of each tile, vector tid % 4 of the step (words kw0 .. kw0 + 7).
     const int ld_row = tid / kRefVectorsPerRow, ld_vec = tid % kRefVectorsPerRow;
@@ -130,29 +120,10 @@ gemm_int4_reference_kernel(const uint8_t* __restrict__ a, const uint8_t* __restr
         }
         __syncthreads();
 
-#pragma unroll 4
-        for (int kw = 0; kw < kRefKWords; ++kw) {
-            int av[kRefRows], bv[2 * kRefColPairs];
-#pragma unroll
-            for (int i = 0; i < kRefRows; ++i) av[i] = int(sa[kw][ty + 16 * i]);
-#pragma unroll
-            for (int j = 0; j < kRefColPairs; ++j) {
-                const uint2 p = *reinterpret_cast<const uint2*>(&sb[kw][32 * j + 2 * tx]);
-                bv[2 * j] = int(p.x);
-                bv[2 * j + 1] = int(p.y);
-            }
-#pragma unroll
-            for (int i = 0; i < kRefRows; ++i)
-#pragma unroll
-                for (int j = 0; j < 2 * kRefColPairs; ++j) acc[i][j] = __dp4a(av[i], bv[j], acc[i][j]);
-        }
+        dp4a_micro_tile(tiles, ty, tx, acc);
     }
 
-#pragma unroll
-    for (int i = 0; i < kRefRows; ++i)
-#pragma unroll
-        for (int j = 0; j < kRefColPairs; ++j)
-            ep.store_pair(m0 + ty + 16 * i, n0 + 32 * j + 2 * tx, acc[i][2 * j], acc[i][2 * j + 1]);
+    store_dp4a_micro_tile(ep, m0, n0, ty, tx, acc);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -275,16 +246,8 @@ gemm_int4_mma_kernel(const uint8_t* __restrict__ a, const uint8_t* __restrict__ 
 
     const int64_t m = ep.m, n = ep.n;
 
-    // Grouped rasterization: consecutive blocks sweep kGroupM tile rows for one tile column, so
-    // that the B rows (and A rows) they share are still in L2.
-    const int64_t tiles_m = ceil_div(m, kBM), tiles_n = ceil_div(n, kBN);
-    const int64_t per_group = int64_t(kGroupM) * tiles_n;
-    const int64_t group = blockIdx.x / per_group;
-    const int64_t first_m = group * kGroupM;
-    const int64_t group_rows = min(tiles_m - first_m, int64_t(kGroupM));
-    const int64_t in_group = blockIdx.x % per_group;
-    const int64_t m0 = (first_m + in_group % group_rows) * kBM;
-    const int64_t n0 = in_group / group_rows * kBN;
+    const TileOrigin tile = grouped_tile(blockIdx.x, m, n, kBM, kBN, kGroupM);
+    const int64_t m0 = tile.m0, n0 = tile.n0;
 
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int wm0 = warp / Tile::kWarpsN * Tile::kWarpM;  // warp sub-tile origin in the block tile
@@ -395,12 +358,8 @@ cudaError_t launch_mma(const GemmInt8Args& g, cudaStream_t stream) {
     if (!grid_fits(blocks)) return cudaErrorInvalidConfiguration;
     auto kernel = gemm_int4_mma_kernel<Tile, kScaled, OutT>;
     constexpr int kSmem = Tile::kSmemBytes;
-    if constexpr (kSmem > 48 * 1024) {
-        // Above the default 48 KB a kernel must opt in; cheap, and allowed during graph capture.
-        const cudaError_t e =
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-        if (e != cudaSuccess) return e;
-    }
+    const cudaError_t e = allow_dynamic_smem(kernel, kSmem);
+    if (e != cudaSuccess) return e;
     kernel<<<unsigned(blocks), Tile::kThreads, kSmem, stream>>>(
         reinterpret_cast<const uint8_t*>(g.a), reinterpret_cast<const uint8_t*>(g.b),
         g.k / kKPerByte, make_epilogue<OutT>(g));

@@ -56,12 +56,6 @@ __device__ __forceinline__ void transpose_4x4_bytes(uint32_t (&w)[4]) {
 // ---------------------------------------------------------------------------------------------
 // Shared pieces of the launchers
 // ---------------------------------------------------------------------------------------------
-// Calls f with a value of the output element type of out_dtype.
-template <typename F> cudaError_t dispatch_out_dtype(ck_dtype_t out_dtype, F&& f) {
-    if (out_dtype == CK_DTYPE_INT32) return f(int32_t{});
-    return dispatch_float_dtype(out_dtype, f);
-}
-
 
 // ---------------------------------------------------------------------------------------------
 // Reference kernel: 64x64 tile per 256-thread block, K in 64-byte steps through shared memory,
@@ -70,25 +64,21 @@ template <typename F> cudaError_t dispatch_out_dtype(ck_dtype_t out_dtype, F&& f
 // Thread (ty, tx) = (tid / 16, tid % 16) owns rows ty + 16 i (i < 4) and column pairs
 // 32 j + 2 tx + {0, 1} (j < 2): pairs of adjacent columns, the epilogue's store unit.
 // ---------------------------------------------------------------------------------------------
-constexpr int kRefBM = 64, kRefBN = 64;
+constexpr int kRefBM = kDp4aBM, kRefBN = kDp4aBN;
 constexpr int kRefBK = 64;                    // bytes of k per step: one 16-byte vector per thread
 constexpr int kRefKWords = kRefBK / 4;        // 4-byte k groups per step
-constexpr int kRefThreads = 256;
-constexpr int kRefPad = 4;                    // words; keeps rows 8-byte aligned, halves store conflicts
-constexpr int kRefRows = 4, kRefColPairs = 2; // micro-tile: 4 rows x 2 column pairs
+constexpr int kRefThreads = kDp4aThreads;
 
 static_assert(kRefBM * kRefBK / 16 == kRefThreads, "one A vector per thread per step");
 static_assert(kRefBN * kRefBK / 16 == kRefThreads, "one B vector (or 4x4 block) per thread");
-static_assert(kRefThreads / 16 * kRefRows == kRefBM && 16 * 2 * kRefColPairs == kRefBN,
-              "the micro-tiles cover the block tile");
-static_assert(kRefPad % 2 == 0, "column pairs are read as 8-byte words");
 
 template <ck_layout_t kLayout, typename OutT>
 __global__ void __launch_bounds__(kRefThreads)
 gemm_int8_reference_kernel(const int8_t* __restrict__ a, const int8_t* __restrict__ b, int64_t k,
                            Epilogue<OutT> ep) {
-    __shared__ uint32_t sa[kRefKWords][kRefBM + kRefPad];
-    __shared__ __align__(8) uint32_t sb[kRefKWords][kRefBN + kRefPad];
+    __shared__ Dp4aTiles<kRefKWords> tiles;
+    auto& sa = tiles.a;
+    auto& sb = tiles.b;
 
     const int64_t m = ep.m, n = ep.n;
     const int64_t tiles_m = ceil_div(m, kRefBM);
@@ -97,7 +87,7 @@ gemm_int8_reference_kernel(const int8_t* __restrict__ a, const int8_t* __restric
     const int tid = threadIdx.x;
     const int ty = tid / 16, tx = tid % 16;
 
-    int32_t acc[kRefRows][2 * kRefColPairs] = {};
+    Dp4aAcc acc = {};
 
     // Loader roles. Row-major vectors (A, NK-B): row tid / 4, 16 bytes at k (tid % 4) * 16.
     const int ld_row = tid / 4, ld_kw = (tid % 4) * 4;
@@ -137,29 +127,10 @@ gemm_int8_reference_kernel(const int8_t* __restrict__ a, const int8_t* __restric
         }
         __syncthreads();
 
-#pragma unroll 4
-        for (int kw = 0; kw < kRefKWords; ++kw) {
-            int av[kRefRows], bv[2 * kRefColPairs];
-#pragma unroll
-            for (int i = 0; i < kRefRows; ++i) av[i] = int(sa[kw][ty + 16 * i]);
-#pragma unroll
-            for (int j = 0; j < kRefColPairs; ++j) {
-                const uint2 p = *reinterpret_cast<const uint2*>(&sb[kw][32 * j + 2 * tx]);
-                bv[2 * j] = int(p.x);
-                bv[2 * j + 1] = int(p.y);
-            }
-#pragma unroll
-            for (int i = 0; i < kRefRows; ++i)
-#pragma unroll
-                for (int j = 0; j < 2 * kRefColPairs; ++j) acc[i][j] = __dp4a(av[i], bv[j], acc[i][j]);
-        }
+        dp4a_micro_tile(tiles, ty, tx, acc);
     }
 
-#pragma unroll
-    for (int i = 0; i < kRefRows; ++i)
-#pragma unroll
-        for (int j = 0; j < kRefColPairs; ++j)
-            ep.store_pair(m0 + ty + 16 * i, n0 + 32 * j + 2 * tx, acc[i][2 * j], acc[i][2 * j + 1]);
+    store_dp4a_micro_tile(ep, m0, n0, ty, tx, acc);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -249,16 +220,8 @@ gemm_int8_mma_kernel(const int8_t* __restrict__ a, const int8_t* __restrict__ b,
 
     const int64_t m = ep.m, n = ep.n;
 
-    // Grouped rasterization: consecutive blocks sweep kGroupM tile rows for one tile column, so
-    // that the B columns (and A rows) they share are still in L2.
-    const int64_t tiles_m = ceil_div(m, kBM), tiles_n = ceil_div(n, kBN);
-    const int64_t per_group = int64_t(kGroupM) * tiles_n;
-    const int64_t group = blockIdx.x / per_group;
-    const int64_t first_m = group * kGroupM;
-    const int64_t group_rows = min(tiles_m - first_m, int64_t(kGroupM));
-    const int64_t in_group = blockIdx.x % per_group;
-    const int64_t m0 = (first_m + in_group % group_rows) * kBM;
-    const int64_t n0 = in_group / group_rows * kBN;
+    const TileOrigin tile = grouped_tile(blockIdx.x, m, n, kBM, kBN, kGroupM);
+    const int64_t m0 = tile.m0, n0 = tile.n0;
 
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int wm0 = warp / Tile::kWarpsN * Tile::kWarpM;  // warp sub-tile origin in the block tile
@@ -401,12 +364,8 @@ cudaError_t launch_mma(const GemmInt8Args& g, cudaStream_t stream) {
     if (!grid_fits(blocks)) return cudaErrorInvalidConfiguration;
     auto kernel = gemm_int8_mma_kernel<Tile, kLayout, OutT>;
     constexpr int kSmem = Tile::kSmemBytes;
-    if constexpr (kSmem > 48 * 1024) {
-        // Above the default 48 KB a kernel must opt in; cheap, and allowed during graph capture.
-        const cudaError_t e =
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-        if (e != cudaSuccess) return e;
-    }
+    const cudaError_t e = allow_dynamic_smem(kernel, kSmem);
+    if (e != cudaSuccess) return e;
     kernel<<<unsigned(blocks), Tile::kThreads, kSmem, stream>>>(g.a, g.b, g.k, make_epilogue<OutT>(g));
     return cudaGetLastError();
 }

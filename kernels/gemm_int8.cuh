@@ -43,6 +43,65 @@ template <typename OutT> Epilogue<OutT> make_epilogue(const GemmInt8Args& g) {
     return e;
 }
 
+// Calls f with a value of the output element type of out_dtype (int32 or a float type).
+template <typename F> cudaError_t dispatch_out_dtype(ck_dtype_t out_dtype, F&& f) {
+    if (out_dtype == CK_DTYPE_INT32) return f(int32_t{});
+    return dispatch_float_dtype(out_dtype, f);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The dp4a reference kernels' shared core (gemm_int8.cu, gemm_int4.cu): 64 x 64 output tiles,
+// 256 threads; thread (ty, tx) = (tid / 16, tid % 16) owns rows ty + 16 i (i < 4) and the column
+// pairs 32 j + 2 tx, + 1 (j < 2). A step stages kKWords 4-k words per row in k-major shared tiles
+// [kw][row] (padded: rows stay 8-byte aligned for the pair loads).
+// ---------------------------------------------------------------------------------------------
+constexpr int kDp4aBM = 64, kDp4aBN = 64, kDp4aThreads = 256;
+constexpr int kDp4aPad = 4;                      // words
+constexpr int kDp4aRows = 4, kDp4aColPairs = 2;  // micro-tile: 4 rows x 2 column pairs
+static_assert(kDp4aThreads / 16 * kDp4aRows == kDp4aBM && 16 * 2 * kDp4aColPairs == kDp4aBN,
+              "the micro-tiles cover the block tile");
+static_assert(kDp4aPad % 2 == 0, "column pairs are read as 8-byte words");
+
+template <int kKWords> struct Dp4aTiles {
+    uint32_t a[kKWords][kDp4aBM + kDp4aPad];
+    alignas(8) uint32_t b[kKWords][kDp4aBN + kDp4aPad];
+};
+using Dp4aAcc = int32_t[kDp4aRows][2 * kDp4aColPairs];
+
+// One staged step: acc += the thread's micro-tile of a . b over the step's kKWords words.
+template <int kKWords>
+__device__ __forceinline__ void dp4a_micro_tile(const Dp4aTiles<kKWords>& s, int ty, int tx,
+                                                Dp4aAcc& acc) {
+#pragma unroll 4
+    for (int kw = 0; kw < kKWords; ++kw) {
+        int av[kDp4aRows], bv[2 * kDp4aColPairs];
+#pragma unroll
+        for (int i = 0; i < kDp4aRows; ++i) av[i] = int(s.a[kw][ty + 16 * i]);
+#pragma unroll
+        for (int j = 0; j < kDp4aColPairs; ++j) {
+            const uint2 p = *reinterpret_cast<const uint2*>(&s.b[kw][32 * j + 2 * tx]);
+            bv[2 * j] = int(p.x);
+            bv[2 * j + 1] = int(p.y);
+        }
+#pragma unroll
+        for (int i = 0; i < kDp4aRows; ++i)
+#pragma unroll
+            for (int j = 0; j < 2 * kDp4aColPairs; ++j) acc[i][j] = __dp4a(av[i], bv[j], acc[i][j]);
+    }
+}
+
+// The thread's micro-tile through the epilogue (rows and columns outside [m, n) are skipped).
+template <typename OutT>
+__device__ __forceinline__ void store_dp4a_micro_tile(const Epilogue<OutT>& ep, int64_t m0,
+                                                      int64_t n0, int ty, int tx,
+                                                      const Dp4aAcc& acc) {
+#pragma unroll
+    for (int i = 0; i < kDp4aRows; ++i)
+#pragma unroll
+        for (int j = 0; j < kDp4aColPairs; ++j)
+            ep.store_pair(m0 + ty + 16 * i, n0 + 32 * j + 2 * tx, acc[i][2 * j], acc[i][2 * j + 1]);
+}
+
 // The launchers of kernels/gemm_int8.cu; cuda_kernels.cu picks one from the shape and the GPU.
 // reference: simple shared-memory tiles and dp4a, any GPU; the baseline the others are tested on.
 // mma:       mma.sync m16n8k32 tensor-core tiles fed by a cp.async pipeline (sm_80 and newer;

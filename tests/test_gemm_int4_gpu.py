@@ -34,6 +34,7 @@ from gpu_support import (  # noqa: E402
     GPU_MARKS, SANITIZE, GuardedBuffer, assert_bitwise_equal, assert_graph_replays,
     ptr_or_null, shape_id, synchronize,
 )
+from test_gemm_gpu import EPILOGUE_COMBOS  # noqa: E402
 
 pytestmark = GPU_MARKS
 
@@ -299,11 +300,7 @@ def test_gemm_int4_minimally_aligned_pointers(variant, monkeypatch, seed):
 # ---------------------------------------------------------------------------------------------
 # ck_gemm_int4_scaled: bit for bit ck_gemm_int8_scaled of the unpacked codes
 # ---------------------------------------------------------------------------------------------
-EPILOGUE_COMBOS = [
-    pytest.param((ga, gb), bias, act, id=f"a_{ga}-b_{gb}-{'bias' if bias else 'nobias'}-{act}")
-    for ga in ref.GRANULARITIES for gb in ref.GRANULARITIES for bias in (False, True)
-    for act in ref.ACTIVATIONS
-]
+# EPILOGUE_COMBOS (every scale granularity, bias or not, activation): test_gemm_gpu.py's.
 EPILOGUE_SHAPES = [(7, 201, 96), (100, 129, 1024)]
 
 

@@ -323,6 +323,44 @@ def test_imported_weight_in_gemm_w4a16(dtype, fmt, g_idx_kind, m, k, n, group_si
         assert rel <= MAX_REL_ULPS * 2.0**-SIGNIFICAND_BITS[dtype], f"{ctx}: ||err||/||ref|| = {rel:.3g}"
 
 
+@pytest.mark.parametrize("fmt, g_idx_kind, m", [("gptq", "act_order", 3), ("gptq", "none", 40),
+                                                ("awq", "none", 20)])
+@pytest.mark.parametrize("dtype", SCALE_DTYPES)
+def test_quantized_linear_from_checkpoint(dtype, fmt, g_idx_kind, m, seed):
+    """QuantizedLinear.from_gptq / from_awq (import, prepack, gather x for act-order, GEMM with
+    bias and ReLU) computes the checkpoint's own layer: relu(x @ w_ckpt + bias)."""
+    rng = np.random.default_rng(seed)
+    k, n, group_size = 512, 136, 128
+    dtype_arg = "bf16" if dtype == "bf16" else None
+    bias = ref.to_dtype(rng.standard_normal(n, dtype=np.float32), dtype)
+    if fmt == "gptq":
+        qweight, qzeros, scales, g_idx = cf.random_gptq_checkpoint(rng, k, n, group_size, dtype,
+                                                                   g_idx_kind)
+        layer = ck.QuantizedLinear.from_gptq(qweight, qzeros, scales, g_idx, bias=bias,
+                                             group_size=group_size, dtype=dtype_arg,
+                                             activation="relu")
+        stored = g_idx if g_idx is not None else cf.gptq_groups_g_idx(k, group_size)
+        w_ckpt = cf.gptq_unpack(qweight, qzeros, scales, stored, dtype)
+    else:
+        qweight, qzeros, scales = cf.random_awq_checkpoint(rng, k, n, group_size, dtype)
+        layer = ck.QuantizedLinear.from_awq(qweight, qzeros, scales, bias=bias,
+                                            group_size=group_size, dtype=dtype_arg,
+                                            activation="relu")
+        w_ckpt = cf.awq_unpack(qweight, qzeros, scales, group_size, dtype)
+    assert (layer.in_features, layer.out_features) == (k, n)
+    assert (layer.perm is not None) == (g_idx_kind == "act_order")
+    x = random_activations(rng, m, k, dtype)
+    got = ref.to_f32(layer(x), dtype).astype(np.float64)
+    w_f64 = ref.to_f32(w_ckpt, dtype).astype(np.float64)
+    x_f64 = ref.to_f32(x, dtype).astype(np.float64)
+    pre = x_f64 @ w_f64 + ref.to_f32(bias, dtype).astype(np.float64)
+    value = np.maximum(pre, 0.0)
+    error32 = w4a16_float32_error(x_f64, w_f64.T, pre)
+    ctx = f"QuantizedLinear.from_{fmt} {g_idx_kind} m={m}, seed={seed}"
+    assert_within(got, value, output_tolerance(value, error32, dtype), ctx)
+    assert np.count_nonzero(value) > 0 and np.count_nonzero(value == 0) > 0, "ReLU exercised"
+
+
 # ---------------------------------------------------------------------------------------------
 # ck_permute_columns
 # ---------------------------------------------------------------------------------------------

@@ -517,10 +517,11 @@ constexpr int kWarpChoices[] = {kMaxWarps, 6, 4};
 // SM whose neighbours finished) pull more than their share.
 constexpr int kInFlightTarget = 64 * 1024;
 
-// Weight of the x traffic from L2 against the weight stream in the choice (a guess to tune on
-// a GPU): L2 serves roughly 3x the DRAM bandwidth, so one x byte per weight byte costs ~1/3 of
-// a weight byte when it does not overlap, less when it does.
-constexpr double kXTrafficCost = 0.1;
+// Weight of the x traffic from L2 against the weight stream in the choice: L2 serves roughly 3x
+// the DRAM bandwidth, so one x byte per weight byte costs ~1/3 of a weight byte when it does not
+// overlap, less when it does. 0.2 is what an H100 sweep of the tile count asked for: M = 16
+// wants 8 tiles on N >= 14336 and 4 on N = 4096.
+constexpr double kXTrafficCost = 0.2;
 
 // The plan for one tile count, or score -1 when no block shape fits the shared memory.
 // One block per SM (its rings take the SM's shared memory), persistent over tile groups: the

@@ -141,6 +141,7 @@ struct TcTile {
     static constexpr int kWBytes = kTiles * kPackTileBytes;
     static constexpr int kScaleBytes = kTiles * kGroupUnits * kScaleUnitBytes;
     static constexpr int kZeroBytes = kTiles * kGroupUnits * kZeroUnitBytes;
+    static constexpr int kXThreadsPerRow = kThreads / kBM;
     static constexpr int kXLoads = kXBytes / kUnitBytes / kThreads;  // cp.async per thread
     static constexpr int kWLoads = kWBytes / kUnitBytes / kThreads;
     static constexpr int kGroupSlots = kTiles * kGroupUnits;         // one thread each
@@ -155,15 +156,17 @@ struct TcTile {
         return kStages * stage_bytes(asym) > kReduceBytes ? kStages * stage_bytes(asym) : kReduceBytes;
     }
 
+
     static_assert(kWarpM % kMmaN == 0 && kWarpN % kMmaM == 0, "whole fragments per warp");
     static_assert(kWords % kWarpsK == 0, "the K-split warps share the 4 words of a chunk");
     static_assert(kFX % kWarpsK == 0, "each K-split warp stores the same number of x fragments");
     static_assert(kXBytes % (kUnitBytes * kThreads) == 0 && kWBytes % (kUnitBytes * kThreads) == 0,
                   "every thread issues the same number of cp.async");
-    static_assert(kThreads == 2 * kBM && kXLoads == kXUnits / 2,
-                  "x loader: two threads per row, each every other unit of it");
-    static_assert(kWLoads == 2 || kWLoads == 4,
-                  "weight loader: a thread copies slices 0..kWLoads-1 (XOR-placed) of one row");
+    static_assert((kXThreadsPerRow == 2 || kXThreadsPerRow == 4) && kThreads == kXThreadsPerRow * kBM &&
+                      kXLoads * kXThreadsPerRow == kXUnits,
+                  "x loader: two or four threads per row, each every other (fourth) unit of it");
+    static_assert(kWLoads == 2 || kWLoads == 4 || kWLoads == 8,
+                  "weight loader: a thread copies vectors 0..kWLoads-1 (XOR-placed) of one or two rows");
     static_assert(kGroupSlots <= kThreads, "one scale (zero) copy per thread at most");
     static_assert(kStages >= 3, "one barrier per stage needs a stage being read, one being "
                                 "written and one landing");
@@ -184,6 +187,9 @@ using TcMid = TcTile<128, 128, 2, 2, 2, 3, 1>;
 //   Small: 64 x 64, 4 warps splitting each chunk by word, 4 stages (82 / 83 KB, two blocks per
 //   SM): M <= ~256 with few column tiles, where the bigger tiles leave most SMs idle.
 using TcSmall = TcTile<64, 64, 1, 1, 4, 4, 2>;
+//   Wide: 64 x 256, 8 warps 1 x 4, two K-split warps each, 5 stages (170 / 175 KB): x read once
+//   per 256 columns (Small reads it once per 64): M <= ~256 on wide N.
+using TcWide = TcTile<64, 256, 1, 4, 2, 5, 1>;
 
 // The x swizzle: unit u of x row r is stored at unit u ^ x_swizzle_key(r) (see the layout
 // comment; the key depends on r % 4, and rows 8f + g of an x fragment keep g's key).
@@ -229,10 +235,11 @@ gemm_w4a16_tc_kernel(const TcArgs args) {
     // that the weight tiles (and x rows) they share are still in L2.
     const int64_t tiles_m = ceil_div(m, kBM), tiles_n = ceil_div(n, kBN);
     const int64_t per_group = int64_t(kGroupM) * tiles_n;
-    const int64_t group = blockIdx.x / per_group;
+    const int64_t tile_id = blockIdx.x;
+    const int64_t group = tile_id / per_group;
     const int64_t first_m = group * kGroupM;
     const int64_t group_rows = min(tiles_m - first_m, int64_t(kGroupM));
-    const int64_t in_group = blockIdx.x % per_group;
+    const int64_t in_group = tile_id % per_group;
     const int64_t m0 = (first_m + in_group % group_rows) * kBM;
     const int64_t n0 = in_group / group_rows * kBN;
     const int64_t tile0 = n0 / kPackRows;  // first weight tile of the block
@@ -246,9 +253,11 @@ gemm_w4a16_tc_kernel(const TcArgs args) {
 
     // ---- Loader roles (fixed per thread; see the layout comment) ----
     // x: row x_row (clamped to m - 1: every address stays inside x; the copy of a row past m
-    // reads nothing), logical units 2s + x_half (s < 8): global offsets 32s bytes, immediates.
-    // They land at unit (2s + x_half) ^ key(row): byte x_dst ^ 32s within the stage.
-    const int x_row = tid / 2, x_half = tid % 2;
+    // reads nothing), logical units P s + x_half (P = kXThreadsPerRow, s < 16 / P): global
+    // offsets 16 P s bytes, immediates. They land at unit (P s + x_half) ^ key(row) =
+    // P s ^ (x_half ^ key(row)): byte x_dst ^ 16 P s within the stage.
+    constexpr int kXTpr = Tile::kXThreadsPerRow;
+    const int x_row = tid / kXTpr, x_half = tid % kXTpr;
     const bool x_row_ok = m0 + x_row < m;
     const T* x_thread = static_cast<const T*>(args.x) + min(m0 + x_row, m - 1) * k + x_half * kXUnitElems;
     const uint32_t x_dst = uint32_t(x_row * kXRowBytes + ((x_half ^ x_swizzle_key(x_row)) * kUnitBytes));
@@ -275,17 +284,19 @@ gemm_w4a16_tc_kernel(const TcArgs args) {
     auto load_stage = [&](int s, int kc) {
         const uint32_t st = uint32_t(s * kStageBytes);
         const T* xs = x_thread + int64_t(kc) * kPackK;
-        const uint32_t xd = st + x_dst;  // logical unit 2u + x_half lands at xd ^ 32u
+        const uint32_t xd = st + x_dst;  // logical unit P u + x_half lands at xd ^ 16 P u
         if (kc < full_chunks) {
 #pragma unroll
             for (int u = 0; u < Tile::kXLoads; ++u)
-                cp_async_16_zfill(smem_base + (xd ^ (u * 2 * kUnitBytes)), xs + 2 * u * kXUnitElems, x_row_ok);
+                cp_async_16_zfill(smem_base + (xd ^ (u * kXTpr * kUnitBytes)), xs + kXTpr * u * kXUnitElems,
+                                  x_row_ok);
         } else {
             // The K tail (K % 128 != 0): units at k >= K load zeros, from the chunk's start.
 #pragma unroll
             for (int u = 0; u < Tile::kXLoads; ++u) {
-                const bool ok = x_row_ok && kc * kPackK + (2 * u + x_half) * kXUnitElems < k;
-                cp_async_16_zfill(smem_base + (xd ^ (u * 2 * kUnitBytes)), ok ? xs + 2 * u * kXUnitElems : xs, ok);
+                const bool ok = x_row_ok && int64_t(kc) * kPackK + (kXTpr * u + x_half) * kXUnitElems < k;
+                cp_async_16_zfill(smem_base + (xd ^ (u * kXTpr * kUnitBytes)),
+                                  ok ? xs + kXTpr * u * kXUnitElems : xs, ok);
             }
         }
         const uint8_t* ws = w_thread + int64_t(kc) * kPackTileBytes;
@@ -496,12 +507,18 @@ cudaError_t launch_tc(const TcArgs& a, cudaStream_t stream) {
 // x traffic per weight byte; Small for four warps per block, a barrier per 64 MMAs per warp and
 // four times the x traffic.
 constexpr double kLargeRate = 1.0, kMidRate = 0.95, kSmallRate = 0.8;
+constexpr double kWideRate = 0.9;
 
-// Predicted time of a configuration, in units of one SM's time for one element: the busiest
-// SM runs ceil(blocks / SMs) blocks (co-resident blocks share its throughput).
-template <class Tile> double tc_cost(int64_t m, int64_t n, int64_t sms, double rate) {
+// A block's fixed cost (pipeline fill, K-split reduction, epilogue), in chunks.
+constexpr double kFillChunks = 2.0;
+
+// Predicted time of a configuration, in units of one SM's time for one element and chunk: the
+// busiest SM runs ceil(blocks / SMs) blocks (co-resident blocks share its throughput), each
+// chunks long plus its fixed cost.
+template <class Tile> double tc_cost(int64_t m, int64_t n, int64_t chunks, int64_t sms, double rate) {
     const int64_t blocks = ceil_div(m, Tile::kBM) * ceil_div(n, Tile::kBN);
-    return double(ceil_div(blocks, sms)) * double(Tile::kBM) * double(Tile::kBN) / rate;
+    return double(ceil_div(blocks, sms)) * double(Tile::kBM) * double(Tile::kBN) *
+           (double(chunks) + kFillChunks) / rate;
 }
 
 }  // namespace
@@ -510,13 +527,16 @@ template <class Tile> double tc_cost(int64_t m, int64_t n, int64_t sms, double r
 // Launcher (arguments validated by cuda_kernels.cu)
 //
 // Configuration choice: the cheapest by tc_cost among those whose shared memory the device
-// allows (Small always fits: 83 KB). E.g. (K, N) = (4096, 4096): M <= 256 Small (64-256
-// blocks), M = 1024 Large (128 blocks); N = 14336: M = 64 Small, M = 128 Mid (112 blocks),
-// M = 256 Large, M = 1024 Mid (896 blocks, 6.8 waves, where Large's 448 make 3.4).
+// allows (Small always fits: 83 KB). E.g. (K, N) = (4096, 4096): M = 64..256 Small, M = 1024
+// Large (128 blocks);
+// N = 14336: M = 64 Small, M = 128 Mid (112 blocks), M = 256 Large, M = 1024 Mid (896 blocks,
+// 6.8 waves, where Large's 448 make 3.4); (8192, 28672): M = 64 Wide (112 blocks; measured on
+// an H100 118 us against 164 us for Small), M >= 128 Large.
 // ptxas (CUDA 13, no spills): Large 230-250 registers, Mid 228-251, Small 228-232 (sm_80 and
 // sm_90, fp16/bf16, with and without zeros). Main loop on sm_90 (full chunks), non-mma
 // instructions per mma: fp16 Large 2.9, Mid 3.3, Small 4.0; bf16 3.1 / 3.5 / 4.2; most of it
-// is dequant_word (17 instructions per word as compiled, 8 mma per word). Not yet tuned on a GPU.
+// is dequant_word (8 mma per word). The rates are estimates; the picks above were checked on an
+// H100 for the (K, N) shapes of the benchmark.
 // ---------------------------------------------------------------------------------------------
 cudaError_t gemm_w4a16_prepacked_tc(const GemmW4A16Args& args, cudaStream_t stream) {
     if (args.m < 1 || !args.prepacked || compute_capability() < 80) return cudaErrorNotSupported;
@@ -551,16 +571,19 @@ cudaError_t gemm_w4a16_prepacked_tc(const GemmW4A16Args& args, cudaStream_t stre
     const int64_t sms = std::max(sm_count(), 1);
     const int smem_limit = max_smem_optin();
     const bool asym = args.zeros != nullptr;
-    enum class Pick { kLarge, kMid, kSmall } pick = Pick::kSmall;
-    double best = tc_cost<TcSmall>(args.m, args.n, sms, kSmallRate);
-    if (TcMid::smem_bytes(asym) <= smem_limit) {
-        const double c = tc_cost<TcMid>(args.m, args.n, sms, kMidRate);
-        if (c < best) best = c, pick = Pick::kMid;
-    }
-    if (TcLarge::smem_bytes(asym) <= smem_limit) {
-        const double c = tc_cost<TcLarge>(args.m, args.n, sms, kLargeRate);
-        if (c <= best) best = c, pick = Pick::kLarge;
-    }
+    enum class Pick { kLarge, kMid, kSmall, kWide } pick = Pick::kSmall;
+    double best = -1;
+    auto consider = [&](auto tile_tag, Pick p, double rate) {
+        using Tile = decltype(tile_tag);
+        if (Tile::smem_bytes(asym) > smem_limit) return;
+        const double c = tc_cost<Tile>(args.m, args.n, a.chunks, sms, rate);
+        // Ties go to Large (listed last).
+        if (best < 0 || c < best || (p == Pick::kLarge && c <= best)) best = c, pick = p;
+    };
+    consider(TcSmall{}, Pick::kSmall, kSmallRate);  // always fits (83 KB)
+    consider(TcMid{}, Pick::kMid, kMidRate);
+    consider(TcWide{}, Pick::kWide, kWideRate);
+    consider(TcLarge{}, Pick::kLarge, kLargeRate);
     return dispatch_half_dtype(args.dtype, [&](auto tag) {
         using T = decltype(tag);
         return with_bool(asym, [&](auto asym_tag) {
@@ -568,6 +591,7 @@ cudaError_t gemm_w4a16_prepacked_tc(const GemmW4A16Args& args, cudaStream_t stre
             switch (pick) {
                 case Pick::kLarge: return launch_tc<TcLarge, T, kAsym>(a, stream);
                 case Pick::kMid: return launch_tc<TcMid, T, kAsym>(a, stream);
+                case Pick::kWide: return launch_tc<TcWide, T, kAsym>(a, stream);
                 default: return launch_tc<TcSmall, T, kAsym>(a, stream);
             }
         });

@@ -340,15 +340,17 @@ gemm_w4a16_stream_kernel(const StreamArgs a) {
     // ---------------------------------------------------------------- compute side (consumer)
     // The transposed mma of the file comment; with x rows 8 .. 15 (kHi) a second mma per step
     // takes them as B. Lanes g >= kLoRows (m = 1: x rows past m, which only feed C columns that
-    // are never stored) read the copy of row kLoRows - 1 that another lane made.
-    const int lo_row = g < kLoRows ? g : kLoRows - 1;
+    // are never stored) read nothing and give zeros: no lane reads what another lane copied.
+    const bool lo_reads = g < kLoRows;
+    const int lo_row = lo_reads ? g : 0;
     const uint32_t scale_sel = g & 1 ? 0x3232u : 0x1010u;  // our half of the scale word, twice
     const int zero_shift = 8 * (g & 3);                   // our byte of the zero word
     auto compute = [&](const uint8_t* st, float (&acc)[kPairs][kHalves][4]) {
         uint4 xl[kXVectors], xh[kXVectors];
 #pragma unroll
         for (int v = 0; v < kXVectors; ++v) {
-            xl[v] = *reinterpret_cast<const uint4*>(st + kL.x_lo + (v * kLoRows + lo_row) * kXRowBytes + s * 16);
+            xl[v] = lo_reads ? *reinterpret_cast<const uint4*>(st + kL.x_lo + (v * kLoRows + lo_row) * kXRowBytes + s * 16)
+                             : make_uint4(0, 0, 0, 0);
             if constexpr (kHi)
                 xh[v] = *reinterpret_cast<const uint4*>(st + kL.x_hi + (v * kLoRows + g) * kXRowBytes + s * 16);
         }

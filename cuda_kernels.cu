@@ -243,6 +243,14 @@ int sm_count() {
     });
 }
 
+int max_smem_optin() {
+    static int cache[kMaxDevices] = {};
+    return cached_device_query(cache, [](int device, int* bytes) {
+        return cudaDeviceGetAttribute(bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) ==
+               cudaSuccess;
+    });
+}
+
 int compute_capability() {
     static int cache[kMaxDevices] = {};
     return cached_device_query(cache, [](int device, int* cc) {

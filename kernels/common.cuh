@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -34,11 +35,30 @@ int compute_capability();
 // M or N at 65535 tiles).
 inline bool grid_fits(int64_t blocks) { return blocks >= 1 && blocks <= INT32_MAX; }
 
+// The most dynamic shared memory a block may opt in to on the current device (cached per device;
+// 0 on error).
+int max_smem_optin();
+
 // A kernel that wants more than the default 48 KB of dynamic shared memory must opt in; cheap, and
 // allowed during graph capture.
 template <class Kernel> cudaError_t allow_dynamic_smem(Kernel kernel, int bytes) {
     if (bytes <= 48 * 1024) return cudaSuccess;
     return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+}
+
+// The same, once per device (the attribute belongs to the function on that device): `done` is
+// one bit per device, a static of the caller for one kernel and size. For launches where the
+// host-side call would show (microsecond kernels).
+template <class Kernel>
+cudaError_t allow_dynamic_smem_once(Kernel kernel, int bytes, std::atomic<uint64_t>& done) {
+    int device = 0;
+    cudaError_t e = cudaGetDevice(&device);
+    if (e != cudaSuccess) return e;
+    const uint64_t bit = device >= 0 && device < 64 ? uint64_t(1) << device : 0;
+    if (bit && (done.load(std::memory_order_relaxed) & bit)) return cudaSuccess;
+    e = allow_dynamic_smem(kernel, bytes);
+    if (e == cudaSuccess) done.fetch_or(bit, std::memory_order_relaxed);
+    return e;
 }
 
 // Calls f(std::true_type) or f(std::false_type): turns a run-time flag into a template argument.

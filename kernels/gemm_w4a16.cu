@@ -181,19 +181,7 @@ constexpr int kSmallMaxM = 16;        // rows of the mma fragment
 constexpr int kXVectors = kLaneK * 2 / 16;  // 16-byte x loads per row, lane and chunk
 static_assert(kLaneK % 8 == 0 && kChunkK == 4 * kLaneK, "4 lanes of 32 k per chunk");
 
-struct SmallMArgs {
-    const void* x;
-    const uint8_t* w;
-    const void* scales;
-    const uint8_t* zeros;
-    int group_shift;  // group of k = k >> group_shift (62 when one group per row)
-    int64_t groups;
-    const void* bias;
-    ck_activation_t activation;
-    int64_t m, n, k;
-    void* out;
-    bool pair_aligned;  // n even and out 4-byte aligned: an output pair is one 4-byte store
-};
+using SmallMArgs = StreamOperands;
 
 template <typename T, int kTiles, int kUnroll, int kWarps, bool kHi, bool kAsym>
 __global__ void __launch_bounds__(kWarps * 32)
@@ -468,22 +456,7 @@ cudaError_t gemm_w4a16_reference(const GemmW4A16Args& args, cudaStream_t stream)
 
 cudaError_t gemm_w4a16_small_m(const GemmW4A16Args& args, cudaStream_t stream) {
     if (args.m < 1 || args.m > kSmallMaxM || compute_capability() < 80) return cudaErrorNotSupported;
-    SmallMArgs a{};
-    a.x = args.x;
-    a.w = args.w;
-    a.scales = args.scales;
-    a.zeros = args.zeros;
-    // One group per row (CK_GROUP_ROW, or a group size >= k): every k maps to group 0. Else
-    // the group size is 32, 64 or 128.
-    a.group_shift = args.groups == 1 ? 62 : args.group_size == 32 ? 5 : args.group_size == 64 ? 6 : 7;
-    a.groups = args.groups;
-    a.bias = args.bias;
-    a.activation = args.activation;
-    a.m = args.m;
-    a.n = args.n;
-    a.k = args.k;
-    a.out = args.out;
-    a.pair_aligned = args.n % 2 == 0 && is_aligned(args.out, 4);
+    const SmallMArgs a = stream_operands(args);
     const int64_t min_blocks = kMinBlocksPerSm * std::max(sm_count(), 1);
     const auto fits = [&](int64_t cols) { return ceil_div(args.n, cols) >= min_blocks; };
     return dispatch_half_dtype(args.dtype, [&](auto tag) {

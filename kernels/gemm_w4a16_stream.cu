@@ -62,51 +62,6 @@ namespace {
 constexpr bool kHasSm80 = CK_SM80;
 
 // ---------------------------------------------------------------------------------------------
-// PTX wrappers this file alone needs (one instruction each).
-// ---------------------------------------------------------------------------------------------
-
-// createpolicy.fractional.L2::evict_first.b64: a cache policy that marks every line it touches
-// as first to go. The weight is read exactly once; x, scales and zeros, which every block reads
-// again, then stay in L2.
-__device__ __forceinline__ uint64_t l2_evict_first_policy() {
-    uint64_t policy = 0;
-#if CK_SM80
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-#endif
-    return policy;
-}
-
-// cp.async.cg.shared.global.L2::cache_hint (16 bytes, L2 only, with a cache policy).
-__device__ __forceinline__ void cp_async_16_hint(uint32_t dst, const void* src, uint64_t policy) {
-#if CK_SM80
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(dst),
-                 "l"(src), "l"(policy)
-                 : "memory");
-#endif
-}
-
-// cp.async.ca.shared.global (16 bytes, through L1); src_bytes = 0 reads nothing and fills the
-// 16 shared bytes with zeros.
-__device__ __forceinline__ void cp_async_16_ca_zfill(uint32_t dst, const void* src, bool valid) {
-#if CK_SM80
-    const int src_bytes = valid ? 16 : 0;
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(src_bytes)
-                 : "memory");
-#endif
-}
-
-// cp.async.ca.shared.global (4 bytes, through L1), zero-filled when !valid.
-__device__ __forceinline__ void cp_async_4_zfill(uint32_t dst, const void* src, bool valid) {
-#if CK_SM80
-    const int src_bytes = valid ? 4 : 0;
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(src_bytes)
-                 : "memory");
-#endif
-}
-
-// ---------------------------------------------------------------------------------------------
 // Shape of the pipeline.
 // ---------------------------------------------------------------------------------------------
 constexpr int kStreamMaxM = 16;       // two n8 B fragments of x rows
@@ -152,18 +107,7 @@ __host__ __device__ constexpr int partial_floats(int warps, int tiles, int x_row
     return warps * tiles * (x_rows == 16 ? 4 : 2) * kLanes;
 }
 
-struct StreamArgs {
-    const void* x;
-    const uint8_t* w;
-    const void* scales;
-    const uint8_t* zeros;
-    int group_shift;      // group of k = k >> group_shift (62 when one group per row)
-    int64_t groups;
-    const void* bias;
-    ck_activation_t activation;
-    int64_t m, n, k;
-    void* out;
-    bool pair_aligned;    // n even and out 4-byte aligned: an output pair is one 4-byte store
+struct StreamArgs : StreamOperands {
     int stages;           // ring stages per warp, kMinStages .. kMaxStages (2 works too)
     int64_t chunks;       // prepacked_chunks(k)
     int64_t tiles;        // ceil(n / 8)
@@ -289,14 +233,14 @@ gemm_w4a16_stream_kernel(const StreamArgs a) {
             const T* src = kok ? xlp : x;
 #pragma unroll
             for (int v = 0; v < kXVectors; ++v)
-                cp_async_16_ca_zfill(lo_dst + off + v * kLoRows * kXRowBytes, src + v * kVecElems,
+                cp_async_ca_zfill<16>(lo_dst + off + v * kLoRows * kXRowBytes, src + v * kVecElems,
                                      kok && lo_ok);
         }
         if constexpr (kHi) {
             const T* src = kok ? xhp : x;
 #pragma unroll
             for (int v = 0; v < kXVectors; ++v)
-                cp_async_16_ca_zfill(hi_dst + off + v * kLoRows * kXRowBytes, src + v * kVecElems,
+                cp_async_ca_zfill<16>(hi_dst + off + v * kLoRows * kXRowBytes, src + v * kVecElems,
                                      kok && hi_ok);
         }
         // Lanes past K read no scale: their group (k >> shift) may be past `groups`. A zero
@@ -306,10 +250,10 @@ gemm_w4a16_stream_kernel(const StreamArgs a) {
         for (int t = 0; t < kTiles; ++t) {
             if (!kPartial || t < tiles_here) {
                 const uint32_t word_off = off + (t / kP) * kLanes * kP * 4 + (t % kP) * 4;
-                cp_async_4_zfill(s_dst + word_off, ssrc + t * s_tile_stride, kok);
+                cp_async_ca_zfill<4>(s_dst + word_off, ssrc + t * s_tile_stride, kok);
                 if constexpr (kAsym) {
                     const uint8_t* zsrc = kok ? zp : a.zeros;
-                    cp_async_4_zfill(z_dst + word_off, zsrc + t * s_tile_stride, kok);
+                    cp_async_ca_zfill<4>(z_dst + word_off, zsrc + t * s_tile_stride, kok);
                 }
             }
         }
@@ -457,34 +401,11 @@ gemm_w4a16_stream_kernel(const StreamArgs a) {
 // Launch planning
 // ---------------------------------------------------------------------------------------------
 
-// Shared memory a block may opt in to on the current device (cached per device; 0 on error).
-constexpr int kMaxDevices = 64;
-int smem_optin_bytes() {
-    static std::atomic<int> cache[kMaxDevices] = {};
-    int device = 0;
-    if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return 0;
-    int v = cache[device].load(std::memory_order_relaxed);
-    if (v == 0) {
-        if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess)
-            return 0;
-        cache[device].store(v, std::memory_order_relaxed);
-    }
-    return v;
-}
-
-// Lets the kernel take up to `bytes` of dynamic shared memory on the current device; done once
-// per instantiation and device (the attribute belongs to the function on that device).
+// Lets the kernel take up to `bytes` of dynamic shared memory (once per instantiation and
+// device: `bytes` depends only on both).
 template <typename T, int kTiles, int kXRows, bool kAsym> cudaError_t allow_smem(int bytes) {
     static std::atomic<uint64_t> done{0};
-    int device = 0;
-    cudaError_t e = cudaGetDevice(&device);
-    if (e != cudaSuccess) return e;
-    const uint64_t bit = device < kMaxDevices ? uint64_t(1) << device : 0;
-    if (bit && (done.load(std::memory_order_relaxed) & bit)) return cudaSuccess;
-    e = cudaFuncSetAttribute(gemm_w4a16_stream_kernel<T, kTiles, kXRows, kAsym>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-    if (e == cudaSuccess) done.fetch_or(bit, std::memory_order_relaxed);
-    return e;
+    return allow_dynamic_smem_once(gemm_w4a16_stream_kernel<T, kTiles, kXRows, kAsym>, bytes, done);
 }
 
 // A block shape: warps and ring stages that fit the shared memory, and its bytes.
@@ -589,23 +510,9 @@ cudaError_t launch_rows(const StreamArgs& a, const StreamPlan& p, int smem_limit
 cudaError_t gemm_w4a16_prepacked_stream(const GemmW4A16Args& args, cudaStream_t stream) {
     if (args.m < 1 || args.m > kStreamMaxM || compute_capability() < 80) return cudaErrorNotSupported;
     const int sms = std::max(sm_count(), 1);
-    const int smem_limit = smem_optin_bytes();
+    const int smem_limit = max_smem_optin();
     StreamArgs a{};
-    a.x = args.x;
-    a.w = args.w;
-    a.scales = args.scales;
-    a.zeros = args.zeros;
-    // One group per row (CK_GROUP_ROW, or a group size >= k): every k maps to group 0. Else
-    // the group size is 32, 64 or 128, a divisor of the 128-k chunk.
-    a.group_shift = args.groups == 1 ? 62 : args.group_size == 32 ? 5 : args.group_size == 64 ? 6 : 7;
-    a.groups = args.groups;
-    a.bias = args.bias;
-    a.activation = args.activation;
-    a.m = args.m;
-    a.n = args.n;
-    a.k = args.k;
-    a.out = args.out;
-    a.pair_aligned = args.n % 2 == 0 && is_aligned(args.out, 4);
+    static_cast<StreamOperands&>(a) = stream_operands(args);
     a.chunks = prepacked_chunks(args.k);
     a.tiles = ceil_div(args.n, kPackRows);
     // A warp counts its steps in an int.

@@ -47,16 +47,6 @@ namespace {
 // wrappers are empty and the kernel traps at entry.
 constexpr bool kHasSm80 = CK_SM80;
 
-// cp.async.ca.shared.global (8 bytes): src_bytes = 0 reads nothing and fills the 8 shared bytes
-// with zeros. The zero points of one tile and group are 8 bytes (the .cg form takes 16 only).
-__device__ __forceinline__ void cp_async_8_zfill(uint32_t dst, const void* src, bool valid) {
-#if CK_SM80
-    const int src_bytes = valid ? 8 : 0;
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(src_bytes)
-                 : "memory");
-#endif
-}
 
 // ---------------------------------------------------------------------------------------------
 // Shared-memory layout of one stage, and why.
@@ -311,7 +301,7 @@ gemm_w4a16_tc_kernel(const TcArgs args) {
             cp_async_16_zfill(smem_base + st + kSOffset + tid * kScaleUnitBytes,
                               ok ? static_cast<const void*>(scales + idx) : scales, ok);
             if constexpr (kAsym)
-                cp_async_8_zfill(smem_base + st + kZOffset + tid * kZeroUnitBytes,
+                cp_async_ca_zfill<8>(smem_base + st + kZOffset + tid * kZeroUnitBytes,
                                  ok ? static_cast<const void*>(args.zeros + idx) : args.zeros, ok);
         }
     };
@@ -463,41 +453,15 @@ gemm_w4a16_tc_kernel(const TcArgs args) {
 // ---------------------------------------------------------------------------------------------
 // Launch
 // ---------------------------------------------------------------------------------------------
-// The most dynamic shared memory a block may opt into on the current device (cached per device;
-// 0 on error).
-int max_smem_optin() {
-    constexpr int kMaxDevices = 64;
-    static std::atomic<int> cache[kMaxDevices] = {};
-    int device = 0;
-    if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return 0;
-    int v = cache[device].load(std::memory_order_relaxed);
-    if (v == 0) {
-        if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess)
-            return 0;
-        cache[device].store(v, std::memory_order_relaxed);
-    }
-    return v;
-}
-
 template <class Tile, typename T, bool kAsym>
 cudaError_t launch_tc(const TcArgs& a, cudaStream_t stream) {
     const int64_t blocks = ceil_div(a.m, Tile::kBM) * ceil_div(a.n, Tile::kBN);
     if (!grid_fits(blocks)) return cudaErrorInvalidConfiguration;
     auto kernel = gemm_w4a16_tc_kernel<Tile, T, kAsym>;
     constexpr int kSmem = Tile::smem_bytes(kAsym);
-    if constexpr (kSmem > 48 * 1024) {
-        // Above the default 48 KB a kernel must opt in, once per device (a bit per device).
-        static std::atomic<uint64_t> opted_in{0};
-        int device = 0;
-        cudaError_t e = cudaGetDevice(&device);
-        if (e != cudaSuccess) return e;
-        const uint64_t bit = device < 64 ? uint64_t(1) << device : 0;
-        if (!bit || !(opted_in.load(std::memory_order_relaxed) & bit)) {
-            e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-            if (e != cudaSuccess) return e;
-            opted_in.fetch_or(bit, std::memory_order_relaxed);
-        }
-    }
+    static std::atomic<uint64_t> opted_in{0};
+    const cudaError_t e = allow_dynamic_smem_once(kernel, kSmem, opted_in);
+    if (e != cudaSuccess) return e;
     kernel<<<unsigned(blocks), Tile::kThreads, kSmem, stream>>>(a);
     return cudaGetLastError();
 }

@@ -45,6 +45,39 @@ __device__ __forceinline__ void cp_async_16_zfill(uint32_t dst, const void* src,
 #endif
 }
 
+// cp.async.ca.shared.global (kBytes = 4, 8 or 16, through L1): src_bytes = 0 reads nothing and
+// fills the kBytes shared bytes with zeros. For data that other blocks of the SM read again (the
+// activations, scales and zero points of a GEMM); 4 and 8 bytes exist only in the .ca form.
+template <int kBytes>
+__device__ __forceinline__ void cp_async_ca_zfill(uint32_t dst, const void* src, bool valid) {
+    static_assert(kBytes == 4 || kBytes == 8 || kBytes == 16, "cp.async copies 4, 8 or 16 bytes");
+#if CK_SM80
+    const int src_bytes = valid ? kBytes : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src),
+                 "n"(kBytes), "r"(src_bytes)
+                 : "memory");
+#endif
+}
+
+// createpolicy.fractional.L2::evict_first.b64: a cache policy that marks every line it touches
+// as first to go (for a weight that is read exactly once, so that what is read again stays).
+__device__ __forceinline__ uint64_t l2_evict_first_policy() {
+    uint64_t policy = 0;
+#if CK_SM80
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+#endif
+    return policy;
+}
+
+// cp.async.cg.shared.global.L2::cache_hint (16 bytes, L2 only, with a cache policy).
+__device__ __forceinline__ void cp_async_16_hint(uint32_t dst, const void* src, uint64_t policy) {
+#if CK_SM80
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(dst),
+                 "l"(src), "l"(policy)
+                 : "memory");
+#endif
+}
+
 // cp.async.commit_group
 __device__ __forceinline__ void cp_async_commit() {
 #if CK_SM80

@@ -121,6 +121,41 @@ __device__ __forceinline__ void dequant_word<__nv_bfloat16>(uint32_t q, uint32_t
     }
 }
 
+// What the weight-streaming (M <= 16) kernels take from a call, as a kernel argument.
+struct StreamOperands {
+    const void* x;
+    const uint8_t* w;
+    const void* scales;
+    const uint8_t* zeros;
+    int group_shift;  // group of k = k >> group_shift (62 when one group per row)
+    int64_t groups;
+    const void* bias;
+    ck_activation_t activation;
+    int64_t m, n, k;
+    void* out;
+    bool pair_aligned;  // n even and out 4-byte aligned: an output pair is one 4-byte store
+};
+
+inline StreamOperands stream_operands(const GemmW4A16Args& args) {
+    StreamOperands a{};
+    a.x = args.x;
+    a.w = args.w;
+    a.scales = args.scales;
+    a.zeros = args.zeros;
+    // One group per row (CK_GROUP_ROW, or a group size >= k): every k maps to group 0. Else
+    // the group size is 32, 64 or 128, a divisor of the 128-k chunk.
+    a.group_shift = args.groups == 1 ? 62 : args.group_size == 32 ? 5 : args.group_size == 64 ? 6 : 7;
+    a.groups = args.groups;
+    a.bias = args.bias;
+    a.activation = args.activation;
+    a.m = args.m;
+    a.n = args.n;
+    a.k = args.k;
+    a.out = args.out;
+    a.pair_aligned = args.n % 2 == 0 && is_aligned(args.out, 4);
+    return a;
+}
+
 // The prepacked layout's constants and index functions are in kernels/gemm_w4a16.cuh.
 
 }  // namespace ck

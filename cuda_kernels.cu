@@ -528,21 +528,38 @@ ck::GemmW4A16Args gemm_w4a16_operands(const void* x, ck_dtype_t dtype, const uin
 ck_status_t run_gemm_int4(const Check& check, const ck::GemmInt8Args& args, cudaStream_t stream) {
     const char* v = getenv("CK_GEMM_INT4_KERNEL");
     const int cc = ck::compute_capability();
-    bool mma = cc >= kMmaMinArch;
+    const bool sm80 = cc >= kMmaMinArch;
+    const bool small_m_fits = sm80 && args.m <= kSmallMMax;
+    enum class Variant { kReference, kMma, kSmallM } variant =
+        small_m_fits ? Variant::kSmallM : sm80 ? Variant::kMma : Variant::kReference;
     if (v && *v && strcmp(v, "auto")) {
         if (!strcmp(v, "reference")) {
-            mma = false;
-        } else if (strcmp(v, "mma")) {
+            variant = Variant::kReference;
+        } else if (!strcmp(v, "mma")) {
+            variant = Variant::kMma;
+            if (!sm80)
+                return fail(CK_STATUS_UNSUPPORTED, check.fn(),
+                            "CK_GEMM_INT4_KERNEL=mma needs compute capability 8.0 or newer (this "
+                            "GPU: %d.%d)", cc / 10, cc % 10);
+        } else if (!strcmp(v, "small_m")) {
+            variant = Variant::kSmallM;
+            if (!small_m_fits)
+                return fail(CK_STATUS_UNSUPPORTED, check.fn(),
+                            "CK_GEMM_INT4_KERNEL=small_m needs m <= %lld and compute capability "
+                            "8.0 or newer (m=%lld, GPU %d.%d)",
+                            (long long)kSmallMMax, (long long)args.m, cc / 10, cc % 10);
+        } else {
             return fail(CK_STATUS_INVALID_VALUE, check.fn(),
-                        "CK_GEMM_INT4_KERNEL=%s is not one of auto, reference, mma", v);
-        } else if (!mma) {
-            return fail(CK_STATUS_UNSUPPORTED, check.fn(),
-                        "CK_GEMM_INT4_KERNEL=mma needs compute capability 8.0 or newer (this GPU: "
-                        "%d.%d)", cc / 10, cc % 10);
+                        "CK_GEMM_INT4_KERNEL=%s is not one of auto, reference, mma, small_m", v);
         }
     }
     return check.launch([&] {
-        return mma ? ck::gemm_int4_mma(args, stream) : ck::gemm_int4_reference(args, stream);
+        switch (variant) {
+            case Variant::kSmallM: return ck::gemm_int4_small_m(args, stream);
+            case Variant::kMma: return ck::gemm_int4_mma(args, stream);
+            case Variant::kReference: break;
+        }
+        return ck::gemm_int4_reference(args, stream);
     });
 }
 

@@ -369,8 +369,10 @@ CK_API ck_status_t ck_permute_columns(const void* x, ck_dtype_t dtype, int64_t r
  * element 2i in the low nibble of byte i): a [M, K / 2] bytes, b [N, K / 2] bytes (the
  * nn.Linear layout, out = A B^T). Products accumulate in exact int32.
  * Requirements: M, N >= 1; K >= 32 and a multiple of 32; a and b 16-byte aligned; c 4-byte
- * aligned (out aligned to out_dtype). CK_GEMM_INT4_KERNEL forces a variant: "reference" (any
- * GPU), "mma" (tensor cores, sm_80+) or "auto".
+ * aligned (out aligned to out_dtype). The variant is chosen from the shape and the GPU: for
+ * M <= 16 a kernel streams b once; larger M runs tensor-core tiles (int4 unpacked to int8
+ * mma.sync). CK_GEMM_INT4_KERNEL forces one: "reference" (any GPU), "mma" (sm_80+), "small_m"
+ * (M <= 16, sm_80+) or "auto"; one that cannot serve the call returns CK_STATUS_UNSUPPORTED.
  * ------------------------------------------------------------------------------------------- */
 /* c[M, N] = sum_k a[m, k] * b[n, k], exact (no int32 overflow below K = 2^25). */
 CK_API ck_status_t ck_gemm_int4(const uint8_t* a, const uint8_t* b, int64_t m, int64_t n,

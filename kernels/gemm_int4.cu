@@ -26,12 +26,18 @@
 //              Why not the native m16n8k64 .s4 mma: Hopper runs sub-byte mma.sync far below its
 //              int8 rate, while unpacking costs ~2 integer instructions per mma (see below).
 //              K > 131040 (kScaledMaxK) runs the 64x64 tile with a costlier exact unpacking.
+//   small_m    sm_80+, M <= 16 (decode): streams the packed weight once, straight from global
+//              memory into registers (no shared-memory staging), unpacked there to int8 mma.sync
+//              m16n8k32 fragments; warps split K and add their partial sums in a fixed order.
 //
 // Floors: bytes = (M + N) * K / 2 + M * N * sizeof(out) (+ scales and bias); ops = 2 * M * N * K.
 //   For large M and N the tensor-core rate bounds it: the same int8 mma.sync rate as
 //   gemm_int8.cu's mma kernel (~550-600 TOPS at 4096^3 on an H100) with half its shared-memory
-//   traffic; measured 606 TOPS (4096^3), 637 (4096 x 14336 x 4096), 523 (M = 1024). For M <= 16 the N * K / 2 weight bytes bound it (N = 14336, K = 4096 at 3.0 TB/s:
-//   10 us); this file has no weight-streaming kernel for that case yet.
+//   traffic; measured 606 TOPS (4096^3), 637 (4096 x 14336 x 4096), 523 (M = 1024).
+//   For M <= 16 the N * K / 2 weight bytes bound it: N = 28672, K = 8192 is 117 MB, 39 us at the
+//   H100's 3.0 TB/s copy bandwidth. small_m measured 47.0 us at M = 1 and 47.2 us at M = 16
+//   (83% of copy bandwidth; the 64x64 mma tiles took 108.8 us); the 8 MB (4096 x 4096) weight
+//   takes 8.3-9.0 us, where launch and ramp-up dominate.
 #include "kernels/epilogue.cuh"
 #include "kernels/gemm_int4.cuh"
 #include "kernels/ptx.cuh"
@@ -366,6 +372,173 @@ cudaError_t launch_mma(const GemmInt8Args& g, cudaStream_t stream) {
     return cudaGetLastError();
 }
 
+// ---------------------------------------------------------------------------------------------
+// Small-M kernel (m <= 16, sm_80+): a weight-streaming GEMV/GEMM on tensor cores, gemm_int8.cu's
+// small_m kernel on packed operands. At M <= 16 the N * K / 2 weight bytes are the whole cost
+// (ops are ~1% of the tensor cores), so the kernel reads each weight byte once, straight from
+// global memory into registers, and keeps enough of them in flight to run at memory bandwidth.
+//
+// A block owns kCols = 8 * kTiles consecutive output columns (weight rows) and its kWarps warps
+// split K: warp w takes the 64-byte chunks (128 k) (w * U + u) + i * kWarps * U of each row
+// (U = kUnroll consecutive chunks per step). Per chunk and n8 tile, lane l = 4 g + t loads the
+// 16 packed bytes (32 k) at byte 16 t of weight row n0 + 8 tile + g, and the same 16 bytes of
+// activation rows g and g + 8 (zeros for rows >= m, which are never read; for m <= 8, kHiRows =
+// false drops rows g + 8 altogether: a1 = a3 = 0). The next step's weight loads are issued
+// before this step's MMAs (a register double buffer), so every warp keeps one step of weight
+// loads in flight. The activations (read by every block: L1/L2 hits) are double-buffered the
+// same way (kBufferA) or loaded at the top of the step they feed: see the launcher for which.
+//
+// Fragments without shuffles or shared memory. Packed word j of a lane's vector holds k
+// 32 t + 8 j + 0..7 of the chunk (low nibble = even k, high = odd). unpack_half(word, 0) gives
+// its 4 even k as int8 words, unpack_half(word, 1) its 4 odd k. mma j (j < 4) of a chunk and tile
+// takes a0 / a2 = the even / odd k of activation row g's word j, a1 / a3 the same of row g + 8,
+// b0 / b1 = the even / odd k of the weight vector's word j. By the m16n8k32 fragment layout
+// (ptx.cuh) mma-k 4 t + i then stands for real k 32 t + 8 j + 2 i in both operands and mma-k
+// 16 + 4 t + i for 32 t + 8 j + 2 i + 1: a map that depends on (t, j, i) only, and over the
+// 4 mma of the chunk a bijection onto its 128 k, so the MMAs sum every product exactly once.
+// Unpacking is gemm_int4_mma_kernel's: 16 x code (3 instructions per packed word, the sum
+// shifted back at the end) up to kScaledMaxK, sign extension beyond.
+//
+// At the end the warps add their partial accumulators through shared memory in a fixed order
+// and the block stores its [m, kCols] slice through the shared epilogue.
+// ---------------------------------------------------------------------------------------------
+constexpr int kSmallMaxM = 16;                           // rows of the mma A fragment
+constexpr int kSmallLoRows = 8;                          // rows g < 8: the fragment's a0 / a2
+constexpr int kSmallLanesPerRow = 4;                     // lanes t = 0..3 of a fragment row
+constexpr int kSmallChunkBytes = kSmallLanesPerRow * kChunkBytes;  // 64 packed bytes: 128 k
+constexpr int kSmallWordsPerVector = kChunkBytes / 4;    // packed words per lane and chunk
+static_assert(kSmallWordsPerVector * 8 == kKPerChunk, "a packed 32-bit word holds 8 k");
+
+template <int kWarps_, int kTiles_, int kUnroll_, bool kBufferA_> struct SmallMConfig {
+    static constexpr int kWarps = kWarps_, kTiles = kTiles_, kUnroll = kUnroll_;
+    static constexpr bool kBufferA = kBufferA_;  // activations double-buffered like the weight
+    static constexpr int kThreads = 32 * kWarps;
+    static constexpr int kCols = 8 * kTiles;  // output columns per block
+};
+
+template <class Cfg, bool kHiRows, bool kScaled, typename OutT>
+__global__ void __launch_bounds__(Cfg::kThreads)
+gemm_int4_small_m_kernel(const uint8_t* __restrict__ a, const uint8_t* __restrict__ w,
+                         int64_t k_bytes, Epilogue<OutT> ep) {
+    if constexpr (!kHasSm80) __trap();  // never launched below sm_80 (see kHasSm80)
+    constexpr int kWarps = Cfg::kWarps, kTiles = Cfg::kTiles, kUnroll = Cfg::kUnroll;
+    constexpr int kThreads = Cfg::kThreads;
+    constexpr bool kBufferA = Cfg::kBufferA;
+    constexpr int kRowHalves = kHiRows ? 2 : 1;  // accumulator row halves that hold real rows
+    __shared__ int32_t partial[kWarps][kTiles][2 * kRowHalves][32];
+
+    const int64_t m = ep.m, n = ep.n;
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int g = lane / 4, tq = lane % 4;
+    const int64_t n0 = int64_t(blockIdx.x) * Cfg::kCols;
+
+    // Weight rows of this lane (one per n8 tile); rows past n are never read.
+    const uint8_t* wrow[kTiles];
+    bool wok[kTiles];
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t) {
+        const int64_t row = n0 + 8 * t + g;
+        wok[t] = row < n;
+        wrow[t] = w + (wok[t] ? row : 0) * k_bytes + kChunkBytes * tq;
+    }
+    const bool a_lo = g < m, a_hi = kHiRows && g + kSmallLoRows < m;
+    const uint8_t* arow_lo = a + (a_lo ? g : 0) * k_bytes + kChunkBytes * tq;
+    const uint8_t* arow_hi = a + (a_hi ? g + kSmallLoRows : 0) * k_bytes + kChunkBytes * tq;
+
+    // One step = kUnroll chunks: the packed weight and activation vectors of the step's loads.
+    struct Step {
+        uint4 w[kUnroll][kTiles], lo[kUnroll], hi[kHiRows ? kUnroll : 1];
+    };
+    const int64_t chunks = ceil_div(k_bytes, kSmallChunkBytes);
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    auto load_weights = [&](int64_t c0, Step& s) {
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+            const int64_t kb = (c0 + u) * kSmallChunkBytes;  // + 16 tq is in the row pointers
+            const bool kok = kb + kChunkBytes * tq < k_bytes;  // the K tail (and chunks past it)
+#pragma unroll
+            for (int t = 0; t < kTiles; ++t)
+                s.w[u][t] = kok && wok[t] ? load_stream_16(wrow[t] + kb) : zero;
+        }
+    };
+    auto load_act = [&](int64_t c0, Step& s) {
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+            const int64_t kb = (c0 + u) * kSmallChunkBytes;
+            const bool kok = kb + kChunkBytes * tq < k_bytes;
+            s.lo[u] = kok && a_lo ? __ldg(reinterpret_cast<const uint4*>(arow_lo + kb)) : zero;
+            if constexpr (kHiRows)
+                s.hi[u] = kok && a_hi ? __ldg(reinterpret_cast<const uint4*>(arow_hi + kb)) : zero;
+        }
+    };
+
+    int32_t acc[kTiles][4] = {};
+    constexpr int64_t kStride = int64_t(kWarps) * kUnroll;
+    int64_t c0 = int64_t(warp) * kUnroll;
+    Step next;
+    if (c0 < chunks) {
+        load_weights(c0, next);
+        if constexpr (kBufferA) load_act(c0, next);
+    }
+    for (; c0 < chunks; c0 += kStride) {
+        Step cur = next;
+        if (c0 + kStride < chunks) {
+            load_weights(c0 + kStride, next);
+            if constexpr (kBufferA) load_act(c0 + kStride, next);
+        }
+        if constexpr (!kBufferA) load_act(c0, cur);
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+            for (int j = 0; j < kSmallWordsPerVector; ++j) {
+                const uint32_t a0 = unpack_half<kScaled>(word(cur.lo[u], j), 0);
+                const uint32_t a2 = unpack_half<kScaled>(word(cur.lo[u], j), 1);
+                uint32_t a1 = 0, a3 = 0;
+                if constexpr (kHiRows) {
+                    a1 = unpack_half<kScaled>(word(cur.hi[u], j), 0);
+                    a3 = unpack_half<kScaled>(word(cur.hi[u], j), 1);
+                }
+#pragma unroll
+                for (int t = 0; t < kTiles; ++t)
+                    mma_s8_16x8x32(acc[t], a0, a1, a2, a3,
+                                   unpack_half<kScaled>(word(cur.w[u][t], j), 0),
+                                   unpack_half<kScaled>(word(cur.w[u][t], j), 1));
+            }
+    }
+
+    // Sum the warps' partial tiles: element (t, r, lane) of each warp, consecutive lanes in
+    // consecutive banks, warps added in index order. Then one thread per accumulator pair
+    // (c0 c1: row g, c2 c3: row g + 8) stores; rows g + 8 only when they can exist.
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t)
+#pragma unroll
+        for (int r = 0; r < 2 * kRowHalves; ++r) partial[warp][t][r][lane] = acc[t][r];
+    __syncthreads();
+    constexpr int kPairs = kTiles * kRowHalves * 32;
+    for (int p = tid; p < kPairs; p += kThreads) {
+        const int t = p / (kRowHalves * 32), rh = p / 32 % kRowHalves, l = p % 32;
+        int32_t s0 = 0, s1 = 0;
+#pragma unroll
+        for (int v = 0; v < kWarps; ++v) {
+            s0 += partial[v][t][2 * rh][l];
+            s1 += partial[v][t][2 * rh + 1][l];
+        }
+        ep.store_pair(l / 4 + kSmallLoRows * rh, n0 + 8 * t + 2 * (l % 4), unscale<kScaled>(s0),
+                      unscale<kScaled>(s1));
+    }
+}
+
+template <class Cfg, bool kHiRows, bool kScaled, typename OutT>
+cudaError_t launch_small_m(const GemmInt8Args& g, cudaStream_t stream) {
+    const int64_t blocks = ceil_div(g.n, Cfg::kCols);
+    if (!grid_fits(blocks)) return cudaErrorInvalidConfiguration;
+    gemm_int4_small_m_kernel<Cfg, kHiRows, kScaled, OutT>
+        <<<unsigned(blocks), Cfg::kThreads, 0, stream>>>(
+        reinterpret_cast<const uint8_t*>(g.a), reinterpret_cast<const uint8_t*>(g.b),
+        g.k / kKPerByte, make_epilogue<OutT>(g));
+    return cudaGetLastError();
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -403,6 +576,39 @@ cudaError_t gemm_int4_mma(const GemmInt8Args& args, cudaStream_t stream) {
         using OutT = decltype(tag);
         return small ? launch_mma<Int4TileSmall, true, OutT>(args, stream)
                      : launch_mma<Int4TileLarge, true, OutT>(args, stream);
+    });
+}
+
+cudaError_t gemm_int4_small_m(const GemmInt8Args& args, cudaStream_t stream) {
+    if (args.m > kSmallMaxM || compute_capability() < 80) return cudaErrorNotSupported;
+    const int64_t sms = std::max(sm_count(), 1);
+    return dispatch_out_dtype(args.out_dtype, [&](auto tag) {
+        using OutT = decltype(tag);
+        return with_bool(args.m > kSmallLoRows, [&](auto hi_rows) {
+            return with_bool(args.k <= kScaledMaxK, [&](auto scaled) {
+                constexpr bool kHi = decltype(hi_rows)::value, kScaled = decltype(scaled)::value;
+                // Measured on an H100 over 11 (warps, tiles, unroll, kBufferA) configurations,
+                // K x N = 8192 x 28672 (117 MB):
+                // - m <= 8: 4 warps, 2 tiles, 4 chunks per step, activations double-buffered
+                //   (144-152 registers on sm_90, 3 blocks per SM): 47.0 us (83%). In the
+                //   sweep's own timing loop it took 49.4 us and the other ten 47.1-50.6 us;
+                //   2 chunks per step (47.1) lost on K x N = 14336 x 4096 (20.4 us vs 18.6).
+                // - m > 8 (rows g + 8 double the activation registers): the same configuration
+                //   takes 195-198 registers, 2 blocks per SM, 56 us (70%). 4 tiles x 2 chunks
+                //   with the activations loaded at the top of their step (122-124 registers on
+                //   sm_90, 4 blocks per SM) keeps as many weight bytes in flight per warp:
+                //   47.2 us (83%).
+                // 8 warps (more of them splitting K) when the narrow blocks would not give
+                // every SM one (N = 4096 with 4 tiles: 128 blocks).
+                using Narrow = std::conditional_t<kHi, SmallMConfig<4, 4, 2, false>,
+                                                  SmallMConfig<4, 2, 4, true>>;
+                using Wide = std::conditional_t<kHi, SmallMConfig<8, 4, 2, false>,
+                                                SmallMConfig<8, 2, 4, true>>;
+                const bool wide = ceil_div(args.n, Narrow::kCols) < sms;
+                return wide ? launch_small_m<Wide, kHi, kScaled, OutT>(args, stream)
+                            : launch_small_m<Narrow, kHi, kScaled, OutT>(args, stream);
+            });
+        });
     });
 }
 

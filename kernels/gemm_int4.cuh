@@ -15,7 +15,11 @@ namespace ck {
 // reference: shared-memory tiles, nibbles unpacked one by one, dp4a; any GPU.
 // mma:       cp.async pipeline of packed tiles, nibbles unpacked to int8 in registers, mma.sync
 //            m16n8k32 s8 (sm_80 and newer; cudaErrorNotSupported below).
+// small_m:   m <= 16: streams the packed weight once, straight from global memory into
+//            registers, unpacked to int8 mma.sync m16n8k32 fragments; memory-bound (sm_80 and
+//            newer; cudaErrorNotSupported below, or for m > 16).
 cudaError_t gemm_int4_reference(const GemmInt8Args& args, cudaStream_t stream);
 cudaError_t gemm_int4_mma(const GemmInt8Args& args, cudaStream_t stream);
+cudaError_t gemm_int4_small_m(const GemmInt8Args& args, cudaStream_t stream);
 
 }  // namespace ck

@@ -813,6 +813,36 @@ def test_gemm_w4a16_null_bias_is_allowed(lib):
     assert error.status == Status.MISALIGNED and mentions(error.message, "scales")
 
 
+@pytest.mark.parametrize("function", ["ck_gemm_int4", "ck_gemm_int4_scaled"])
+@pytest.mark.parametrize("value", ["bogus", "wgmma", "tc", "MMA"])
+def test_gemm_int4_kernel_override_rejects_unknown_names(lib, monkeypatch, function, value):
+    """CK_GEMM_INT4_KERNEL is auto, reference, mma or small_m; anything else is an invalid value
+    reported after the arguments passed validation and before any CUDA call."""
+    monkeypatch.setenv("CK_GEMM_INT4_KERNEL", value)
+    error = rejection(function, {})
+    assert error.status == Status.INVALID_VALUE, error.message
+    assert error.message.startswith(function + ": ")
+    assert "CK_GEMM_INT4_KERNEL" in error.message and value in error.message, error.message
+    assert error.cuda_error == 0 and lib.ck_last_cuda_error() == 0
+
+
+def test_gemm_int4_argument_errors_come_before_the_kernel_override(lib, monkeypatch):
+    monkeypatch.setenv("CK_GEMM_INT4_KERNEL", "bogus")
+    error = rejection("ck_gemm_int4", dict(k=48))
+    assert error.status == Status.UNSUPPORTED and mentions(error.message, "k"), error.message
+
+
+@pytest.mark.parametrize("changes", [
+    dict(m=1, n=1, k=32), dict(m=17, n=7, k=96), dict(m=10**6, k=4096), dict(c_ptr=C + 4),
+], ids=["1x1x32", "17x7x96", "m=1e6", "c+4"])
+def test_gemm_int4_valid_arguments_pass_validation(lib, monkeypatch, changes):
+    """Any M and N, K a multiple of 32, c 4-byte aligned: the planted override's error proves
+    that validation passed."""
+    monkeypatch.setenv("CK_GEMM_INT4_KERNEL", "bogus")
+    error = rejection("ck_gemm_int4", changes)
+    assert error.status == Status.INVALID_VALUE and "CK_GEMM_INT4_KERNEL" in error.message
+
+
 def test_next_rejection_replaces_the_message(lib):
     first = rejection("ck_quantize_int4", dict(group_size=48)).message
     second = rejection("ck_dequantize_int8", dict(rows=0)).message

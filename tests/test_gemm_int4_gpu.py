@@ -2,9 +2,10 @@
 tests/reference.py and against ck_gemm_int8_scaled on the unpacked operands.
 
 - ck_gemm_int4 must equal the exact int32 product (reference.gemm_int4_i32) bit for bit, for
-  every kernel variant (CK_GEMM_INT4_KERNEL=reference, mma, auto), with partial tiles in M, N
-  and K, K from 32 up past the mma kernel's scaled-unpacking limit (K > 131040 takes its
-  sign-extending path), on fresh random codes that always include every nibble value.
+  every kernel variant (CK_GEMM_INT4_KERNEL=reference, mma, small_m, auto; small_m serves
+  M <= 16 only, and forced on a larger M it is CK_STATUS_UNSUPPORTED), with partial tiles in M,
+  N and K, K from 32 up past the scaled-unpacking limit (K > 131040 takes the mma and small_m
+  kernels' sign-extending path), on fresh random codes that always include every nibble value.
 - ck_gemm_int4_scaled computes the same int32 sums and then ck_gemm_int8_scaled's epilogue (the
   same float32 operations), so it is compared BIT FOR BIT with ck_gemm_int8_scaled run on the
   unpacked int8 codes with the same scales and bias buffers.
@@ -43,10 +44,11 @@ pytestmark = GPU_MARKS
 SANITIZE_MAX_MACS = 2**26
 
 KERNEL_ENV = "CK_GEMM_INT4_KERNEL"
-VARIANTS = ("auto", "reference", "mma")
-MMA_MIN_CC = (8, 0)
-# The mma kernel unpacks codes to 16 * code while K <= 131040 (256 * 64 * K < 2^31) and
-# sign-extends them for longer rows: both sides of that limit are tested.
+VARIANTS = ("auto", "reference", "mma", "small_m")
+MMA_MIN_CC = (8, 0)  # mma and small_m
+SMALL_M_MAX = 16  # the small_m kernel serves m <= 16
+# The mma and small_m kernels unpack codes to 16 * code while K <= 131040 (256 * 64 * K < 2^31)
+# and sign-extend them for longer rows: both sides of that limit are tested.
 SCALED_UNPACK_MAX_K = 131040
 
 CK_DTYPE = {"fp32": ck.DType.FP32, "fp16": ck.DType.FP16, "bf16": ck.DType.BF16}
@@ -72,13 +74,27 @@ def compute_capability():
     return ck.cuda.compute_capability()
 
 
-def use_variant(monkeypatch, variant):
+def use_variant(monkeypatch, variant, m=1):
     """Forces the INT4 GEMM kernel through CK_GEMM_INT4_KERNEL (read on every call), skipping
-    where this GPU has no such kernel."""
+    where this GPU has no such kernel. small_m's shape rule (m <= 16) is the parametrization's
+    business: asserted here."""
     cc = compute_capability()
-    if variant == "mma" and cc < MMA_MIN_CC:
-        pytest.skip(f"the mma kernel needs compute capability 8.0+ (this GPU: {cc})")
+    if variant in ("mma", "small_m") and cc < MMA_MIN_CC:
+        pytest.skip(f"the {variant} kernel needs compute capability 8.0+ (this GPU: {cc})")
+    if variant == "small_m":
+        assert m <= SMALL_M_MAX, "small_m serves m <= 16"
     monkeypatch.setenv(KERNEL_ENV, variant)
+
+
+def variant_serves(variant, m):
+    """The shape rule of the forced variants (hardware rules: use_variant)."""
+    return variant != "small_m" or m <= SMALL_M_MAX
+
+
+def variant_m(variant, m):
+    """The M a test runs a variant at: its own M, or one small_m serves (above 8, so that both
+    halves of the mma fragment's rows hold real rows)."""
+    return m if variant_serves(variant, m) else 13
 
 
 def small_enough(m, n, k):
@@ -240,21 +256,23 @@ def make_scaled_call(rng, shape, out_dtype, granularities=("row", "row"), bias=T
 # ---------------------------------------------------------------------------------------------
 # (M, N, K): M from 1 to 300 and 1000, N odd and even, K in {32, 64, 96, 160, 4096}, paired so
 # that tiles are partial in every dimension (the kernels' tiles: 64 or 128 rows and columns,
-# 128 k per step).
+# 128 k per step; small_m: 16 columns, 128 k per lane quad, rows 0-7 and 8-15 of the fragment).
 INT32_SHAPES = [
-    (1, 1, 32), (1, 129, 96), (2, 15, 4096), (7, 8, 32), (16, 33, 96), (17, 1, 4096),
+    (1, 1, 32), (1, 129, 96), (2, 15, 4096), (7, 8, 32), (8, 24, 160), (9, 40, 4096),
+    (16, 33, 96), (16, 1000, 160), (17, 1, 4096),
     (64, 24, 32), (65, 127, 96), (100, 200, 4096), (128, 128, 64), (129, 255, 32),
     (255, 17, 96), (300, 301, 4096), (1000, 129, 160), (257, 1001, 32),
 ]
 # Full-size problems (skipped under the sanitizer).
 INT32_LARGE = [("auto", (1024, 4096, 4096)), ("mma", (512, 14336, 4096)),
-               ("reference", (256, 4096, 4096))]
+               ("reference", (256, 4096, 4096)), ("small_m", (16, 14336, 4096)),
+               ("auto", (1, 14336, 4096))]
 
 
 def int32_cases():
     for variant in VARIANTS:
         for shape in INT32_SHAPES:
-            if small_enough(*shape):
+            if variant_serves(variant, shape[0]) and small_enough(*shape):
                 yield pytest.param(variant, shape, id=f"{variant}-{shape_id(shape)}")
     for variant, shape in INT32_LARGE:
         if small_enough(*shape):
@@ -263,7 +281,7 @@ def int32_cases():
 
 @pytest.mark.parametrize("variant, shape", list(int32_cases()))
 def test_gemm_int4_exact(variant, shape, monkeypatch, seed):
-    use_variant(monkeypatch, variant)
+    use_variant(monkeypatch, variant, shape[0])
     call = make_int4_call(np.random.default_rng(seed), shape)
     call.launch()
     call.check(f"{variant}, seed={seed}")
@@ -273,11 +291,11 @@ def test_gemm_int4_exact(variant, shape, monkeypatch, seed):
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_gemm_int4_large_k_extremes_are_exact(variant, k, monkeypatch, seed):
     """Row 0 of a and b all -8: c[0, 0] = 64 K, the largest sum there is (at K = 131040 the mma
-    kernel's scaled accumulator 256 * 64 K is just below 2^31; one step more it sign-extends).
-    Row 1 of b all 7: c[0, 1] = -56 K. The other rows are random."""
+    and small_m kernels' scaled accumulator 256 * 64 K is just below 2^31; one step more they
+    sign-extend). Row 1 of b all 7: c[0, 1] = -56 K. The other rows are random."""
     rng = np.random.default_rng(seed)
     m, n = 3, 40
-    use_variant(monkeypatch, variant)
+    use_variant(monkeypatch, variant, m)
     a, b = random_codes(rng, (m, k)), random_codes(rng, (n, k))
     a[0] = -8
     b[0] = -8
@@ -291,8 +309,9 @@ def test_gemm_int4_large_k_extremes_are_exact(variant, k, monkeypatch, seed):
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_gemm_int4_minimally_aligned_pointers(variant, monkeypatch, seed):
     """a and b only 16-byte aligned (the header's requirement), c only 4-byte aligned."""
-    use_variant(monkeypatch, variant)
-    call = make_int4_call(np.random.default_rng(seed), (100, 136, 1024), misalign=(16, 48, 4))
+    m = variant_m(variant, 100)
+    use_variant(monkeypatch, variant, m)
+    call = make_int4_call(np.random.default_rng(seed), (m, 136, 1024), misalign=(16, 48, 4))
     call.launch()
     call.check(f"{variant}, seed={seed}")
 
@@ -319,8 +338,9 @@ def test_gemm_int4_scaled_epilogue(shape, out_dtype, granularities, bias, activa
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_gemm_int4_scaled_variants(variant, out_dtype, full, monkeypatch, seed):
     """Each kernel variant's epilogue: the plainest and the fullest combination."""
-    use_variant(monkeypatch, variant)
-    call = make_scaled_call(np.random.default_rng(seed), (100, 200, 1024), out_dtype,
+    m = variant_m(variant, 100)
+    use_variant(monkeypatch, variant, m)
+    call = make_scaled_call(np.random.default_rng(seed), (m, 200, 1024), out_dtype,
                             ("row", "row") if full else ("tensor", "tensor"), bias=full,
                             activation="relu" if full else "none")
     call.launch()
@@ -338,8 +358,8 @@ SCALAR_STORE_CASES = {"odd-n": (137, 0), "out+1-element": (136, 1)}
 def test_gemm_int4_scalar_store_path(variant, out_dtype, case, monkeypatch, seed):
     rng = np.random.default_rng(seed)
     n, misalign_elements = SCALAR_STORE_CASES[case]
-    m, k = 33, 160
-    use_variant(monkeypatch, variant)
+    m, k = variant_m(variant, 33), 160
+    use_variant(monkeypatch, variant, m)
     if out_dtype == "int32":
         call = make_int4_call(rng, (m, n, k), misalign=(0, 0, 4 * misalign_elements))
     else:
@@ -352,8 +372,9 @@ def test_gemm_int4_scalar_store_path(variant, out_dtype, case, monkeypatch, seed
 
 
 @pytest.mark.parametrize("out_dtype", ref.DTYPES)
-def test_gemm_int4_scaled_large(out_dtype, seed):
-    shape = (1024, 4096, 4096)
+@pytest.mark.parametrize("shape", [(1024, 4096, 4096), (16, 14336, 4096)], ids=shape_id)
+def test_gemm_int4_scaled_large(shape, out_dtype, seed):
+    """Full-size products on auto: the mma tiles (M = 1024) and the small_m kernel (M = 16)."""
     if not small_enough(*shape):
         pytest.skip("too large for the sanitizer run")
     call = make_scaled_call(np.random.default_rng(seed), shape, out_dtype)
@@ -384,6 +405,27 @@ def test_forced_mma_serves_or_is_unsupported(entry, monkeypatch, seed):
     call.assert_outputs_untouched("a rejected call")
 
 
+@pytest.mark.parametrize("m", [16, 17, 1000])
+@pytest.mark.parametrize("entry", ["gemm_int4", "gemm_int4_scaled"])
+def test_forced_small_m_serves_m_up_to_16(entry, m, monkeypatch, seed):
+    """Forced small_m: M <= 16 on compute capability 8.0+ is served (checked against the
+    reference); a larger M, or an older GPU, is CK_STATUS_UNSUPPORTED and writes nothing."""
+    monkeypatch.setenv(KERNEL_ENV, "small_m")
+    rng = np.random.default_rng(seed)
+    call = (make_int4_call(rng, (m, 40, 64)) if entry == "gemm_int4"
+            else make_scaled_call(rng, (m, 40, 64), "fp16"))
+    if m <= SMALL_M_MAX and compute_capability() >= MMA_MIN_CC:
+        call.launch()
+        call.check(f"forced small_m, seed={seed}")
+        return
+    with pytest.raises(ck.CKError) as info:
+        call.launch()
+    assert info.value.status == ck.Status.UNSUPPORTED, info.value.message
+    assert KERNEL_ENV in info.value.message and "small_m" in info.value.message
+    synchronize()
+    call.assert_outputs_untouched("a rejected call")
+
+
 def test_kernel_override_is_read_on_every_call(monkeypatch, seed):
     """The override is read on every call: an unknown name is refused (and writes nothing),
     each valid setting (and none) serves the same call again without rebuilding anything."""
@@ -391,6 +433,7 @@ def test_kernel_override_is_read_on_every_call(monkeypatch, seed):
     mma_ok = compute_capability() >= MMA_MIN_CC
     for value, status in (("no_such_kernel", ck.Status.INVALID_VALUE), (None, None),
                           ("mma", None if mma_ok else ck.Status.UNSUPPORTED), ("", None),
+                          ("small_m", ck.Status.UNSUPPORTED),  # M = 70 > 16
                           ("no_such_kernel", ck.Status.INVALID_VALUE), ("reference", None),
                           ("auto", None)):
         if value is None:
@@ -416,9 +459,10 @@ def test_kernel_override_is_read_on_every_call(monkeypatch, seed):
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_cuda_graph_replay(variant, entry, monkeypatch, seed):
     rng = np.random.default_rng(seed)
-    use_variant(monkeypatch, variant)
-    call = (make_int4_call(rng, (70, 136, 288)) if entry == "gemm_int4"
-            else make_scaled_call(rng, (70, 136, 288), "fp16"))
+    m = variant_m(variant, 70)
+    use_variant(monkeypatch, variant, m)
+    call = (make_int4_call(rng, (m, 136, 288)) if entry == "gemm_int4"
+            else make_scaled_call(rng, (m, 136, 288), "fp16"))
     assert_graph_replays(call, rng, seed)
 
 

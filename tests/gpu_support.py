@@ -157,3 +157,17 @@ def assert_override_read_on_every_call(call, monkeypatch, env, seed):
             with pytest.raises(ck.CKError) as info:
                 call.launch()
             assert info.value.status == ck.Status.UNSUPPORTED, (value, info.value.message)
+
+
+def assert_forced_variant_unsupported(call, env, variant, must_say=None):
+    """The call, with `env` forcing `variant`, is refused with CK_STATUS_UNSUPPORTED, names the
+    override and the variant (and `must_say`), and writes nothing."""
+    with pytest.raises(ck.CKError) as info:
+        call.launch()
+    message = info.value.message
+    assert info.value.status == ck.Status.UNSUPPORTED, message
+    assert env in message and variant in message, message
+    if must_say:
+        assert must_say in message, message
+    synchronize()
+    call.assert_outputs_untouched("a rejected call")

@@ -32,8 +32,8 @@ for _path in (os.path.dirname(TESTS_DIR), TESTS_DIR):
 import cuda_wrapper as ck  # noqa: E402
 import reference as ref  # noqa: E402
 from gpu_support import (  # noqa: E402
-    GPU_MARKS, SANITIZE, GuardedBuffer, assert_bitwise_equal, assert_graph_replays,
-    ptr_or_null, shape_id, synchronize,
+    GPU_MARKS, SANITIZE, GuardedBuffer, assert_bitwise_equal, assert_forced_variant_unsupported,
+    assert_graph_replays, ptr_or_null, shape_id, synchronize,
 )
 from test_gemm_gpu import EPILOGUE_COMBOS  # noqa: E402
 
@@ -385,45 +385,23 @@ def test_gemm_int4_scaled_large(shape, out_dtype, seed):
 # ---------------------------------------------------------------------------------------------
 # The kernel override
 # ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("variant, m", [("mma", 40), ("small_m", 16), ("small_m", 17),
+                                        ("small_m", 1000)])
 @pytest.mark.parametrize("entry", ["gemm_int4", "gemm_int4_scaled"])
-def test_forced_mma_serves_or_is_unsupported(entry, monkeypatch, seed):
-    """Forced mma: on compute capability 8.0+ it serves any shape (checked against the
-    reference); below, CK_STATUS_UNSUPPORTED and nothing written."""
-    monkeypatch.setenv(KERNEL_ENV, "mma")
+def test_forced_variant_serves_or_is_unsupported(entry, variant, m, monkeypatch, seed):
+    """A forced variant serves every call it can (compute capability 8.0+; small_m: M <= 16),
+    checked against the reference; any other call is CK_STATUS_UNSUPPORTED and writes nothing."""
+    monkeypatch.setenv(KERNEL_ENV, variant)
     rng = np.random.default_rng(seed)
-    call = (make_int4_call(rng, (40, 32, 64)) if entry == "gemm_int4"
-            else make_scaled_call(rng, (40, 32, 64), "fp16"))
-    if compute_capability() >= MMA_MIN_CC:
+    shape = (m, 40, 64)
+    call = (make_int4_call(rng, shape) if entry == "gemm_int4"
+            else make_scaled_call(rng, shape, "fp16"))
+    serves = compute_capability() >= MMA_MIN_CC and (variant != "small_m" or m <= SMALL_M_MAX)
+    if serves:
         call.launch()
-        call.check(f"forced mma, seed={seed}")
-        return
-    with pytest.raises(ck.CKError) as info:
-        call.launch()
-    assert info.value.status == ck.Status.UNSUPPORTED, info.value.message
-    assert KERNEL_ENV in info.value.message and "mma" in info.value.message
-    synchronize()
-    call.assert_outputs_untouched("a rejected call")
-
-
-@pytest.mark.parametrize("m", [16, 17, 1000])
-@pytest.mark.parametrize("entry", ["gemm_int4", "gemm_int4_scaled"])
-def test_forced_small_m_serves_m_up_to_16(entry, m, monkeypatch, seed):
-    """Forced small_m: M <= 16 on compute capability 8.0+ is served (checked against the
-    reference); a larger M, or an older GPU, is CK_STATUS_UNSUPPORTED and writes nothing."""
-    monkeypatch.setenv(KERNEL_ENV, "small_m")
-    rng = np.random.default_rng(seed)
-    call = (make_int4_call(rng, (m, 40, 64)) if entry == "gemm_int4"
-            else make_scaled_call(rng, (m, 40, 64), "fp16"))
-    if m <= SMALL_M_MAX and compute_capability() >= MMA_MIN_CC:
-        call.launch()
-        call.check(f"forced small_m, seed={seed}")
-        return
-    with pytest.raises(ck.CKError) as info:
-        call.launch()
-    assert info.value.status == ck.Status.UNSUPPORTED, info.value.message
-    assert KERNEL_ENV in info.value.message and "small_m" in info.value.message
-    synchronize()
-    call.assert_outputs_untouched("a rejected call")
+        call.check(f"forced {variant}, seed={seed}")
+    else:
+        assert_forced_variant_unsupported(call, KERNEL_ENV, variant)
 
 
 def test_kernel_override_is_read_on_every_call(monkeypatch, seed):

@@ -36,8 +36,8 @@ import reference as ref  # noqa: E402
 # Helpers only (no test_* names, no fixtures): the guarded buffers, the float32 error bound of a
 # dot product, the output tolerance and the element-wise comparisons of the other GEMM tests.
 from gpu_support import (  # noqa: E402
-    GPU_MARKS, SANITIZE, GuardedBuffer, assert_bitwise_equal, assert_graph_replays,
-    assert_override_read_on_every_call, ptr_or_null, shape_id, synchronize,
+    GPU_MARKS, SANITIZE, GuardedBuffer, assert_bitwise_equal, assert_forced_variant_unsupported,
+    assert_graph_replays, assert_override_read_on_every_call, ptr_or_null, shape_id, synchronize,
 )
 from test_gemm_gpu import (  # noqa: E402
     POISON, U32, assert_relu_output, assert_within, output_tolerance,
@@ -430,12 +430,7 @@ def test_forced_small_m_beyond_16_rows_is_unsupported(m, monkeypatch, seed):
     """small_m serves m <= 16 only: forced beyond, CK_STATUS_UNSUPPORTED, nothing written."""
     monkeypatch.setenv(KERNEL_ENV, "small_m")
     call = make_call(np.random.default_rng(seed), (m, 64, 64), "fp16", "sym", 32)
-    with pytest.raises(ck.CKError) as info:
-        call.launch()
-    assert info.value.status == ck.Status.UNSUPPORTED, info.value.message
-    assert KERNEL_ENV in info.value.message and "small_m" in info.value.message
-    synchronize()
-    call.assert_outputs_untouched("a rejected call")
+    assert_forced_variant_unsupported(call, KERNEL_ENV, "small_m")
 
 
 def test_kernel_override_is_read_on_every_call(monkeypatch, seed):
@@ -540,12 +535,7 @@ def test_forced_tc_on_the_plain_layout_is_unsupported(monkeypatch, seed):
     """tc reads only the prepacked layout: forced on ck_gemm_w4a16, CK_STATUS_UNSUPPORTED."""
     monkeypatch.setenv(KERNEL_ENV, "tc")
     call = make_call(np.random.default_rng(seed), (40, 64, 64), "fp16", "sym", 32)
-    with pytest.raises(ck.CKError) as info:
-        call.launch()
-    assert info.value.status == ck.Status.UNSUPPORTED, info.value.message
-    assert "prepacked" in info.value.message
-    synchronize()
-    call.assert_outputs_untouched("a rejected call")
+    assert_forced_variant_unsupported(call, KERNEL_ENV, "tc", must_say="prepacked")
 
 
 # ---------------------------------------------------------------------------------------------

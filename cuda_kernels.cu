@@ -469,8 +469,8 @@ ck_status_t run_gemm_w4a16(const Check& check, const ck::GemmW4A16Args& args, cu
     });
 }
 
-// What both W4A16 GEMM entry points require of their operands (see cuda_kernels.h); weight_align
-// is the alignment the weight (and, when prepacked, its scales and zeros) needs.
+// What both W4A16 GEMM entry points require of their operands (see cuda_kernels.h); a prepacked
+// weight's scales and zeros must also be 16-byte aligned (the kernels copy them with cp.async).
 ck_status_t check_gemm_w4a16_operands(const Check& check, const void* x, ck_dtype_t dtype,
                                       const uint8_t* w, const void* scales, const uint8_t* zeros,
                                       int64_t group_size, ck_int4_mode_t mode, const void* bias,
@@ -500,6 +500,14 @@ ck_status_t check_gemm_w4a16_operands(const Check& check, const void* x, ck_dtyp
     return check.element_aligned(out, dtype, "out");
 }
 
+// A group size as the INT4 kernels take it (CK_GROUP_ROW resolved to k) and the groups per row.
+struct Int4Groups {
+    int64_t size, count;
+};
+Int4Groups int4_groups(int64_t k, int64_t group_size) {
+    return {group_size == CK_GROUP_ROW ? k : group_size, ck::int4_groups_per_row(k, group_size)};
+}
+
 ck::GemmW4A16Args gemm_w4a16_operands(const void* x, ck_dtype_t dtype, const uint8_t* w,
                                       const void* scales, const uint8_t* zeros, int64_t group_size,
                                       const void* bias, ck_activation_t activation, int64_t m,
@@ -510,8 +518,9 @@ ck::GemmW4A16Args gemm_w4a16_operands(const void* x, ck_dtype_t dtype, const uin
     args.w = w;
     args.scales = scales;
     args.zeros = zeros;
-    args.group_size = group_size == CK_GROUP_ROW ? k : group_size;
-    args.groups = ck::int4_groups_per_row(k, group_size);
+    const Int4Groups groups = int4_groups(k, group_size);
+    args.group_size = groups.size;
+    args.groups = groups.count;
     args.bias = bias;
     args.activation = activation;
     args.m = m;
@@ -612,8 +621,9 @@ ck::Int4ImportArgs import_operands(const int32_t* qweight, const int32_t* qzeros
     args.dtype = dtype;
     args.n = n;
     args.k = k;
-    args.group_size = group_size == CK_GROUP_ROW ? k : group_size;
-    args.groups = ck::int4_groups_per_row(k, group_size);
+    const Int4Groups groups = int4_groups(k, group_size);
+    args.group_size = groups.size;
+    args.groups = groups.count;
     args.w_out = w_packed;
     args.scales_out = scales_out;
     args.zeros_out = zeros_out;
@@ -847,8 +857,9 @@ ck_status_t ck_w4a16_prepack(const uint8_t* w_packed, const void* scales, const 
     args.dtype = dtype;
     args.n = n;
     args.k = k;
-    args.group_size = group_size == CK_GROUP_ROW ? k : group_size;
-    args.groups = ck::int4_groups_per_row(k, group_size);
+    const Int4Groups groups = int4_groups(k, group_size);
+    args.group_size = groups.size;
+    args.groups = groups.count;
     args.w_out = w_prepacked;
     args.scales_out = scales_prepacked;
     args.zeros_out = zeros_prepacked;

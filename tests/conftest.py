@@ -46,6 +46,18 @@ def seed(request):
     return seed
 
 
+# The library reads these on every call to force a kernel variant (cuda_kernels.h).
+KERNEL_OVERRIDES = ("CK_GEMM_INT8_KERNEL", "CK_GEMM_INT4_KERNEL", "CK_GEMM_W4A16_KERNEL")
+
+
+@pytest.fixture(autouse=True)
+def _kernel_overrides_unset(monkeypatch):
+    """Every test starts with the kernel overrides unset, whatever the caller's shell says;
+    a test that forces a variant sets one itself."""
+    for name in KERNEL_OVERRIDES:
+        monkeypatch.delenv(name, raising=False)
+
+
 @pytest.fixture(scope="session")
 def gpu():
     """Skips the test unless a CUDA device is visible."""

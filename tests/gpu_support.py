@@ -1,5 +1,6 @@
 """What the GPU test files share: the skip marks, guarded device buffers, bitwise comparison,
 and the checks that every entry point gets (graph capture and replay, the kernel override)."""
+import functools
 import os
 
 import numpy as np
@@ -13,6 +14,12 @@ def _device_count():
         return ck.device_count()
     except (OSError, RuntimeError):  # the library, libcudart or the driver is missing
         return 0
+
+
+@functools.lru_cache(maxsize=None)
+def compute_capability():
+    """(major, minor) of the current device, asked once."""
+    return ck.cuda.compute_capability()
 
 
 # `pytestmark = GPU_MARKS` in a test file: marked gpu, skipped (with the reason) without a device.

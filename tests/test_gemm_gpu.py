@@ -16,7 +16,6 @@ shapes. Each test draws a seed from os.urandom, prints it and names it in its me
 CK_TEST_SEED=<seed> replays a failure.
 """
 
-import functools
 import math
 import os
 import sys
@@ -32,6 +31,7 @@ for _path in (os.path.dirname(TESTS_DIR), TESTS_DIR):
 import cuda_wrapper as ck  # noqa: E402
 import reference as ref  # noqa: E402
 from gpu_support import (  # noqa: E402
+    compute_capability,
     GPU_MARKS, SANITIZE, GuardedBuffer, assert_bitwise_equal, assert_graph_replays,
     assert_override_read_on_every_call, ptr_or_null, shape_id, synchronize,
 )
@@ -134,17 +134,6 @@ def assert_relu_output(got, pre_activation, float32_error, what):
 # ---------------------------------------------------------------------------------------------
 # Fixtures and helpers
 # ---------------------------------------------------------------------------------------------
-@pytest.fixture(autouse=True)
-def _auto_kernel(monkeypatch):
-    """Every test starts with the kernel override unset (whatever the caller's shell says)."""
-    monkeypatch.delenv(KERNEL_ENV, raising=False)
-
-
-@functools.lru_cache(maxsize=None)
-def compute_capability():
-    return ck.cuda.compute_capability()
-
-
 def use_variant(monkeypatch, variant, m=1, layout="nk"):
     """Forces the INT8 GEMM kernel variant through CK_GEMM_INT8_KERNEL (read by the library on
     every call), skipping where this GPU has no such kernel. The shape rules of small_m and

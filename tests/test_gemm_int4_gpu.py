@@ -17,7 +17,6 @@ The tests skip without a CUDA device. CK_SANITIZE=1 (set by `make sanitize`) dro
 shapes. Each test draws a seed (printed; CK_TEST_SEED=<seed> replays a failure).
 """
 
-import functools
 import os
 import sys
 
@@ -32,6 +31,7 @@ for _path in (os.path.dirname(TESTS_DIR), TESTS_DIR):
 import cuda_wrapper as ck  # noqa: E402
 import reference as ref  # noqa: E402
 from gpu_support import (  # noqa: E402
+    compute_capability,
     GPU_MARKS, SANITIZE, GuardedBuffer, assert_bitwise_equal, assert_forced_variant_unsupported,
     assert_graph_replays, ptr_or_null, shape_id, synchronize,
 )
@@ -62,18 +62,6 @@ INT4_CODES = np.arange(-8, 8, dtype=np.int8)
 # ---------------------------------------------------------------------------------------------
 # Fixtures and helpers
 # ---------------------------------------------------------------------------------------------
-@pytest.fixture(autouse=True)
-def _auto_kernel(monkeypatch):
-    """Every test starts with the kernel overrides unset (whatever the caller's shell says)."""
-    monkeypatch.delenv(KERNEL_ENV, raising=False)
-    monkeypatch.delenv("CK_GEMM_INT8_KERNEL", raising=False)
-
-
-@functools.lru_cache(maxsize=None)
-def compute_capability():
-    return ck.cuda.compute_capability()
-
-
 def use_variant(monkeypatch, variant, m=1):
     """Forces the INT4 GEMM kernel through CK_GEMM_INT4_KERNEL (read on every call), skipping
     where this GPU has no such kernel. small_m's shape rule (m <= 16) is the parametrization's

@@ -44,7 +44,7 @@ from gpu_support import (  # noqa: E402
 # Helpers only (no test_* names, no fixtures): the W4A16 tolerance and comparisons.
 from test_gemm_gpu import POISON, assert_within, output_tolerance  # noqa: E402
 from test_w4a16_gpu import (  # noqa: E402
-    KERNEL_ENV, MAX_REL_ULPS, MIN_ELEMENTS_FOR_NORM, SIGNIFICAND_BITS, random_activations,
+    MAX_REL_ULPS, MIN_ELEMENTS_FOR_NORM, SIGNIFICAND_BITS, random_activations,
     w4a16_float32_error,
 )
 
@@ -61,12 +61,6 @@ G_IDX_KINDS = ("none", "trivial", "act_order")
 # two, partial 32-column tiles), 264 (AWQ: a second 256-column tile of one packed column), 1000.
 SHAPES = [(32, 8), (96, 200), (256, 1000), (4096, 264)]
 LARGE_SHAPE = (4096, 4096)
-
-
-@pytest.fixture(autouse=True)
-def _auto_kernel(monkeypatch):
-    """ck_gemm_w4a16 picks its kernel (whatever the caller's shell says)."""
-    monkeypatch.delenv(KERNEL_ENV, raising=False)
 
 
 def _id(k, n):

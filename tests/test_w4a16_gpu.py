@@ -18,7 +18,6 @@ The tests skip without a CUDA device. CK_SANITIZE=1 drops the largest shapes. Ea
 seed from os.urandom, prints it and names it in its messages; CK_TEST_SEED=<seed> replays it.
 """
 
-import functools
 import math
 import os
 import sys
@@ -36,6 +35,7 @@ import reference as ref  # noqa: E402
 # Helpers only (no test_* names, no fixtures): the guarded buffers, the float32 error bound of a
 # dot product, the output tolerance and the element-wise comparisons of the other GEMM tests.
 from gpu_support import (  # noqa: E402
+    compute_capability,
     GPU_MARKS, SANITIZE, GuardedBuffer, assert_bitwise_equal, assert_forced_variant_unsupported,
     assert_graph_replays, assert_override_read_on_every_call, ptr_or_null, shape_id, synchronize,
 )
@@ -101,17 +101,6 @@ def w4a16_float32_error(x_f64, w_f64, pre_activation):
 # ---------------------------------------------------------------------------------------------
 # Fixtures and helpers
 # ---------------------------------------------------------------------------------------------
-@pytest.fixture(autouse=True)
-def _auto_kernel(monkeypatch):
-    """Every test starts with the kernel override unset (whatever the caller's shell says)."""
-    monkeypatch.delenv(KERNEL_ENV, raising=False)
-
-
-@functools.lru_cache(maxsize=None)
-def compute_capability():
-    return ck.cuda.compute_capability()
-
-
 def use_variant(monkeypatch, variant, m):
     """Forces the kernel through CK_GEMM_W4A16_KERNEL (read on every call); skips small_m and
     tc where the GPU has no such kernel. The M rule is the parametrization's business: asserted.

@@ -255,7 +255,8 @@ CK_API ck_status_t ck_gemm_int8_scaled(const int8_t* a, const int8_t* b, ck_layo
  * x, bias and out have `dtype`: CK_DTYPE_FP16 or CK_DTYPE_BF16.
  * For M <= 16 a kernel streams the packed weight once; larger M runs a simple tiled kernel on
  * this layout. A weight used more than once should be prepacked (ck_w4a16_prepack): the
- * prepacked entry point is faster at every M and has the tensor-core path for M > 16.
+ * prepacked entry point was faster at M <= 16 on every benchmarked shape (symmetric g128, H100)
+ * and has the tensor-core path for M > 16.
  * CK_GEMM_W4A16_KERNEL forces a variant: "small_m" (M <= 16, sm_80+), "reference" or "auto"
  * ("tc" needs the prepacked layout: CK_STATUS_UNSUPPORTED here).
  * Requirements: M, N >= 1; K >= 32 and a multiple of 32; group_size 32, 64, 128 or

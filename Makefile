@@ -34,9 +34,10 @@ NVCC_ALL  := $(NVCCFLAGS) $(GENCODE) -I.
 LDFLAGS   := -shared -cudart shared -lcublasLt -lcublas \
              -Xlinker --version-script=$(CURDIR)/cuda_kernels.map -Xlinker -rpath=$(CUDA_HOME)/lib64
 
-KERNEL_SRCS := $(wildcard kernels/*.cu)
+# kernels/core/ holds the layers every family shares; kernels/<family>/ one folder per family.
+KERNEL_SRCS := $(wildcard kernels/*/*.cu)
 OBJS        := $(BUILD)/cuda_kernels.o $(patsubst kernels/%.cu,$(BUILD)/kernels/%.o,$(KERNEL_SRCS))
-HEADERS     := cuda_kernels.h $(wildcard kernels/*.cuh)
+HEADERS     := cuda_kernels.h $(wildcard kernels/*/*.cuh)
 
 # Use python3 when it already has NumPy and pytest (the GPU machine has no network); otherwise
 # a private virtual environment built from requirements.txt.
@@ -48,10 +49,12 @@ all: $(LIB)
 $(BUILD)/cuda_kernels.o: cuda_kernels.cu $(HEADERS) | $(BUILD)/kernels
 	$(NVCC) $(NVCC_ALL) -c $< -o $@
 
-$(BUILD)/kernels/%_sm90.o: kernels/%_sm90.cu $(HEADERS) | $(BUILD)/kernels
+$(BUILD)/kernels/%_sm90.o: kernels/%_sm90.cu $(HEADERS)
+	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) $(GENCODE_SM90A) $(SM90A_DEF) -I. -c $< -o $@
 
-$(BUILD)/kernels/%.o: kernels/%.cu $(HEADERS) | $(BUILD)/kernels
+$(BUILD)/kernels/%.o: kernels/%.cu $(HEADERS)
+	@mkdir -p $(@D)
 	$(NVCC) $(NVCC_ALL) -c $< -o $@
 
 $(LIB): $(OBJS) cuda_kernels.map

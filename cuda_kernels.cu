@@ -11,13 +11,13 @@
 #include "cuda_kernels.h"
 #include <cublas_api.h>
 
-#include "kernels/common.cuh"
-#include "kernels/gemm_int4.cuh"
-#include "kernels/gemm_int8.cuh"
-#include "kernels/gemm_w4a16.cuh"
-#include "kernels/int4_import.cuh"
-#include "kernels/linear.cuh"
-#include "kernels/quantize.cuh"
+#include "kernels/core/common.cuh"
+#include "kernels/gemm/gemm_int4.cuh"
+#include "kernels/gemm/gemm_int8.cuh"
+#include "kernels/gemm/gemm_w4a16.cuh"
+#include "kernels/quantize/int4_import.cuh"
+#include "kernels/gemm/linear.cuh"
+#include "kernels/quantize/quantize.cuh"
 
 namespace {
 
@@ -293,7 +293,7 @@ ck_status_t gemm_int8_forced(const Check& check, GemmInt8Kernel* kernel) {
 
 // The variant for this call: forced by the environment, else by the shape and the GPU. Small M
 // streams the weight (its bytes dominate); larger M runs tensor-core tiles, wgmma on Hopper.
-ck_status_t pick_gemm_int8_kernel(const Check& check, const ck::GemmInt8Args& args,
+ck_status_t pick_gemm_int8_kernel(const Check& check, const ck::IntGemmArgs& args,
                                   GemmInt8Kernel* kernel) {
     CK_TRY(gemm_int8_forced(check, kernel));
     const int cc = ck::compute_capability();
@@ -346,12 +346,12 @@ ck_status_t check_gemm_int8_operands(const Check& check, const int8_t* a, const 
     return check.element_aligned(out, out_dtype, out_dtype == CK_DTYPE_INT32 ? "c" : "out");
 }
 
-// The operands of an INT8 GEMM call (validated by check_gemm_int8_operands); the epilogue's
-// fields stay empty (int32 output) for the caller to fill.
-ck::GemmInt8Args gemm_int8_operands(const int8_t* a, const int8_t* b, ck_layout_t b_layout,
-                                    int64_t m, int64_t n, int64_t k, void* out,
-                                    ck_dtype_t out_dtype) {
-    ck::GemmInt8Args args{};
+// The operands of an INT8 or INT4 GEMM call (validated by check_gemm_int8_operands or
+// check_gemm_int4_operands); the epilogue's fields stay empty (int32 output) for the caller.
+ck::IntGemmArgs int_gemm_operands(const void* a, const void* b, ck_layout_t b_layout,
+                                  int64_t m, int64_t n, int64_t k, void* out,
+                                  ck_dtype_t out_dtype) {
+    ck::IntGemmArgs args{};
     args.a = a;
     args.b = b;
     args.b_layout = b_layout;
@@ -386,7 +386,7 @@ ck_status_t check_gemm_scaled_pointers(const Check& check, const float* scale_a,
     return CK_STATUS_SUCCESS;
 }
 
-void set_gemm_epilogue(ck::GemmInt8Args& args, const float* scale_a,
+void set_gemm_epilogue(ck::IntGemmArgs& args, const float* scale_a,
                        ck_granularity_t a_granularity, const float* scale_b,
                        ck_granularity_t b_granularity, const void* bias,
                        ck_activation_t activation) {
@@ -398,7 +398,7 @@ void set_gemm_epilogue(ck::GemmInt8Args& args, const float* scale_a,
     args.activation = activation;
 }
 
-ck_status_t run_gemm_int8(const Check& check, const ck::GemmInt8Args& args, cudaStream_t stream) {
+ck_status_t run_gemm_int8(const Check& check, const ck::IntGemmArgs& args, cudaStream_t stream) {
     GemmInt8Kernel kernel;
     CK_TRY(pick_gemm_int8_kernel(check, args, &kernel));
     return check.launch([&] {
@@ -534,7 +534,7 @@ ck::GemmW4A16Args gemm_w4a16_operands(const void* x, ck_dtype_t dtype, const uin
 // ---------------------------------------------------------------------------------------------
 // INT4 x INT4 GEMM: which kernel runs a call (CK_GEMM_INT4_KERNEL = auto, reference, mma).
 // ---------------------------------------------------------------------------------------------
-ck_status_t run_gemm_int4(const Check& check, const ck::GemmInt8Args& args, cudaStream_t stream) {
+ck_status_t run_gemm_int4(const Check& check, const ck::IntGemmArgs& args, cudaStream_t stream) {
     const char* v = getenv("CK_GEMM_INT4_KERNEL");
     const int cc = ck::compute_capability();
     const bool sm80 = cc >= kMmaMinArch;
@@ -750,7 +750,7 @@ ck_status_t ck_gemm_int8(const int8_t* a, const int8_t* b, ck_layout_t b_layout,
                          int64_t k, int32_t* c, ck_stream_t stream) {
     const Check check("ck_gemm_int8");
     CK_TRY(check_gemm_int8_operands(check, a, b, b_layout, m, n, k, c, CK_DTYPE_INT32));
-    return run_gemm_int8(check, gemm_int8_operands(a, b, b_layout, m, n, k, c, CK_DTYPE_INT32),
+    return run_gemm_int8(check, int_gemm_operands(a, b, b_layout, m, n, k, c, CK_DTYPE_INT32),
                          stream);
 }
 
@@ -765,7 +765,7 @@ ck_status_t ck_gemm_int8_scaled(const int8_t* a, const int8_t* b, ck_layout_t b_
                                       activation, out_dtype));
     CK_TRY(check_gemm_int8_operands(check, a, b, b_layout, m, n, k, out, out_dtype));
     CK_TRY(check_gemm_scaled_pointers(check, scale_a, scale_b, bias, out_dtype));
-    ck::GemmInt8Args args = gemm_int8_operands(a, b, b_layout, m, n, k, out, out_dtype);
+    ck::IntGemmArgs args = int_gemm_operands(a, b, b_layout, m, n, k, out, out_dtype);
     set_gemm_epilogue(args, scale_a, a_granularity, scale_b, b_granularity, bias, activation);
     return run_gemm_int8(check, args, stream);
 }
@@ -935,10 +935,7 @@ ck_status_t ck_gemm_int4(const uint8_t* a, const uint8_t* b, int64_t m, int64_t 
     const Check check("ck_gemm_int4");
     CK_TRY(check_gemm_int4_operands(check, a, b, m, n, k, c, CK_DTYPE_INT32));
     return run_gemm_int4(check,
-                         gemm_int8_operands(reinterpret_cast<const int8_t*>(a),
-                                            reinterpret_cast<const int8_t*>(b), CK_LAYOUT_NK, m,
-                                            n, k, c, CK_DTYPE_INT32),
-                         stream);
+                         int_gemm_operands(a, b, CK_LAYOUT_NK, m, n, k, c, CK_DTYPE_INT32), stream);
 }
 
 ck_status_t ck_gemm_int4_scaled(const uint8_t* a, const uint8_t* b, int64_t m, int64_t n,
@@ -951,9 +948,7 @@ ck_status_t ck_gemm_int4_scaled(const uint8_t* a, const uint8_t* b, int64_t m, i
                                       activation, out_dtype));
     CK_TRY(check_gemm_int4_operands(check, a, b, m, n, k, out, out_dtype));
     CK_TRY(check_gemm_scaled_pointers(check, scale_a, scale_b, bias, out_dtype));
-    ck::GemmInt8Args args = gemm_int8_operands(reinterpret_cast<const int8_t*>(a),
-                                               reinterpret_cast<const int8_t*>(b), CK_LAYOUT_NK, m,
-                                               n, k, out, out_dtype);
+    ck::IntGemmArgs args = int_gemm_operands(a, b, CK_LAYOUT_NK, m, n, k, out, out_dtype);
     set_gemm_epilogue(args, scale_a, a_granularity, scale_b, b_granularity, bias, activation);
     return run_gemm_int4(check, args, stream);
 }

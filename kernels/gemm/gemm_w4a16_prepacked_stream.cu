@@ -50,9 +50,9 @@
 // flops = 2*M*N*K (negligible: ~1% of the tensor cores at M=16).
 #include <atomic>
 
-#include "kernels/epilogue.cuh"
-#include "kernels/gemm_w4a16.cuh"
-#include "kernels/w4a16_fragment.cuh"
+#include "kernels/core/epilogue.cuh"
+#include "kernels/gemm/gemm_w4a16.cuh"
+#include "kernels/core/dequant.cuh"
 
 namespace ck {
 namespace {

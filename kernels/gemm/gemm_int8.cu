@@ -25,9 +25,9 @@
 //   For M <= 16 the weight's N*K bytes dominate: time >= N*K / copy bandwidth (H100: 3.0 TB/s,
 //   N=14336 K=4096 -> 20 us). For large M the tensor-core rate bounds it (mma.sync reaches a
 //   fraction of the H100's dense INT8 peak; Hopper's wgmma kernel lives in gemm_int8_sm90.cu).
-#include "kernels/ptx.cuh"
-#include "kernels/epilogue.cuh"
-#include "kernels/gemm_int8.cuh"
+#include "kernels/core/ptx.cuh"
+#include "kernels/core/epilogue.cuh"
+#include "kernels/gemm/gemm_int8.cuh"
 
 
 namespace ck {
@@ -359,14 +359,14 @@ gemm_int8_mma_kernel(const int8_t* __restrict__ a, const int8_t* __restrict__ b,
 }
 
 template <class Tile, ck_layout_t kLayout, typename OutT>
-cudaError_t launch_mma(const GemmInt8Args& g, cudaStream_t stream) {
+cudaError_t launch_mma(const IntGemmArgs& g, cudaStream_t stream) {
     const int64_t blocks = ceil_div(g.m, Tile::kBM) * ceil_div(g.n, Tile::kBN);
     if (!grid_fits(blocks)) return cudaErrorInvalidConfiguration;
     auto kernel = gemm_int8_mma_kernel<Tile, kLayout, OutT>;
     constexpr int kSmem = Tile::kSmemBytes;
     const cudaError_t e = allow_dynamic_smem(kernel, kSmem);
     if (e != cudaSuccess) return e;
-    kernel<<<unsigned(blocks), Tile::kThreads, kSmem, stream>>>(g.a, g.b, g.k, make_epilogue<OutT>(g));
+    kernel<<<unsigned(blocks), Tile::kThreads, kSmem, stream>>>(g.a_as<int8_t>(), g.b_as<int8_t>(), g.k, make_epilogue<OutT>(g));
     return cudaGetLastError();
 }
 
@@ -481,9 +481,9 @@ gemm_int8_small_m_kernel(const int8_t* __restrict__ a, const int8_t* __restrict_
 }
 
 template <int kWarps, typename OutT>
-cudaError_t launch_small_m(const GemmInt8Args& g, int64_t blocks, cudaStream_t stream) {
+cudaError_t launch_small_m(const IntGemmArgs& g, int64_t blocks, cudaStream_t stream) {
     gemm_int8_small_m_kernel<kWarps, OutT>
-        <<<unsigned(blocks), kWarps * 32, 0, stream>>>(g.a, g.b, g.k, make_epilogue<OutT>(g));
+        <<<unsigned(blocks), kWarps * 32, 0, stream>>>(g.a_as<int8_t>(), g.b_as<int8_t>(), g.k, make_epilogue<OutT>(g));
     return cudaGetLastError();
 }
 
@@ -492,7 +492,7 @@ cudaError_t launch_small_m(const GemmInt8Args& g, int64_t blocks, cudaStream_t s
 // ---------------------------------------------------------------------------------------------
 // Launchers (arguments validated by cuda_kernels.cu)
 // ---------------------------------------------------------------------------------------------
-cudaError_t gemm_int8_reference(const GemmInt8Args& args, cudaStream_t stream) {
+cudaError_t gemm_int8_reference(const IntGemmArgs& args, cudaStream_t stream) {
     const int64_t blocks = ceil_div(args.m, kRefBM) * ceil_div(args.n, kRefBN);
     if (!grid_fits(blocks)) return cudaErrorInvalidConfiguration;
     return dispatch_out_dtype(args.out_dtype, [&](auto tag) {
@@ -500,15 +500,15 @@ cudaError_t gemm_int8_reference(const GemmInt8Args& args, cudaStream_t stream) {
         const Epilogue<OutT> ep = make_epilogue<OutT>(args);
         if (args.b_layout == CK_LAYOUT_KN)
             gemm_int8_reference_kernel<CK_LAYOUT_KN, OutT>
-                <<<unsigned(blocks), kRefThreads, 0, stream>>>(args.a, args.b, args.k, ep);
+                <<<unsigned(blocks), kRefThreads, 0, stream>>>(args.a_as<int8_t>(), args.b_as<int8_t>(), args.k, ep);
         else
             gemm_int8_reference_kernel<CK_LAYOUT_NK, OutT>
-                <<<unsigned(blocks), kRefThreads, 0, stream>>>(args.a, args.b, args.k, ep);
+                <<<unsigned(blocks), kRefThreads, 0, stream>>>(args.a_as<int8_t>(), args.b_as<int8_t>(), args.k, ep);
         return cudaGetLastError();
     });
 }
 
-cudaError_t gemm_int8_mma(const GemmInt8Args& args, cudaStream_t stream) {
+cudaError_t gemm_int8_mma(const IntGemmArgs& args, cudaStream_t stream) {
     // The large tile unless its grid would leave SMs idle for the whole run: below one block
     // per SM, the 64x64 tile's four times as many blocks spread the work wider.
     const int64_t large_blocks = ceil_div(args.m, MmaTileLarge::kBM) * ceil_div(args.n, MmaTileLarge::kBN);
@@ -523,7 +523,7 @@ cudaError_t gemm_int8_mma(const GemmInt8Args& args, cudaStream_t stream) {
     });
 }
 
-cudaError_t gemm_int8_small_m(const GemmInt8Args& args, cudaStream_t stream) {
+cudaError_t gemm_int8_small_m(const IntGemmArgs& args, cudaStream_t stream) {
     if (args.m > kSmallMaxM || args.b_layout != CK_LAYOUT_NK) return cudaErrorNotSupported;
     const int64_t blocks = ceil_div(args.n, kSmallCols);
     if (!grid_fits(blocks)) return cudaErrorInvalidConfiguration;

@@ -36,9 +36,9 @@
 //   bytes: for M <= ~128 it is bandwidth-bound (39 us here) while this kernel is not.
 #include <atomic>
 
-#include "kernels/epilogue.cuh"
-#include "kernels/gemm_w4a16.cuh"
-#include "kernels/w4a16_fragment.cuh"
+#include "kernels/core/epilogue.cuh"
+#include "kernels/gemm/gemm_w4a16.cuh"
+#include "kernels/core/dequant.cuh"
 
 namespace ck {
 namespace {

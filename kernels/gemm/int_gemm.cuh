@@ -1,17 +1,21 @@
-// gemm_int8.cuh - launchers of the INT8 GEMM kernels (kernels/gemm_int8.cu and, for Hopper,
-// kernels/gemm_int8_sm90.cu), called by the entry points after they validated every argument.
+// int_gemm.cuh - what the integer GEMMs (INT8 x INT8 in gemm_int8*.cu, INT4 x INT4 in
+// gemm_int4.cu) share: the call's operands (IntGemmArgs), its epilogue, the output-dtype
+// dispatch, and the dp4a reference kernels' micro-tile.
 #pragma once
 
-#include "kernels/common.cuh"
-#include "kernels/epilogue.cuh"
+#include "kernels/core/common.cuh"
+#include "kernels/core/epilogue.cuh"
 
 namespace ck {
 
-// One INT8 GEMM call: out[m, n] = epilogue(a[m, k] x b), b as b_layout says.
+// One integer GEMM call: out[m, n] = epilogue(a[m, k] x b), b as b_layout says. a and b are
+// int8 [m, k] and [n, k] (or [k, n]) for the INT8 GEMMs, packed int4 [m, k / 2] and [n, k / 2]
+// bytes for the INT4 GEMMs (b_layout CK_LAYOUT_NK, k the logical K); each family's launchers
+// read them as their element type (a_as / b_as).
 // out_dtype CK_DTYPE_INT32 writes the raw accumulators (scales, bias, activation unused).
-struct GemmInt8Args {
-    const int8_t* a;
-    const int8_t* b;
+struct IntGemmArgs {
+    const void* a;
+    const void* b;
     ck_layout_t b_layout;
     int64_t m, n, k;
     const float* scale_a;
@@ -22,10 +26,13 @@ struct GemmInt8Args {
     ck_activation_t activation;
     void* out;
     ck_dtype_t out_dtype;
+
+    template <typename T> const T* a_as() const { return static_cast<const T*>(a); }
+    template <typename T> const T* b_as() const { return static_cast<const T*>(b); }
 };
 
 // The epilogue of one call, as every kernel gets it.
-template <typename OutT> Epilogue<OutT> make_epilogue(const GemmInt8Args& g) {
+template <typename OutT> Epilogue<OutT> make_epilogue(const IntGemmArgs& g) {
     Epilogue<OutT> e{};
     e.out = static_cast<OutT*>(g.out);
     e.m = g.m;
@@ -101,20 +108,5 @@ __device__ __forceinline__ void store_dp4a_micro_tile(const Epilogue<OutT>& ep, 
         for (int j = 0; j < kDp4aColPairs; ++j)
             ep.store_pair(m0 + ty + 16 * i, n0 + 32 * j + 2 * tx, acc[i][2 * j], acc[i][2 * j + 1]);
 }
-
-// The launchers of kernels/gemm_int8.cu; cuda_kernels.cu picks one from the shape and the GPU.
-// reference: simple shared-memory tiles and dp4a, any GPU; the baseline the others are tested on.
-// mma:       mma.sync m16n8k32 tensor-core tiles fed by a cp.async pipeline (sm_80 and newer;
-//            sm_75 runs the reference kernel instead).
-// small_m:   m <= 16 and CK_LAYOUT_NK: streams the weight once at memory bandwidth, fragments
-//            loaded straight from global memory (sm_80 and newer).
-cudaError_t gemm_int8_reference(const GemmInt8Args& args, cudaStream_t stream);
-cudaError_t gemm_int8_mma(const GemmInt8Args& args, cudaStream_t stream);
-cudaError_t gemm_int8_small_m(const GemmInt8Args& args, cudaStream_t stream);
-
-// Hopper (kernels/gemm_int8_sm90.cu). available(): this build has sm_90a code and the current
-// device is compute capability 9.0. The launcher handles CK_LAYOUT_NK only.
-bool gemm_int8_sm90_available();
-cudaError_t gemm_int8_sm90(const GemmInt8Args& args, cudaStream_t stream);
 
 }  // namespace ck

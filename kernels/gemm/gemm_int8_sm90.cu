@@ -28,9 +28,9 @@
 
 #include <mutex>
 
-#include "kernels/epilogue.cuh"
-#include "kernels/ptx.cuh"
-#include "kernels/gemm_int8.cuh"
+#include "kernels/core/epilogue.cuh"
+#include "kernels/core/ptx.cuh"
+#include "kernels/gemm/gemm_int8.cuh"
 
 // The sm_90a pass defines __CUDA_ARCH_FEAT_SM90_ALL; every other target compiles empty bodies
 // (the host never launches them: gemm_int8_sm90_available() checks the device).
@@ -481,12 +481,12 @@ cudaError_t make_tensor_map(CUtensorMap* map, const int8_t* base, int64_t rows, 
 }
 
 template <typename OutT, int kConsumers, int kBlockN>
-cudaError_t launch_sm90(const GemmInt8Args& args, cudaStream_t stream) {
+cudaError_t launch_sm90(const IntGemmArgs& args, cudaStream_t stream) {
     using Config = Sm90Config<kConsumers, kBlockN>;
     CUtensorMap map_a, map_b;
-    cudaError_t err = make_tensor_map(&map_a, args.a, args.m, args.k, Config::kBlockM);
+    cudaError_t err = make_tensor_map(&map_a, args.a_as<int8_t>(), args.m, args.k, Config::kBlockM);
     if (err != cudaSuccess) return err;
-    err = make_tensor_map(&map_b, args.b, args.n, args.k, kBlockN);
+    err = make_tensor_map(&map_b, args.b_as<int8_t>(), args.n, args.k, kBlockN);
     if (err != cudaSuccess) return err;
 
     const Epilogue<OutT> ep = make_epilogue<OutT>(args);
@@ -504,7 +504,7 @@ cudaError_t launch_sm90(const GemmInt8Args& args, cudaStream_t stream) {
 
 // The tile shape: the one with the least estimated time, counting whole waves of persistent
 // CTAs and a per-tile cost that favours the larger tiles (less shared-memory traffic per MAC).
-template <typename OutT> cudaError_t dispatch_tiles(const GemmInt8Args& args, cudaStream_t stream) {
+template <typename OutT> cudaError_t dispatch_tiles(const IntGemmArgs& args, cudaStream_t stream) {
     struct Choice {
         int consumers, block_n;
         double efficiency;  // relative throughput of one tile shape's main loop
@@ -540,7 +540,7 @@ bool gemm_int8_sm90_available() {
 #endif
 }
 
-cudaError_t gemm_int8_sm90(const GemmInt8Args& args, cudaStream_t stream) {
+cudaError_t gemm_int8_sm90(const IntGemmArgs& args, cudaStream_t stream) {
     if (args.b_layout != CK_LAYOUT_NK || !gemm_int8_sm90_available()) return cudaErrorNotSupported;
     switch (args.out_dtype) {
         case CK_DTYPE_INT32: return dispatch_tiles<int32_t>(args, stream);

@@ -48,7 +48,7 @@
 // 8x L2 read traffic of the gather. permute_columns: 2 x rows x cols x sizeof(dtype) + 4 cols.
 // Measured on the H100 at 8192 x 28672, group 128: GPTQ 98 us and AWQ 97 us (2.5 TB/s, 83% of
 // the copy bandwidth), GPTQ act-order 249 us (a one-time conversion: left there).
-#include "kernels/int4_import.cuh"
+#include "kernels/quantize/int4_import.cuh"
 
 namespace ck {
 namespace {

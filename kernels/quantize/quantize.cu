@@ -22,7 +22,7 @@
 // Floors: these kernels do a few operations per byte, so time is bytes / copy bandwidth:
 //   bytes = elements * (sizeof(input) + sizeof(output)) + scales (+ zeros); per-tensor dynamic
 //   quantization adds one more read of x.
-#include "kernels/quantize.cuh"
+#include "kernels/quantize/quantize.cuh"
 
 namespace ck {
 namespace {

@@ -1,7 +1,7 @@
 // ptx.cuh - tiny PTX wrappers shared by the kernel families (one instruction each).
 #pragma once
 
-#include "kernels/common.cuh"
+#include "kernels/core/common.cuh"
 
 // Tensor-core mma.sync (int8, fp16, bf16), cp.async and ldmatrix exist from sm_80. Files that
 // use them are built for sm_75 too, where their kernels are never launched: below sm_80 (and in

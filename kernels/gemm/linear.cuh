@@ -4,7 +4,7 @@
 
 #include <cublas_api.h>
 
-#include "kernels/common.cuh"
+#include "kernels/core/common.cuh"
 
 namespace ck {
 

@@ -5,9 +5,9 @@
 
 #include <cstring>
 
-#include "kernels/common.cuh"
-#include "kernels/gemm_w4a16.cuh"
-#include "kernels/ptx.cuh"
+#include "kernels/core/common.cuh"
+#include "kernels/gemm/gemm_w4a16.cuh"
+#include "kernels/core/ptx.cuh"
 
 namespace ck {
 

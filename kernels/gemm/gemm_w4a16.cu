@@ -26,9 +26,9 @@
 // Floors: bytes = M*K*2 + N*K/2 + N*groups*(2 [+1 with zeros]) + M*N*2 (+ bias); flops = 2*M*N*K.
 //   For M <= 16 the weight dominates: time >= N*K/2 / copy bandwidth (H100 ~3.0 TB/s:
 //   N=28672 K=8192 -> 117 MB -> ~39 us at full copy speed).
-#include "kernels/epilogue.cuh"
-#include "kernels/gemm_w4a16.cuh"
-#include "kernels/w4a16_fragment.cuh"
+#include "kernels/core/epilogue.cuh"
+#include "kernels/gemm/gemm_w4a16.cuh"
+#include "kernels/core/dequant.cuh"
 
 namespace ck {
 namespace {

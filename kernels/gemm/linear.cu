@@ -29,7 +29,7 @@
 //     cuBLASLt assumes 256-byte aligned buffers unless told otherwise, and reads the bias
 //     pointer's alignment from the descriptor. One entry per distinct shape: a few hundred bytes.
 //   The matmul and layout descriptors are created per call (plain host structs) and destroyed.
-#include "kernels/linear.cuh"
+#include "kernels/gemm/linear.cuh"
 
 #include <cublasLt.h>
 

@@ -2,11 +2,11 @@
 // the entry points after they validated every argument.
 #pragma once
 
-#include "kernels/gemm_int8.cuh"
+#include "kernels/gemm/int_gemm.cuh"
 
 namespace ck {
 
-// One INT4 x INT4 GEMM call reuses GemmInt8Args (and so make_epilogue and the epilogue):
+// One INT4 x INT4 GEMM call (IntGemmArgs, kernels/gemm/int_gemm.cuh; so make_epilogue and the epilogue):
 //   a: [m, k / 2] packed bytes, b: [n, k / 2] packed bytes (b_layout is CK_LAYOUT_NK), both
 //      reinterpreted as const uint8_t*: two's complement codes in [-8, 7], element 2i in the
 //      low nibble of byte i; 16-byte aligned. k is the logical K: a multiple of 32, >= 32.
@@ -18,8 +18,8 @@ namespace ck {
 // small_m:   m <= 16: streams the packed weight once, straight from global memory into
 //            registers, unpacked to int8 mma.sync m16n8k32 fragments; memory-bound (sm_80 and
 //            newer; cudaErrorNotSupported below, or for m > 16).
-cudaError_t gemm_int4_reference(const GemmInt8Args& args, cudaStream_t stream);
-cudaError_t gemm_int4_mma(const GemmInt8Args& args, cudaStream_t stream);
-cudaError_t gemm_int4_small_m(const GemmInt8Args& args, cudaStream_t stream);
+cudaError_t gemm_int4_reference(const IntGemmArgs& args, cudaStream_t stream);
+cudaError_t gemm_int4_mma(const IntGemmArgs& args, cudaStream_t stream);
+cudaError_t gemm_int4_small_m(const IntGemmArgs& args, cudaStream_t stream);
 
 }  // namespace ck

@@ -3,7 +3,7 @@
 // for the prepacked layout), called by the entry points after they validated every argument.
 #pragma once
 
-#include "kernels/common.cuh"
+#include "kernels/core/common.cuh"
 
 namespace ck {
 

@@ -9,7 +9,7 @@
 // time. Rows and columns outside [M, N) are never written: partial tiles need no other care.
 #pragma once
 
-#include "kernels/common.cuh"
+#include "kernels/core/common.cuh"
 
 namespace ck {
 

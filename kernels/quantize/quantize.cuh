@@ -2,7 +2,7 @@
 // entry points in cuda_kernels.cu after they validated every argument.
 #pragma once
 
-#include "kernels/common.cuh"
+#include "kernels/core/common.cuh"
 
 namespace ck {
 

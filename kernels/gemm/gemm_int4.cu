@@ -38,9 +38,9 @@
 //   H100's 3.0 TB/s copy bandwidth. small_m measured 47.0 us at M = 1 and 47.2 us at M = 16
 //   (83% of copy bandwidth; the 64x64 mma tiles took 108.8 us); the 8 MB (4096 x 4096) weight
 //   takes 8.3-9.0 us, where launch and ramp-up dominate.
-#include "kernels/epilogue.cuh"
-#include "kernels/gemm_int4.cuh"
-#include "kernels/ptx.cuh"
+#include "kernels/core/epilogue.cuh"
+#include "kernels/gemm/gemm_int4.cuh"
+#include "kernels/core/ptx.cuh"
 
 namespace ck {
 namespace {
@@ -359,7 +359,7 @@ gemm_int4_mma_kernel(const uint8_t* __restrict__ a, const uint8_t* __restrict__ 
 }
 
 template <class Tile, bool kScaled, typename OutT>
-cudaError_t launch_mma(const GemmInt8Args& g, cudaStream_t stream) {
+cudaError_t launch_mma(const IntGemmArgs& g, cudaStream_t stream) {
     const int64_t blocks = ceil_div(g.m, Tile::kBM) * ceil_div(g.n, Tile::kBN);
     if (!grid_fits(blocks)) return cudaErrorInvalidConfiguration;
     auto kernel = gemm_int4_mma_kernel<Tile, kScaled, OutT>;
@@ -367,7 +367,7 @@ cudaError_t launch_mma(const GemmInt8Args& g, cudaStream_t stream) {
     const cudaError_t e = allow_dynamic_smem(kernel, kSmem);
     if (e != cudaSuccess) return e;
     kernel<<<unsigned(blocks), Tile::kThreads, kSmem, stream>>>(
-        reinterpret_cast<const uint8_t*>(g.a), reinterpret_cast<const uint8_t*>(g.b),
+        g.a_as<uint8_t>(), g.b_as<uint8_t>(),
         g.k / kKPerByte, make_epilogue<OutT>(g));
     return cudaGetLastError();
 }
@@ -529,12 +529,12 @@ gemm_int4_small_m_kernel(const uint8_t* __restrict__ a, const uint8_t* __restric
 }
 
 template <class Cfg, bool kHiRows, bool kScaled, typename OutT>
-cudaError_t launch_small_m(const GemmInt8Args& g, cudaStream_t stream) {
+cudaError_t launch_small_m(const IntGemmArgs& g, cudaStream_t stream) {
     const int64_t blocks = ceil_div(g.n, Cfg::kCols);
     if (!grid_fits(blocks)) return cudaErrorInvalidConfiguration;
     gemm_int4_small_m_kernel<Cfg, kHiRows, kScaled, OutT>
         <<<unsigned(blocks), Cfg::kThreads, 0, stream>>>(
-        reinterpret_cast<const uint8_t*>(g.a), reinterpret_cast<const uint8_t*>(g.b),
+        g.a_as<uint8_t>(), g.b_as<uint8_t>(),
         g.k / kKPerByte, make_epilogue<OutT>(g));
     return cudaGetLastError();
 }
@@ -544,11 +544,11 @@ cudaError_t launch_small_m(const GemmInt8Args& g, cudaStream_t stream) {
 // ---------------------------------------------------------------------------------------------
 // Launchers (arguments validated by cuda_kernels.cu)
 // ---------------------------------------------------------------------------------------------
-cudaError_t gemm_int4_reference(const GemmInt8Args& args, cudaStream_t stream) {
+cudaError_t gemm_int4_reference(const IntGemmArgs& args, cudaStream_t stream) {
     const int64_t blocks = ceil_div(args.m, kRefBM) * ceil_div(args.n, kRefBN);
     if (!grid_fits(blocks)) return cudaErrorInvalidConfiguration;
-    const uint8_t* a = reinterpret_cast<const uint8_t*>(args.a);
-    const uint8_t* b = reinterpret_cast<const uint8_t*>(args.b);
+    const uint8_t* a = args.a_as<uint8_t>();
+    const uint8_t* b = args.b_as<uint8_t>();
     return dispatch_out_dtype(args.out_dtype, [&](auto tag) {
         using OutT = decltype(tag);
         gemm_int4_reference_kernel<OutT><<<unsigned(blocks), kRefThreads, 0, stream>>>(
@@ -557,7 +557,7 @@ cudaError_t gemm_int4_reference(const GemmInt8Args& args, cudaStream_t stream) {
     });
 }
 
-cudaError_t gemm_int4_mma(const GemmInt8Args& args, cudaStream_t stream) {
+cudaError_t gemm_int4_mma(const IntGemmArgs& args, cudaStream_t stream) {
     if (compute_capability() < 80) return cudaErrorNotSupported;
     // The large tile unless its grid would leave SMs idle for the whole run: below one block
     // per SM, the 64x64 tile's four times as many blocks spread the work wider.
@@ -579,7 +579,7 @@ cudaError_t gemm_int4_mma(const GemmInt8Args& args, cudaStream_t stream) {
     });
 }
 
-cudaError_t gemm_int4_small_m(const GemmInt8Args& args, cudaStream_t stream) {
+cudaError_t gemm_int4_small_m(const IntGemmArgs& args, cudaStream_t stream) {
     if (args.m > kSmallMaxM || compute_capability() < 80) return cudaErrorNotSupported;
     const int64_t sms = std::max(sm_count(), 1);
     return dispatch_out_dtype(args.out_dtype, [&](auto tag) {

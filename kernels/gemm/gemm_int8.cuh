@@ -1,0 +1,24 @@
+// gemm_int8.cuh - launchers of the INT8 GEMM kernels (kernels/gemm_int8.cu and, for Hopper,
+// kernels/gemm_int8_sm90.cu), called by the entry points after they validated every argument.
+#pragma once
+
+#include "kernels/gemm/int_gemm.cuh"
+
+namespace ck {
+
+// The launchers of kernels/gemm_int8.cu; cuda_kernels.cu picks one from the shape and the GPU.
+// reference: simple shared-memory tiles and dp4a, any GPU; the baseline the others are tested on.
+// mma:       mma.sync m16n8k32 tensor-core tiles fed by a cp.async pipeline (sm_80 and newer;
+//            sm_75 runs the reference kernel instead).
+// small_m:   m <= 16 and CK_LAYOUT_NK: streams the weight once at memory bandwidth, fragments
+//            loaded straight from global memory (sm_80 and newer).
+cudaError_t gemm_int8_reference(const IntGemmArgs& args, cudaStream_t stream);
+cudaError_t gemm_int8_mma(const IntGemmArgs& args, cudaStream_t stream);
+cudaError_t gemm_int8_small_m(const IntGemmArgs& args, cudaStream_t stream);
+
+// Hopper (kernels/gemm_int8_sm90.cu). available(): this build has sm_90a code and the current
+// device is compute capability 9.0. The launcher handles CK_LAYOUT_NK only.
+bool gemm_int8_sm90_available();
+cudaError_t gemm_int8_sm90(const IntGemmArgs& args, cudaStream_t stream);
+
+}  // namespace ck

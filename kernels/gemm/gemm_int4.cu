@@ -39,8 +39,9 @@
 //   (83% of copy bandwidth; the 64x64 mma tiles took 108.8 us); the 8 MB (4096 x 4096) weight
 //   takes 8.3-9.0 us, where launch and ramp-up dominate.
 #include "kernels/core/epilogue.cuh"
-#include "kernels/gemm/gemm_int4.cuh"
+#include "kernels/core/mma_pipeline.cuh"
 #include "kernels/core/ptx.cuh"
+#include "kernels/gemm/gemm_int4.cuh"
 
 namespace ck {
 namespace {
@@ -168,44 +169,18 @@ gemm_int4_reference_kernel(const uint8_t* __restrict__ a, const uint8_t* __restr
 // unpacking everywhere gave 422, bound by integer issue. ldmatrix count per mma is half the
 // INT8 kernel's (one packed register feeds two MMAs).
 // ---------------------------------------------------------------------------------------------
-constexpr int kBKBytes = 64;                       // packed bytes of k per pipeline stage
+constexpr int kBKBytes = kTileKBytes;              // packed bytes of k per stage (mma_pipeline.cuh)
 constexpr int kChunksK = kBKBytes / kChunkBytes;   // 4
 constexpr int kFragChunks = 2;                     // chunks one A/B ldmatrix.x4 covers per row
 constexpr int kGroupM = 8;                         // tile rows per rasterization group (L2 reuse)
-
-template <int kBM_, int kBN_, int kWarpsM_, int kWarpsN_, int kStages_, int kMinBlocks_>
-struct Int4Tile {
-    static constexpr int kBM = kBM_, kBN = kBN_, kWarpsM = kWarpsM_, kWarpsN = kWarpsN_;
-    static constexpr int kStages = kStages_, kMinBlocks = kMinBlocks_;
-    static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
-    static constexpr int kWarpM = kBM / kWarpsM, kWarpN = kBN / kWarpsN;
-    static constexpr int kMI = kWarpM / 16, kNI = kWarpN / 8;
-    static constexpr int kABytes = kBM * kBKBytes, kBBytes = kBN * kBKBytes;
-    static constexpr int kStageBytes = kABytes + kBBytes;
-    static constexpr int kSmemBytes = kStages * kStageBytes;
-    static constexpr int kALoads = kABytes / kChunkBytes / kThreads;  // cp.async per thread
-    static constexpr int kBLoads = kBBytes / kChunkBytes / kThreads;
-
-    static_assert(kChunksK == 4, "the swizzle assumes 4 chunks (64 bytes) per row and stage");
-    static_assert(kChunksK % kFragChunks == 0, "whole ldmatrix k steps per stage");
-    static_assert(kWarpM % 16 == 0 && kWarpN % 16 == 0, "warp tiles of whole m16 and n16 pieces");
-    static_assert(kNI % 2 == 0, "B fragments load two n8 tiles per ldmatrix.x4");
-    static_assert(kABytes % (kChunkBytes * kThreads) == 0 &&
-                      kBBytes % (kChunkBytes * kThreads) == 0,
-                  "every thread issues the same number of cp.async");
-    static_assert(kStages >= 2, "a pipeline needs two stages");
-};
+static_assert(kChunkBytes == kTileChunkBytes && kChunksK % kFragChunks == 0,
+              "whole ldmatrix k steps per stage");
 
 // 128x128: 8 warps of 64x32, 4 stages x 16 KB = 64 KB (two blocks per SM on sm_80/sm_90).
-using Int4TileLarge = Int4Tile<128, 128, 2, 4, 4, 2>;
+using Int4TileLarge = MmaTile<128, 128, 2, 4, 4, 2>;
 // 64x64: 4 warps of 32x32, 4 stages x 8 KB = 32 KB; for grids the large tile leaves short of
 // one wave.
-using Int4TileSmall = Int4Tile<64, 64, 2, 2, 4, 4>;
-
-// Byte offset of chunk c of row r in a stage's A or B tile ([rows][64 bytes]).
-__device__ __forceinline__ uint32_t rowk_offset(int r, int c) {
-    return uint32_t(r * kChunksK + (c ^ ((r >> 1) & 3))) * kChunkBytes;
-}
+using Int4TileSmall = MmaTile<64, 64, 2, 2, 4, 4>;
 
 // Four packed codes (in the low nibble of each byte; the high nibbles are ignored) -> four
 // sign-extended int8. Per byte, with x the nibble and s its two's complement value:
@@ -268,42 +243,13 @@ gemm_int4_mma_kernel(const uint8_t* __restrict__ a, const uint8_t* __restrict__ 
         const int64_t kb0 = int64_t(kt) * kBKBytes;
         const uint32_t sa = smem_base + s * Tile::kStageBytes;
         const uint32_t sb = sa + Tile::kABytes;
-#pragma unroll
-        for (int i = 0; i < Tile::kALoads; ++i) {
-            const int idx = tid + i * kThreads, r = idx / kChunksK, c = idx % kChunksK;
-            const bool ok = m0 + r < m && kb0 + c * kChunkBytes < k_bytes;
-            const uint8_t* src = ok ? a + (m0 + r) * k_bytes + kb0 + c * kChunkBytes : a;
-            cp_async_16_zfill(sa + rowk_offset(r, c), src, ok);
-        }
-#pragma unroll
-        for (int i = 0; i < Tile::kBLoads; ++i) {
-            const int idx = tid + i * kThreads, r = idx / kChunksK, c = idx % kChunksK;
-            const bool ok = n0 + r < n && kb0 + c * kChunkBytes < k_bytes;
-            const uint8_t* src = ok ? b + (n0 + r) * k_bytes + kb0 + c * kChunkBytes : b;
-            cp_async_16_zfill(sb + rowk_offset(r, c), src, ok);
-        }
+        load_rowk_tile<Tile::kALoads, kThreads>(sa, a, m0, m, kb0, k_bytes);
+        load_rowk_tile<Tile::kBLoads, kThreads>(sb, b, n0, n, kb0, k_bytes);
     };
 
     int32_t acc[kMI][kNI][4] = {};
 
-    // Prologue: kStages - 1 tiles in flight. Every iteration commits one group (possibly
-    // empty) so that wait_group counts tiles.
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
-        if (s < k_tiles) load_stage(s, s);
-        cp_async_commit();
-    }
-
-    for (int kt = 0; kt < k_tiles; ++kt) {
-        cp_async_wait<kStages - 2>();  // tile kt has landed (for this thread) ...
-        __syncthreads();               // ... for every thread; stage (kt - 1) % kStages is free
-        {
-            const int next = kt + kStages - 1;
-            if (next < k_tiles) load_stage(next % kStages, next);
-            cp_async_commit();
-        }
-
-        const int s = kt % kStages;
+    cp_async_pipeline<kStages>(k_tiles, load_stage, [&](int s) {
         const uint32_t sa = smem_base + s * Tile::kStageBytes;
         const uint32_t sb = sa + Tile::kABytes;
         // Not unrolled: unrolled, ptxas hoists the next step's fragment loads over these MMAs
@@ -313,17 +259,9 @@ gemm_int4_mma_kernel(const uint8_t* __restrict__ a, const uint8_t* __restrict__ 
         for (int ks = 0; ks < kChunksK / kFragChunks; ++ks) {
             const int c0 = ks * kFragChunks;  // first chunk of these 64 k
             uint32_t af[kMI][4];              // packed: 8 k per register
-#pragma unroll
-            for (int mi = 0; mi < kMI; ++mi)
-                ldmatrix_x4(af[mi], sa + rowk_offset(wm0 + mi * 16 + lane % 16, c0 + lane / 16));
+            ldmatrix_a_fragments(af, sa, wm0, c0, lane);
             uint32_t bf[kNI][2];
-#pragma unroll
-            for (int nj = 0; nj < kNI; nj += 2) {
-                uint32_t r[4];
-                const int row = wn0 + nj * 8 + (lane / 16) * 8 + lane % 8;
-                ldmatrix_x4(r, sb + rowk_offset(row, c0 + (lane / 8) % 2));
-                bf[nj][0] = r[0], bf[nj][1] = r[1], bf[nj + 1][0] = r[2], bf[nj + 1][1] = r[3];
-            }
+            ldmatrix_b_fragments(bf, sb, wn0, c0, lane);
 
 #pragma unroll
             for (int h = 0; h < kKPerByte; ++h) {  // h = 0: even k (low nibbles), 1: odd k
@@ -343,8 +281,7 @@ gemm_int4_mma_kernel(const uint8_t* __restrict__ a, const uint8_t* __restrict__ 
                 }
             }
         }
-    }
-    cp_async_wait<0>();  // only empty groups remain; leave nothing in flight at exit
+    });
 
 #pragma unroll
     for (int mi = 0; mi < kMI; ++mi)
@@ -360,16 +297,9 @@ gemm_int4_mma_kernel(const uint8_t* __restrict__ a, const uint8_t* __restrict__ 
 
 template <class Tile, bool kScaled, typename OutT>
 cudaError_t launch_mma(const IntGemmArgs& g, cudaStream_t stream) {
-    const int64_t blocks = ceil_div(g.m, Tile::kBM) * ceil_div(g.n, Tile::kBN);
-    if (!grid_fits(blocks)) return cudaErrorInvalidConfiguration;
-    auto kernel = gemm_int4_mma_kernel<Tile, kScaled, OutT>;
-    constexpr int kSmem = Tile::kSmemBytes;
-    const cudaError_t e = allow_dynamic_smem(kernel, kSmem);
-    if (e != cudaSuccess) return e;
-    kernel<<<unsigned(blocks), Tile::kThreads, kSmem, stream>>>(
-        g.a_as<uint8_t>(), g.b_as<uint8_t>(),
-        g.k / kKPerByte, make_epilogue<OutT>(g));
-    return cudaGetLastError();
+    return launch_tiles<Tile>(gemm_int4_mma_kernel<Tile, kScaled, OutT>, g.m, g.n, stream,
+                              g.a_as<uint8_t>(), g.b_as<uint8_t>(), g.k / kKPerByte,
+                              make_epilogue<OutT>(g));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -422,13 +352,12 @@ gemm_int4_small_m_kernel(const uint8_t* __restrict__ a, const uint8_t* __restric
                          int64_t k_bytes, Epilogue<OutT> ep) {
     if constexpr (!kHasSm80) __trap();  // never launched below sm_80 (see kHasSm80)
     constexpr int kWarps = Cfg::kWarps, kTiles = Cfg::kTiles, kUnroll = Cfg::kUnroll;
-    constexpr int kThreads = Cfg::kThreads;
     constexpr bool kBufferA = Cfg::kBufferA;
     constexpr int kRowHalves = kHiRows ? 2 : 1;  // accumulator row halves that hold real rows
-    __shared__ int32_t partial[kWarps][kTiles][2 * kRowHalves][32];
+    __shared__ WarpPartials<kWarps, kTiles, kRowHalves, int32_t> partial;
 
     const int64_t m = ep.m, n = ep.n;
-    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int g = lane / 4, tq = lane % 4;
     const int64_t n0 = int64_t(blockIdx.x) * Cfg::kCols;
 
@@ -506,26 +435,12 @@ gemm_int4_small_m_kernel(const uint8_t* __restrict__ a, const uint8_t* __restric
             }
     }
 
-    // Sum the warps' partial tiles: element (t, r, lane) of each warp, consecutive lanes in
-    // consecutive banks, warps added in index order. Then one thread per accumulator pair
-    // (c0 c1: row g, c2 c3: row g + 8) stores; rows g + 8 only when they can exist.
-#pragma unroll
-    for (int t = 0; t < kTiles; ++t)
-#pragma unroll
-        for (int r = 0; r < 2 * kRowHalves; ++r) partial[warp][t][r][lane] = acc[t][r];
-    __syncthreads();
-    constexpr int kPairs = kTiles * kRowHalves * 32;
-    for (int p = tid; p < kPairs; p += kThreads) {
-        const int t = p / (kRowHalves * 32), rh = p / 32 % kRowHalves, l = p % 32;
-        int32_t s0 = 0, s1 = 0;
-#pragma unroll
-        for (int v = 0; v < kWarps; ++v) {
-            s0 += partial[v][t][2 * rh][l];
-            s1 += partial[v][t][2 * rh + 1][l];
-        }
+    // Sum the warps' partial tiles; one thread per accumulator pair (c0 c1: row g, c2 c3:
+    // row g + 8) stores; rows g + 8 only when they can exist.
+    sum_warp_partials(partial, acc, [&](int t, int rh, int l, int32_t s0, int32_t s1) {
         ep.store_pair(l / 4 + kSmallLoRows * rh, n0 + 8 * t + 2 * (l % 4), unscale<kScaled>(s0),
                       unscale<kScaled>(s1));
-    }
+    });
 }
 
 template <class Cfg, bool kHiRows, bool kScaled, typename OutT>
@@ -559,11 +474,7 @@ cudaError_t gemm_int4_reference(const IntGemmArgs& args, cudaStream_t stream) {
 
 cudaError_t gemm_int4_mma(const IntGemmArgs& args, cudaStream_t stream) {
     if (compute_capability() < 80) return cudaErrorNotSupported;
-    // The large tile unless its grid would leave SMs idle for the whole run: below one block
-    // per SM, the 64x64 tile's four times as many blocks spread the work wider.
-    const int64_t large_blocks =
-        ceil_div(args.m, Int4TileLarge::kBM) * ceil_div(args.n, Int4TileLarge::kBN);
-    const bool small = large_blocks < sm_count();
+    const bool small = short_of_one_wave<Int4TileLarge>(args.m, args.n);
     // Rows longer than kScaledMaxK (far beyond any layer) take the sign-extending unpacking, on
     // the small tile only: under the large tile's 128-register cap its extra unpacking
     // registers spilled.

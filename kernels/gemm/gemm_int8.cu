@@ -25,8 +25,9 @@
 //   For M <= 16 the weight's N*K bytes dominate: time >= N*K / copy bandwidth (H100: 3.0 TB/s,
 //   N=14336 K=4096 -> 20 us). For large M the tensor-core rate bounds it (mma.sync reaches a
 //   fraction of the H100's dense INT8 peak; Hopper's wgmma kernel lives in gemm_int8_sm90.cu).
-#include "kernels/core/ptx.cuh"
 #include "kernels/core/epilogue.cuh"
+#include "kernels/core/mma_pipeline.cuh"
+#include "kernels/core/ptx.cuh"
 #include "kernels/gemm/gemm_int8.cuh"
 
 
@@ -161,35 +162,18 @@ gemm_int8_reference_kernel(const int8_t* __restrict__ a, const int8_t* __restric
 //     four different 32-byte bank ranges. The XOR stays within a 128-byte line as long as a row
 //     has at least 4 chunks (kBN >= 64).
 // ---------------------------------------------------------------------------------------------
-constexpr int kBK = 64;                  // bytes of k per pipeline stage
-constexpr int kChunkBytes = 16;          // one cp.async
+constexpr int kBK = kTileKBytes;         // bytes of k per pipeline stage (mma_pipeline.cuh)
+constexpr int kChunkBytes = kTileChunkBytes;  // one cp.async
 constexpr int kChunksK = kBK / kChunkBytes;
 constexpr int kMmaK = 32;                // k of one mma.sync
 constexpr int kGroupM = 8;               // tile rows per rasterization group (L2 reuse of B)
 
-template <int kBM_, int kBN_, int kWarpsM_, int kWarpsN_, int kStages_, int kMinBlocks_>
-struct MmaTile {
-    static constexpr int kBM = kBM_, kBN = kBN_, kWarpsM = kWarpsM_, kWarpsN = kWarpsN_;
-    static constexpr int kStages = kStages_, kMinBlocks = kMinBlocks_;
-    static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
-    static constexpr int kWarpM = kBM / kWarpsM, kWarpN = kBN / kWarpsN;
-    static constexpr int kMI = kWarpM / 16, kNI = kWarpN / 8;
-    static constexpr int kABytes = kBM * kBK, kBBytes = kBN * kBK;
-    static constexpr int kStageBytes = kABytes + kBBytes;
-    static constexpr int kSmemBytes = kStages * kStageBytes;
-    static constexpr int kALoads = kABytes / kChunkBytes / kThreads;  // cp.async per thread
-    static constexpr int kBLoads = kBBytes / kChunkBytes / kThreads;
-
-    static_assert(kBK == 64, "the A/NK-B swizzle assumes 4 chunks per row");
+// What this family asks of a block tile beyond MmaTile's own checks.
+template <class Tile> struct Int8TileChecks {
     static_assert(kBK % kMmaK == 0, "whole mma k steps per stage");
-    static_assert(kWarpM % 16 == 0 && kWarpN % 32 == 0,
-                  "warp tiles of whole m16 fragments and 32-column groups (KN-B permutation)");
-    static_assert(kNI % 2 == 0, "NK-B fragments load two n8 tiles per ldmatrix.x4");
-    static_assert(kBN / kChunkBytes >= 4, "KN-B swizzle: at least 4 chunks per k row");
-    static_assert(kABytes % (kChunkBytes * kThreads) == 0 &&
-                      kBBytes % (kChunkBytes * kThreads) == 0,
-                  "every thread issues the same number of cp.async");
-    static_assert(kStages >= 2, "a pipeline needs two stages");
+    static_assert(Tile::kWarpN % 32 == 0, "32-column groups per warp (KN-B permutation)");
+    static_assert(Tile::kBN / kChunkBytes >= 4, "KN-B swizzle: at least 4 chunks per k row");
+    static constexpr bool kOk = true;
 };
 
 // 128x128: 8 warps of 64x32, 4 stages x 16 KB = 64 KB (two blocks per SM on sm_80/sm_90).
@@ -197,11 +181,7 @@ using MmaTileLarge = MmaTile<128, 128, 2, 4, 4, 2>;
 // 64x64: 4 warps of 32x32, 4 stages x 8 KB = 32 KB; for grids the large tile leaves short of
 // one wave.
 using MmaTileSmall = MmaTile<64, 64, 2, 2, 4, 4>;
-
-// Byte offset of chunk c of row r in an A or NK-B stage ([rows][64 bytes]).
-__device__ __forceinline__ uint32_t rowk_offset(int r, int c) {
-    return uint32_t(r * kChunksK + (c ^ ((r >> 1) & 3))) * kChunkBytes;
-}
+static_assert(Int8TileChecks<MmaTileLarge>::kOk && Int8TileChecks<MmaTileSmall>::kOk, "tiles");
 
 // Byte offset of chunk c (16 columns) of k row r in a KN-B stage ([64][kBN bytes]).
 template <int kBN> __device__ __forceinline__ uint32_t kn_offset(int r, int c) {
@@ -236,22 +216,13 @@ gemm_int8_mma_kernel(const int8_t* __restrict__ a, const int8_t* __restrict__ b,
         const int64_t k0 = kt * kBK;
         const uint32_t sa = smem_base + s * Tile::kStageBytes;
         const uint32_t sb = sa + Tile::kABytes;
+        load_rowk_tile<Tile::kALoads, kThreads>(sa, a, m0, m, k0, k);
+        if constexpr (kLayout == CK_LAYOUT_NK) {
+            load_rowk_tile<Tile::kBLoads, kThreads>(sb, b, n0, n, k0, k);
+        } else {
 #pragma unroll
-        for (int i = 0; i < Tile::kALoads; ++i) {
-            const int idx = tid + i * kThreads, r = idx / kChunksK, c = idx % kChunksK;
-            const bool ok = m0 + r < m && k0 + c * kChunkBytes < k;
-            const int8_t* src = ok ? a + (m0 + r) * k + k0 + c * kChunkBytes : a;
-            cp_async_16_zfill(sa + rowk_offset(r, c), src, ok);
-        }
-#pragma unroll
-        for (int i = 0; i < Tile::kBLoads; ++i) {
-            const int idx = tid + i * kThreads;
-            if constexpr (kLayout == CK_LAYOUT_NK) {
-                const int r = idx / kChunksK, c = idx % kChunksK;
-                const bool ok = n0 + r < n && k0 + c * kChunkBytes < k;
-                const int8_t* src = ok ? b + (n0 + r) * k + k0 + c * kChunkBytes : b;
-                cp_async_16_zfill(sb + rowk_offset(r, c), src, ok);
-            } else {
+            for (int i = 0; i < Tile::kBLoads; ++i) {
+                const int idx = tid + i * kThreads;
                 constexpr int kChunksN = kBN / kChunkBytes;
                 const int r = idx / kChunksN, c = idx % kChunksN;
                 const bool ok = k0 + r < k && n0 + c * kChunkBytes < n;
@@ -263,43 +234,18 @@ gemm_int8_mma_kernel(const int8_t* __restrict__ a, const int8_t* __restrict__ b,
 
     int32_t acc[kMI][kNI][4] = {};
 
-    // Prologue: kStages - 1 tiles in flight. Every iteration commits one group (possibly
-    // empty) so that wait_group counts tiles.
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
-        if (s < k_tiles) load_stage(s, s);
-        cp_async_commit();
-    }
-
-    for (int64_t kt = 0; kt < k_tiles; ++kt) {
-        cp_async_wait<kStages - 2>();  // tile kt has landed (for this thread) ...
-        __syncthreads();               // ... for every thread; stage (kt - 1) % kStages is free
-        {
-            const int64_t next = kt + kStages - 1;
-            if (next < k_tiles) load_stage(int(next % kStages), next);
-            cp_async_commit();
-        }
-
-        const int s = int(kt % kStages);
+    cp_async_pipeline<kStages>(k_tiles, load_stage, [&](int s) {
         const uint32_t sa = smem_base + s * Tile::kStageBytes;
         const uint32_t sb = sa + Tile::kABytes;
 #pragma unroll
         for (int ks = 0; ks < kBK / kMmaK; ++ks) {
             const int c0 = ks * (kMmaK / kChunkBytes);  // first chunk of this k32 step
             uint32_t af[kMI][4];
-#pragma unroll
-            for (int mi = 0; mi < kMI; ++mi)
-                ldmatrix_x4(af[mi], sa + rowk_offset(wm0 + mi * 16 + lane % 16, c0 + lane / 16));
+            ldmatrix_a_fragments(af, sa, wm0, c0, lane);
 
             uint32_t bf[kNI][2];
             if constexpr (kLayout == CK_LAYOUT_NK) {
-#pragma unroll
-                for (int nj = 0; nj < kNI; nj += 2) {
-                    uint32_t r[4];
-                    const int row = wn0 + nj * 8 + (lane / 16) * 8 + lane % 8;
-                    ldmatrix_x4(r, sb + rowk_offset(row, c0 + (lane / 8) % 2));
-                    bf[nj][0] = r[0], bf[nj][1] = r[1], bf[nj + 1][0] = r[2], bf[nj + 1][1] = r[3];
-                }
+                ldmatrix_b_fragments(bf, sb, wn0, c0, lane);
             } else {
                 const uint8_t* sbp = smem + s * Tile::kStageBytes + Tile::kABytes;
 #pragma unroll
@@ -328,8 +274,7 @@ gemm_int8_mma_kernel(const int8_t* __restrict__ a, const int8_t* __restrict__ b,
                     mma_s8_16x8x32(acc[mi][ni], af[mi][0], af[mi][1], af[mi][2], af[mi][3],
                                    bf[ni][0], bf[ni][1]);
         }
-    }
-    cp_async_wait<0>();  // only empty groups remain; leave nothing in flight at exit
+    });
 
 #pragma unroll
     for (int mi = 0; mi < kMI; ++mi) {
@@ -360,14 +305,8 @@ gemm_int8_mma_kernel(const int8_t* __restrict__ a, const int8_t* __restrict__ b,
 
 template <class Tile, ck_layout_t kLayout, typename OutT>
 cudaError_t launch_mma(const IntGemmArgs& g, cudaStream_t stream) {
-    const int64_t blocks = ceil_div(g.m, Tile::kBM) * ceil_div(g.n, Tile::kBN);
-    if (!grid_fits(blocks)) return cudaErrorInvalidConfiguration;
-    auto kernel = gemm_int8_mma_kernel<Tile, kLayout, OutT>;
-    constexpr int kSmem = Tile::kSmemBytes;
-    const cudaError_t e = allow_dynamic_smem(kernel, kSmem);
-    if (e != cudaSuccess) return e;
-    kernel<<<unsigned(blocks), Tile::kThreads, kSmem, stream>>>(g.a_as<int8_t>(), g.b_as<int8_t>(), g.k, make_epilogue<OutT>(g));
-    return cudaGetLastError();
+    return launch_tiles<Tile>(gemm_int8_mma_kernel<Tile, kLayout, OutT>, g.m, g.n, stream,
+                              g.a_as<int8_t>(), g.b_as<int8_t>(), g.k, make_epilogue<OutT>(g));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -399,11 +338,10 @@ __global__ void __launch_bounds__(kWarps * 32)
 gemm_int8_small_m_kernel(const int8_t* __restrict__ a, const int8_t* __restrict__ w, int64_t k,
                          Epilogue<OutT> ep) {
     if constexpr (!kHasSm80) __trap();  // never launched below sm_80 (see kHasSm80)
-    constexpr int kThreads = kWarps * 32;
-    __shared__ int32_t partial[kWarps][kSmallTiles][4][32];
+    __shared__ WarpPartials<kWarps, kSmallTiles, 2, int32_t> partial;
 
     const int64_t m = ep.m, n = ep.n;
-    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int g = lane / 4, tq = lane % 4;
     const int64_t n0 = int64_t(blockIdx.x) * kSmallCols;
 
@@ -460,24 +398,10 @@ gemm_int8_small_m_kernel(const int8_t* __restrict__ a, const int8_t* __restrict_
                                    word(cur.w[u][t], 2 * j), word(cur.w[u][t], 2 * j + 1));
     }
 
-    // Sum the warps' partial tiles: element (t, r, lane) of each warp, consecutive lanes in
-    // consecutive banks. Then one thread per accumulator pair (c0 c1 or c2 c3) stores.
-#pragma unroll
-    for (int t = 0; t < kSmallTiles; ++t)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) partial[warp][t][r][lane] = acc[t][r];
-    __syncthreads();
-    constexpr int kPairs = kSmallTiles * 2 * 32;
-    for (int p = tid; p < kPairs; p += kThreads) {
-        const int t = p / 64, rh = p / 32 % 2, l = p % 32;
-        int32_t s0 = 0, s1 = 0;
-#pragma unroll
-        for (int v = 0; v < kWarps; ++v) {
-            s0 += partial[v][t][2 * rh][l];
-            s1 += partial[v][t][2 * rh + 1][l];
-        }
+    // Sum the warps' partial tiles; one thread per accumulator pair (c0 c1 or c2 c3) stores.
+    sum_warp_partials(partial, acc, [&](int t, int rh, int l, int32_t s0, int32_t s1) {
         ep.store_pair(l / 4 + 8 * rh, n0 + 8 * t + 2 * (l % 4), s0, s1);
-    }
+    });
 }
 
 template <int kWarps, typename OutT>
@@ -509,10 +433,7 @@ cudaError_t gemm_int8_reference(const IntGemmArgs& args, cudaStream_t stream) {
 }
 
 cudaError_t gemm_int8_mma(const IntGemmArgs& args, cudaStream_t stream) {
-    // The large tile unless its grid would leave SMs idle for the whole run: below one block
-    // per SM, the 64x64 tile's four times as many blocks spread the work wider.
-    const int64_t large_blocks = ceil_div(args.m, MmaTileLarge::kBM) * ceil_div(args.n, MmaTileLarge::kBN);
-    const bool small = large_blocks < sm_count();
+    const bool small = short_of_one_wave<MmaTileLarge>(args.m, args.n);
     return dispatch_out_dtype(args.out_dtype, [&](auto tag) {
         using OutT = decltype(tag);
         if (args.b_layout == CK_LAYOUT_KN)

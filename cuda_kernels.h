@@ -21,6 +21,18 @@
  *     expected to be finite.
  *   - A call reports the errors of its own launches only: a non-sticky CUDA error that earlier
  *     calls on the thread left pending (cudaGetLastError) is cleared before the launch.
+ *   - Arguments of entry points with many of them (the Mixture-of-Experts and attention
+ *     families): one documented parameter struct per entry point, ck_<family>_params_t, passed
+ *     by const pointer, followed by the workspace (where one is needed) and the stream. Its
+ *     first field is `size_t struct_size`, which the caller sets to sizeof(the struct) it was
+ *     compiled with (as cuBLASLt descriptors and flash-attention's params carry their layout):
+ *     fields are only ever appended in later versions, the library reads the fields that
+ *     struct_size covers and gives the others their defaults, and a struct_size it does not know
+ *     is rejected with CK_STATUS_INVALID_VALUE. A zero-initialized struct (= {sizeof(s)}) means
+ *     every optional field at its default (no bias, no activation, defaults documented per
+ *     field). Why a struct: a dozen pointers, shapes and flags in a flat list are easy to pass in
+ *     the wrong order from an FFI and cannot grow without breaking the ABI. Functions with a
+ *     short, stable list of arguments (all functions below) keep flat argument lists.
  *
  * Quantization formats (tests/reference.py implements each exactly; results are bitwise equal):
  *   Arithmetic is float32 with round-half-to-even; rint() below is round-half-to-even.

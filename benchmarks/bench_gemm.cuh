@@ -300,16 +300,21 @@ struct Summary {
     double int8_us = 0;  // ck_gemm_int8 int32, [N, K] weight (0: not measured)
 };
 
-// One copy of the INT8 problem's buffers.
-struct Int8Set {
-    DeviceBuffer a;        // [M, K] int8
-    DeviceBuffer b;        // [N, K] int8; the [K, N]-weight rows read the same bytes as [K, N]
+// One copy of an integer GEMM problem's buffers: the INT8 problem's (int8 operands) or the
+// INT4 x INT4 problem's (packed int4 operands, two codes a byte); the rest is the same for both.
+struct IntGemmSet {
+    DeviceBuffer a;        // [M, K] int8 or [M, K / 2] packed int4
+    DeviceBuffer b;        // [N, K] int8 or [N, K / 2] packed int4; the [K, N]-weight int8 rows
+                           // read the same bytes as [K, N]
     DeviceBuffer c;        // [M, N] int32
-    DeviceBuffer scale_a;  // [M] float, per token
-    DeviceBuffer scale_b;  // [N] float, per output channel
-    DeviceBuffer bias;     // [N] fp16
-    DeviceBuffer out;      // [M, N] fp16
+    DeviceBuffer scale_a;  // [M] float, per token (scaled rows only)
+    DeviceBuffer scale_b;  // [N] float, per output channel (scaled rows only)
+    DeviceBuffer bias;     // [N] fp16 (scaled rows only)
+    DeviceBuffer out;      // [M, N] fp16 (scaled rows only)
 };
+
+// Which operands an IntGemmSet holds.
+enum class IntOperands { kInt8, kPackedInt4 };
 
 // One copy of a floating-point problem's buffers (cuBLAS reference and linear rows).
 struct FloatSet {
@@ -317,17 +322,6 @@ struct FloatSet {
     DeviceBuffer w;     // [N, K]
     DeviceBuffer bias;  // [N]
     DeviceBuffer out;   // [M, N]
-};
-
-// One copy of the INT4 x INT4 problem's buffers.
-struct Int4Set {
-    DeviceBuffer a;        // [M, K / 2] packed int4
-    DeviceBuffer b;        // [N, K / 2] packed int4
-    DeviceBuffer c;        // [M, N] int32
-    DeviceBuffer scale_a;  // [M] float, per token (scaled row only)
-    DeviceBuffer scale_b;  // [N] float, per output channel (scaled row only)
-    DeviceBuffer bias;     // [N] fp16 (scaled row only)
-    DeviceBuffer out;      // [M, N] fp16 (scaled row only)
 };
 
 // One copy of the W4A16 problem's buffers (fp16 activations, a packed INT4 weight of one mode in
@@ -601,7 +595,7 @@ class Problem {
         allocate_int4();
         spec.copies = int(int4_sets_.size());
         Row* row = bench_.run(spec, [this](int i) {
-            const Int4Set& s = int4_set(i);
+            const IntGemmSet& s = int4_set(i);
             CK_BENCH_CHECK(ck_gemm_int4(s.a.as<uint8_t>(), s.b.as<uint8_t>(), m_, n_, k_,
                                         s.c.as<int32_t>(), bench_.stream()));
         });
@@ -624,7 +618,7 @@ class Problem {
         allocate_int4();
         spec.copies = int(int4_sets_.size());
         Row* row = bench_.run(spec, [this](int i) {
-            const Int4Set& s = int4_set(i);
+            const IntGemmSet& s = int4_set(i);
             CK_BENCH_CHECK(ck_gemm_int4_scaled(
                 s.a.as<uint8_t>(), s.b.as<uint8_t>(), m_, n_, k_, s.scale_a.as<float>(),
                 CK_PER_ROW, s.scale_b.as<float>(), CK_PER_ROW, s.bias.as(), CK_ACTIVATION_RELU,
@@ -664,12 +658,12 @@ class Problem {
         return gemm_ex_timings_[CK_DTYPE_FP16];
     }
 
-    void int8_launch(const Int8Set& s, ck_layout_t layout) const {
+    void int8_launch(const IntGemmSet& s, ck_layout_t layout) const {
         CK_BENCH_CHECK(ck_gemm_int8(s.a.as<int8_t>(), s.b.as<int8_t>(), layout, m_, n_, k_,
                                     s.c.as<int32_t>(), bench_.stream()));
     }
 
-    void int8_scaled_launch(const Int8Set& s) const {
+    void int8_scaled_launch(const IntGemmSet& s) const {
         CK_BENCH_CHECK(ck_gemm_int8_scaled(
             s.a.as<int8_t>(), s.b.as<int8_t>(), CK_LAYOUT_NK, m_, n_, k_, s.scale_a.as<float>(),
             CK_PER_ROW, s.scale_b.as<float>(), CK_PER_ROW, s.bias.as(), CK_ACTIVATION_RELU,
@@ -699,7 +693,7 @@ class Problem {
         if (lt_epilogue_timing_) return *lt_epilogue_timing_;
         pick_lt_algo();
         lt_epilogue_timing_ = bench_.time([this](int i) {
-            const Int8Set& s = int8_set(i);
+            const IntGemmSet& s = int8_set(i);
             lt_int8_launch(s);
             scale_bias_relu_fp16(s.c.as<int32_t>(), s.scale_a.as<float>(), s.scale_b.as<float>(),
                                  s.bias.as<__half>(), s.out.as<__half>(), m_, n_, bench_.stream());
@@ -709,7 +703,7 @@ class Problem {
 
     // The cuBLASLt int8 baseline: its fastest of kHeuristicCandidates algorithms (each timed
     // briefly on these buffers), then timed once in full and reused by every row that needs it.
-    void lt_int8_launch(const Int8Set& s) const {
+    void lt_int8_launch(const IntGemmSet& s) const {
         lt_->launch(lt_algo_, s.a.as<int8_t>(), s.b.as<int8_t>(), s.c.as<int32_t>(),
                     ctx_.workspace.as(), ctx_.workspace.bytes(), bench_.stream());
     }
@@ -734,7 +728,7 @@ class Problem {
         for (const cublasLtMatmulAlgo_t& algo : algos) {
             const Timing t = bench_.time(
                 [this, &algo](int i) {
-                    const Int8Set& s = int8_set(i);
+                    const IntGemmSet& s = int8_set(i);
                     lt_->launch(algo, s.a.as<int8_t>(), s.b.as<int8_t>(), s.c.as<int32_t>(),
                                 ctx_.workspace.as(), ctx_.workspace.bytes(), bench_.stream());
                 },
@@ -746,35 +740,60 @@ class Problem {
         }
     }
 
-    const Int8Set& int8_set(int iteration) const {
+    const IntGemmSet& int8_set(int iteration) const {
         return int8_sets_[size_t(iteration) % int8_sets_.size()];
     }
 
-    // Rotation copies sized by the smallest INT8 call (the fused one: fp16 out).
-    void allocate_int8() {
-        if (!int8_sets_.empty()) return;
-        const double mn = double(m_) * double(n_), mk = double(m_) * double(k_);
-        const double per_copy = mk + weight_elements() + 6.0 * mn + 8.0 * double(m_ + n_);
-        const int copies = bench_.rotation_copies(scaled_call_bytes(), per_copy);
+    const IntGemmSet& int4_set(int iteration) const {
+        return int4_sets_[size_t(iteration) % int4_sets_.size()];
+    }
+
+    void allocate_int8() { allocate_int_sets(int8_sets_, IntOperands::kInt8, /*first_seed=*/5000); }
+    void allocate_int4() {
+        allocate_int_sets(int4_sets_, IntOperands::kPackedInt4, /*first_seed=*/17000);
+    }
+
+    // Rotation copies of an integer GEMM problem, allocated on first use and sized by its
+    // smallest call (the fused one: fp16 out). INT8 operands are codes in [-kInt8Max, kInt8Max];
+    // any byte is a valid pair of int4 codes, so packed INT4 operands are random bytes.
+    void allocate_int_sets(std::vector<IntGemmSet>& sets, IntOperands operands,
+                           uint64_t first_seed) {
+        if (!sets.empty()) return;
+        const bool int4 = operands == IntOperands::kPackedInt4;
+        const auto operand_bytes = [&](int64_t rows) {
+            return size_t(int4 ? rows * k_ / 2 : rows * k_);
+        };
+        const double mn = double(m_) * double(n_);
+        const double per_copy =
+            (int4 ? int4_input_bytes() : int8_input_bytes()) + 6.0 * mn + 8.0 * double(m_ + n_);
+        const int copies = bench_.rotation_copies(
+            int4 ? int4_scaled_call_bytes() : scaled_call_bytes(), per_copy);
         cudaStream_t st = bench_.stream();
+        const auto fill_operand = [&](DeviceBuffer& buf, uint64_t seed) {
+            if (int4)
+                fill_random_bytes(buf.as(), int64_t(buf.bytes()), seed, st);
+            else
+                fill_uniform(buf.as(), CK_DTYPE_INT8, int64_t(buf.bytes()), seed, -kInt8Max,
+                             kInt8Max, st);
+        };
         for (int c = 0; c < copies; ++c) {
-            const uint64_t seed = 5000 + 100 * uint64_t(c);
-            Int8Set s;
-            s.a = DeviceBuffer(size_t(m_ * k_));
-            s.b = DeviceBuffer(size_t(n_ * k_));
+            const uint64_t seed = first_seed + 100 * uint64_t(c);
+            IntGemmSet s;
+            s.a = DeviceBuffer(operand_bytes(m_));
+            s.b = DeviceBuffer(operand_bytes(n_));
             s.c = DeviceBuffer(sizeof(int32_t) * size_t(m_ * n_));
             s.scale_a = DeviceBuffer(sizeof(float) * size_t(m_));
             s.scale_b = DeviceBuffer(sizeof(float) * size_t(n_));
             s.bias = DeviceBuffer(sizeof(__half) * size_t(n_));
             s.out = DeviceBuffer(sizeof(__half) * size_t(m_ * n_));
-            fill_uniform(s.a.as(), CK_DTYPE_INT8, m_ * k_, seed + 1, -kInt8Max, kInt8Max, st);
-            fill_uniform(s.b.as(), CK_DTYPE_INT8, n_ * k_, seed + 2, -kInt8Max, kInt8Max, st);
+            fill_operand(s.a, seed + 1);
+            fill_operand(s.b, seed + 2);
             fill_uniform(s.scale_a.as(), CK_DTYPE_FP32, m_, seed + 3, kScaleMin, kScaleMax, st);
             fill_uniform(s.scale_b.as(), CK_DTYPE_FP32, n_, seed + 4, kScaleMin, kScaleMax, st);
             fill_uniform(s.bias.as(), CK_DTYPE_FP16, n_, seed + 5, -kFloatAbsMax, kFloatAbsMax, st);
             fill_random_bytes(s.c.as(), int64_t(s.c.bytes()), seed + 6, st);
             fill_random_bytes(s.out.as(), int64_t(s.out.bytes()), seed + 7, st);
-            int8_sets_.push_back(std::move(s));
+            sets.push_back(std::move(s));
         }
         CK_BENCH_CHECK(cudaStreamSynchronize(st));
     }
@@ -835,40 +854,6 @@ class Problem {
         return sets;
     }
 
-    const Int4Set& int4_set(int iteration) const {
-        return int4_sets_[size_t(iteration) % int4_sets_.size()];
-    }
-
-    // Rotation copies of the INT4 x INT4 problem, sized by its smaller call (fp16 out). Any byte
-    // is a valid pair of int4 codes, so the operands are random bytes.
-    void allocate_int4() {
-        if (!int4_sets_.empty()) return;
-        const double mn = double(m_) * double(n_);
-        const double per_copy = int4_input_bytes() + 6.0 * mn + 8.0 * double(m_ + n_);
-        const int copies = bench_.rotation_copies(int4_scaled_call_bytes(), per_copy);
-        cudaStream_t st = bench_.stream();
-        for (int c = 0; c < copies; ++c) {
-            const uint64_t seed = 17000 + 100 * uint64_t(c);
-            Int4Set s;
-            s.a = DeviceBuffer(size_t(m_ * k_ / 2));
-            s.b = DeviceBuffer(size_t(n_ * k_ / 2));
-            s.c = DeviceBuffer(sizeof(int32_t) * size_t(m_ * n_));
-            s.scale_a = DeviceBuffer(sizeof(float) * size_t(m_));
-            s.scale_b = DeviceBuffer(sizeof(float) * size_t(n_));
-            s.bias = DeviceBuffer(sizeof(__half) * size_t(n_));
-            s.out = DeviceBuffer(sizeof(__half) * size_t(m_ * n_));
-            fill_random_bytes(s.a.as(), int64_t(s.a.bytes()), seed + 1, st);
-            fill_random_bytes(s.b.as(), int64_t(s.b.bytes()), seed + 2, st);
-            fill_uniform(s.scale_a.as(), CK_DTYPE_FP32, m_, seed + 3, kScaleMin, kScaleMax, st);
-            fill_uniform(s.scale_b.as(), CK_DTYPE_FP32, n_, seed + 4, kScaleMin, kScaleMax, st);
-            fill_uniform(s.bias.as(), CK_DTYPE_FP16, n_, seed + 5, -kFloatAbsMax, kFloatAbsMax, st);
-            fill_random_bytes(s.c.as(), int64_t(s.c.bytes()), seed + 6, st);
-            fill_random_bytes(s.out.as(), int64_t(s.out.bytes()), seed + 7, st);
-            int4_sets_.push_back(std::move(s));
-        }
-        CK_BENCH_CHECK(cudaStreamSynchronize(st));
-    }
-
     // The rotation copies of a floating-point problem in `dtype`, allocated on first use.
     const std::vector<FloatSet>& float_sets(ck_dtype_t dtype) {
         std::vector<FloatSet>& sets = float_sets_[dtype];
@@ -899,13 +884,13 @@ class Problem {
     int64_t k_, n_, m_;
     Shape shape_;
     std::string shape_name_;
-    std::vector<Int8Set> int8_sets_;
+    std::vector<IntGemmSet> int8_sets_;
     std::map<ck_dtype_t, std::vector<FloatSet>> float_sets_;
     std::map<ck_int4_mode_t, std::vector<W4A16Set>> w4a16_sets_;
     // [N, K] fp16: the source of each W4A16 copy's weight, then the unfused pipeline's dequantized
     // weight (one buffer, allocated outside timing).
     DeviceBuffer w4a16_dense_;
-    std::vector<Int4Set> int4_sets_;
+    std::vector<IntGemmSet> int4_sets_;
     std::map<ck_dtype_t, Timing> gemm_ex_timings_;  // cublasGemmEx per dtype, timed once
     std::optional<Timing> int8_timing_;             // ck_gemm_int8, [N, K] weight
     std::optional<Timing> int8_scaled_timing_;      // ck_gemm_int8_scaled

@@ -110,6 +110,15 @@ template <typename F> cudaError_t dispatch_float_dtype(ck_dtype_t dtype, F&& f) 
     }
 }
 
+// The same for the 16-bit float types (fp16, bf16): the W4A16 kernels' activations and scales.
+template <typename F> cudaError_t dispatch_half_dtype(ck_dtype_t dtype, F&& f) {
+    switch (dtype) {
+        case CK_DTYPE_FP16: return f(__half{});
+        case CK_DTYPE_BF16: return f(__nv_bfloat16{});
+        default: return cudaErrorInvalidValue;  // the entry points reject these earlier
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // 8-element chunks: the unit of work of the element-wise and quantization kernels. A thread
 // handles the 8 consecutive elements [c0, c0 + 8) of a row; `n` of them are inside the row.

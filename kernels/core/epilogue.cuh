@@ -1,7 +1,9 @@
-// epilogue.cuh - the GEMM epilogue shared by every matrix kernel: int32 (or float) accumulators
-// -> scale by row and column -> bias -> activation -> one rounding to the output type -> store.
-//
-//   out[r, c] = act(fma(float(acc) * scale_a[r or 0], scale_b[c or 0], bias[c]))
+// epilogue.cuh - the GEMM epilogues shared by every matrix kernel, one rounding to the output
+// type each:
+//   Epilogue<OutT>       int32 accumulators (INT8, INT4 GEMMs): scale by row and column, bias,
+//                        activation: out[r, c] = act(fma(float(acc) * scale_a[r or 0], scale_b[c or 0], bias[c]))
+//   FloatEpilogue<T>     float accumulators (W4A16 GEMMs): out[r, c] = act(acc + bias[c]), the
+//                        bias added only where there is one.
 //
 // Kernels produce accumulators in pairs of adjacent columns (the mma C-fragment layout), so the
 // store unit is a pair: one 8-byte (int32/fp32) or 4-byte (fp16/bf16) store when both columns
@@ -150,6 +152,50 @@ template <typename OutT> struct Epilogue {
         } else {
             *reinterpret_cast<uint32_t*>(p) = bits(v0) | (bits(v1) << 16);
         }
+    }
+
+    template <typename> friend struct FloatEpilogue;
+};
+
+// The epilogue of the float-accumulator (W4A16) kernels: T is __half or __nv_bfloat16.
+template <typename T> struct FloatEpilogue {
+    T* out;
+    int64_t m, n;         // the output is [m, n], row-major
+    const T* bias;        // n values or nullptr
+    ck_activation_t activation;
+    bool pair_aligned;    // n even and out 4-byte aligned: a pair is one 4-byte store
+
+    // v + bias[c] where there is a bias (c < n). The streaming kernels add nothing without a
+    // bias; the tiled ones add bias_at(c), 0 without one (a -0 sum becomes +0 there): each
+    // kernel keeps the bits it has always produced.
+    __device__ __forceinline__ float add_bias(int64_t c, float v) const {
+        return bias ? v + to_float(bias[c]) : v;
+    }
+    // bias[c], or 0 without a bias or past n.
+    __device__ __forceinline__ float bias_at(int64_t c) const {
+        return bias && c < n ? to_float(bias[c]) : 0.f;
+    }
+
+    // Stores act(v0), act(v1) at columns c and c + 1 of row r, rounded once: one 4-byte store
+    // when both are inside and pair_aligned, else one element at a time. The caller checks
+    // r < m and c < n; a column c + 1 past n is dropped.
+    __device__ __forceinline__ void store_pair(int64_t r, int64_t c, float v0, float v1) const {
+        T* p = out + r * n + c;
+        const T h0 = from_float<T>(activate(v0, activation));
+        if (c + 1 < n) {
+            const T h1 = from_float<T>(activate(v1, activation));
+            if (pair_aligned) {
+                Epilogue<T>::store_two(p, h0, h1);
+                return;
+            }
+            p[1] = h1;
+        }
+        p[0] = h0;
+    }
+
+    // Stores act(v) at (r, c), r < m and c < n.
+    __device__ __forceinline__ void store(int64_t r, int64_t c, float v) const {
+        out[r * n + c] = from_float<T>(activate(v, activation));
     }
 };
 

@@ -129,13 +129,15 @@ __device__ __forceinline__ void cp_async_pipeline(Count tiles, Load&& load, Comp
         if (s < tiles) load(s, Count(s));
         cp_async_commit();
     }
+    int read_stage = 0, write_stage = kStages - 1;
     for (Count kt = 0; kt < tiles; ++kt) {
         cp_async_wait<kStages - 2>();  // tile kt has landed (for this thread) ...
-        __syncthreads();               // ... for every thread; the stage of tile kt - 1 is free
-        const Count next = kt + kStages - 1;
-        if (next < tiles) load(int(next % kStages), next);
+        __syncthreads();               // ... for every thread; write_stage was read at kt - 1
+        if (kt + kStages - 1 < tiles) load(write_stage, kt + kStages - 1);
         cp_async_commit();
-        compute(int(kt % kStages));
+        compute(read_stage);
+        read_stage = read_stage == kStages - 1 ? 0 : read_stage + 1;
+        write_stage = write_stage == kStages - 1 ? 0 : write_stage + 1;
     }
     cp_async_wait<0>();  // only empty groups remain; leave nothing in flight at exit
 }

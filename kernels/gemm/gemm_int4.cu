@@ -32,12 +32,9 @@
 //
 // Floors: bytes = (M + N) * K / 2 + M * N * sizeof(out) (+ scales and bias); ops = 2 * M * N * K.
 //   For large M and N the tensor-core rate bounds it: the same int8 mma.sync rate as
-//   gemm_int8.cu's mma kernel (~550-600 TOPS at 4096^3 on an H100) with half its shared-memory
-//   traffic; measured 606 TOPS (4096^3), 637 (4096 x 14336 x 4096), 523 (M = 1024).
+//   gemm_int8.cu's mma kernel with half its shared-memory traffic.
 //   For M <= 16 the N * K / 2 weight bytes bound it: N = 28672, K = 8192 is 117 MB, 39 us at the
-//   H100's 3.0 TB/s copy bandwidth. small_m measured 47.0 us at M = 1 and 47.2 us at M = 16
-//   (83% of copy bandwidth; the 64x64 mma tiles took 108.8 us); the 8 MB (4096 x 4096) weight
-//   takes 8.3-9.0 us, where launch and ramp-up dominate.
+//   H100's 3.0 TB/s copy bandwidth. Measurements: benchmarks/NOTES.md and results/.
 #include "kernels/core/epilogue.cuh"
 #include "kernels/core/mma_pipeline.cuh"
 #include "kernels/core/ptx.cuh"
@@ -164,10 +161,10 @@ gemm_int4_reference_kernel(const uint8_t* __restrict__ a, const uint8_t* __restr
 // Unpack cost (unpack_half): for K <= kScaledMaxK the codes unpack to 16 s (1 instruction for
 // the high nibbles, 2 for the low ones) and the accumulators hold 256 * sum; longer rows take
 // the sign-extending unpacking (3 / 4 instructions). A 64x32 warp tile unpacks 16 A and 8 B
-// packed words into 48 int8 words per 32 MMAs: ~2.3 instructions per mma (scaled). Measured on
-// an H100 at 4096^3: 606 TOPS (int8 mma kernel on the same run: 582); the sign-extending
-// unpacking everywhere gave 422, bound by integer issue. ldmatrix count per mma is half the
-// INT8 kernel's (one packed register feeds two MMAs).
+// packed words into 48 int8 words per 32 MMAs: ~2.3 instructions per mma (scaled), against
+// 3-4 for the sign-extending unpacking, which left the kernel bound by integer issue
+// (benchmarks/NOTES.md). ldmatrix count per mma is half the INT8 kernel's (one packed register
+// feeds two MMAs).
 // ---------------------------------------------------------------------------------------------
 constexpr int kBKBytes = kTileKBytes;              // packed bytes of k per stage (mma_pipeline.cuh)
 constexpr int kChunksK = kBKBytes / kChunkBytes;   // 4
@@ -498,17 +495,14 @@ cudaError_t gemm_int4_small_m(const IntGemmArgs& args, cudaStream_t stream) {
         return with_bool(args.m > kSmallLoRows, [&](auto hi_rows) {
             return with_bool(args.k <= kScaledMaxK, [&](auto scaled) {
                 constexpr bool kHi = decltype(hi_rows)::value, kScaled = decltype(scaled)::value;
-                // Measured on an H100 over 11 (warps, tiles, unroll, kBufferA) configurations,
-                // K x N = 8192 x 28672 (117 MB):
+                // Chosen by a sweep of 11 (warps, tiles, unroll, kBufferA) configurations
+                // (benchmarks/NOTES.md):
                 // - m <= 8: 4 warps, 2 tiles, 4 chunks per step, activations double-buffered
-                //   (144-152 registers on sm_90, 3 blocks per SM): 47.0 us (83%). In the
-                //   sweep's own timing loop it took 49.4 us and the other ten 47.1-50.6 us;
-                //   2 chunks per step (47.1) lost on K x N = 14336 x 4096 (20.4 us vs 18.6).
+                //   (144-152 registers on sm_90, 3 blocks per SM).
                 // - m > 8 (rows g + 8 double the activation registers): the same configuration
-                //   takes 195-198 registers, 2 blocks per SM, 56 us (70%). 4 tiles x 2 chunks
-                //   with the activations loaded at the top of their step (122-124 registers on
-                //   sm_90, 4 blocks per SM) keeps as many weight bytes in flight per warp:
-                //   47.2 us (83%).
+                //   would take ~196 registers (2 blocks per SM); 4 tiles x 2 chunks with the
+                //   activations loaded at the top of their step (~124 registers, 4 blocks per
+                //   SM) keeps as many weight bytes in flight per warp.
                 // 8 warps (more of them splitting K) when the narrow blocks would not give
                 // every SM one (N = 4096 with 4 tiles: 128 blocks).
                 using Narrow = std::conditional_t<kHi, SmallMConfig<4, 4, 2, false>,

@@ -164,7 +164,6 @@ gemm_int8_reference_kernel(const int8_t* __restrict__ a, const int8_t* __restric
 // ---------------------------------------------------------------------------------------------
 constexpr int kBK = kTileKBytes;         // bytes of k per pipeline stage (mma_pipeline.cuh)
 constexpr int kChunkBytes = kTileChunkBytes;  // one cp.async
-constexpr int kChunksK = kBK / kChunkBytes;
 constexpr int kMmaK = 32;                // k of one mma.sync
 constexpr int kGroupM = 8;               // tile rows per rasterization group (L2 reuse of B)
 
@@ -377,8 +376,8 @@ gemm_int8_small_m_kernel(const int8_t* __restrict__ a, const int8_t* __restrict_
     };
 
     // Software pipeline in registers: the next step's loads are issued before this step's
-    // MMAs, so a warp always has a step of loads in flight (measured: ~1.3x the bandwidth of
-    // load-then-compute on 58 MB weights, where the compiler otherwise interleaved the two).
+    // MMAs, so a warp always has a step of loads in flight (left to itself, the compiler
+    // interleaved the two; benchmarks/NOTES.md has the measurement).
     int32_t acc[kSmallTiles][4] = {};
     constexpr int64_t kStride = int64_t(kWarps) * kSmallUnroll;
     int64_t c0 = int64_t(warp) * kSmallUnroll;
@@ -452,11 +451,11 @@ cudaError_t gemm_int8_small_m(const IntGemmArgs& args, cudaStream_t stream) {
     const int64_t sms = std::max(sm_count(), 1);
     return dispatch_out_dtype(args.out_dtype, [&](auto tag) {
         using OutT = decltype(tag);
-        // Bandwidth wants many loads in flight on every SM. Measured on an H100 (weights of
-        // 16-235 MB, M = 1 and 16): 4 warps per block, 2 tiles x 4 chunks of loads per warp and
-        // step, pipelined, was within ~5% of the best of eleven configurations at every shape;
-        // 8 warps (more of them splitting K) only when there are too few column groups to give
-        // every SM two blocks. (16 warps would cap registers at 128 and spill.)
+        // Bandwidth wants many loads in flight on every SM. 4 warps per block, 2 tiles x 4
+        // chunks of loads per warp and step, pipelined (the best of a sweep of eleven
+        // configurations within noise at every shape, benchmarks/NOTES.md); 8 warps (more of
+        // them splitting K) only when there are too few column groups to give every SM two
+        // blocks. (16 warps would cap registers at 128 and spill.)
         if (blocks * 2 <= sms && chunks >= 8 * kSmallUnroll)
             return launch_small_m<8, OutT>(args, blocks, stream);
         return launch_small_m<4, OutT>(args, blocks, stream);

@@ -20,23 +20,19 @@
 //     group of a tile over all 32 banks, so neither side has bank conflicts.
 //
 // Floors at M = N = K = 4096: 2 M N K = 137 G int8 ops; H100 SXM dense int8 peak ~1979 TOPS
-// -> 69 us (cuBLASLt reaches 1270 TOPS, 108 us); bytes ~100 MB (int32 out) -> 33 us. Large-M
-// shapes are compute-bound; the tile shapes below trade tile count against the per-tile
-// shared-memory traffic of wgmma.
-#include <cuda.h>
-#include <cudaTypedefs.h>
-
-#include <mutex>
-
+// -> 69 us; bytes ~100 MB (int32 out) -> 33 us. Large-M shapes are compute-bound; the tile
+// shapes below trade tile count against the per-tile shared-memory traffic of wgmma.
+//
+// The Hopper primitives (mbarrier, TMA, wgmma, setmaxnreg) are in kernels/core/ptx_sm90.cuh, the
+// tensor maps in kernels/core/tma.cuh.
 #include "kernels/core/epilogue.cuh"
-#include "kernels/core/ptx.cuh"
+#include "kernels/core/ptx_sm90.cuh"
+#include "kernels/core/tma.cuh"
 #include "kernels/gemm/gemm_int8.cuh"
 
-// The sm_90a pass defines __CUDA_ARCH_FEAT_SM90_ALL; every other target compiles empty bodies
-// (the host never launches them: gemm_int8_sm90_available() checks the device).
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define CK_SM90A_DEVICE 1
-#endif
+// Kernel bodies are compiled in the sm_90a pass only (CK_SM90A_DEVICE, ptx_sm90.cuh); every
+// other target gets empty ones, which the host never launches: gemm_int8_sm90_available()
+// checks the device.
 
 namespace ck {
 namespace {
@@ -44,170 +40,19 @@ namespace {
 constexpr int kWarpgroupThreads = 128;
 constexpr int kBlockK = 128;              // bytes of K per stage: one 128-byte swizzle row
 constexpr int kWgmmaK = 32;               // K of one int8 wgmma
-[[maybe_unused]] constexpr int kSwizzleRows = 8;           // the 128-byte swizzle repeats every 8 rows (1024 B)
 constexpr int kSmemBudget = 220 * 1024;   // of the 227 KB a block may have: stages + barriers
 constexpr int kMaxStages = 8;
 [[maybe_unused]] constexpr int kProducerRegisters = 40;    // setmaxnreg: the producer needs few registers ...
 [[maybe_unused]] constexpr int kConsumerRegisters = 232;   // ... so the consumers can hold their accumulators
 
 static_assert(kBlockK % kWgmmaK == 0, "a stage holds whole wgmma K steps");
+static_assert(kBlockK == 128, "tiles are 128-byte swizzled K-major rows: TMA's SWIZZLE_128B box "
+                              "and wgmma_descriptor()'s default layout");
 
 // ---------------------------------------------------------------------------------------------
-// PTX wrappers, one instruction each.
+// The wgmma (ptx_sm90.cuh) of one 32-byte K step for a tile kBlockN wide.
 // ---------------------------------------------------------------------------------------------
 #ifdef CK_SM90A_DEVICE
-// mbarrier.init: the barrier completes a phase after `count` arrivals (plus awaited tx bytes).
-__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(shared_address(bar)), "r"(count));
-}
-
-// mbarrier.arrive.expect_tx: arrive and announce `bytes` that asynchronous copies will complete.
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_address(bar)),
-                 "r"(bytes)
-                 : "memory");
-}
-
-// mbarrier.arrive: one plain arrival.
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(shared_address(bar)) : "memory");
-}
-
-// mbarrier.try_wait.parity in a loop: returns once the phase with this parity has completed.
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-    asm volatile(
-        "{\n.reg .pred done;\n"
-        "WAIT_%=:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-        "@!done bra WAIT_%=;\n}\n" ::"r"(shared_address(bar)),
-        "r"(parity)
-        : "memory");
-}
-
-// fence.proxy.async: makes the barrier initialization visible to the TMA (async proxy).
-__device__ __forceinline__ void fence_barrier_init() {
-    asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;" ::: "memory");
-}
-
-// cp.async.bulk.tensor.2d: TMA copy of the box at (x = k, y = row) into shared memory,
-// completing its bytes on `bar`.
-__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, uint64_t* bar,
-                                            int x, int y) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-        " [%0], [%1, {%3, %4}], [%2];" ::"r"(shared_address(dst)),
-        "l"(reinterpret_cast<uint64_t>(map)), "r"(shared_address(bar)), "r"(x), "r"(y)
-        : "memory");
-}
-
-// prefetch.tensormap: pulls the tensor map (a kernel parameter) into the cache early.
-__device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
-    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
-}
-
-// wgmma.fence: orders earlier register accesses before the next wgmma reads its accumulators.
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-
-// wgmma.commit_group: closes the group of wgmmas issued since the last commit.
-__device__ __forceinline__ void wgmma_commit() {
-    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-}
-
-// wgmma.wait_group: waits until at most `kPending` committed groups are still running.
-template <int kPending> __device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
-}
-
-// bar.sync id, 128: a barrier among the 128 threads of one warpgroup (ids 1, 2, ...; 0 is
-// __syncthreads).
-__device__ __forceinline__ void warpgroup_barrier(int id) {
-    asm volatile("bar.sync %0, %1;" ::"r"(id), "n"(kWarpgroupThreads) : "memory");
-}
-
-// setmaxnreg: moves registers between warpgroups (dec in the producer, inc in the consumers).
-template <int kRegs> __device__ __forceinline__ void setmaxnreg_dec() {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegs));
-}
-template <int kRegs> __device__ __forceinline__ void setmaxnreg_inc() {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegs));
-}
-
-// The wgmma shared-memory matrix descriptor of a K-major tile written by TMA with the 128-byte
-// swizzle: start address, leading-dimension offset (unused for this layout: 1), stride offset
-// = 1024 bytes between 8-row groups, swizzle mode 1 (128 B) in bits 62-63. Addresses are in
-// 16-byte units. Stepping K by 32 bytes inside the swizzle row just advances the start address:
-// the hardware applies the XOR pattern to the final address, as TMA did when writing.
-__device__ __forceinline__ uint64_t smem_descriptor(const void* tile) {
-    constexpr uint64_t kLeading = 1;
-    constexpr uint64_t kStride = (kSwizzleRows * kBlockK) >> 4;
-    constexpr uint64_t kSwizzle128B = 1;
-    return uint64_t((shared_address(tile) & 0x3FFFF) >> 4) | (kLeading << 16) | (kStride << 32) |
-           (kSwizzle128B << 62);
-}
-
-// wgmma.mma_async m64n128k32 s32 += s8 x s8, A and B from shared memory (descriptors);
-// d holds the warpgroup's 64 x 128 int32 accumulators (64 per thread). accumulate = 0
-// overwrites d instead of adding to it.
-__device__ __forceinline__ void wgmma_m64n128k32_s8(int32_t (&d)[64], uint64_t desc_a,
-                                                 uint64_t desc_b, int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\n"
-        "setp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-        "}, %64, %65, p;\n}\n"
-        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
-          "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
-          "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
-          "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]),
-          "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]),
-          "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]),
-          "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
-          "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
-        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-}
-
-// wgmma.mma_async m64n256k32 s32 += s8 x s8, A and B from shared memory (descriptors);
-// d holds the warpgroup's 64 x 256 int32 accumulators (128 per thread). accumulate = 0
-// overwrites d instead of adding to it.
-__device__ __forceinline__ void wgmma_m64n256k32_s8(int32_t (&d)[128], uint64_t desc_a,
-                                                 uint64_t desc_b, int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\n"
-        "setp.ne.b32 p, %130, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n256k32.s32.s8.s8 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"
-        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"
-        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,"
-        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,"
-        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-        "}, %128, %129, p;\n}\n"
-        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
-          "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
-          "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
-          "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]),
-          "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]),
-          "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]),
-          "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
-          "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63]),
-          "+r"(d[64]), "+r"(d[65]), "+r"(d[66]), "+r"(d[67]), "+r"(d[68]), "+r"(d[69]), "+r"(d[70]), "+r"(d[71]),
-          "+r"(d[72]), "+r"(d[73]), "+r"(d[74]), "+r"(d[75]), "+r"(d[76]), "+r"(d[77]), "+r"(d[78]), "+r"(d[79]),
-          "+r"(d[80]), "+r"(d[81]), "+r"(d[82]), "+r"(d[83]), "+r"(d[84]), "+r"(d[85]), "+r"(d[86]), "+r"(d[87]),
-          "+r"(d[88]), "+r"(d[89]), "+r"(d[90]), "+r"(d[91]), "+r"(d[92]), "+r"(d[93]), "+r"(d[94]), "+r"(d[95]),
-          "+r"(d[96]), "+r"(d[97]), "+r"(d[98]), "+r"(d[99]), "+r"(d[100]), "+r"(d[101]), "+r"(d[102]), "+r"(d[103]),
-          "+r"(d[104]), "+r"(d[105]), "+r"(d[106]), "+r"(d[107]), "+r"(d[108]), "+r"(d[109]), "+r"(d[110]), "+r"(d[111]),
-          "+r"(d[112]), "+r"(d[113]), "+r"(d[114]), "+r"(d[115]), "+r"(d[116]), "+r"(d[117]), "+r"(d[118]), "+r"(d[119]),
-          "+r"(d[120]), "+r"(d[121]), "+r"(d[122]), "+r"(d[123]), "+r"(d[124]), "+r"(d[125]), "+r"(d[126]), "+r"(d[127])
-        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-}
-
-
 template <int kN> struct Wgmma;
 template <> struct Wgmma<128> {
     static __device__ __forceinline__ void run(int32_t (&d)[64], uint64_t a, uint64_t b, int acc) {
@@ -323,7 +168,8 @@ __global__ void __launch_bounds__(Sm90Config<kConsumers, kBlockN>::kThreads, 1)
             mbar_init(&full[s], 1);                    // the producer's expect_tx arrival
             mbar_init(&empty[s], kConsumers * 4);      // one arrival per consumer warp
         }
-        fence_barrier_init();
+        fence_mbarrier_init();       // the inits are visible to the other threads ...
+        fence_proxy_async_shared();  // ... and to the TMA that completes on the barriers
     }
     __syncthreads();
 
@@ -394,8 +240,8 @@ __global__ void __launch_bounds__(Sm90Config<kConsumers, kBlockN>::kThreads, 1)
                 wgmma_fence();
 #pragma unroll
                 for (int ks = 0; ks < kBlockK / kWgmmaK; ++ks)
-                    Wgmma<kBlockN>::run(acc, smem_descriptor(a + ks * kWgmmaK),
-                                        smem_descriptor(b + ks * kWgmmaK), kb > 0 || ks > 0);
+                    Wgmma<kBlockN>::run(acc, wgmma_descriptor(a + ks * kWgmmaK),
+                                        wgmma_descriptor(b + ks * kWgmmaK), kb > 0 || ks > 0);
                 wgmma_commit();
                 // Keep one stage's wgmmas in flight; the previous stage's are done now, so its
                 // buffers can be refilled.
@@ -421,7 +267,7 @@ __global__ void __launch_bounds__(Sm90Config<kConsumers, kBlockN>::kThreads, 1)
                 }
                 // The table of the other parity is still being read by slower threads of this
                 // warpgroup; this one was last read two tiles ago, before the last barrier.
-                warpgroup_barrier(1 + consumer);
+                named_barrier_sync<kWarpgroupThreads>(1 + consumer);
             }
             auto columns = [&](int64_t c) {
                 const int local = int(c - n0);
@@ -450,43 +296,21 @@ __global__ void __launch_bounds__(Sm90Config<kConsumers, kBlockN>::kThreads, 1)
 // ---------------------------------------------------------------------------------------------
 // Host side
 // ---------------------------------------------------------------------------------------------
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-    static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-        void* p = nullptr;
-        cudaDriverEntryPointQueryResult found{};
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
-                                             &found) != cudaSuccess ||
-            found != cudaDriverEntryPointSuccess)
-            p = nullptr;
-        return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
-    }();
-    return fn;
-}
-
-// A 2-D TMA map over a row-major int8 [rows, k] matrix, boxes of box_rows x 128 bytes, 128-byte
-// swizzle, zero fill out of bounds.
-cudaError_t make_tensor_map(CUtensorMap* map, const int8_t* base, int64_t rows, int64_t k,
-                            int box_rows) {
-    const auto encode = tensor_map_encoder();
-    if (!encode) return cudaErrorNotSupported;
-    const cuuint64_t dims[2] = {cuuint64_t(k), cuuint64_t(rows)};
-    const cuuint64_t strides[1] = {cuuint64_t(k)};  // bytes between rows
-    const cuuint32_t box[2] = {cuuint32_t(kBlockK), cuuint32_t(box_rows)};
-    const cuuint32_t element_strides[2] = {1, 1};
-    const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<int8_t*>(base), dims,
-                              strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                              CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+// A 2-D TMA map over a row-major int8 [rows, k] operand: boxes of box_rows x kBlockK bytes with
+// the 128-byte swizzle that the wgmma descriptors expect, zero fill out of bounds.
+cudaError_t make_operand_map(CUtensorMap* map, const int8_t* base, int64_t rows, int64_t k,
+                             int box_rows) {
+    return make_tensor_map_2d(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, base, rows, k, k, box_rows,
+                              kBlockK, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
 template <typename OutT, int kConsumers, int kBlockN>
 cudaError_t launch_sm90(const IntGemmArgs& args, cudaStream_t stream) {
     using Config = Sm90Config<kConsumers, kBlockN>;
     CUtensorMap map_a, map_b;
-    cudaError_t err = make_tensor_map(&map_a, args.a_as<int8_t>(), args.m, args.k, Config::kBlockM);
+    cudaError_t err = make_operand_map(&map_a, args.a_as<int8_t>(), args.m, args.k, Config::kBlockM);
     if (err != cudaSuccess) return err;
-    err = make_tensor_map(&map_b, args.b_as<int8_t>(), args.n, args.k, kBlockN);
+    err = make_operand_map(&map_b, args.b_as<int8_t>(), args.n, args.k, kBlockN);
     if (err != cudaSuccess) return err;
 
     const Epilogue<OutT> ep = make_epilogue<OutT>(args);

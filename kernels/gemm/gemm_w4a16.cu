@@ -26,9 +26,10 @@
 // Floors: bytes = M*K*2 + N*K/2 + N*groups*(2 [+1 with zeros]) + M*N*2 (+ bias); flops = 2*M*N*K.
 //   For M <= 16 the weight dominates: time >= N*K/2 / copy bandwidth (H100 ~3.0 TB/s:
 //   N=28672 K=8192 -> 117 MB -> ~39 us at full copy speed).
-#include "kernels/core/epilogue.cuh"
-#include "kernels/gemm/gemm_w4a16.cuh"
 #include "kernels/core/dequant.cuh"
+#include "kernels/core/epilogue.cuh"
+#include "kernels/core/mma_pipeline.cuh"
+#include "kernels/gemm/gemm_w4a16.cuh"
 
 namespace ck {
 namespace {
@@ -88,13 +89,12 @@ __device__ __forceinline__ float load_weight_8(const uint8_t* __restrict__ w,
 }
 
 template <typename T, bool kAsym, bool kPrepacked>
-__global__ void __launch_bounds__(kRefThreads)
-gemm_w4a16_reference_kernel(const T* __restrict__ x, const uint8_t* __restrict__ w,
-                            const T* __restrict__ scales, const uint8_t* __restrict__ zeros,
-                            int64_t group_size, int64_t groups, const T* __restrict__ bias,
-                            ck_activation_t activation, int64_t m, int64_t n, int64_t k,
-                            T* __restrict__ out) {
+__global__ void __launch_bounds__(kRefThreads) gemm_w4a16_reference_kernel(const GemmW4A16Args args) {
     __shared__ float sx[kRefBK][kRefBM + kRefPad];
+    const T* __restrict__ x = args.x_as<T>();
+    const T* __restrict__ scales = static_cast<const T*>(args.scales);
+    const int64_t m = args.m, n = args.n, k = args.k;
+    const FloatEpilogue<T> ep = args.epilogue<T>();
     __shared__ float sw[kRefBK][kRefBN + kRefPad];
 
     const int64_t tiles_m = ceil_div(m, kRefBM);
@@ -111,8 +111,8 @@ gemm_w4a16_reference_kernel(const T* __restrict__ x, const uint8_t* __restrict__
         float wv[kRefLoadK] = {};
         if (n0 + ld_row < n) {
             int v[kRefLoadK];  // q - zero
-            const float s = load_weight_8<T, kAsym, kPrepacked>(w, scales, zeros, n0 + ld_row,
-                                                                k0 + ld_k, group_size, groups, k, v);
+            const float s = load_weight_8<T, kAsym, kPrepacked>(
+                args.w, scales, args.zeros, n0 + ld_row, k0 + ld_k, args.group_size, args.groups, k, v);
 #pragma unroll
             for (int i = 0; i < kRefLoadK; ++i)
                 wv[i] = to_float(from_float<T>(float(v[i]) * s));  // w' rounded to dtype
@@ -142,11 +142,11 @@ gemm_w4a16_reference_kernel(const T* __restrict__ x, const uint8_t* __restrict__
     for (int j = 0; j < kRefMicro; ++j) {
         const int64_t c = n0 + tx + 16 * j;
         if (c >= n) continue;
-        const float b = bias ? to_float(bias[c]) : 0.f;
+        const float b = ep.bias_at(c);
 #pragma unroll
         for (int i = 0; i < kRefMicro; ++i) {
             const int64_t r = m0 + ty + 16 * i;
-            if (r < m) out[r * n + c] = from_float<T>(activate(acc[i][j] + b, activation));
+            if (r < m) ep.store(r, c, acc[i][j] + b);
         }
     }
 }
@@ -159,7 +159,7 @@ gemm_w4a16_reference_kernel(const T* __restrict__ x, const uint8_t* __restrict__
 // (U = kUnroll consecutive chunks per step).
 // Per chunk and n8 tile, lane l (g = l / 4, t = l % 4) loads 16 bytes of weight row
 // n0 + 8 tile + g: the 32 codes of k = kk + 32 t .. + 31, all in one group (group sizes are
-// multiples of 32), so with them one scale (and zero). Dequantized (dequant_word), word i of
+// multiples of 32), so with them one scale (and zero). Dequantized (Dequant<Int4Zp>, core/dequant.cuh), word i of
 // the vector (k = 8i .. 8i + 7 of those 32) becomes pairs P[4i + j] = (k 8i + j, 8i + j + 4).
 // mma s (s < 8, k16 each) takes b0 = P[2s], b1 = P[2s + 1]. The lane also loads x rows g and
 // g + 8 at the same 32 k (4 x 16 bytes a row; zeros for rows >= m, which are never read) and
@@ -181,20 +181,18 @@ constexpr int kSmallMaxM = 16;        // rows of the mma fragment
 constexpr int kXVectors = kLaneK * 2 / 16;  // 16-byte x loads per row, lane and chunk
 static_assert(kLaneK % 8 == 0 && kChunkK == 4 * kLaneK, "4 lanes of 32 k per chunk");
 
-using SmallMArgs = StreamOperands;
-
 template <typename T, int kTiles, int kUnroll, int kWarps, bool kHi, bool kAsym>
 __global__ void __launch_bounds__(kWarps * 32)
-gemm_w4a16_small_m_kernel(const SmallMArgs args) {
+gemm_w4a16_small_m_kernel(const GemmW4A16Args args) {
     if constexpr (!kHasSm80) __trap();  // never launched below sm_80 (see kHasSm80)
-    constexpr int kThreads = kWarps * 32;
     constexpr int kHalves = kHi ? 2 : 1;  // m16 fragment halves that hold real rows
-    __shared__ float partial[kWarps][kTiles][4][32];
+    __shared__ WarpPartials<kWarps, kTiles, kHalves, float> partial;
 
-    const T* __restrict__ x = static_cast<const T*>(args.x);
+    const T* __restrict__ x = args.x_as<T>();
     const uint16_t* __restrict__ scales = static_cast<const uint16_t*>(args.scales);
     const int64_t m = args.m, n = args.n, k = args.k;
-    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int group_shift = args.group_shift();
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int g = lane / 4, tq = lane % 4;
     const int64_t n0 = int64_t(blockIdx.x) * 8 * kTiles;
 
@@ -232,7 +230,7 @@ gemm_w4a16_small_m_kernel(const SmallMArgs args) {
             const int64_t kk = (c0 + u) * kChunkK;     // + 32 tq is in the row pointers
             const int64_t kl = kk + tq * kLaneK;       // this lane's first k
             const bool kok = kl < k;                   // the K tail (and chunks past it)
-            const int64_t grp = kl >> args.group_shift;
+            const int64_t grp = kl >> group_shift;
             Chunk128& c = s.c[u];
 #pragma unroll
             for (int t = 0; t < kTiles; ++t) {
@@ -258,7 +256,7 @@ gemm_w4a16_small_m_kernel(const SmallMArgs args) {
 
     // x vector v holds k 8v .. 8v + 7 as words (8v, 8v+1) (8v+2, 8v+3) (8v+4, 8v+5) (8v+6, 8v+7);
     // pairs (8v + j, 8v + j + 4) for j = 0..3 take the low / high halves of words 0 and 2 (j = 0,
-    // 1) and of words 1 and 3 (j = 2, 3): the order dequant_word gives the weight.
+    // 1) and of words 1 and 3 (j = 2, 3): the order the dequantizer gives the weight.
     auto x_pairs = [](const uint4 (&xv)[kXVectors], uint32_t (&a)[2 * kXVectors * 2]) {
 #pragma unroll
         for (int v = 0; v < kXVectors; ++v) {
@@ -293,7 +291,7 @@ gemm_w4a16_small_m_kernel(const SmallMArgs args) {
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
                     uint32_t p4[4];
-                    dequant_word<T>(word(c.w[t], i) ^ bias, zero, scale2, p4);
+                    Dequant<Int4Zp, T>::word(word(c.w[t], i) ^ bias, {zero, scale2}, p4);
 #pragma unroll
                     for (int j = 0; j < 4; ++j) b[4 * i + j] = p4[j];
                 }
@@ -317,34 +315,14 @@ gemm_w4a16_small_m_kernel(const SmallMArgs args) {
         compute_step(cur);
     }
 
-    // Sum the warps' partial tiles: element (t, r, lane) of each warp, consecutive lanes in
-    // consecutive banks. Then one thread per accumulator pair (c0 c1 or c2 c3) stores.
-#pragma unroll
-    for (int t = 0; t < kTiles; ++t)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) partial[warp][t][r][lane] = acc[t][r];
-    __syncthreads();
-    const T* bias = static_cast<const T*>(args.bias);
-    T* out = static_cast<T*>(args.out);
-    constexpr int kOutPairs = kTiles * kHalves * 32;
-    for (int p = tid; p < kOutPairs; p += kThreads) {
-        const int t = p / (32 * kHalves), rh = p / 32 % kHalves, l = p % 32;
+    // Sum the warps' partial tiles; one thread per accumulator pair (c0 c1 or c2 c3) stores.
+    const FloatEpilogue<T> ep = args.epilogue<T>();
+    sum_warp_partials(partial, acc, [&](int t, int rh, int l, float s0, float s1) {
         const int64_t row = l / 4 + 8 * rh;
         const int64_t col = n0 + 8 * t + 2 * (l % 4);
-        if (row >= m || col >= n) continue;
-        float s0 = 0.f, s1 = 0.f;
-#pragma unroll
-        for (int v = 0; v < kWarps; ++v) {
-            s0 += partial[v][t][2 * rh][l];
-            s1 += partial[v][t][2 * rh + 1][l];
-        }
-        if (bias) {
-            s0 += to_float(bias[col]);
-            if (col + 1 < n) s1 += to_float(bias[col + 1]);
-        }
-        store_out_pair(out, row, col, n, activate(s0, args.activation),
-                       activate(s1, args.activation), args.pair_aligned);
-    }
+        if (row >= m || col >= n) return;
+        ep.store_pair(row, col, ep.add_bias(col, s0), col + 1 < n ? ep.add_bias(col + 1, s1) : s1);
+    });
 }
 
 // A small-M configuration: kTiles n8 tiles per block, kUnroll chunks per warp and step,
@@ -355,7 +333,7 @@ template <int kTiles_, int kUnroll_, int kWarps_> struct SmallMConfig {
 };
 
 template <class Cfg, typename T, bool kHi, bool kAsym>
-cudaError_t launch_small_m(const SmallMArgs& a, cudaStream_t stream) {
+cudaError_t launch_small_m(const GemmW4A16Args& a, cudaStream_t stream) {
     const int64_t blocks = ceil_div(a.n, Cfg::kCols);
     if (!grid_fits(blocks)) return cudaErrorInvalidConfiguration;
     gemm_w4a16_small_m_kernel<T, Cfg::kTiles, Cfg::kUnroll, Cfg::kWarps, kHi, kAsym>
@@ -444,10 +422,7 @@ cudaError_t gemm_w4a16_reference(const GemmW4A16Args& args, cudaStream_t stream)
         return with_bool(args.zeros != nullptr, [&](auto asym) {
             return with_bool(args.prepacked, [&](auto prepacked) {
                 gemm_w4a16_reference_kernel<T, decltype(asym)::value, decltype(prepacked)::value>
-                    <<<unsigned(blocks), kRefThreads, 0, stream>>>(
-                        static_cast<const T*>(args.x), args.w, static_cast<const T*>(args.scales),
-                        args.zeros, args.group_size, args.groups, static_cast<const T*>(args.bias),
-                        args.activation, args.m, args.n, args.k, static_cast<T*>(args.out));
+                    <<<unsigned(blocks), kRefThreads, 0, stream>>>(args);
                 return cudaGetLastError();
             });
         });
@@ -456,7 +431,6 @@ cudaError_t gemm_w4a16_reference(const GemmW4A16Args& args, cudaStream_t stream)
 
 cudaError_t gemm_w4a16_small_m(const GemmW4A16Args& args, cudaStream_t stream) {
     if (args.m < 1 || args.m > kSmallMaxM || compute_capability() < 80) return cudaErrorNotSupported;
-    const SmallMArgs a = stream_operands(args);
     const int64_t min_blocks = kMinBlocksPerSm * std::max(sm_count(), 1);
     const auto fits = [&](int64_t cols) { return ceil_div(args.n, cols) >= min_blocks; };
     return dispatch_half_dtype(args.dtype, [&](auto tag) {
@@ -464,12 +438,12 @@ cudaError_t gemm_w4a16_small_m(const GemmW4A16Args& args, cudaStream_t stream) {
         return with_bool(args.zeros != nullptr, [&](auto asym) {
             constexpr bool kAsym = decltype(asym)::value;
             if (args.m <= 8) {
-                if (fits(SmallLoWide::kCols)) return launch_small_m<SmallLoWide, T, false, kAsym>(a, stream);
-                return launch_small_m<SmallLoNarrow, T, false, kAsym>(a, stream);
+                if (fits(SmallLoWide::kCols)) return launch_small_m<SmallLoWide, T, false, kAsym>(args, stream);
+                return launch_small_m<SmallLoNarrow, T, false, kAsym>(args, stream);
             }
-            if (fits(SmallHiWide::kCols)) return launch_small_m<SmallHiWide, T, true, kAsym>(a, stream);
-            if (fits(SmallHiMid::kCols)) return launch_small_m<SmallHiMid, T, true, kAsym>(a, stream);
-            return launch_small_m<SmallHiNarrow, T, true, kAsym>(a, stream);
+            if (fits(SmallHiWide::kCols)) return launch_small_m<SmallHiWide, T, true, kAsym>(args, stream);
+            if (fits(SmallHiMid::kCols)) return launch_small_m<SmallHiMid, T, true, kAsym>(args, stream);
+            return launch_small_m<SmallHiNarrow, T, true, kAsym>(args, stream);
         });
     });
 }

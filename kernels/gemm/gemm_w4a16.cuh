@@ -1,51 +1,24 @@
-// gemm_w4a16.cuh - launchers of the weight-only INT4 GEMM (kernels/gemm_w4a16.cu for the
-// interchange layout and the prepack, kernels/gemm_w4a16_stream.cu and kernels/gemm_w4a16_tc.cu
-// for the prepacked layout), called by the entry points after they validated every argument.
+// gemm_w4a16.cuh - launchers of the weight-only INT4 GEMM (gemm_w4a16.cu for the interchange
+// layout and the prepack, gemm_w4a16_prepacked_stream.cu and gemm_w4a16_prepacked_tc.cu for the
+// prepacked layout of w4a16_prepacked.cuh), called by the entry points after they validated
+// every argument.
 #pragma once
 
 #include "kernels/core/common.cuh"
+#include "kernels/core/epilogue.cuh"
+#include "kernels/gemm/w4a16_prepacked.cuh"
 
 namespace ck {
 
-// ---------------------------------------------------------------------------------------------
-// The prepacked layout (ck_w4a16_prepack). The unit is a 512-byte tile: 8 weight rows x 128 k.
-// Lane l = 4 g + s of a warp owns 16 bytes at l * 16: row g, k slice 32 s .. 32 s + 31, as four
-// words; word i holds k 8i .. 8i + 7 of the slice with nibble e = k 2e (e < 4), 2(e - 4) + 1
-// (e >= 4). dequant_word turns word i into pairs p[j] = (k 8i + 2j, 8i + 2j + 1): exactly x's
-// 32-bit words 4i + j of the same slice, so an A fragment register is a plain x word, and a
-// warp's 512 bytes are one contiguous load. Codes are unsigned (symmetric q stored as q + 8 with
-// zero point 8), so kernels never branch on the mode for the codes. Scales and zeros are
-// [N8 / 8][groups][8]: the 8 rows of a tile share 16 (8) contiguous bytes per group.
-// ---------------------------------------------------------------------------------------------
-constexpr int kPackRows = 8;        // weight rows per tile (one mma n8 tile)
-constexpr int kPackK = 128;         // k per tile (4 slices of 32, one per lane column)
-constexpr int kPackSliceK = 32;     // k per lane: one 16-byte vector
-constexpr int kPackTileBytes = kPackRows * kPackK / 2;  // 512
-static_assert(kPackTileBytes == 32 * 16, "one 16-byte vector per lane");
-
-__host__ __device__ constexpr int64_t prepacked_rows(int64_t n) { return ceil_div(n, kPackRows) * kPackRows; }
-__host__ __device__ constexpr int64_t prepacked_chunks(int64_t k) { return ceil_div(k, kPackK); }
-
-// Byte offset of the 16-byte vector of (row, k slice) in the prepacked weight; k0 a multiple of 32.
-__host__ __device__ constexpr int64_t prepacked_vector_offset(int64_t row, int64_t k0, int64_t chunks) {
-    return ((row / kPackRows) * chunks + k0 / kPackK) * kPackTileBytes +
-           ((row % kPackRows) * (kPackK / kPackSliceK) + (k0 % kPackK) / kPackSliceK) * 16;
-}
-
-// Index of the scale (zero) of (row, group) in the prepacked scales (zeros).
-__host__ __device__ constexpr int64_t prepacked_group_index(int64_t row, int64_t group, int64_t groups) {
-    return ((row / kPackRows) * groups + group) * kPackRows + row % kPackRows;
-}
-
-// Nibble e of a prepacked word holds this k of the word's 8.
-__host__ __device__ constexpr int prepacked_nibble_k(int e) { return e < 4 ? 2 * e : 2 * (e - 4) + 1; }
-
 // One W4A16 call: out[m, n] = act(x[m, k] . w'[n, k]^T + bias[n]), w' = (q - zero) * scale
-// rounded to dtype (fp16 or bf16), as ck_dequantize_int4 computes it.
+// rounded to dtype (fp16 or bf16), as ck_dequantize_int4 computes it. Every W4A16 kernel takes
+// the call as it is (by value, as its kernel argument); what a kernel derives from it (the group
+// shift, chunk and tile counts, the epilogue) comes from the member functions below, so the
+// group size has one encoding.
 // Interchange layout (ck_gemm_w4a16): w [n, k / 2], scales [n, groups], zeros [n, groups] or
-// nullptr (symmetric, signed codes). Prepacked layout (ck_gemm_w4a16_prepacked, see
-// kernels/w4a16_fragment.cuh): w in 512-byte tiles, scales and zeros [ceil(n / 8)][groups][8],
-// codes always unsigned; zeros nullptr means symmetric (zero point 8).
+// nullptr (symmetric, signed codes). Prepacked layout (ck_gemm_w4a16_prepacked,
+// w4a16_prepacked.cuh): w in 512-byte tiles, scales and zeros [ceil(n / 8)][groups][8], codes
+// always unsigned; zeros nullptr means symmetric (zero point 8).
 struct GemmW4A16Args {
     const void* x;            // [m, k] dtype
     ck_dtype_t dtype;         // CK_DTYPE_FP16 or CK_DTYPE_BF16
@@ -59,6 +32,22 @@ struct GemmW4A16Args {
     int64_t m, n, k;          // k % 32 == 0
     void* out;                // [m, n] dtype
     bool prepacked;           // w, scales, zeros in the prepacked layout
+
+    // The group of k is k >> group_shift(): 5, 6, 7 for groups of 32, 64, 128, and 62 when a row
+    // is one group (every k < 2^62 maps to group 0).
+    __host__ __device__ int group_shift() const {
+        return groups == 1 ? kRowGroupShift : group_size == 32 ? 5 : group_size == 64 ? 6 : 7;
+    }
+    static constexpr int kRowGroupShift = 62;
+    // 128-k chunks of a row (the prepacked tile columns) and n8 tiles of the output.
+    __host__ __device__ int64_t chunks() const { return prepacked_chunks(k); }
+    __host__ __device__ int64_t tiles8() const { return ceil_div(n, kPackRows); }
+
+    template <typename T> __host__ __device__ const T* x_as() const { return static_cast<const T*>(x); }
+    template <typename T> __host__ __device__ FloatEpilogue<T> epilogue() const {
+        return {static_cast<T*>(out), m, n, static_cast<const T*>(bias), activation,
+                n % 2 == 0 && reinterpret_cast<uintptr_t>(out) % 4 == 0};
+    }
 };
 
 // Interchange layout. small_m: m <= 16, streams the weight once (sm_80+; returns

@@ -29,7 +29,7 @@
 // group the warps add their partial accumulators through shared memory in a fixed order
 // (deterministic) and store the group's [m, 8 * kTiles] slice: bias, activation, one rounding.
 //
-// Fragments. dequant_word turns word i of a lane's vector into pairs p[j] = (k 8i + 2j,
+// Fragments. the INT4 dequantizer (Dequant<Int4Zp>) turns word i of a lane's vector into pairs p[j] = (k 8i + 2j,
 // 8i + 2j + 1) of its slice: exactly x's 32-bit words 4i + j of the same slice (two 16-bit values
 // per word, lower k in the low half). The mma runs transposed, out^T[n][m] = w'[n][k] x^T[k][m]:
 // A (16 x k16) is a pair of tiles (A rows g and g + 8 = row g of tiles 2q and 2q + 1), B (k16 x 8)
@@ -50,9 +50,9 @@
 // flops = 2*M*N*K (negligible: ~1% of the tensor cores at M=16).
 #include <atomic>
 
+#include "kernels/core/dequant.cuh"
 #include "kernels/core/epilogue.cuh"
 #include "kernels/gemm/gemm_w4a16.cuh"
-#include "kernels/core/dequant.cuh"
 
 namespace ck {
 namespace {
@@ -107,13 +107,6 @@ __host__ __device__ constexpr int partial_floats(int warps, int tiles, int x_row
     return warps * tiles * (x_rows == 16 ? 4 : 2) * kLanes;
 }
 
-struct StreamArgs : StreamOperands {
-    int stages;           // ring stages per warp, kMinStages .. kMaxStages (2 works too)
-    int64_t chunks;       // prepacked_chunks(k)
-    int64_t tiles;        // ceil(n / 8)
-    int64_t tile_groups;  // ceil(tiles / kTiles)
-};
-
 // cp.async.wait_group with a run-time count (the stage count is chosen from the device's shared
 // memory): one uniform branch per step.
 __device__ __forceinline__ void cp_async_wait_pending(int pending) {
@@ -142,7 +135,7 @@ template <> struct Words<2> {
 
 template <typename T, int kTiles, int kXRows, bool kAsym>
 __global__ void __launch_bounds__(kMaxWarps * kLanes, 1)
-gemm_w4a16_stream_kernel(const StreamArgs a) {
+gemm_w4a16_stream_kernel(const GemmW4A16Args a, const int stages) {
     if constexpr (!kHasSm80) __trap();  // never launched below sm_80 (see kHasSm80)
     constexpr bool kHi = kXRows == 16;              // x rows 8 .. 15 exist
     constexpr int kLoRows = stage_lo_rows(kXRows);  // x rows copied for rows 0 .. 7
@@ -164,13 +157,15 @@ gemm_w4a16_stream_kernel(const StreamArgs a) {
     const int lane = threadIdx.x % kLanes, warp = threadIdx.x / kLanes;
     const int warps = blockDim.x / kLanes;
     const int g = lane / 4, s = lane % 4;  // fragment row / column of the lane; s = k slice
-    const int ring_bytes = a.stages * kL.bytes;
+    const int ring_bytes = stages * kL.bytes;
     const uint8_t* ring = smem + warp * ring_bytes;
     float* partial = reinterpret_cast<float*>(smem + warps * ring_bytes);
 
     const T* __restrict__ x = static_cast<const T*>(a.x);
     const uint16_t* __restrict__ scales = static_cast<const uint16_t*>(a.scales);
-    const int64_t m = a.m, k = a.k, chunks = a.chunks;
+    const int64_t m = a.m, k = a.k, chunks = a.chunks();
+    const int64_t tiles = a.tiles8(), tile_groups = ceil_div(tiles, kTiles);
+    const int group_shift = a.group_shift();
     const int64_t k_slices = k / kPackSliceK;
     // Chunks of this warp in every tile group (0 when K has fewer chunks than the block warps:
     // the warp then only joins the reductions, with zero partials).
@@ -181,7 +176,7 @@ gemm_w4a16_stream_kernel(const StreamArgs a) {
     const int64_t w_tile_stride = chunks * kPackTileBytes;  // bytes from tile i to tile i + 1
     const int64_t s_tile_stride = a.groups * kPackRows;     // values from tile i to tile i + 1
     const int64_t w_step = int64_t(warps) * kPackTileBytes;
-    const int64_t s_step = a.group_shift >= 32 ? 0 : (int64_t(warps) * kPackK >> a.group_shift) * kPackRows;
+    const int64_t s_step = group_shift >= 32 ? 0 : (int64_t(warps) * kPackK >> group_shift) * kPackRows;
     const int64_t x_step = int64_t(warps) * kPackK;
     const bool lo_loader = g < kLoRows;              // lanes that copy x row g
     const bool lo_ok = lo_loader && g < m;           // ... that exists (else zeros)
@@ -207,17 +202,17 @@ gemm_w4a16_stream_kernel(const StreamArgs a) {
     const T* xhp = nullptr;
     auto start_group = [&]() {
         const int64_t tile0 = ig * kTiles;
-        tiles_here = int(std::min<int64_t>(kTiles, a.tiles - tile0));
+        tiles_here = int(std::min<int64_t>(kTiles, tiles - tile0));
         wp = a.w + (tile0 * chunks + warp) * kPackTileBytes + lane * 16;
         slice = int64_t(warp) * (kPackK / kPackSliceK) + s;
-        const int64_t grp = (slice * kPackSliceK) >> a.group_shift;
+        const int64_t grp = (slice * kPackSliceK) >> group_shift;
         const int64_t idx = (tile0 * a.groups + grp) * kPackRows + g;
         sp = scales + (idx & ~int64_t(1));                        // the 4-byte word holding the scale
         if constexpr (kAsym) zp = a.zeros + (idx & ~int64_t(3));  // ... and the zero
         xlp = x_lo_row + int64_t(warp) * kPackK;
         xhp = x_hi_row + int64_t(warp) * kPackK;
     };
-    if (n_steps > 0 && ig < a.tile_groups) start_group();
+    if (n_steps > 0 && ig < tile_groups) start_group();
 
     // The copies of one step into the stage at byte offset off. kPartial (the grid's last tile
     // group, when ceil(n / 8) is not a multiple of kTiles): tiles past the weight copy nothing;
@@ -262,13 +257,13 @@ gemm_w4a16_stream_kernel(const StreamArgs a) {
     // Issues the next step (nothing past the block's last one) and commits a group either way,
     // so that commit group i is always step i.
     auto issue = [&](uint32_t off) {
-        if (n_steps > 0 && ig < a.tile_groups) {
+        if (n_steps > 0 && ig < tile_groups) {
             if (tiles_here == kTiles) copy_step(std::false_type{}, off);
             else copy_step(std::true_type{}, off);
             if (++is == n_steps) {
                 is = 0;
                 ig += gridDim.x;
-                if (ig < a.tile_groups) start_group();
+                if (ig < tile_groups) start_group();
             } else {
                 wp += w_step;
                 sp += s_step;
@@ -320,8 +315,8 @@ gemm_w4a16_stream_kernel(const StreamArgs a) {
 #pragma unroll
             for (int i = 0; i < kXVectors; ++i) {  // weight word i <-> x vector i
                 uint32_t p0[4], p1[4];
-                dequant_word<T>(word(wv[0], i), zero[0], scale2[0], p0);
-                dequant_word<T>(word(wv[1], i), zero[1], scale2[1], p1);
+                Dequant<Int4Zp, T>::word(word(wv[0], i), {zero[0], scale2[0]}, p0);
+                Dequant<Int4Zp, T>::word(word(wv[1], i), {zero[1], scale2[1]}, p1);
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     mma_16x8x16<T>(acc[q][0], p0[2 * h], p1[2 * h], p0[2 * h + 1], p1[2 * h + 1],
@@ -339,18 +334,17 @@ gemm_w4a16_stream_kernel(const StreamArgs a) {
     // that step i - 1 used (its shared loads fed MMAs that issued before this cp.async: no
     // hazard within the lane, and no other lane reads it), then consume step i. So stages - 1
     // steps stay in flight while one is dequantized.
-    for (int j = 0; j < a.stages - 1; ++j) issue(j * kL.bytes);
-    int read_off = 0, write_off = (a.stages - 1) * kL.bytes;
-    const T* bias = static_cast<const T*>(a.bias);
-    T* out = static_cast<T*>(a.out);
+    for (int j = 0; j < stages - 1; ++j) issue(j * kL.bytes);
+    int read_off = 0, write_off = (stages - 1) * kL.bytes;
+    const FloatEpilogue<T> ep = a.epilogue<T>();
     constexpr int kRows = 8 * kHalves;                 // output rows a block may store
     constexpr int kColPairs = kPackRows / 2;           // column pairs per tile
     constexpr int kOutPairs = kTiles * kRows * kColPairs;
 
-    for (int64_t group = blockIdx.x; group < a.tile_groups; group += gridDim.x) {
+    for (int64_t group = blockIdx.x; group < tile_groups; group += gridDim.x) {
         float acc[kPairs][kHalves][4] = {};
         for (int step = 0; step < n_steps; ++step) {
-            cp_async_wait_pending(a.stages - 2);
+            cp_async_wait_pending(stages - 2);
             issue(write_off);
             write_off = write_off + kL.bytes == ring_bytes ? 0 : write_off + kL.bytes;
             compute(ring + read_off, acc);
@@ -386,12 +380,7 @@ gemm_w4a16_stream_kernel(const StreamArgs a) {
                 s0 += pv[l0];
                 s1 += pv[l1];
             }
-            if (bias) {
-                s0 += to_float(bias[col]);
-                if (col + 1 < a.n) s1 += to_float(bias[col + 1]);
-            }
-            store_out_pair(out, row, col, a.n, activate(s0, a.activation),
-                           activate(s1, a.activation), a.pair_aligned);
+            ep.store_pair(row, col, ep.add_bias(col, s0), col + 1 < a.n ? ep.add_bias(col + 1, s1) : s1);
         }
     }
     cp_async_wait<0>();  // only empty groups can remain; leave nothing in flight
@@ -480,19 +469,18 @@ inline StreamPlan plan_for(int tiles, int x_rows, bool asym, int64_t m, int64_t 
 }
 
 template <typename T, int kTiles, int kXRows, bool kAsym>
-cudaError_t launch_stream(StreamArgs a, const StreamPlan& p, int smem_limit, cudaStream_t stream) {
+cudaError_t launch_stream(const GemmW4A16Args& a, const StreamPlan& p, int smem_limit,
+                          cudaStream_t stream) {
     if (!grid_fits(p.grid)) return cudaErrorInvalidConfiguration;
     const cudaError_t e = allow_smem<T, kTiles, kXRows, kAsym>(smem_limit);
     if (e != cudaSuccess) return e;
-    a.stages = p.stages;
-    a.tile_groups = ceil_div(a.tiles, kTiles);
     gemm_w4a16_stream_kernel<T, kTiles, kXRows, kAsym>
-        <<<unsigned(p.grid), p.warps * kLanes, size_t(p.smem), stream>>>(a);
+        <<<unsigned(p.grid), p.warps * kLanes, size_t(p.smem), stream>>>(a, p.stages);
     return cudaGetLastError();
 }
 
 template <typename T, int kXRows, bool kAsym>
-cudaError_t launch_rows(const StreamArgs& a, const StreamPlan& p, int smem_limit,
+cudaError_t launch_rows(const GemmW4A16Args& a, const StreamPlan& p, int smem_limit,
                         cudaStream_t stream) {
     switch (p.tiles) {
         case 8: return launch_stream<T, 8, kXRows, kAsym>(a, p, smem_limit, stream);
@@ -511,18 +499,14 @@ cudaError_t gemm_w4a16_prepacked_stream(const GemmW4A16Args& args, cudaStream_t 
     if (args.m < 1 || args.m > kStreamMaxM || compute_capability() < 80) return cudaErrorNotSupported;
     const int sms = std::max(sm_count(), 1);
     const int smem_limit = max_smem_optin();
-    StreamArgs a{};
-    static_cast<StreamOperands&>(a) = stream_operands(args);
-    a.chunks = prepacked_chunks(args.k);
-    a.tiles = ceil_div(args.n, kPackRows);
     // A warp counts its steps in an int.
-    if (a.chunks > INT32_MAX / (kPackK / kPackSliceK)) return cudaErrorInvalidConfiguration;
+    if (args.chunks() > INT32_MAX / (kPackK / kPackSliceK)) return cudaErrorInvalidConfiguration;
 
     const int x_rows = args.m == 1 ? 1 : args.m <= 8 ? 8 : 16;
     const bool asym = args.zeros != nullptr;
     StreamPlan best;
     for (int tiles : kTileChoices) {
-        const StreamPlan p = plan_for(tiles, x_rows, asym, args.m, a.tiles, sms, smem_limit);
+        const StreamPlan p = plan_for(tiles, x_rows, asym, args.m, args.tiles8(), sms, smem_limit);
         if (p.score > best.score) best = p;  // ties go to the wider tile group (listed first)
     }
     if (best.score < 0) return cudaErrorNotSupported;  // too little shared memory for any shape
@@ -532,9 +516,9 @@ cudaError_t gemm_w4a16_prepacked_stream(const GemmW4A16Args& args, cudaStream_t 
         return with_bool(asym, [&](auto asym_tag) {
             constexpr bool kAsym = decltype(asym_tag)::value;
             switch (x_rows) {
-                case 1: return launch_rows<T, 1, kAsym>(a, best, smem_limit, stream);
-                case 8: return launch_rows<T, 8, kAsym>(a, best, smem_limit, stream);
-                default: return launch_rows<T, 16, kAsym>(a, best, smem_limit, stream);
+                case 1: return launch_rows<T, 1, kAsym>(args, best, smem_limit, stream);
+                case 8: return launch_rows<T, 8, kAsym>(args, best, smem_limit, stream);
+                default: return launch_rows<T, 16, kAsym>(args, best, smem_limit, stream);
             }
         });
     });

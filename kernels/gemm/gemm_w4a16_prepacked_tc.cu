@@ -5,13 +5,13 @@
 //   w'[n][k] = round_to_dtype(float(q - zero) * float(scale[n][group(k)]))
 //   out[m][n] = round_to_dtype(act(sum_k float(x[m][k]) * float(w'[n][k]) + float(bias[n])))
 // with mma.sync m16n8k16 (fp16 or bf16 in, float32 accumulators): the sum runs in float32 in
-// an order of its own, w' is rounded exactly as ck_dequantize_int4 rounds it (dequant_word).
+// an order of its own, w' is rounded exactly as ck_dequantize_int4 rounds it (Dequant<Int4Zp>, core/dequant.cuh).
 //
 // Layout: x [M, K] dtype row-major (16-byte aligned, K % 32 == 0); bias [N] dtype or nullptr;
 // out [M, N] dtype (2-byte aligned only; rows and columns outside [M, N) are never written).
 // The weight is prepacked (kernels/w4a16_fragment.cuh): 512-byte tiles of 8 rows x 128 k, tile
 // (i, c) at (i * chunks + c) * 512; lane l = 4g + s of a warp owns the 16 bytes at l * 16: row
-// g, k slice 32s .. 32s + 31, as four words, and dequant_word turns word i into the pairs that
+// g, k slice 32s .. 32s + 31, as four words, and the INT4 dequantizer (Dequant<Int4Zp>) turns word i into the pairs that
 // match x's 32-bit words 4i .. 4i + 3 of the same slice. Rows are padded to a multiple of 8 and
 // k to a multiple of 128 with codes equal to the zero point; scales (zeros) are
 // [ceil(N / 8)][groups][8], 16 (8) contiguous bytes per tile and group, scale 0 on padding rows.
@@ -23,22 +23,23 @@
 // permuted) and their scales (+ zeros); one __syncthreads per stage. The mma computes out^T
 // (weight as A, x as B, see "Operand roles"). Each warp owns 64 x rows x 64 columns (8 x 4
 // fragments, 128 accumulators) and the chunk's four 32-bit weight words, or a half or a quarter
-// of them when kWarpsK warps split the chunk; it dequantizes each word once (dequant_word: 4
+// of them when kWarpsK warps split the chunk; it dequantizes each word once (Dequant<Int4Zp>: 4
 // packed pairs) and feeds it to its 8 x fragments: 8 mma per dequantized word. K-split warps
 // add their partial tiles through shared memory at the end; then bias, activation, one
 // rounding, store (rows and columns outside [M, N) never written).
 //
 // Floors: bytes = M*K*2 + N*K/2 + N*groups*(2 [+1 with zeros]) + M*N*2; flops = 2*M*N*K.
-//   H100 SXM: ~3.0 TB/s copy bandwidth; mma.sync f16/bf16 reaches ~660 TFLOP/s in practice of
-//   the 989 dense peak (only wgmma gets near the peak). (K, N) = (4096, 14336): the weight is
+//   H100 SXM: ~3.0 TB/s copy bandwidth; mma.sync f16/bf16 reaches ~660 TFLOP/s of the 989 dense
+//   peak (benchmarks/NOTES.md; only wgmma gets near the peak). (K, N) = (4096, 14336): the weight is
 //   29.4 MB -> 9.8 us; M = 128 -> 15.0 GFLOP -> 22.8 us at 660; M = 1024 -> 120 GFLOP ->
 //   182 us at 660 (122 us at 989). cuBLAS on the dequantized fp16 weight reads 4x the weight
 //   bytes: for M <= ~128 it is bandwidth-bound (39 us here) while this kernel is not.
 #include <atomic>
 
-#include "kernels/core/epilogue.cuh"
-#include "kernels/gemm/gemm_w4a16.cuh"
 #include "kernels/core/dequant.cuh"
+#include "kernels/core/epilogue.cuh"
+#include "kernels/core/mma_pipeline.cuh"
+#include "kernels/gemm/gemm_w4a16.cuh"
 
 namespace ck {
 namespace {
@@ -87,9 +88,9 @@ constexpr bool kHasSm80 = CK_SM80;
 // offsets are step 0's XOR an immediate (x unit 4t + (i ^ t) = (5t) ^ i).
 // Operand roles: the mma computes out^T. A (16 x 16) is the dequantized weight of two n8
 // tiles (rows 0-7: tile 2f, rows 8-15: tile 2f + 1), B (16 x 8) is 8 rows of x. So an A quad is
-// made of fresh dequant_word results and a B pair is half of an ld.shared.v4 result: no
+// made of fresh dequantized pairs and a B pair is half of an ld.shared.v4 result: no
 // register moves (x as A would need its rows g and g + 8 interleaved: 4 moves per mma).
-// Word step: p = dequant_word(word w of tile 2f) and p' (tile 2f + 1) hold the pairs
+// Word step: p = the dequantized word w of tile 2f and p' (tile 2f + 1) hold the pairs
 // (k 8w + 2j, + 1), j < 4 = x's words 4w + j of the lane's slice; the x load gives
 // X_g[4w .. 4w + 3]. Two k16 mma steps:
 //   a0 a1 a2 a3 = p[0], p'[0], p[1], p'[1];  b0 b1 = X_g[4w], X_g[4w + 1]
@@ -188,27 +189,21 @@ __host__ __device__ constexpr int x_swizzle_key(int r) { return ((r & 1) << 2) |
 // Where lane l = 4g + t's 16-byte vector of a weight tile is stored in shared memory.
 __host__ __device__ constexpr int weight_unit(int l) { return 4 * (l / 4) + ((l % 4) ^ (l / 8)); }
 
-struct TcArgs {
-    const void* x;
-    const uint8_t* w;
-    const void* scales;
-    const uint8_t* zeros;
-    int groups;       // groups per row (< chunks * 4)
-    int group_step;   // groups per 128-k chunk: 4, 2, 1 (group size 32, 64, 128), 0 (per row)
-    int group_units;  // scale units a chunk uses: max(group_step, 1)
-    int slice_shift;  // group unit of lane slice t = t >> slice_shift
-    const void* bias;
-    ck_activation_t activation;
-    int64_t m, n, k;
-    int chunks;       // prepacked_chunks(k) (the launcher checks it fits)
-    int64_t tiles8;   // ceil(n / 8): weight tiles that exist
-    void* out;
-    bool pair_aligned;  // n even and out 4-byte aligned: an output pair is one 4-byte store
+// The group layout of a call as the kernel reads it, from the one encoding (group_shift):
+// group_step groups per 128-k chunk (4, 2, 1 for groups of 32, 64, 128; 0 when a row is one
+// group), group_units scale units a chunk uses (at least 1), and lane slice t's unit
+// t >> slice_shift.
+struct TcGroups {
+    int step, units, slice_shift;
 };
+__host__ __device__ inline TcGroups tc_groups(int group_shift) {
+    if (group_shift > 7) return {0, 1, 2};  // one group per row: every chunk reads group 0
+    return {kPackK >> group_shift, kPackK >> group_shift, group_shift - 5};
+}
 
 template <class Tile, typename T, bool kAsym>
 __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
-gemm_w4a16_tc_kernel(const TcArgs args) {
+gemm_w4a16_tc_kernel(const GemmW4A16Args args) {
     if constexpr (!kHasSm80) __trap();  // never launched below sm_80 (see kHasSm80)
     constexpr int kBM = Tile::kBM, kBN = Tile::kBN, kStages = Tile::kStages;
     constexpr int kFX = Tile::kFX, kFW = Tile::kFW, kWarpsK = Tile::kWarpsK;
@@ -219,19 +214,15 @@ gemm_w4a16_tc_kernel(const TcArgs args) {
     extern __shared__ __align__(128) uint8_t smem[];
 
     const int64_t m = args.m, n = args.n, k = args.k;
-    const int chunks = args.chunks;
+    const int chunks = int(args.chunks());  // the launcher checks it fits
+    const int64_t tiles8 = args.tiles8();
+    const int groups = int(args.groups);
+    const TcGroups grp = tc_groups(args.group_shift());
 
     // Grouped rasterization: consecutive blocks sweep kGroupM tile rows of one tile column, so
     // that the weight tiles (and x rows) they share are still in L2.
-    const int64_t tiles_m = ceil_div(m, kBM), tiles_n = ceil_div(n, kBN);
-    const int64_t per_group = int64_t(kGroupM) * tiles_n;
-    const int64_t tile_id = blockIdx.x;
-    const int64_t group = tile_id / per_group;
-    const int64_t first_m = group * kGroupM;
-    const int64_t group_rows = min(tiles_m - first_m, int64_t(kGroupM));
-    const int64_t in_group = tile_id % per_group;
-    const int64_t m0 = (first_m + in_group % group_rows) * kBM;
-    const int64_t n0 = in_group / group_rows * kBN;
+    const TileOrigin tile = grouped_tile(blockIdx.x, m, n, kBM, kBN, kGroupM);
+    const int64_t m0 = tile.m0, n0 = tile.n0;
     const int64_t tile0 = n0 / kPackRows;  // first weight tile of the block
 
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -257,16 +248,16 @@ gemm_w4a16_tc_kernel(const TcArgs args) {
     // w_unit .. w_unit + kWLoads - 1 of it: consecutive 16-byte vectors of one tile.
     constexpr int kWThreadsPerTile = kPackTileBytes / kUnitBytes / Tile::kWLoads;
     const int w_tile = tid / kWThreadsPerTile, w_unit = tid % kWThreadsPerTile * Tile::kWLoads;
-    const bool w_ok = tile0 + w_tile < args.tiles8;
-    const uint8_t* w_thread = args.w + (min(tile0 + w_tile, args.tiles8 - 1) * chunks * kPackTileBytes +
+    const bool w_ok = tile0 + w_tile < tiles8;
+    const uint8_t* w_thread = args.w + (min(tile0 + w_tile, tiles8 - 1) * chunks * kPackTileBytes +
                                         w_unit * kUnitBytes);
     const uint32_t w_dst = uint32_t(kWOffset + w_tile * kPackTileBytes + weight_unit(w_unit) * kUnitBytes);
 
     // scales (zeros): slot tid = (tile tid / 4, group unit tid % 4) of the chunk; tile clamped.
     const int s_tile = tid / kGroupUnits, s_unit = tid % kGroupUnits;
-    const bool s_active = tid < Tile::kGroupSlots && s_unit < args.group_units;
-    const bool s_tile_ok = tile0 + s_tile < args.tiles8;
-    const int64_t s_first = (min(tile0 + s_tile, args.tiles8 - 1) * args.groups + s_unit) * kPackRows;
+    const bool s_active = tid < Tile::kGroupSlots && s_unit < grp.units;
+    const bool s_tile_ok = tile0 + s_tile < tiles8;
+    const int64_t s_first = (min(tile0 + s_tile, tiles8 - 1) * groups + s_unit) * kPackRows;
     const uint16_t* scales = static_cast<const uint16_t*>(args.scales);
 
     // Issues the copies of chunk kc into stage s. Destinations are XOR-ed within a stage (whose
@@ -296,8 +287,8 @@ gemm_w4a16_tc_kernel(const TcArgs args) {
             cp_async_16_zfill(smem_base + (wd ^ (j * kUnitBytes)), ws + j * kUnitBytes, w_ok);
         if (s_active) {
             // Groups past the last (the K tail of group sizes 32 and 64) load as scale 0.
-            const bool ok = s_tile_ok && kc * args.group_step + s_unit < args.groups;
-            const int64_t idx = s_first + int64_t(kc) * args.group_step * kPackRows;
+            const bool ok = s_tile_ok && kc * grp.step + s_unit < groups;
+            const int64_t idx = s_first + int64_t(kc) * grp.step * kPackRows;
             cp_async_16_zfill(smem_base + st + kSOffset + tid * kScaleUnitBytes,
                               ok ? static_cast<const void*>(scales + idx) : scales, ok);
             if constexpr (kAsym)
@@ -317,7 +308,7 @@ gemm_w4a16_tc_kernel(const TcArgs args) {
                                      weight_unit(lane) * kUnitBytes + 4 * (t ^ warp_k));
     // The scale (zero) of row g of each of the warp's tiles, in the group of slice t.
     constexpr int kWarpTiles = Tile::kWarpN / kPackRows;
-    const int group_unit = t >> args.slice_shift;
+    const int group_unit = t >> grp.slice_shift;
     const uint32_t s_off = uint32_t(kSOffset + (wn * kWarpTiles * kGroupUnits + group_unit) * kScaleUnitBytes + 2 * g);
     const uint32_t z_off = uint32_t(kZOffset + (wn * kWarpTiles * kGroupUnits + group_unit) * kZeroUnitBytes + g);
 
@@ -346,8 +337,8 @@ gemm_w4a16_tc_kernel(const TcArgs args) {
                 const uint32_t q0 = *reinterpret_cast<const uint32_t*>(sp + w_off + 2 * fw * kPackTileBytes);
                 const uint32_t q1 = *reinterpret_cast<const uint32_t*>(sp + w_off + (2 * fw + 1) * kPackTileBytes);
                 uint32_t p0[4], p1[4];
-                dequant_word<T>(q0, zero[2 * fw], scale2[2 * fw], p0);
-                dequant_word<T>(q1, zero[2 * fw + 1], scale2[2 * fw + 1], p1);
+                Dequant<Int4Zp, T>::word(q0, {zero[2 * fw], scale2[2 * fw]}, p0);
+                Dequant<Int4Zp, T>::word(q1, {zero[2 * fw + 1], scale2[2 * fw + 1]}, p1);
 #pragma unroll
                 for (int fx = 0; fx < kFX; ++fx) {
                     mma_16x8x16<T>(acc[fw][fx], p0[0], p1[0], p0[1], p1[1], xv[fx].x, xv[fx].y);
@@ -357,24 +348,8 @@ gemm_w4a16_tc_kernel(const TcArgs args) {
         }
     };
 
-    // ---- Pipeline: kStages - 1 chunks in flight; every iteration commits one group (possibly
-    // empty) so that wait_group counts chunks. ----
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
-        if (s < chunks) load_stage(s, s);
-        cp_async_commit();
-    }
-    int read_stage = 0, write_stage = kStages - 1;
-    for (int kc = 0; kc < chunks; ++kc) {
-        cp_async_wait<kStages - 2>();  // chunk kc has landed (for this thread) ...
-        __syncthreads();               // ... for every thread; write_stage was read at kc - 1
-        if (kc + kStages - 1 < chunks) load_stage(write_stage, kc + kStages - 1);
-        cp_async_commit();
-        compute_stage(uint32_t(read_stage * kStageBytes));
-        read_stage = read_stage == kStages - 1 ? 0 : read_stage + 1;
-        write_stage = write_stage == kStages - 1 ? 0 : write_stage + 1;
-    }
-    cp_async_wait<0>();  // only empty groups remain; leave nothing in flight at exit
+    cp_async_pipeline<kStages>(chunks, load_stage,
+                               [&](int stage) { compute_stage(uint32_t(stage * kStageBytes)); });
 
     // ---- K-split: warp_k owns the x fragments fx with fx % kWarpsK == warp_k and receives
     // them from the other kWarpsK - 1 warps of its grid cell (slot r: the sender's rank among
@@ -417,20 +392,14 @@ gemm_w4a16_tc_kernel(const TcArgs args) {
     // 2fw + 1 (c2 c3). Even g trades its row-2t + 1 values for the odd neighbour's row-2t values
     // (shfl.xor 4 = g ^ 1): then even g stores row 2t, columns (g, g + 1) and (g + 8, g + 9),
     // odd g row 2t + 1, columns (g - 1, g) and (g + 7, g + 8). ----
-    const T* bias = static_cast<const T*>(args.bias);
-    T* out = static_cast<T*>(args.out);
+    const FloatEpilogue<T> ep = args.epilogue<T>();
     const bool odd = g & 1;
 #pragma unroll
     for (int fw = 0; fw < kFW; ++fw) {
         const int64_t col = n0 + wn * Tile::kWarpN + fw * kMmaM + (g & ~1);  // the pairs' first
-        float bv[4] = {0.f, 0.f, 0.f, 0.f};  // columns col, col + 1, col + 8, col + 9
-        if (bias) {
+        float bv[4];  // the bias of columns col, col + 1, col + 8, col + 9
 #pragma unroll
-            for (int c = 0; c < 4; ++c) {
-                const int64_t cc = col + (c & 1) + 8 * (c >> 1);
-                if (cc < n) bv[c] = to_float(bias[cc]);
-            }
-        }
+        for (int c = 0; c < 4; ++c) bv[c] = ep.bias_at(col + (c & 1) + 8 * (c >> 1));
 #pragma unroll
         for (int fx = 0; fx < kFX; ++fx) {
             if (fx % kWarpsK != warp_k) continue;  // warp-uniform: the shuffles see every lane
@@ -441,12 +410,8 @@ gemm_w4a16_tc_kernel(const TcArgs args) {
             if (row >= m) continue;
             const float v0 = odd ? r0 : c[0], v1 = odd ? c[1] : r0;  // columns col, col + 1
             const float v2 = odd ? r1 : c[2], v3 = odd ? c[3] : r1;  // columns col + 8, col + 9
-            if (col < n)
-                store_out_pair(out, row, col, n, activate(v0 + bv[0], args.activation),
-                               activate(v1 + bv[1], args.activation), args.pair_aligned);
-            if (col + 8 < n)
-                store_out_pair(out, row, col + 8, n, activate(v2 + bv[2], args.activation),
-                               activate(v3 + bv[3], args.activation), args.pair_aligned);
+            if (col < n) ep.store_pair(row, col, v0 + bv[0], v1 + bv[1]);
+            if (col + 8 < n) ep.store_pair(row, col + 8, v2 + bv[2], v3 + bv[3]);
         }
     }
 }
@@ -454,7 +419,7 @@ gemm_w4a16_tc_kernel(const TcArgs args) {
 // Launch
 // ---------------------------------------------------------------------------------------------
 template <class Tile, typename T, bool kAsym>
-cudaError_t launch_tc(const TcArgs& a, cudaStream_t stream) {
+cudaError_t launch_tc(const GemmW4A16Args& a, cudaStream_t stream) {
     const int64_t blocks = ceil_div(a.m, Tile::kBM) * ceil_div(a.n, Tile::kBN);
     if (!grid_fits(blocks)) return cudaErrorInvalidConfiguration;
     auto kernel = gemm_w4a16_tc_kernel<Tile, T, kAsym>;
@@ -494,43 +459,17 @@ template <class Tile> double tc_cost(int64_t m, int64_t n, int64_t chunks, int64
 // allows (Small always fits: 83 KB). E.g. (K, N) = (4096, 4096): M = 64..256 Small, M = 1024
 // Large (128 blocks);
 // N = 14336: M = 64 Small, M = 128 Mid (112 blocks), M = 256 Large, M = 1024 Mid (896 blocks,
-// 6.8 waves, where Large's 448 make 3.4); (8192, 28672): M = 64 Wide (112 blocks; measured on
-// an H100 118 us against 164 us for Small), M >= 128 Large.
-// ptxas (CUDA 13, no spills): Large 230-250 registers, Mid 228-251, Small 228-232 (sm_80 and
-// sm_90, fp16/bf16, with and without zeros). Main loop on sm_90 (full chunks), non-mma
-// instructions per mma: fp16 Large 2.9, Mid 3.3, Small 4.0; bf16 3.1 / 3.5 / 4.2; most of it
-// is dequant_word (8 mma per word). The rates are estimates; the picks above were checked on an
-// H100 for the (K, N) shapes of the benchmark.
+// 6.8 waves, where Large's 448 make 3.4); (8192, 28672): M = 64 Wide (112 blocks), M >= 128
+// Large. ptxas (CUDA 13, no spills): 228-254 registers for every configuration. Main loop on
+// sm_90 (full chunks), non-mma instructions per mma: fp16 Large 2.9, Mid 3.3, Small 4.0; bf16
+// 3.1 / 3.5 / 4.2; most of it is the dequantization (8 mma per word). The rates are estimates;
+// the picks were checked on the GPU for the benchmark's (K, N) shapes (benchmarks/NOTES.md).
 // ---------------------------------------------------------------------------------------------
 cudaError_t gemm_w4a16_prepacked_tc(const GemmW4A16Args& args, cudaStream_t stream) {
     if (args.m < 1 || !args.prepacked || compute_capability() < 80) return cudaErrorNotSupported;
     // Chunk and group indices are 32-bit in the kernel: K < 2^38.
     if (prepacked_chunks(args.k) > INT32_MAX / kGroupUnits) return cudaErrorInvalidValue;
-    TcArgs a{};
-    a.x = args.x;
-    a.w = args.w;
-    a.scales = args.scales;
-    a.zeros = args.zeros;
-    a.groups = int(args.groups);
-    // One group per row (CK_GROUP_ROW, or a group size >= k): every chunk reads group 0, unit 0.
-    if (args.groups == 1) {
-        a.group_step = 0;
-        a.group_units = 1;
-        a.slice_shift = 2;
-    } else {
-        a.group_step = int(kPackK / args.group_size);  // 4, 2, 1
-        a.group_units = a.group_step;
-        a.slice_shift = args.group_size == 32 ? 0 : args.group_size == 64 ? 1 : 2;
-    }
-    a.bias = args.bias;
-    a.activation = args.activation;
-    a.m = args.m;
-    a.n = args.n;
-    a.k = args.k;
-    a.chunks = int(prepacked_chunks(args.k));
-    a.tiles8 = ceil_div(args.n, kPackRows);
-    a.out = args.out;
-    a.pair_aligned = args.n % 2 == 0 && is_aligned(args.out, 4);
+    const int chunks = int(args.chunks());
 
     const int64_t sms = std::max(sm_count(), 1);
     const int smem_limit = max_smem_optin();
@@ -540,7 +479,7 @@ cudaError_t gemm_w4a16_prepacked_tc(const GemmW4A16Args& args, cudaStream_t stre
     auto consider = [&](auto tile_tag, Pick p, double rate) {
         using Tile = decltype(tile_tag);
         if (Tile::smem_bytes(asym) > smem_limit) return;
-        const double c = tc_cost<Tile>(args.m, args.n, a.chunks, sms, rate);
+        const double c = tc_cost<Tile>(args.m, args.n, chunks, sms, rate);
         // Ties go to Large (listed last).
         if (best < 0 || c < best || (p == Pick::kLarge && c <= best)) best = c, pick = p;
     };
@@ -553,10 +492,10 @@ cudaError_t gemm_w4a16_prepacked_tc(const GemmW4A16Args& args, cudaStream_t stre
         return with_bool(asym, [&](auto asym_tag) {
             constexpr bool kAsym = decltype(asym_tag)::value;
             switch (pick) {
-                case Pick::kLarge: return launch_tc<TcLarge, T, kAsym>(a, stream);
-                case Pick::kMid: return launch_tc<TcMid, T, kAsym>(a, stream);
-                case Pick::kWide: return launch_tc<TcWide, T, kAsym>(a, stream);
-                default: return launch_tc<TcSmall, T, kAsym>(a, stream);
+                case Pick::kLarge: return launch_tc<TcLarge, T, kAsym>(args, stream);
+                case Pick::kMid: return launch_tc<TcMid, T, kAsym>(args, stream);
+                case Pick::kWide: return launch_tc<TcWide, T, kAsym>(args, stream);
+                default: return launch_tc<TcSmall, T, kAsym>(args, stream);
             }
         });
     });

@@ -46,8 +46,8 @@
 // write of the codes) + groups x N x (2 + 2 + 0.5 + 1) bytes: an 8192 x 28672 weight moves 235 MB,
 // ~80 us. Act-order adds the perm pass (K x groups / 2 g_idx reads from L2, early exit) and the
 // 8x L2 read traffic of the gather. permute_columns: 2 x rows x cols x sizeof(dtype) + 4 cols.
-// Measured on the H100 at 8192 x 28672, group 128: GPTQ 98 us and AWQ 97 us (2.5 TB/s, 83% of
-// the copy bandwidth), GPTQ act-order 249 us (a one-time conversion: left there).
+// Measurements: benchmarks/NOTES.md (act-order is a one-time conversion: its gather is left
+// slower than the plain import).
 #include "kernels/quantize/int4_import.cuh"
 
 namespace ck {
@@ -320,10 +320,9 @@ permute_gather_kernel(const Bits* __restrict__ x, int64_t rows, int64_t cols,
 // Staged path (many rows): a block copies a batch of whole rows (contiguous in memory) into
 // shared memory with 16-byte loads where alignment allows, then gathers from shared memory and
 // writes coalesced; each perm[j] read serves the whole batch. DRAM sees each byte once.
-// Measured on the H100 (fp16, 4096 x 14336, through the Python wrapper's raw calls): gather path
-// 365 us (21% of the copy bandwidth), staged 177 us (44%); one row per batch there, so the
-// perm[j] reads (from L2, 2x the row's bytes) now bound it. Staging perm too, in more shared
-// memory (an opt-in above 48 KB), is the next step if prefill gathers ever matter.
+// Staging halved the gather path's time (benchmarks/NOTES.md); at one row per batch the perm[j]
+// reads (from L2, 2x the row's bytes) now bound it. Staging perm too, in more shared memory (an
+// opt-in above 48 KB), is the next step if prefill gathers ever matter.
 constexpr int kStageBytes = 48 * 1024;  // the default dynamic shared memory limit (no opt-in)
 constexpr int kStageMaxRows = 8;
 

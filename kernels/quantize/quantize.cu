@@ -126,9 +126,8 @@ __device__ __forceinline__ int chunk_count(int64_t cols, int64_t c0) {
 // ---------------------------------------------------------------------------------------------
 // Element-wise kernels: one generic walker over the 2-D chunk grid and one small op per job.
 // Each thread takes Op::kUnroll chunks per step (blockDim.x chunks apart, so warps stay
-// coalesced) and issues all their loads before storing any result. Measured on the H100 at
-// 8192 x 8192: encoders gain from 2 chunks in flight (per-row static int8 from fp16: 84% -> 91%
-// of the copy bandwidth), decoders lose (int4 -> fp16: 81% at 1, 65% at 4), so each op says.
+// coalesced) and issues all their loads before storing any result. Encoders gain from 2 chunks
+// in flight, decoders lose (benchmarks/NOTES.md), so each op says.
 // ---------------------------------------------------------------------------------------------
 template <class Op>
 __global__ void __launch_bounds__(kBlockThreads) map_chunks_kernel(Op op, int64_t rows, int64_t cols) {

@@ -1,0 +1,217 @@
+// ptx_sm90.cuh - tiny PTX wrappers for Hopper (sm_90a) kernels, one instruction each: mbarriers,
+// TMA bulk-tensor copies, wgmma and its shared-memory descriptors, named barriers, setmaxnreg.
+// The sm_80 wrappers (mma.sync, cp.async, ldmatrix) are in ptx.cuh; the host side of TMA (tensor
+// maps) is in tma.cuh.
+#pragma once
+
+#include <cuda.h>  // CUtensorMap
+
+#include "kernels/core/ptx.cuh"
+
+// wgmma and setmaxnreg need the architecture-specific sm_90a target (TMA and the mbarrier
+// transaction counts sm_90); all of these wrappers exist only in the sm_90a device pass, which
+// defines __CUDA_ARCH_FEAT_SM90_ALL. Every other pass (the host, the other targets of a fat
+// binary) sees none of them: kernels that use them put their bodies under #ifdef CK_SM90A_DEVICE
+// and compile to empty ones there, which the host never launches (their launchers check the
+// device first).
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define CK_SM90A_DEVICE 1
+#endif
+
+namespace ck {
+
+// The layout-type field of a wgmma shared-memory matrix descriptor (bits 62-63): the swizzle the
+// tile was written with, which must be the one its TMA tensor map used.
+enum class WgmmaSwizzle : uint64_t { kNone = 0, k128B = 1, k64B = 2, k32B = 3 };
+
+#ifdef CK_SM90A_DEVICE
+// ---------------------------------------------------------------------------------------------
+// mbarrier: a shared-memory barrier that counts thread arrivals and asynchronous transaction
+// bytes; a phase completes when both reach their expected counts, and the next phase begins.
+// ---------------------------------------------------------------------------------------------
+
+// mbarrier.init.shared::cta.b64: the barrier completes a phase after `count` arrivals (plus the
+// transaction bytes announced for that phase).
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(shared_address(bar)), "r"(count));
+}
+
+// mbarrier.arrive.expect_tx.shared::cta.b64: arrive, and announce `bytes` that asynchronous
+// copies (TMA) will complete on this barrier in the current phase.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                 :: "r"(shared_address(bar)), "r"(bytes)
+                 : "memory");
+}
+
+// mbarrier.arrive.shared::cta.b64: one plain arrival (release: this thread's earlier shared
+// memory accesses are done before a waiter sees the phase complete).
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(shared_address(bar)) : "memory");
+}
+
+// mbarrier.try_wait.parity.shared::cta.b64 in a loop: returns once the phase with this parity
+// (0 for even phases, 1 for odd) has completed; what the arrivals and the copies wrote is then
+// visible to this thread (acquire).
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+    asm volatile(
+        "{\n.reg .pred done;\n"
+        "WAIT_%=:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra WAIT_%=;\n}\n" ::"r"(shared_address(bar)),
+        "r"(parity)
+        : "memory");
+}
+
+// fence.mbarrier_init.release.cluster: the mbarrier.inits this thread did before it are visible
+// to every thread of the cluster that synchronizes with it afterwards.
+__device__ __forceinline__ void fence_mbarrier_init() {
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
+// fence.proxy.async.shared::cta: this thread's earlier shared-memory writes through generic
+// addresses (barrier initialization, data) are visible to the asynchronous proxy, that is to the
+// TMA copies and wgmmas issued after it.
+__device__ __forceinline__ void fence_proxy_async_shared() {
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// ---------------------------------------------------------------------------------------------
+// TMA
+// ---------------------------------------------------------------------------------------------
+
+// cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes: TMA copy of the
+// box at (x = column, y = row) of the tensor map's matrix into shared memory at dst (laid out and
+// swizzled as the map says), completing its bytes on `bar`. Out-of-bounds elements are filled
+// (zeros, with the maps of tma.cuh).
+__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, uint64_t* bar,
+                                            int x, int y) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%3, %4}], [%2];" ::"r"(shared_address(dst)),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(shared_address(bar)), "r"(x), "r"(y)
+        : "memory");
+}
+
+// prefetch.tensormap: pulls a tensor map (a __grid_constant__ kernel parameter) into the cache
+// before its first copy needs it.
+__device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
+    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Warpgroup synchronization and register allocation
+// ---------------------------------------------------------------------------------------------
+
+// bar.sync id, kThreads: waits until kThreads threads (whole warps, e.g. the 128 of one
+// warpgroup) have arrived at barrier `id`, and orders their memory accesses around it like
+// __syncthreads does for the block. Ids 1 to 15 are free; 0 is __syncthreads.
+template <int kThreads> __device__ __forceinline__ void named_barrier_sync(int id) {
+    static_assert(kThreads > 0 && kThreads % 32 == 0, "bar.sync counts whole warps");
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "n"(kThreads) : "memory");
+}
+
+// setmaxnreg.dec.sync.aligned.u32: lowers this warpgroup's per-thread register limit to kRegs,
+// returning the rest to the pool (a producer warpgroup that needs few).
+template <int kRegs> __device__ __forceinline__ void setmaxnreg_dec() {
+    static_assert(kRegs >= 24 && kRegs <= 256 && kRegs % 8 == 0, "setmaxnreg: 24..256, step 8");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegs));
+}
+
+// setmaxnreg.inc.sync.aligned.u32: raises this warpgroup's per-thread register limit to kRegs
+// from the pool, waiting until the registers are free (consumers that hold the accumulators).
+template <int kRegs> __device__ __forceinline__ void setmaxnreg_inc() {
+    static_assert(kRegs >= 24 && kRegs <= 256 && kRegs % 8 == 0, "setmaxnreg: 24..256, step 8");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegs));
+}
+
+// ---------------------------------------------------------------------------------------------
+// wgmma: one warpgroup (128 threads) multiplies a 64 x N x K tile asynchronously; A and B come
+// from shared memory through descriptors, the accumulators live in the threads' registers.
+// ---------------------------------------------------------------------------------------------
+
+// wgmma.fence.sync.aligned: orders this warpgroup's earlier register accesses (to accumulators
+// and A fragments) before the wgmmas that follow read them.
+__device__ __forceinline__ void wgmma_fence() {
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+
+// wgmma.commit_group.sync.aligned: closes the group of wgmmas issued since the last commit.
+__device__ __forceinline__ void wgmma_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+
+// wgmma.wait_group.sync.aligned: waits until at most kPending committed groups are still
+// running; the accumulators of the others may then be read and their shared memory reused.
+template <int kPending> __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
+}
+
+// The wgmma shared-memory matrix descriptor of a tile: start address (bits 0-13), leading-
+// dimension byte offset (16-29), stride byte offset (32-45), all in 16-byte units, and the
+// swizzle (62-63). The defaults describe a K-major tile written by TMA with the 128-byte swizzle:
+// rows of 128 bytes, 1024 bytes (8 rows, the swizzle's period) between 8-row groups, and a leading
+// offset the hardware ignores for that layout (1 by convention). The tile must then start
+// 1024-byte aligned; stepping K inside the 128-byte row just advances the start address, as the
+// hardware applies the XOR pattern to the final address, like TMA did when writing.
+__device__ __forceinline__ uint64_t wgmma_descriptor(const void* tile,
+                                                     WgmmaSwizzle swizzle = WgmmaSwizzle::k128B,
+                                                     uint32_t stride_bytes = 1024,
+                                                     uint32_t leading_bytes = 16) {
+    return uint64_t((shared_address(tile) & 0x3FFFF) >> 4) |
+           (uint64_t((leading_bytes >> 4) & 0x3FFF) << 16) |
+           (uint64_t((stride_bytes >> 4) & 0x3FFF) << 32) | (uint64_t(swizzle) << 62);
+}
+
+// The accumulator operands of a wgmma, written once for every shape. CK_WGMMA_ACC_n(X, c) expands
+// X(c, i) for i = 1 .. n - 1: operand 0 opens each list, so that every later one brings its own
+// comma, and c is the accumulators' constraint ("+r" for s32, "+f" for f32). The numbers are
+// pasted together from their digits (CK_WGMMA_DECADE(X, c, 4) is X(c, 40) ... X(c, 49)): they
+// appear in the instruction text ("%40") as well as in the operand list (d[40]).
+#define CK_WGMMA_DECADE(X, c, t)                                                                  \
+    X(c, t##0) X(c, t##1) X(c, t##2) X(c, t##3) X(c, t##4) X(c, t##5) X(c, t##6) X(c, t##7)       \
+    X(c, t##8) X(c, t##9)
+#define CK_WGMMA_ACC_64(X, c)                                                                     \
+    X(c, 1) X(c, 2) X(c, 3) X(c, 4) X(c, 5) X(c, 6) X(c, 7) X(c, 8) X(c, 9)                       \
+    CK_WGMMA_DECADE(X, c, 1) CK_WGMMA_DECADE(X, c, 2) CK_WGMMA_DECADE(X, c, 3)                    \
+    CK_WGMMA_DECADE(X, c, 4) CK_WGMMA_DECADE(X, c, 5) X(c, 60) X(c, 61) X(c, 62) X(c, 63)
+#define CK_WGMMA_ACC_128(X, c)                                                                    \
+    CK_WGMMA_ACC_64(X, c) X(c, 64) X(c, 65) X(c, 66) X(c, 67) X(c, 68) X(c, 69)                   \
+    CK_WGMMA_DECADE(X, c, 7) CK_WGMMA_DECADE(X, c, 8) CK_WGMMA_DECADE(X, c, 9)                    \
+    CK_WGMMA_DECADE(X, c, 10) CK_WGMMA_DECADE(X, c, 11)                                           \
+    X(c, 120) X(c, 121) X(c, 122) X(c, 123) X(c, 124) X(c, 125) X(c, 126) X(c, 127)
+#define CK_WGMMA_NAME(c, i) ", %" #i
+#define CK_WGMMA_OPERAND(c, i) , c(d[i])
+
+// wgmma.mma_async.sync.aligned.<kind> with both matrices in shared memory, as one asm statement
+// over the names in scope: the accumulator array d (operands %0 .. %(n-1), listed by acc =
+// CK_WGMMA_ACC_n with constraint c), then desc_a, desc_b and accumulate, whose operand numbers
+// n, n+1, n+2 are given as strings. accumulate = 0 overwrites d instead of adding to it (the
+// scale-d predicate). immediates: what follows scale-d for the 16-bit types (", 1, 1, 0, 0": scale
+// and transpose of A and B); empty for the 8-bit ones.
+#define CK_WGMMA_SS(kind, acc, c, n_desc_a, n_desc_b, n_accumulate, immediates)                   \
+    asm volatile("{\n.reg .pred p;\n"                                                             \
+                 "setp.ne.b32 p, %" n_accumulate ", 0;\n"                                         \
+                 "wgmma.mma_async.sync.aligned." kind " {%0" acc(CK_WGMMA_NAME, c) "}, "          \
+                 "%" n_desc_a ", %" n_desc_b ", p" immediates ";\n}\n"                            \
+                 : c(d[0]) acc(CK_WGMMA_OPERAND, c)                                               \
+                 : "l"(desc_a), "l"(desc_b), "r"(accumulate))
+
+// wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8: d (the warpgroup's 64 x 128 int32
+// accumulators, 64 per thread: warp w holds rows 16 w .. 16 w + 15, each 8-column block in the
+// mma.sync C-fragment layout) += A (64 x 32 int8, desc_a) x B^T (128 x 32 int8, desc_b), both
+// K-major in shared memory; accumulate = 0 overwrites d instead.
+__device__ __forceinline__ void wgmma_m64n128k32_s8(int32_t (&d)[64], uint64_t desc_a,
+                                                    uint64_t desc_b, int accumulate) {
+    CK_WGMMA_SS("m64n128k32.s32.s8.s8", CK_WGMMA_ACC_64, "+r", "64", "65", "66", "");
+}
+
+// wgmma.mma_async.sync.aligned.m64n256k32.s32.s8.s8: the same with N = 256 (128 accumulators
+// per thread).
+__device__ __forceinline__ void wgmma_m64n256k32_s8(int32_t (&d)[128], uint64_t desc_a,
+                                                    uint64_t desc_b, int accumulate) {
+    CK_WGMMA_SS("m64n256k32.s32.s8.s8", CK_WGMMA_ACC_128, "+r", "128", "129", "130", "");
+}
+#endif  // CK_SM90A_DEVICE
+
+}  // namespace ck

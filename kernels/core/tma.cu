@@ -1,0 +1,39 @@
+// tma.cu - the host side of TMA: the tensor-map encoder lookup and the 2-D tensor map builder
+// declared in tma.cuh.
+#include "kernels/core/tma.cuh"
+
+namespace ck {
+
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+    // A function-local static: initialized once, thread-safe, on first use.
+    static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+        void* p = nullptr;
+        cudaDriverEntryPointQueryResult found{};
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000,
+                                             cudaEnableDefault, &found) != cudaSuccess ||
+            found != cudaDriverEntryPointSuccess)
+            p = nullptr;
+        return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+    }();
+    return fn;
+}
+
+cudaError_t make_tensor_map_2d(CUtensorMap* map, CUtensorMapDataType dtype, const void* base,
+                               int64_t rows, int64_t row_length, int64_t row_stride_bytes,
+                               int box_rows, int box_length, CUtensorMapSwizzle swizzle) {
+    const auto encode = tensor_map_encoder();
+    if (!encode) return cudaErrorNotSupported;
+    // The driver counts dimensions innermost first: along the row, then across rows.
+    const cuuint64_t dims[2] = {cuuint64_t(row_length), cuuint64_t(rows)};
+    const cuuint64_t strides[1] = {cuuint64_t(row_stride_bytes)};  // of dimension 1, in bytes
+    const cuuint32_t box[2] = {cuuint32_t(box_length), cuuint32_t(box_rows)};
+    const cuuint32_t element_strides[2] = {1, 1};
+    // OOB_FILL_NONE fills out-of-bounds elements with zeros (the other mode gives NaNs).
+    const CUresult r =
+        encode(map, dtype, 2, const_cast<void*>(base), dims, strides, box, element_strides,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+}  // namespace ck

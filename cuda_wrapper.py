@@ -59,6 +59,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import enum
+import inspect
 import math
 import numbers
 import os
@@ -192,67 +193,84 @@ _STATUS = "ck_status_t"   # declared as c_int; a non-zero value raises CKError
 _VOIDP = ctypes.c_void_p
 _I64 = ctypes.c_int64
 _ENUM = ctypes.c_int
+_PTR = _VOIDP             # a device pointer: an int at the raw level, 0 for NULL
+_STREAM = ("stream", _VOIDP)   # the last argument of every entry point; 0 by default
 
-# Every export of cuda_kernels.h: name -> (restype, argtypes). tests/test_abi.py checks this
-# table against the header, declaration by declaration.
+# Every export of cuda_kernels.h: name -> (restype, ((argument, ctypes type), ...)). The argument
+# names are the raw level's (raw.<name without ck_>), which are the header's with "_ptr" added
+# to each device pointer; a third field gives the header's name where the raw level says it
+# otherwise (the weight is w_ptr, the converted weight w_out_ptr, whatever their packing).
+# tests/test_abi.py checks this table against the header, declaration by declaration.
 DECLARATIONS = {
     "ck_version": (ctypes.c_int, ()),
-    "ck_status_string": (ctypes.c_char_p, (_ENUM,)),
+    "ck_status_string": (ctypes.c_char_p, (("status", _ENUM),)),
     "ck_last_error_message": (ctypes.c_char_p, ()),
     "ck_last_cuda_error": (ctypes.c_int, ()),
-    "ck_device_count": (_STATUS, (ctypes.POINTER(ctypes.c_int),)),
-    # x, x_dtype, rows, cols, granularity, scale_mode, scales, q, stream
-    "ck_quantize_int8": (_STATUS, (_VOIDP, _ENUM, _I64, _I64, _ENUM, _ENUM, _VOIDP, _VOIDP,
-                                   _VOIDP)),
-    # q, scales, rows, cols, granularity, out, out_dtype, stream
-    "ck_dequantize_int8": (_STATUS, (_VOIDP, _VOIDP, _I64, _I64, _ENUM, _VOIDP, _ENUM, _VOIDP)),
-    # cols, group_size
-    "ck_int4_groups_per_row": (_I64, (_I64, _I64)),
-    # x, x_dtype, rows, cols, group_size, mode, q_packed, scales, zeros, stream
-    "ck_quantize_int4": (_STATUS, (_VOIDP, _ENUM, _I64, _I64, _I64, _ENUM, _VOIDP, _VOIDP, _VOIDP,
-                                   _VOIDP)),
-    # q_packed, scales, zeros, rows, cols, group_size, mode, out, out_dtype, stream
-    "ck_dequantize_int4": (_STATUS, (_VOIDP, _VOIDP, _VOIDP, _I64, _I64, _I64, _ENUM, _VOIDP,
-                                     _ENUM, _VOIDP)),
-    # a, b, b_layout, m, n, k, c, stream
-    "ck_gemm_int8": (_STATUS, (_VOIDP, _VOIDP, _ENUM, _I64, _I64, _I64, _VOIDP, _VOIDP)),
-    # a, b, b_layout, m, n, k, scale_a, a_granularity, scale_b, b_granularity, bias, activation,
-    # out, out_dtype, stream
-    "ck_gemm_int8_scaled": (_STATUS, (_VOIDP, _VOIDP, _ENUM, _I64, _I64, _I64, _VOIDP, _ENUM,
-                                      _VOIDP, _ENUM, _VOIDP, _ENUM, _VOIDP, _ENUM, _VOIDP)),
-    # x, w, bias, dtype, m, n, k, activation, out, stream
-    "ck_linear": (_STATUS, (_VOIDP, _VOIDP, _VOIDP, _ENUM, _I64, _I64, _I64, _ENUM, _VOIDP,
-                            _VOIDP)),
-    # x, dtype, w_packed, scales, zeros, group_size, mode, bias, activation, m, n, k, out, stream
-    "ck_gemm_w4a16": (_STATUS, (_VOIDP, _ENUM, _VOIDP, _VOIDP, _VOIDP, _I64, _ENUM, _VOIDP,
-                                _ENUM, _I64, _I64, _I64, _VOIDP, _VOIDP)),
-    # n, k
-    "ck_w4a16_prepacked_bytes": (_I64, (_I64, _I64)),
-    # n, k, group_size
-    "ck_w4a16_prepacked_groups": (_I64, (_I64, _I64, _I64)),
-    # w_packed, scales, zeros, dtype, n, k, group_size, mode, w_prepacked, scales_prepacked,
-    # zeros_prepacked, stream
-    "ck_w4a16_prepack": (_STATUS, (_VOIDP, _VOIDP, _VOIDP, _ENUM, _I64, _I64, _I64, _ENUM,
-                                   _VOIDP, _VOIDP, _VOIDP, _VOIDP)),
-    # x, dtype, w_prepacked, scales_prepacked, zeros_prepacked, group_size, mode, bias,
-    # activation, m, n, k, out, stream
-    "ck_gemm_w4a16_prepacked": (_STATUS, (_VOIDP, _ENUM, _VOIDP, _VOIDP, _VOIDP, _I64, _ENUM,
-                                          _VOIDP, _ENUM, _I64, _I64, _I64, _VOIDP, _VOIDP)),
-    # qweight, qzeros, scales, g_idx, dtype, n, k, group_size, w_packed, scales_out, zeros_out,
-    # perm, stream
-    "ck_import_gptq": (_STATUS, (_VOIDP, _VOIDP, _VOIDP, _VOIDP, _ENUM, _I64, _I64, _I64, _VOIDP,
-                                 _VOIDP, _VOIDP, _VOIDP, _VOIDP)),
-    # qweight, qzeros, scales, dtype, n, k, group_size, w_packed, scales_out, zeros_out, stream
-    "ck_import_awq": (_STATUS, (_VOIDP, _VOIDP, _VOIDP, _ENUM, _I64, _I64, _I64, _VOIDP, _VOIDP,
-                                _VOIDP, _VOIDP)),
-    # x, dtype, rows, cols, perm, out, stream
-    "ck_permute_columns": (_STATUS, (_VOIDP, _ENUM, _I64, _I64, _VOIDP, _VOIDP, _VOIDP)),
-    # a, b, m, n, k, c, stream
-    "ck_gemm_int4": (_STATUS, (_VOIDP, _VOIDP, _I64, _I64, _I64, _VOIDP, _VOIDP)),
-    # a, b, m, n, k, scale_a, a_granularity, scale_b, b_granularity, bias, activation, out,
-    # out_dtype, stream
-    "ck_gemm_int4_scaled": (_STATUS, (_VOIDP, _VOIDP, _I64, _I64, _I64, _VOIDP, _ENUM, _VOIDP,
-                                      _ENUM, _VOIDP, _ENUM, _VOIDP, _ENUM, _VOIDP)),
+    "ck_device_count": (_STATUS, (("count", ctypes.POINTER(ctypes.c_int)),)),
+    "ck_quantize_int8": (_STATUS, (
+        ("x_ptr", _PTR), ("x_dtype", _ENUM), ("rows", _I64), ("cols", _I64),
+        ("granularity", _ENUM), ("scale_mode", _ENUM), ("scales_ptr", _PTR), ("q_ptr", _PTR),
+        _STREAM)),
+    "ck_dequantize_int8": (_STATUS, (
+        ("q_ptr", _PTR), ("scales_ptr", _PTR), ("rows", _I64), ("cols", _I64),
+        ("granularity", _ENUM), ("out_ptr", _PTR), ("out_dtype", _ENUM), _STREAM)),
+    "ck_int4_groups_per_row": (_I64, (("cols", _I64), ("group_size", _I64))),
+    "ck_quantize_int4": (_STATUS, (
+        ("x_ptr", _PTR), ("x_dtype", _ENUM), ("rows", _I64), ("cols", _I64),
+        ("group_size", _I64), ("mode", _ENUM), ("q_ptr", _PTR, "q_packed"), ("scales_ptr", _PTR),
+        ("zeros_ptr", _PTR), _STREAM)),
+    "ck_dequantize_int4": (_STATUS, (
+        ("q_ptr", _PTR, "q_packed"), ("scales_ptr", _PTR), ("zeros_ptr", _PTR), ("rows", _I64),
+        ("cols", _I64), ("group_size", _I64), ("mode", _ENUM), ("out_ptr", _PTR),
+        ("out_dtype", _ENUM), _STREAM)),
+    "ck_gemm_int8": (_STATUS, (
+        ("a_ptr", _PTR), ("b_ptr", _PTR), ("b_layout", _ENUM), ("m", _I64), ("n", _I64),
+        ("k", _I64), ("c_ptr", _PTR), _STREAM)),
+    "ck_gemm_int8_scaled": (_STATUS, (
+        ("a_ptr", _PTR), ("b_ptr", _PTR), ("b_layout", _ENUM), ("m", _I64), ("n", _I64),
+        ("k", _I64), ("scale_a_ptr", _PTR), ("a_granularity", _ENUM), ("scale_b_ptr", _PTR),
+        ("b_granularity", _ENUM), ("bias_ptr", _PTR), ("activation", _ENUM), ("out_ptr", _PTR),
+        ("out_dtype", _ENUM), _STREAM)),
+    "ck_linear": (_STATUS, (
+        ("x_ptr", _PTR), ("w_ptr", _PTR), ("bias_ptr", _PTR), ("dtype", _ENUM), ("m", _I64),
+        ("n", _I64), ("k", _I64), ("activation", _ENUM), ("out_ptr", _PTR), _STREAM)),
+    "ck_gemm_w4a16": (_STATUS, (
+        ("x_ptr", _PTR), ("dtype", _ENUM), ("w_ptr", _PTR, "w_packed"), ("scales_ptr", _PTR),
+        ("zeros_ptr", _PTR), ("group_size", _I64), ("mode", _ENUM), ("bias_ptr", _PTR),
+        ("activation", _ENUM), ("m", _I64), ("n", _I64), ("k", _I64), ("out_ptr", _PTR),
+        _STREAM)),
+    "ck_w4a16_prepacked_bytes": (_I64, (("n", _I64), ("k", _I64))),
+    "ck_w4a16_prepacked_groups": (_I64, (("n", _I64), ("k", _I64), ("group_size", _I64))),
+    "ck_w4a16_prepack": (_STATUS, (
+        ("w_ptr", _PTR, "w_packed"), ("scales_ptr", _PTR), ("zeros_ptr", _PTR), ("dtype", _ENUM),
+        ("n", _I64), ("k", _I64), ("group_size", _I64), ("mode", _ENUM),
+        ("w_out_ptr", _PTR, "w_prepacked"), ("scales_out_ptr", _PTR, "scales_prepacked"),
+        ("zeros_out_ptr", _PTR, "zeros_prepacked"), _STREAM)),
+    "ck_gemm_w4a16_prepacked": (_STATUS, (
+        ("x_ptr", _PTR), ("dtype", _ENUM), ("w_ptr", _PTR, "w_prepacked"),
+        ("scales_ptr", _PTR, "scales_prepacked"), ("zeros_ptr", _PTR, "zeros_prepacked"),
+        ("group_size", _I64), ("mode", _ENUM), ("bias_ptr", _PTR), ("activation", _ENUM),
+        ("m", _I64), ("n", _I64), ("k", _I64), ("out_ptr", _PTR), _STREAM)),
+    "ck_import_gptq": (_STATUS, (
+        ("qweight_ptr", _PTR), ("qzeros_ptr", _PTR), ("scales_ptr", _PTR), ("g_idx_ptr", _PTR),
+        ("dtype", _ENUM), ("n", _I64), ("k", _I64), ("group_size", _I64),
+        ("w_ptr", _PTR, "w_packed"), ("scales_out_ptr", _PTR), ("zeros_out_ptr", _PTR),
+        ("perm_ptr", _PTR), _STREAM)),
+    "ck_import_awq": (_STATUS, (
+        ("qweight_ptr", _PTR), ("qzeros_ptr", _PTR), ("scales_ptr", _PTR), ("dtype", _ENUM),
+        ("n", _I64), ("k", _I64), ("group_size", _I64), ("w_ptr", _PTR, "w_packed"),
+        ("scales_out_ptr", _PTR), ("zeros_out_ptr", _PTR), _STREAM)),
+    "ck_permute_columns": (_STATUS, (
+        ("x_ptr", _PTR), ("dtype", _ENUM), ("rows", _I64), ("cols", _I64), ("perm_ptr", _PTR),
+        ("out_ptr", _PTR), _STREAM)),
+    "ck_gemm_int4": (_STATUS, (
+        ("a_ptr", _PTR), ("b_ptr", _PTR), ("m", _I64), ("n", _I64), ("k", _I64), ("c_ptr", _PTR),
+        _STREAM)),
+    "ck_gemm_int4_scaled": (_STATUS, (
+        ("a_ptr", _PTR), ("b_ptr", _PTR), ("m", _I64), ("n", _I64), ("k", _I64),
+        ("scale_a_ptr", _PTR), ("a_granularity", _ENUM), ("scale_b_ptr", _PTR),
+        ("b_granularity", _ENUM), ("bias_ptr", _PTR), ("activation", _ENUM), ("out_ptr", _PTR),
+        ("out_dtype", _ENUM), _STREAM)),
 }
 
 _lib_lock = threading.RLock()
@@ -301,13 +319,13 @@ def load_library():
         except OSError as e:
             raise LibraryNotFoundError("cannot load %s: %s (run `make` to rebuild it)"
                                        % (path, e)) from e
-        for name, (restype, argtypes) in DECLARATIONS.items():
+        for name, (restype, params) in DECLARATIONS.items():
             try:
                 fn = getattr(lib, name)
             except AttributeError as e:
                 raise LibraryNotFoundError("%s does not export %s: it is older than "
                                            "cuda_kernels.h (run `make`)" % (path, name)) from e
-            fn.argtypes = argtypes
+            fn.argtypes = [param[1] for param in params]
             if restype is _STATUS:
                 fn.restype = ctypes.c_int
                 fn.errcheck = _raise_for_status
@@ -350,125 +368,11 @@ def last_error_message():
 # ------------------------------------------------------------------------------------------------
 class _Raw:
     """The entry points as they are: device pointers and streams are ints (0 = NULL / the
-    legacy default stream), enums are ints, sizes are ints. Failures raise CKError."""
+    legacy default stream), enums are ints, sizes are ints. Failures raise CKError.
 
-    @staticmethod
-    def quantize_int8(x_ptr, x_dtype, rows, cols, granularity, scale_mode, scales_ptr, q_ptr,
-                      stream=0):
-        """ck_quantize_int8."""
-        load_library().ck_quantize_int8(x_ptr, x_dtype, rows, cols, granularity, scale_mode,
-                                        scales_ptr, q_ptr, stream)
-
-    @staticmethod
-    def dequantize_int8(q_ptr, scales_ptr, rows, cols, granularity, out_ptr, out_dtype,
-                        stream=0):
-        """ck_dequantize_int8."""
-        load_library().ck_dequantize_int8(q_ptr, scales_ptr, rows, cols, granularity, out_ptr,
-                                          out_dtype, stream)
-
-    @staticmethod
-    def quantize_int4(x_ptr, x_dtype, rows, cols, group_size, mode, q_ptr, scales_ptr,
-                      zeros_ptr, stream=0):
-        """ck_quantize_int4 (zeros_ptr 0 for INT4_SYMMETRIC)."""
-        load_library().ck_quantize_int4(x_ptr, x_dtype, rows, cols, group_size, mode, q_ptr,
-                                        scales_ptr, zeros_ptr, stream)
-
-    @staticmethod
-    def dequantize_int4(q_ptr, scales_ptr, zeros_ptr, rows, cols, group_size, mode, out_ptr,
-                        out_dtype, stream=0):
-        """ck_dequantize_int4 (zeros_ptr 0 for INT4_SYMMETRIC)."""
-        load_library().ck_dequantize_int4(q_ptr, scales_ptr, zeros_ptr, rows, cols, group_size,
-                                          mode, out_ptr, out_dtype, stream)
-
-    @staticmethod
-    def gemm_int8(a_ptr, b_ptr, b_layout, m, n, k, c_ptr, stream=0):
-        """ck_gemm_int8 (b_layout LAYOUT_NK or LAYOUT_KN)."""
-        load_library().ck_gemm_int8(a_ptr, b_ptr, b_layout, m, n, k, c_ptr, stream)
-
-    @staticmethod
-    def gemm_int8_scaled(a_ptr, b_ptr, b_layout, m, n, k, scale_a_ptr, a_granularity,
-                         scale_b_ptr, b_granularity, bias_ptr, activation, out_ptr, out_dtype,
-                         stream=0):
-        """ck_gemm_int8_scaled (bias_ptr 0 for no bias)."""
-        load_library().ck_gemm_int8_scaled(a_ptr, b_ptr, b_layout, m, n, k, scale_a_ptr,
-                                           a_granularity, scale_b_ptr, b_granularity, bias_ptr,
-                                           activation, out_ptr, out_dtype, stream)
-
-    @staticmethod
-    def linear(x_ptr, w_ptr, bias_ptr, dtype, m, n, k, activation, out_ptr, stream=0):
-        """ck_linear (bias_ptr 0 for no bias)."""
-        load_library().ck_linear(x_ptr, w_ptr, bias_ptr, dtype, m, n, k, activation, out_ptr,
-                                 stream)
-
-    @staticmethod
-    def gemm_w4a16(x_ptr, dtype, w_ptr, scales_ptr, zeros_ptr, group_size, mode, bias_ptr,
-                   activation, m, n, k, out_ptr, stream=0):
-        """ck_gemm_w4a16 (zeros_ptr 0 for INT4_SYMMETRIC, bias_ptr 0 for no bias)."""
-        load_library().ck_gemm_w4a16(x_ptr, dtype, w_ptr, scales_ptr, zeros_ptr, group_size,
-                                     mode, bias_ptr, activation, m, n, k, out_ptr, stream)
-
-    @staticmethod
-    def w4a16_prepacked_bytes(n, k):
-        """ck_w4a16_prepacked_bytes: bytes of a prepacked [N, K] weight, 0 if invalid."""
-        return load_library().ck_w4a16_prepacked_bytes(n, k)
-
-    @staticmethod
-    def w4a16_prepacked_groups(n, k, group_size):
-        """ck_w4a16_prepacked_groups: values of its prepacked scales (zeros), 0 if invalid."""
-        return load_library().ck_w4a16_prepacked_groups(n, k, group_size)
-
-    @staticmethod
-    def w4a16_prepack(w_ptr, scales_ptr, zeros_ptr, dtype, n, k, group_size, mode, w_out_ptr,
-                      scales_out_ptr, zeros_out_ptr, stream=0):
-        """ck_w4a16_prepack (zeros_ptr and zeros_out_ptr 0 for INT4_SYMMETRIC)."""
-        load_library().ck_w4a16_prepack(w_ptr, scales_ptr, zeros_ptr, dtype, n, k, group_size,
-                                        mode, w_out_ptr, scales_out_ptr, zeros_out_ptr, stream)
-
-    @staticmethod
-    def gemm_w4a16_prepacked(x_ptr, dtype, w_ptr, scales_ptr, zeros_ptr, group_size, mode,
-                             bias_ptr, activation, m, n, k, out_ptr, stream=0):
-        """ck_gemm_w4a16_prepacked (zeros_ptr 0 for INT4_SYMMETRIC, bias_ptr 0 for none)."""
-        load_library().ck_gemm_w4a16_prepacked(x_ptr, dtype, w_ptr, scales_ptr, zeros_ptr,
-                                               group_size, mode, bias_ptr, activation, m, n, k,
-                                               out_ptr, stream)
-
-    @staticmethod
-    def import_gptq(qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, dtype, n, k, group_size,
-                    w_ptr, scales_out_ptr, zeros_out_ptr, perm_ptr, stream=0):
-        """ck_import_gptq (g_idx_ptr and perm_ptr 0 without act-order)."""
-        load_library().ck_import_gptq(qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, dtype, n,
-                                      k, group_size, w_ptr, scales_out_ptr, zeros_out_ptr,
-                                      perm_ptr, stream)
-
-    @staticmethod
-    def import_awq(qweight_ptr, qzeros_ptr, scales_ptr, dtype, n, k, group_size, w_ptr,
-                   scales_out_ptr, zeros_out_ptr, stream=0):
-        """ck_import_awq."""
-        load_library().ck_import_awq(qweight_ptr, qzeros_ptr, scales_ptr, dtype, n, k,
-                                     group_size, w_ptr, scales_out_ptr, zeros_out_ptr, stream)
-
-    @staticmethod
-    def permute_columns(x_ptr, dtype, rows, cols, perm_ptr, out_ptr, stream=0):
-        """ck_permute_columns."""
-        load_library().ck_permute_columns(x_ptr, dtype, rows, cols, perm_ptr, out_ptr, stream)
-
-    @staticmethod
-    def gemm_int4(a_ptr, b_ptr, m, n, k, c_ptr, stream=0):
-        """ck_gemm_int4."""
-        load_library().ck_gemm_int4(a_ptr, b_ptr, m, n, k, c_ptr, stream)
-
-    @staticmethod
-    def gemm_int4_scaled(a_ptr, b_ptr, m, n, k, scale_a_ptr, a_granularity, scale_b_ptr,
-                         b_granularity, bias_ptr, activation, out_ptr, out_dtype, stream=0):
-        """ck_gemm_int4_scaled (bias_ptr 0 for no bias)."""
-        load_library().ck_gemm_int4_scaled(a_ptr, b_ptr, m, n, k, scale_a_ptr, a_granularity,
-                                           scale_b_ptr, b_granularity, bias_ptr, activation,
-                                           out_ptr, out_dtype, stream)
-
-    @staticmethod
-    def int4_groups_per_row(cols, group_size):
-        """ck_int4_groups_per_row: groups in a row, 0 for an invalid cols or group_size."""
-        return load_library().ck_int4_groups_per_row(cols, group_size)
+    One function per export of DECLARATIONS, named without its ck_ prefix and taking the
+    table's arguments (stream=0 by default): those returning ck_status_t return None, the others
+    their result. The functions written out here are the exports that are not pass-throughs."""
 
     @staticmethod
     def device_count():
@@ -477,11 +381,46 @@ class _Raw:
         load_library().ck_device_count(ctypes.byref(count))
         return count.value
 
-    version = staticmethod(lambda: load_library().ck_version())
     status_string = staticmethod(status_string)
     last_error_message = staticmethod(last_error_message)
-    last_cuda_error = staticmethod(lambda: load_library().ck_last_cuda_error())
 
+
+def _pass_through(name, restype, params):
+    """The raw-level function of the export `name` (a DECLARATIONS entry): the table's
+    arguments, by position or by name, stream=0 by default."""
+    signature = inspect.Signature([
+        inspect.Parameter(param[0], inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                          default=0 if param[0] == "stream" else inspect.Parameter.empty)
+        for param in params])
+    count = len(params)
+    returns_status = restype is _STATUS
+
+    def call(*args, **kwargs):
+        if kwargs or len(args) != count:
+            try:
+                bound = signature.bind(*args, **kwargs)
+            except TypeError as e:
+                raise TypeError("raw.%s%s: %s" % (call.__name__, signature, e)) from None
+            bound.apply_defaults()
+            args = bound.args
+        result = getattr(load_library(), name)(*args)
+        return None if returns_status else result
+
+    renamed = ["%s is its %s" % (param[0], param[2]) for param in params if len(param) > 2]
+    call.__name__ = name[len("ck_"):]
+    call.__qualname__ = "_Raw." + call.__name__
+    call.__module__ = __name__
+    call.__signature__ = signature
+    call.__doc__ = "%s%s: the entry point of cuda_kernels.h%s; %s." % (
+        name, signature, " (%s)" % ", ".join(renamed) if renamed else "",
+        "a failure raises CKError" if returns_status else "returns its result")
+    return call
+
+
+for _name, (_restype, _params) in DECLARATIONS.items():
+    if _name[len("ck_"):] not in vars(_Raw):   # the ones written out above stay
+        setattr(_Raw, _name[len("ck_"):], staticmethod(_pass_through(_name, _restype, _params)))
+del _name, _restype, _params
 
 raw = _Raw()
 

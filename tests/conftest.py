@@ -1,4 +1,6 @@
-"""Shared pytest setup: the repo root on sys.path, the `gpu` marker, has_gpu()."""
+"""Shared pytest setup: the repo root on sys.path (pytest puts tests/ there itself), the markers,
+a seed per test, and the one skip of GPU tests: a test marked `gpu` (a GPU test file says
+`pytestmark = pytest.mark.gpu`) is skipped, with the reason, where has_gpu() is false."""
 import functools
 import os
 import sys
@@ -56,10 +58,3 @@ def _kernel_overrides_unset(monkeypatch):
     a test that forces a variant sets one itself."""
     for name in KERNEL_OVERRIDES:
         monkeypatch.delenv(name, raising=False)
-
-
-@pytest.fixture(scope="session")
-def gpu():
-    """Skips the test unless a CUDA device is visible."""
-    if not has_gpu():
-        pytest.skip("needs a CUDA device")

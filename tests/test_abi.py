@@ -1,31 +1,38 @@
-"""The C ABI through ctypes, on the host alone (no GPU needed, none touched).
+"""The C ABI through ctypes, on the host alone (no GPU needed, none touched; the wrapper on a GPU:
+test_wrapper_gpu.py).
 
-- the wrapper's table of declarations matches cuda_kernels.h, and every export loads;
+- the wrapper's table of declarations matches cuda_kernels.h (types and argument names), every
+  export loads, and the raw level has one function per export with the table's arguments;
 - versions, status names and enum values agree between the header, the library and the wrapper;
 - every entry point rejects every kind of bad argument with the documented status and a message
   that names the offending argument (validation runs before any CUDA call, so fake device
   addresses are safe here: nothing is ever launched);
-- the GEMM rules (K and N multiples, alignment, NULL bias allowed) and the kernel override
-  CK_GEMM_INT8_KERNEL: unknown names are rejected; valid-but-unusual arguments pass validation
-  (proved by planting the override's error, which the library reports only after validation);
+- the GEMM rules (K and N multiples, alignment, NULL bias allowed) and the kernel overrides
+  (CK_GEMM_INT8_KERNEL, CK_GEMM_INT4_KERNEL, CK_GEMM_W4A16_KERNEL), one table row each: unknown
+  names are rejected; valid-but-unusual arguments pass validation (proved by planting the
+  override's error, which the library reports only after validation); argument errors come
+  first; each entry point reads its own override only;
 - error messages are per thread;
-- ck_int4_groups_per_row;
+- ck_int4_groups_per_row and the prepacked W4A16 sizes;
 - the wrapper's own host-side checks (contiguity, shapes) and its loading errors.
 
 Each bad-argument case changes one argument of a call that would otherwise be valid.
 """
 import ctypes
+import inspect
 import os
 import re
 import subprocess
 import sys
 import threading
+import typing
 
 import numpy as np
 import pytest
 
 import cuda_wrapper as ck
 from cuda_wrapper import CKError, DType, Status
+from gpu_support import FakeCudaArray
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HEADER = os.path.join(REPO_ROOT, "cuda_kernels.h")
@@ -40,18 +47,30 @@ def header_text():
     return re.sub(r"//[^\n]*", " ", text)
 
 
-def header_declarations():
-    """{name: (return type, [parameter types])} of every CK_API function."""
-    decls = {}
+def header_functions():
+    """[(name, return type, [(parameter type, parameter name)])] of every CK_API function."""
+    functions = []
     for ret, name, params in re.findall(r"\bCK_API\s+([^;(]*?)\s*\b(ck_\w+)\s*\(([^)]*)\)\s*;",
                                         header_text()):
         params = " ".join(params.split())
-        types = []
+        typed = []
         if params != "void":
             for param in params.split(","):
-                types.append(re.match(r"(.*?)\s*\b\w+$", param.strip()).group(1).replace(" *", "*"))
-        decls[name] = (" ".join(ret.split()).replace(" *", "*"), types)
-    return decls
+                c_type, c_name = re.match(r"(.*?)\s*\b(\w+)$", param.strip()).groups()
+                typed.append((c_type.replace(" *", "*"), c_name))
+        functions.append((name, " ".join(ret.split()).replace(" *", "*"), typed))
+    return functions
+
+
+def header_declarations():
+    """{name: (return type, [parameter types])} of every CK_API function."""
+    return {name: (ret, [c_type for c_type, _ in params])
+            for name, ret, params in header_functions()}
+
+
+def header_parameter_names():
+    """{name: [parameter names]} of every CK_API function."""
+    return {name: [c_name for _, c_name in params] for name, _, params in header_functions()}
 
 
 def header_enum(prefix):
@@ -65,6 +84,7 @@ def header_macro(name):
 
 
 DECLARATIONS = header_declarations()
+PARAMETER_NAMES = header_parameter_names()
 STATUS_FUNCTIONS = sorted(n for n, (ret, _) in DECLARATIONS.items() if ret == "ck_status_t")
 
 
@@ -104,19 +124,62 @@ def test_wrapper_declares_exactly_the_header():
     assert sorted(ck.DECLARATIONS) == sorted(DECLARATIONS)
 
 
+def header_name_of(param, c_type):
+    """The header's name of a DECLARATIONS argument (name, ctype[, header's name]): its third
+    field, else its name less the "_ptr" a device pointer takes at the raw level."""
+    if len(param) == 3:
+        return param[2]
+    return param[0][:-len("_ptr")] if is_device_pointer(param[1], c_type) else param[0]
+
+
+def is_device_pointer(py_type, c_type):
+    """A pointer argument of an entry point is a device address (an int at the raw level), but
+    the stream (a handle) and ck_device_count's int* (host memory it writes) are not."""
+    return py_type is ctypes.c_void_p and c_type != "ck_stream_t"
+
+
 @pytest.mark.parametrize("name", sorted(DECLARATIONS))
 def test_wrapper_declaration_matches_header(name):
     c_ret, c_params = DECLARATIONS[name]
-    restype, argtypes = ck.DECLARATIONS[name]
+    restype, params = ck.DECLARATIONS[name]
     assert restype == expected_ctype(c_ret, True), "return type of %s" % name
-    assert len(argtypes) == len(c_params), "%s takes %d arguments" % (name, len(c_params))
-    for i, (c_type, py_type) in enumerate(zip(c_params, argtypes)):
+    assert len(params) == len(c_params), "%s takes %d arguments" % (name, len(c_params))
+    for i, (c_type, c_name, param) in enumerate(zip(c_params, PARAMETER_NAMES[name], params)):
+        assert len(param) in (2, 3), "%s argument %d: (name, ctype[, header's name])" % (name, i)
+        arg, py_type = param[:2]
         want = expected_ctype(c_type, False)
         if want == "pointer":
             ok = py_type is ctypes.c_void_p or issubclass(py_type, ctypes._Pointer)
         else:
             ok = py_type is want
         assert ok, "%s argument %d (%s) is declared %s" % (name, i, c_type, py_type.__name__)
+        # Names: the header's, with "_ptr" for a device pointer (and no other argument).
+        assert arg.endswith("_ptr") == is_device_pointer(py_type, c_type), \
+            "%s argument %d (%s %s) is named %s" % (name, i, c_type, c_name, arg)
+        assert header_name_of(param, c_type) == c_name, \
+            "%s argument %d is the header's %s, not %s" % (name, i, c_name, arg)
+        if len(param) == 3:
+            assert param[2] != header_name_of(param[:2], c_type), \
+                "%s argument %d: the header's name needs saying only where it differs" % (name, i)
+
+
+# Arguments that the raw level returns instead of taking them (ck_device_count's raw function is
+# written out, as are those that decode a string: ck_status_string, ck_last_error_message).
+OUT_PARAMETERS = {"ck_device_count": ["count"]}
+
+
+@pytest.mark.parametrize("name", sorted(DECLARATIONS))
+def test_raw_function_of_each_export(name):
+    """raw.<name less ck_> takes the table's arguments by their names, stream=0 by default."""
+    function = getattr(ck.raw, name[len("ck_"):])
+    arguments = [param[0] for param in ck.DECLARATIONS[name][1]
+                 if param[0] not in OUT_PARAMETERS.get(name, ())]
+    parameters = inspect.signature(function).parameters
+    assert list(parameters) == arguments
+    for arg, parameter in parameters.items():
+        assert parameter.default == (0 if arg == "stream" else inspect.Parameter.empty), arg
+    assert function.__name__ == name[len("ck_"):]
+    assert function.__doc__.startswith(name), function.__doc__
 
 
 @pytest.mark.parametrize("name", sorted(DECLARATIONS))
@@ -200,26 +263,60 @@ BIG = 2**62               # rows * cols overflows int64
 HALF_BIG = 2**31          # rows * cols = 2**62 fits, but not its byte count for 4-byte elements
 UNKNOWN_DTYPES = [99, -1, 6]
 NOT_FLOAT_DTYPES = [DType.INT8, DType.INT32, DType.UINT8]
+NOT_HALF_DTYPES = [DType.FP32] + NOT_FLOAT_DTYPES   # the W4A16 GEMMs and importers: fp16, bf16
 BAD_GROUP_SIZES = [48, 0, 256, 16, 1, 4096, -2]
 
 # Each row: (id, changed arguments, status, names the message must contain as words). A value
 # written as name=value in the changes must also appear in the message when it is an int.
+
+
+def bad(arg, values, status):
+    """One row per value of the argument `arg`, each naming it: ("arg=value", ...)."""
+    return [("%s=%s" % (arg, value.name if isinstance(value, DType) else value), {arg: value},
+             status, [arg]) for value in values]
+
+
+def null(*names):
+    """One row per pointer argument (named as in the header; x_ptr at the raw level) set to NULL."""
+    return [("null-%s" % name, {name + "_ptr": 0}, INVALID, [name]) for name in names]
+
+
+def bad_dtypes(arg, unsupported=NOT_FLOAT_DTYPES):
+    """A dtype argument: values that are no ck_dtype_t, and dtypes the entry point does not take."""
+    return bad(arg, UNKNOWN_DTYPES, INVALID) + bad(arg, unsupported, UNSUPPORTED)
+
+
+def rows_cols_cases(rows, cols, **wide):
+    """Bad rows and cols, and rows * cols overflowing int64, or only its byte count (for 4-byte
+    elements: `wide` says how to get them)."""
+    return (bad("rows", rows, INVALID) + bad("cols", cols, INVALID)
+            + [("overflow-elements", dict(rows=BIG, cols=BIG), INVALID, ["rows", "cols"]),
+               ("overflow-bytes", dict(rows=HALF_BIG, cols=HALF_BIG, **wide), INVALID,
+                ["rows", "cols"])])
+
+
+def int4_format_cases():
+    """What both INT4 (de)quantizers check of the format: the codes and the scales (NULL), the
+    zero points (NULL or given, against the mode), the mode and the group size."""
+    return ([("null-q_packed", dict(q_ptr=0), INVALID, ["q_packed"]),
+             ("null-scales", dict(scales_ptr=0), INVALID, ["scales"]),
+             ("null-zeros-asymmetric", dict(mode=ck.INT4_ASYMMETRIC), INVALID, ["zeros"]),
+             ("zeros-symmetric", dict(zeros_ptr=Z), INVALID, ["zeros"])]
+            + bad("mode", (2, -1), INVALID)
+            + bad("group_size", BAD_GROUP_SIZES, UNSUPPORTED))
+
+
 QUANTIZE_INT8 = dict(x_ptr=X, x_dtype=DType.FP32, rows=4, cols=64, granularity=ck.PER_ROW,
                      scale_mode=ck.DYNAMIC, scales_ptr=S, q_ptr=Q)
 QUANTIZE_INT8_CASES = (
-    [("null-x", dict(x_ptr=0), INVALID, ["x"]),
-     ("null-scales-dynamic", dict(scales_ptr=0), INVALID, ["scales"]),
-     ("null-scales-static", dict(scales_ptr=0, scale_mode=ck.STATIC), INVALID, ["scales"]),
-     ("null-q", dict(q_ptr=0), INVALID, ["q"])]
-    + [("x_dtype=%d" % d, dict(x_dtype=d), INVALID, ["x_dtype"]) for d in UNKNOWN_DTYPES]
-    + [("x_dtype=%s" % d.name, dict(x_dtype=d), UNSUPPORTED, ["x_dtype"]) for d in NOT_FLOAT_DTYPES]
-    + [("granularity=%d" % g, dict(granularity=g), INVALID, ["granularity"]) for g in (2, -1, 99)]
-    + [("scale_mode=%d" % m, dict(scale_mode=m), INVALID, ["scale_mode"]) for m in (2, -1)]
-    + [("rows=%d" % r, dict(rows=r), INVALID, ["rows"]) for r in (0, -1, -2**63)]
-    + [("cols=%d" % c, dict(cols=c), INVALID, ["cols"]) for c in (0, -5)]
-    + [("overflow-elements", dict(rows=BIG, cols=BIG), INVALID, ["rows", "cols"]),
-       ("overflow-bytes", dict(rows=HALF_BIG, cols=HALF_BIG), INVALID, ["rows", "cols"]),
-       ("misaligned-x-fp32", dict(x_ptr=X + 2), MISALIGNED, ["x"]),
+    null("x", "q")
+    + [("null-scales-dynamic", dict(scales_ptr=0), INVALID, ["scales"]),
+       ("null-scales-static", dict(scales_ptr=0, scale_mode=ck.STATIC), INVALID, ["scales"])]
+    + bad_dtypes("x_dtype")
+    + bad("granularity", (2, -1, 99), INVALID)
+    + bad("scale_mode", (2, -1), INVALID)
+    + rows_cols_cases((0, -1, -2**63), (0, -5))
+    + [("misaligned-x-fp32", dict(x_ptr=X + 2), MISALIGNED, ["x"]),
        ("misaligned-x-fp16", dict(x_ptr=X + 1, x_dtype=DType.FP16), MISALIGNED, ["x"]),
        ("misaligned-x-bf16", dict(x_ptr=X + 1, x_dtype=DType.BF16), MISALIGNED, ["x"]),
        ("misaligned-scales", dict(scales_ptr=S + 2), MISALIGNED, ["scales"]),
@@ -230,18 +327,11 @@ QUANTIZE_INT8_CASES = (
 DEQUANTIZE_INT8 = dict(q_ptr=Q, scales_ptr=S, rows=4, cols=64, granularity=ck.PER_ROW, out_ptr=O,
                        out_dtype=DType.FP32)
 DEQUANTIZE_INT8_CASES = (
-    [("null-q", dict(q_ptr=0), INVALID, ["q"]),
-     ("null-scales", dict(scales_ptr=0), INVALID, ["scales"]),
-     ("null-out", dict(out_ptr=0), INVALID, ["out"])]
-    + [("out_dtype=%d" % d, dict(out_dtype=d), INVALID, ["out_dtype"]) for d in UNKNOWN_DTYPES]
-    + [("out_dtype=%s" % d.name, dict(out_dtype=d), UNSUPPORTED, ["out_dtype"])
-       for d in NOT_FLOAT_DTYPES]
-    + [("granularity=%d" % g, dict(granularity=g), INVALID, ["granularity"]) for g in (2, -1)]
-    + [("rows=%d" % r, dict(rows=r), INVALID, ["rows"]) for r in (0, -3)]
-    + [("cols=%d" % c, dict(cols=c), INVALID, ["cols"]) for c in (0, -1)]
-    + [("overflow-elements", dict(rows=BIG, cols=BIG), INVALID, ["rows", "cols"]),
-       ("overflow-bytes", dict(rows=HALF_BIG, cols=HALF_BIG), INVALID, ["rows", "cols"]),
-       ("misaligned-scales", dict(scales_ptr=S + 2), MISALIGNED, ["scales"]),
+    null("q", "scales", "out")
+    + bad_dtypes("out_dtype")
+    + bad("granularity", (2, -1), INVALID)
+    + rows_cols_cases((0, -3), (0, -1))
+    + [("misaligned-scales", dict(scales_ptr=S + 2), MISALIGNED, ["scales"]),
        ("misaligned-out-fp32", dict(out_ptr=O + 2), MISALIGNED, ["out"]),
        ("misaligned-out-fp16", dict(out_ptr=O + 1, out_dtype=DType.FP16), MISALIGNED, ["out"]),
        ("misaligned-out-bf16", dict(out_ptr=O + 1, out_dtype=DType.BF16), MISALIGNED, ["out"])]
@@ -250,21 +340,10 @@ DEQUANTIZE_INT8_CASES = (
 QUANTIZE_INT4 = dict(x_ptr=X, x_dtype=DType.FP16, rows=4, cols=256, group_size=128,
                      mode=ck.INT4_SYMMETRIC, q_ptr=Q, scales_ptr=S, zeros_ptr=0)
 QUANTIZE_INT4_CASES = (
-    [("null-x", dict(x_ptr=0), INVALID, ["x"]),
-     ("null-q_packed", dict(q_ptr=0), INVALID, ["q_packed"]),
-     ("null-scales", dict(scales_ptr=0), INVALID, ["scales"]),
-     ("null-zeros-asymmetric", dict(mode=ck.INT4_ASYMMETRIC), INVALID, ["zeros"]),
-     ("zeros-symmetric", dict(zeros_ptr=Z), INVALID, ["zeros"])]
-    + [("mode=%d" % m, dict(mode=m), INVALID, ["mode"]) for m in (2, -1)]
-    + [("x_dtype=%d" % d, dict(x_dtype=d), INVALID, ["x_dtype"]) for d in UNKNOWN_DTYPES]
-    + [("x_dtype=%s" % d.name, dict(x_dtype=d), UNSUPPORTED, ["x_dtype"]) for d in NOT_FLOAT_DTYPES]
-    + [("rows=%d" % r, dict(rows=r), INVALID, ["rows"]) for r in (0, -1)]
-    + [("cols=%d" % c, dict(cols=c), INVALID, ["cols"]) for c in (0, -1)]
-    + [("overflow-elements", dict(rows=BIG, cols=BIG), INVALID, ["rows", "cols"]),
-       ("overflow-bytes", dict(rows=HALF_BIG, cols=HALF_BIG, x_dtype=DType.FP32), INVALID,
-        ["rows", "cols"])]
-    + [("group_size=%d" % g, dict(group_size=g), UNSUPPORTED, ["group_size"])
-       for g in BAD_GROUP_SIZES]
+    null("x")
+    + int4_format_cases()
+    + bad_dtypes("x_dtype")
+    + rows_cols_cases((0, -1), (0, -1), x_dtype=DType.FP32)
     + [("misaligned-x-fp32", dict(x_ptr=X + 2, x_dtype=DType.FP32), MISALIGNED, ["x"]),
        ("misaligned-x-fp16", dict(x_ptr=X + 1), MISALIGNED, ["x"]),
        ("misaligned-x-bf16", dict(x_ptr=X + 1, x_dtype=DType.BF16), MISALIGNED, ["x"]),
@@ -276,22 +355,10 @@ QUANTIZE_INT4_CASES = (
 DEQUANTIZE_INT4 = dict(q_ptr=Q, scales_ptr=S, zeros_ptr=0, rows=4, cols=256, group_size=128,
                        mode=ck.INT4_SYMMETRIC, out_ptr=O, out_dtype=DType.FP16)
 DEQUANTIZE_INT4_CASES = (
-    [("null-q_packed", dict(q_ptr=0), INVALID, ["q_packed"]),
-     ("null-scales", dict(scales_ptr=0), INVALID, ["scales"]),
-     ("null-out", dict(out_ptr=0), INVALID, ["out"]),
-     ("null-zeros-asymmetric", dict(mode=ck.INT4_ASYMMETRIC), INVALID, ["zeros"]),
-     ("zeros-symmetric", dict(zeros_ptr=Z), INVALID, ["zeros"])]
-    + [("mode=%d" % m, dict(mode=m), INVALID, ["mode"]) for m in (2, -1)]
-    + [("out_dtype=%d" % d, dict(out_dtype=d), INVALID, ["out_dtype"]) for d in UNKNOWN_DTYPES]
-    + [("out_dtype=%s" % d.name, dict(out_dtype=d), UNSUPPORTED, ["out_dtype"])
-       for d in NOT_FLOAT_DTYPES]
-    + [("rows=%d" % r, dict(rows=r), INVALID, ["rows"]) for r in (0, -1)]
-    + [("cols=%d" % c, dict(cols=c), INVALID, ["cols"]) for c in (0, -7)]
-    + [("overflow-elements", dict(rows=BIG, cols=BIG), INVALID, ["rows", "cols"]),
-       ("overflow-bytes", dict(rows=HALF_BIG, cols=HALF_BIG, out_dtype=DType.FP32), INVALID,
-        ["rows", "cols"])]
-    + [("group_size=%d" % g, dict(group_size=g), UNSUPPORTED, ["group_size"])
-       for g in BAD_GROUP_SIZES]
+    null("out")
+    + int4_format_cases()
+    + bad_dtypes("out_dtype")
+    + rows_cols_cases((0, -1), (0, -7), out_dtype=DType.FP32)
     + [("misaligned-scales-fp16", dict(scales_ptr=S + 1), MISALIGNED, ["scales"]),
        ("misaligned-scales-fp32", dict(scales_ptr=S + 2, out_dtype=DType.FP32), MISALIGNED,
         ["scales"]),
@@ -316,14 +383,14 @@ BAD_KN_N = [1, 8, 15, 24, 100, 4104]        # not a multiple of 16: only CK_LAYO
 def gemm_shape_cases(k_rule=True):
     """Bad m, n, k (< 1, overflowing) and, for the INT8 GEMMs, the multiple-of-16 rules."""
     cases = (
-        [("m=%d" % v, dict(m=v), INVALID, ["m"]) for v in (0, -1, -2**63)]
-        + [("n=%d" % v, dict(n=v), INVALID, ["n"]) for v in (0, -3)]
-        + [("k=%d" % v, dict(k=v), INVALID, ["k"]) for v in (0, -16)]
+        bad("m", (0, -1, -2**63), INVALID)
+        + bad("n", (0, -3), INVALID)
+        + bad("k", (0, -16), INVALID)
         + [("overflow-mk", dict(m=BIG, k=BIG), INVALID, ["m", "k"]),
            ("overflow-nk", dict(n=BIG, k=BIG), INVALID, ["n", "k"]),
            ("overflow-mn-bytes", dict(m=HALF_BIG, n=HALF_BIG), INVALID, ["m", "n"])])
     if k_rule:
-        cases += [("k=%d" % v, dict(k=v), UNSUPPORTED, ["k"]) for v in BAD_GEMM_K]
+        cases += bad("k", BAD_GEMM_K, UNSUPPORTED)
         cases += [("kn-n=%d" % v, dict(b_layout=KN, n=v), UNSUPPORTED, ["n"]) for v in BAD_KN_N]
         cases += [("kn-k=24", dict(b_layout=KN, k=24), UNSUPPORTED, ["k"])]
     return cases
@@ -332,9 +399,8 @@ def gemm_shape_cases(k_rule=True):
 def gemm_operand_cases():
     """What both INT8 GEMMs check on a and b."""
     return (
-        [("null-a", dict(a_ptr=0), INVALID, ["a"]),
-         ("null-b", dict(b_ptr=0), INVALID, ["b"])]
-        + [("b_layout=%d" % v, dict(b_layout=v), INVALID, ["b_layout"]) for v in BAD_LAYOUTS]
+        null("a", "b")
+        + bad("b_layout", BAD_LAYOUTS, INVALID)
         + [("misaligned-a+%d" % d, dict(a_ptr=A + d), MISALIGNED, ["a"]) for d in (1, 4, 8)]
         + [("misaligned-b+%d" % d, dict(b_ptr=B + d), MISALIGNED, ["b"]) for d in (1, 2, 8)]
         + [("misaligned-b-kn", dict(b_ptr=B + 4, b_layout=KN), MISALIGNED, ["b"])]
@@ -344,7 +410,7 @@ def gemm_operand_cases():
 GEMM_INT8 = dict(a_ptr=A, b_ptr=B, b_layout=NK, m=4, n=64, k=64, c_ptr=C)
 GEMM_INT8_CASES = (
     gemm_operand_cases() + gemm_shape_cases()
-    + [("null-c", dict(c_ptr=0), INVALID, ["c"])]
+    + null("c")
     + [("misaligned-c+%d" % d, dict(c_ptr=C + d), MISALIGNED, ["c"]) for d in (1, 2, 3)]
 )
 
@@ -354,18 +420,11 @@ GEMM_INT8_SCALED = dict(a_ptr=A, b_ptr=B, b_layout=NK, m=4, n=64, k=64, scale_a_
                         out_dtype=DType.FP16)
 GEMM_INT8_SCALED_CASES = (
     gemm_operand_cases() + gemm_shape_cases()
-    + [("null-out", dict(out_ptr=0), INVALID, ["out"]),
-       ("null-scale_a", dict(scale_a_ptr=0), INVALID, ["scale_a"]),
-       ("null-scale_b", dict(scale_b_ptr=0), INVALID, ["scale_b"])]
-    + [("out_dtype=%d" % d, dict(out_dtype=d), INVALID, ["out_dtype"]) for d in UNKNOWN_DTYPES]
-    + [("out_dtype=%s" % d.name, dict(out_dtype=d), UNSUPPORTED, ["out_dtype"])
-       for d in NOT_FLOAT_DTYPES]
-    + [("a_granularity=%d" % g, dict(a_granularity=g), INVALID, ["a_granularity"])
-       for g in (2, -1)]
-    + [("b_granularity=%d" % g, dict(b_granularity=g), INVALID, ["b_granularity"])
-       for g in (2, -1)]
-    + [("activation=%d" % v, dict(activation=v), INVALID, ["activation"])
-       for v in BAD_ACTIVATIONS]
+    + null("out", "scale_a", "scale_b")
+    + bad_dtypes("out_dtype")
+    + bad("a_granularity", (2, -1), INVALID)
+    + bad("b_granularity", (2, -1), INVALID)
+    + bad("activation", BAD_ACTIVATIONS, INVALID)
     + [("misaligned-out-fp16", dict(out_ptr=O + 1), MISALIGNED, ["out"]),
        ("misaligned-out-bf16", dict(out_ptr=O + 1, out_dtype=DType.BF16), MISALIGNED, ["out"]),
        ("misaligned-out-fp32", dict(out_ptr=O + 2, out_dtype=DType.FP32), MISALIGNED, ["out"]),
@@ -385,13 +444,9 @@ GEMM_INT8_SCALED_CASES = (
 LINEAR = dict(x_ptr=X, w_ptr=B, bias_ptr=BIAS, dtype=DType.FP16, m=4, n=64, k=64,
               activation=ck.ACTIVATION_NONE, out_ptr=O)
 LINEAR_CASES = (
-    [("null-x", dict(x_ptr=0), INVALID, ["x"]),
-     ("null-w", dict(w_ptr=0), INVALID, ["w"]),
-     ("null-out", dict(out_ptr=0), INVALID, ["out"])]
-    + [("dtype=%d" % d, dict(dtype=d), INVALID, ["dtype"]) for d in UNKNOWN_DTYPES]
-    + [("dtype=%s" % d.name, dict(dtype=d), UNSUPPORTED, ["dtype"]) for d in NOT_FLOAT_DTYPES]
-    + [("activation=%d" % v, dict(activation=v), INVALID, ["activation"])
-       for v in BAD_ACTIVATIONS]
+    null("x", "w", "out")
+    + bad_dtypes("dtype")
+    + bad("activation", BAD_ACTIVATIONS, INVALID)
     + gemm_shape_cases(k_rule=False)
     # K and N multiples of 16 / sizeof(dtype): 8 for fp16 and bf16, 4 for fp32.
     + [("fp16-k=%d" % v, dict(k=v), UNSUPPORTED, ["k"]) for v in (1, 4, 12, 4100)]
@@ -413,27 +468,21 @@ LINEAR_CASES = (
 # with scales [N, groups] of dtype and, for CK_INT4_ASYMMETRIC only, uint8 zeros. Rules
 # (cuda_kernels.h): K a multiple of 32, group_size 32, 64, 128 or -1, x and w_packed 16-byte
 # aligned, scales, bias and out aligned to dtype; bias may be NULL, zeros need no alignment.
-W4A16 = dict(x_ptr=X, dtype=DType.FP16, w_ptr=B, scales_ptr=S, zeros_ptr=0, group_size=128,
-             mode=ck.INT4_SYMMETRIC, bias_ptr=BIAS, activation=ck.ACTIVATION_RELU, m=4, n=64,
-             k=256, out_ptr=O)
+GEMM_W4A16 = dict(x_ptr=X, dtype=DType.FP16, w_ptr=B, scales_ptr=S, zeros_ptr=0,
+                  group_size=128, mode=ck.INT4_SYMMETRIC, bias_ptr=BIAS,
+                  activation=ck.ACTIVATION_RELU, m=4, n=64, k=256, out_ptr=O)
 BAD_W4A16_K = [1, 16, 48, 100, 4112]        # >= 1 but not a multiple of 32
-W4A16_CASES = (
-    [("null-x", dict(x_ptr=0), INVALID, ["x"]),
-     ("null-w_packed", dict(w_ptr=0), INVALID, ["w_packed"]),
-     ("null-scales", dict(scales_ptr=0), INVALID, ["scales"]),
-     ("null-out", dict(out_ptr=0), INVALID, ["out"]),
-     ("null-zeros-asymmetric", dict(mode=ck.INT4_ASYMMETRIC), INVALID, ["zeros"]),
-     ("zeros-symmetric", dict(zeros_ptr=Z), INVALID, ["zeros"])]
-    + [("mode=%d" % v, dict(mode=v), INVALID, ["mode"]) for v in (2, -1, 99)]
-    + [("dtype=%d" % d, dict(dtype=d), INVALID, ["dtype"]) for d in UNKNOWN_DTYPES]
-    + [("dtype=%s" % d.name, dict(dtype=d), UNSUPPORTED, ["dtype"])
-       for d in [DType.FP32] + NOT_FLOAT_DTYPES]
-    + [("activation=%d" % v, dict(activation=v), INVALID, ["activation"])
-       for v in BAD_ACTIVATIONS]
+GEMM_W4A16_CASES = (
+    null("x", "scales", "out")
+    + [("null-w_packed", dict(w_ptr=0), INVALID, ["w_packed"]),
+       ("null-zeros-asymmetric", dict(mode=ck.INT4_ASYMMETRIC), INVALID, ["zeros"]),
+       ("zeros-symmetric", dict(zeros_ptr=Z), INVALID, ["zeros"])]
+    + bad("mode", (2, -1, 99), INVALID)
+    + bad_dtypes("dtype", NOT_HALF_DTYPES)
+    + bad("activation", BAD_ACTIVATIONS, INVALID)
     + gemm_shape_cases(k_rule=False)
-    + [("k=%d" % v, dict(k=v), UNSUPPORTED, ["k"]) for v in BAD_W4A16_K]
-    + [("group_size=%d" % g, dict(group_size=g), UNSUPPORTED, ["group_size"])
-       for g in BAD_GROUP_SIZES]
+    + bad("k", BAD_W4A16_K, UNSUPPORTED)
+    + bad("group_size", BAD_GROUP_SIZES, UNSUPPORTED)
     + [("misaligned-x+%d" % d, dict(x_ptr=X + d), MISALIGNED, ["x"]) for d in (1, 2, 8)]
     + [("misaligned-w_packed+%d" % d, dict(w_ptr=B + d), MISALIGNED, ["w_packed"])
        for d in (1, 4, 8)]
@@ -445,11 +494,11 @@ W4A16_CASES = (
 
 # The prepacked W4A16 GEMM: ck_gemm_w4a16's rules, except that the prepacked weight, scales and
 # zeros need 16-byte alignment (the kernels copy them with 16-byte cp.async).
-W4A16_PREPACKED = dict(W4A16)
+GEMM_W4A16_PREPACKED = dict(GEMM_W4A16)
 PREPACKED_NAMES = {"w_packed": "w_prepacked", "scales": "scales_prepacked"}
-W4A16_PREPACKED_CASES = (
+GEMM_W4A16_PREPACKED_CASES = (
     [(case_id, changes, status, [PREPACKED_NAMES.get(n, n) for n in names])
-     for case_id, changes, status, names in W4A16_CASES]
+     for case_id, changes, status, names in GEMM_W4A16_CASES]
     + [("misaligned-scales_prepacked+%d" % d, dict(scales_ptr=S + d), MISALIGNED,
         ["scales_prepacked"]) for d in (2, 8)]
     + [("misaligned-zeros_prepacked+%d" % d,
@@ -472,16 +521,13 @@ W4A16_PREPACK_CASES = (
       ["zeros_prepacked"]),
      ("zeros-symmetric", dict(zeros_ptr=Z), INVALID, ["zeros"]),
      ("zeros_prepacked-symmetric", dict(zeros_out_ptr=BIAS), INVALID, ["zeros_prepacked"])]
-    + [("mode=%d" % v, dict(mode=v), INVALID, ["mode"]) for v in (2, -1)]
-    + [("dtype=%d" % d, dict(dtype=d), INVALID, ["dtype"]) for d in UNKNOWN_DTYPES]
-    + [("dtype=%s" % d.name, dict(dtype=d), UNSUPPORTED, ["dtype"])
-       for d in [DType.FP32] + NOT_FLOAT_DTYPES]
-    + [("n=%d" % v, dict(n=v), INVALID, ["n"]) for v in (0, -3)]
-    + [("k=%d" % v, dict(k=v), INVALID, ["k"]) for v in (0, -32)]
+    + bad("mode", (2, -1), INVALID)
+    + bad_dtypes("dtype", NOT_HALF_DTYPES)
+    + bad("n", (0, -3), INVALID)
+    + bad("k", (0, -32), INVALID)
     + [("overflow-nk", dict(n=BIG, k=BIG), INVALID, ["n", "k"])]
-    + [("k=%d" % v, dict(k=v), UNSUPPORTED, ["k"]) for v in BAD_W4A16_K]
-    + [("group_size=%d" % g, dict(group_size=g), UNSUPPORTED, ["group_size"])
-       for g in BAD_GROUP_SIZES]
+    + bad("k", BAD_W4A16_K, UNSUPPORTED)
+    + bad("group_size", BAD_GROUP_SIZES, UNSUPPORTED)
     + [("misaligned-w_packed+%d" % d, dict(w_ptr=B + d), MISALIGNED, ["w_packed"])
        for d in (1, 8)]
     + [("misaligned-scales+1", dict(scales_ptr=S + 1), MISALIGNED, ["scales"]),
@@ -505,16 +551,13 @@ def import_cases():
          for name, label in (("qweight_ptr", "qweight"), ("qzeros_ptr", "qzeros"),
                              ("scales_ptr", "scales"), ("w_ptr", "w_packed"),
                              ("scales_out_ptr", "scales_out"), ("zeros_out_ptr", "zeros_out"))]
-        + [("dtype=%d" % d, dict(dtype=d), INVALID, ["dtype"]) for d in UNKNOWN_DTYPES]
-        + [("dtype=%s" % d.name, dict(dtype=d), UNSUPPORTED, ["dtype"])
-           for d in [DType.FP32] + NOT_FLOAT_DTYPES]
-        + [("n=%d" % v, dict(n=v), INVALID, ["n"]) for v in (0, -8)]
-        + [("k=%d" % v, dict(k=v), INVALID, ["k"]) for v in (0, -32)]
+        + bad_dtypes("dtype", NOT_HALF_DTYPES)
+        + bad("n", (0, -8), INVALID)
+        + bad("k", (0, -32), INVALID)
         + [("overflow-nk", dict(n=BIG, k=BIG), INVALID, ["n", "k"])]
-        + [("n=%d" % v, dict(n=v), UNSUPPORTED, ["n"]) for v in (1, 12, 100)]
-        + [("k=%d" % v, dict(k=v), UNSUPPORTED, ["k"]) for v in BAD_W4A16_K]
-        + [("group_size=%d" % g, dict(group_size=g), UNSUPPORTED, ["group_size"])
-           for g in BAD_GROUP_SIZES]
+        + bad("n", (1, 12, 100), UNSUPPORTED)
+        + bad("k", BAD_W4A16_K, UNSUPPORTED)
+        + bad("group_size", BAD_GROUP_SIZES, UNSUPPORTED)
         + [("misaligned-qweight+2", dict(qweight_ptr=A + 2), MISALIGNED, ["qweight"]),
            ("misaligned-qzeros+1", dict(qzeros_ptr=Z + 1), MISALIGNED, ["qzeros"]),
            ("misaligned-scales+1", dict(scales_ptr=S + 1), MISALIGNED, ["scales"]),
@@ -533,13 +576,10 @@ IMPORT_GPTQ_CASES = import_cases() + [
 
 PERMUTE_COLUMNS = dict(x_ptr=X, dtype=DType.FP16, rows=4, cols=64, perm_ptr=P, out_ptr=O)
 PERMUTE_COLUMNS_CASES = (
-    [("null-x", dict(x_ptr=0), INVALID, ["x"]),
-     ("null-perm", dict(perm_ptr=0), INVALID, ["perm"]),
-     ("null-out", dict(out_ptr=0), INVALID, ["out"])]
-    + [("dtype=%d" % d, dict(dtype=d), INVALID, ["dtype"]) for d in UNKNOWN_DTYPES]
-    + [("dtype=%s" % d.name, dict(dtype=d), UNSUPPORTED, ["dtype"]) for d in NOT_FLOAT_DTYPES]
-    + [("rows=%d" % r, dict(rows=r), INVALID, ["rows"]) for r in (0, -1)]
-    + [("cols=%d" % c, dict(cols=c), INVALID, ["cols"]) for c in (0, -5)]
+    null("x", "perm", "out")
+    + bad_dtypes("dtype")
+    + bad("rows", (0, -1), INVALID)
+    + bad("cols", (0, -5), INVALID)
     + [("overflow-bytes", dict(rows=HALF_BIG, cols=HALF_BIG), INVALID, ["rows", "cols"]),
        ("misaligned-x-fp16", dict(x_ptr=X + 1), MISALIGNED, ["x"]),
        ("misaligned-x-fp32", dict(x_ptr=X + 2, dtype=DType.FP32), MISALIGNED, ["x"]),
@@ -553,48 +593,41 @@ BAD_INT4_K = [16, 48, 100, 4112]
 
 def gemm_int4_operand_cases():
     return (
-        [("null-a", dict(a_ptr=0), INVALID, ["a"]),
-         ("null-b", dict(b_ptr=0), INVALID, ["b"])]
+        null("a", "b")
         + gemm_shape_cases(k_rule=False)
-        + [("k=%d" % v, dict(k=v), UNSUPPORTED, ["k"]) for v in BAD_INT4_K]
+        + bad("k", BAD_INT4_K, UNSUPPORTED)
         + [("misaligned-a+%d" % d, dict(a_ptr=A + d), MISALIGNED, ["a"]) for d in (1, 8)]
         + [("misaligned-b+%d" % d, dict(b_ptr=B + d), MISALIGNED, ["b"]) for d in (2, 4)]
     )
 
 
 GEMM_INT4 = dict(a_ptr=A, b_ptr=B, m=4, n=64, k=64, c_ptr=C)
-GEMM_INT4_CASES = gemm_int4_operand_cases() + [
-    ("null-c", dict(c_ptr=0), INVALID, ["c"]),
-    ("misaligned-c+2", dict(c_ptr=C + 2), MISALIGNED, ["c"]),
-]
+GEMM_INT4_CASES = (gemm_int4_operand_cases() + null("c")
+                   + [("misaligned-c+2", dict(c_ptr=C + 2), MISALIGNED, ["c"])])
 GEMM_INT4_SCALED = {key: value for key, value in GEMM_INT8_SCALED.items() if key != "b_layout"}
 GEMM_INT4_SCALED_CASES = gemm_int4_operand_cases() + [
     case for case in GEMM_INT8_SCALED_CASES
     if not any(key in ("a_ptr", "b_ptr", "b_layout", "m", "n", "k") for key in case[1])
 ]
 
+# The entry points with bad-argument cases: the valid call of each is the table named after it
+# (QUANTIZE_INT8 for ck_quantize_int8), its cases are that table's _CASES.
 ENTRY_POINTS = {
-    "ck_quantize_int8": (ck.raw.quantize_int8, QUANTIZE_INT8, QUANTIZE_INT8_CASES),
-    "ck_dequantize_int8": (ck.raw.dequantize_int8, DEQUANTIZE_INT8, DEQUANTIZE_INT8_CASES),
-    "ck_quantize_int4": (ck.raw.quantize_int4, QUANTIZE_INT4, QUANTIZE_INT4_CASES),
-    "ck_dequantize_int4": (ck.raw.dequantize_int4, DEQUANTIZE_INT4, DEQUANTIZE_INT4_CASES),
-    "ck_gemm_int8": (ck.raw.gemm_int8, GEMM_INT8, GEMM_INT8_CASES),
-    "ck_gemm_int8_scaled": (ck.raw.gemm_int8_scaled, GEMM_INT8_SCALED, GEMM_INT8_SCALED_CASES),
-    "ck_linear": (ck.raw.linear, LINEAR, LINEAR_CASES),
-    "ck_gemm_w4a16": (ck.raw.gemm_w4a16, W4A16, W4A16_CASES),
-    "ck_gemm_w4a16_prepacked": (ck.raw.gemm_w4a16_prepacked, W4A16_PREPACKED,
-                                W4A16_PREPACKED_CASES),
-    "ck_w4a16_prepack": (ck.raw.w4a16_prepack, W4A16_PREPACK, W4A16_PREPACK_CASES),
-    "ck_import_gptq": (ck.raw.import_gptq, IMPORT_GPTQ, IMPORT_GPTQ_CASES),
-    "ck_import_awq": (ck.raw.import_awq, IMPORT_AWQ, IMPORT_AWQ_CASES),
-    "ck_permute_columns": (ck.raw.permute_columns, PERMUTE_COLUMNS, PERMUTE_COLUMNS_CASES),
-    "ck_gemm_int4": (ck.raw.gemm_int4, GEMM_INT4, GEMM_INT4_CASES),
-    "ck_gemm_int4_scaled": (ck.raw.gemm_int4_scaled, GEMM_INT4_SCALED, GEMM_INT4_SCALED_CASES),
+    "ck_" + table.lower(): (globals()[table], globals()[table + "_CASES"])
+    for table in ("QUANTIZE_INT8", "DEQUANTIZE_INT8", "QUANTIZE_INT4", "DEQUANTIZE_INT4",
+                  "GEMM_INT8", "GEMM_INT8_SCALED", "LINEAR", "GEMM_W4A16", "GEMM_W4A16_PREPACKED",
+                  "W4A16_PREPACK", "IMPORT_GPTQ", "IMPORT_AWQ", "PERMUTE_COLUMNS", "GEMM_INT4",
+                  "GEMM_INT4_SCALED")
 }
 
 
+def raw_function(function):
+    """ck.raw's function of the entry point `function`."""
+    return getattr(ck.raw, function[len("ck_"):])
+
+
 def bad_call_params():
-    for function, (_, _, cases) in ENTRY_POINTS.items():
+    for function, (_, cases) in ENTRY_POINTS.items():
         for case_id, changes, status, names in cases:
             yield pytest.param(function, changes, status, names, id="%s-%s" % (function, case_id))
 
@@ -606,10 +639,10 @@ def mentions(message, word):
 
 def rejection(function, changes):
     """Calls `function` with its valid arguments changed by `changes`; returns the CKError."""
-    raw_function, valid, _ = ENTRY_POINTS[function]
+    valid, _ = ENTRY_POINTS[function]
     kwargs = dict(valid, **changes)
     with pytest.raises(CKError) as info:
-        raw_function(**kwargs, stream=0)
+        raw_function(function)(**kwargs, stream=0)
     return info.value
 
 
@@ -620,7 +653,7 @@ def test_every_status_function_has_bad_argument_cases():
 
 def test_valid_baselines_are_valid_shapes():
     """Sanity of the tables: the unchanged arguments are right (but never called here)."""
-    for function, (raw_function, valid, cases) in ENTRY_POINTS.items():
+    for function, (valid, cases) in ENTRY_POINTS.items():
         sizes = [valid[key] for key in ("rows", "cols", "m", "n", "k") if key in valid]
         assert len(sizes) in (2, 3) and all(size >= 1 for size in sizes), function
         if "k" in valid:   # a multiple of 16 suits every GEMM rule, N too (for CK_LAYOUT_KN)
@@ -631,7 +664,12 @@ def test_valid_baselines_are_valid_shapes():
 
 @pytest.mark.parametrize("function, changes, status, names", list(bad_call_params()))
 def test_bad_argument_rejected(lib, function, changes, status, names):
-    error = rejection(function, changes)
+    assert_rejected_as(rejection(function, changes), function, changes, status, names)
+
+
+def assert_rejected_as(error, function, changes, status, names):
+    """The rejection of a bad-argument case: its status, and a message of the calling thread
+    that starts with the function and names the arguments (and the offending value)."""
     message = error.message
     assert error.status == status, "%s: got %s (%s)" % (function, error.status, message)
     assert message, "a rejected call must leave a message"
@@ -645,7 +683,7 @@ def test_bad_argument_rejected(lib, function, changes, status, names):
                 and not isinstance(value, DType):
             assert mentions(message, value), "the message does not say %s=%d: %r" % (
                 name, value, message)
-    assert error.cuda_error == 0 and lib.ck_last_cuda_error() == 0, \
+    assert error.cuda_error == 0 and ck.raw.last_cuda_error() == 0, \
         "validation must not call CUDA"
 
 
@@ -678,131 +716,6 @@ def test_gemm_null_bias_is_allowed(lib):
     assert error.status == Status.MISALIGNED and mentions(error.message, "scale_b"), error.message
 
 
-def kernel_override_rejection(monkeypatch, function, changes):
-    """Calls `function` with CK_GEMM_INT8_KERNEL=bogus, which the library reads once every
-    argument has passed validation (and before any CUDA call): an INVALID_VALUE about it
-    proves that the changed arguments are valid. Returns the CKError."""
-    monkeypatch.setenv("CK_GEMM_INT8_KERNEL", "bogus")
-    error = rejection(function, changes)
-    assert error.status == Status.INVALID_VALUE, error.message
-    assert "CK_GEMM_INT8_KERNEL" in error.message, error.message
-    return error
-
-
-@pytest.mark.parametrize("function", ["ck_gemm_int8", "ck_gemm_int8_scaled"])
-@pytest.mark.parametrize("changes", [dict(n=15), dict(n=1, m=1), dict(n=4097, m=3, k=16),
-                                     dict(b_layout=KN, n=16, k=16), dict(m=10**6)],
-                         ids=["n=15", "1x1", "n=4097", "kn-16x16", "m=1e6"])
-def test_gemm_valid_shapes_pass_validation(lib, monkeypatch, function, changes):
-    """Any M and N (N a multiple of 16 only for CK_LAYOUT_KN), K a multiple of 16."""
-    kernel_override_rejection(monkeypatch, function, changes)
-
-
-@pytest.mark.parametrize("changes", [dict(c_ptr=C + 4), dict(c_ptr=C + 12)], ids=["c+4", "c+12"])
-def test_gemm_int8_element_aligned_c_passes_validation(lib, monkeypatch, changes):
-    """c needs 4-byte alignment only."""
-    kernel_override_rejection(monkeypatch, "ck_gemm_int8", changes)
-
-
-@pytest.mark.parametrize("changes", [
-    dict(out_ptr=O + 2, bias_ptr=BIAS + 2),
-    dict(out_ptr=O + 6, bias_ptr=BIAS + 10, out_dtype=DType.BF16),
-    dict(out_ptr=O + 4, bias_ptr=BIAS + 12, out_dtype=DType.FP32),
-    dict(scale_a_ptr=SA + 4, scale_b_ptr=SB + 12),
-    dict(bias_ptr=0, activation=ck.ACTIVATION_NONE),
-    dict(a_granularity=ck.PER_TENSOR, b_granularity=ck.PER_TENSOR),
-], ids=["fp16+2", "bf16+6", "fp32+4", "scales+4", "no-bias", "per-tensor"])
-def test_gemm_int8_scaled_element_aligned_pointers_pass_validation(lib, monkeypatch, changes):
-    """Scales need 4 bytes, bias and out their element size; bias may be NULL."""
-    kernel_override_rejection(monkeypatch, "ck_gemm_int8_scaled", changes)
-
-
-@pytest.mark.parametrize("value", ["bogus", "cublas"])
-@pytest.mark.parametrize("function", ["ck_gemm_int8", "ck_gemm_int8_scaled"])
-def test_gemm_kernel_override_rejects_unknown_names(lib, monkeypatch, function, value):
-    """CK_GEMM_INT8_KERNEL (read on every call) must name a variant; anything else is an
-    invalid value, reported before any CUDA call. (Valid names would launch on the fake
-    addresses: the GPU tests cover them.)"""
-    monkeypatch.setenv("CK_GEMM_INT8_KERNEL", value)
-    raw_function, valid, _ = ENTRY_POINTS[function]
-    with pytest.raises(CKError) as info:
-        raw_function(**valid, stream=0)
-    error = info.value
-    assert error.status == Status.INVALID_VALUE, error.message
-    assert error.message.startswith(function + ": ")
-    assert "CK_GEMM_INT8_KERNEL" in error.message and value in error.message, error.message
-    assert error.cuda_error == 0 and lib.ck_last_cuda_error() == 0
-
-
-def test_gemm_argument_errors_come_before_the_kernel_override(lib, monkeypatch):
-    monkeypatch.setenv("CK_GEMM_INT8_KERNEL", "bogus")
-    error = rejection("ck_gemm_int8", dict(k=24))
-    assert error.status == Status.UNSUPPORTED and mentions(error.message, "k"), error.message
-
-
-def w4a16_override_rejection(monkeypatch, changes):
-    """ck_gemm_w4a16 with CK_GEMM_W4A16_KERNEL=bogus, which the library reads once every
-    argument has passed validation (and before any CUDA call): an INVALID_VALUE about it proves
-    that the changed arguments are valid."""
-    monkeypatch.setenv("CK_GEMM_W4A16_KERNEL", "bogus")
-    error = rejection("ck_gemm_w4a16", changes)
-    assert error.status == Status.INVALID_VALUE, error.message
-    assert "CK_GEMM_W4A16_KERNEL" in error.message, error.message
-    assert error.cuda_error == 0 and lib_last_cuda_error() == 0
-    return error
-
-
-def lib_last_cuda_error():
-    return ck.load_library().ck_last_cuda_error()
-
-
-@pytest.mark.parametrize("changes", [
-    dict(n=1, m=1, k=32),
-    dict(n=7, m=17, k=96, group_size=64),            # a partial last group
-    dict(n=4097, m=100, k=160, group_size=ck.GROUP_ROW),
-    dict(m=10**6, group_size=32),
-    dict(dtype=DType.BF16, activation=ck.ACTIVATION_NONE),
-    dict(mode=ck.INT4_ASYMMETRIC, zeros_ptr=Z + 1),   # uint8 zeros: any address
-    dict(bias_ptr=0),
-    dict(scales_ptr=S + 2, bias_ptr=BIAS + 6, out_ptr=O + 10),
-    dict(scales_ptr=S + 2, bias_ptr=BIAS + 2, out_ptr=O + 2, dtype=DType.BF16),
-], ids=["1x1x32", "partial-group", "row-group", "m=1e6", "bf16", "asym-zeros+1", "no-bias",
-        "fp16-element-aligned", "bf16-element-aligned"])
-def test_gemm_w4a16_valid_arguments_pass_validation(lib, monkeypatch, changes):
-    """Any M and N, K a multiple of 32, any supported group size (K need not be a multiple of
-    it), scales/bias/out aligned to their element only, zeros anywhere, bias NULL."""
-    w4a16_override_rejection(monkeypatch, changes)
-
-
-@pytest.mark.parametrize("value", ["bogus", "mma", "wgmma", "SMALL_M", "cublas"])
-def test_gemm_w4a16_kernel_override_rejects_unknown_names(lib, monkeypatch, value):
-    """CK_GEMM_W4A16_KERNEL is auto, reference or small_m (mma/wgmma are INT8 GEMM names);
-    anything else is an invalid value reported before any CUDA call."""
-    monkeypatch.setenv("CK_GEMM_W4A16_KERNEL", value)
-    with pytest.raises(CKError) as info:
-        ck.raw.gemm_w4a16(**W4A16, stream=0)
-    error = info.value
-    assert error.status == Status.INVALID_VALUE, error.message
-    assert error.message.startswith("ck_gemm_w4a16: ")
-    assert "CK_GEMM_W4A16_KERNEL" in error.message and value in error.message, error.message
-    assert error.cuda_error == 0 and lib.ck_last_cuda_error() == 0
-
-
-def test_gemm_w4a16_argument_errors_come_before_the_kernel_override(lib, monkeypatch):
-    monkeypatch.setenv("CK_GEMM_W4A16_KERNEL", "bogus")
-    error = rejection("ck_gemm_w4a16", dict(k=48))
-    assert error.status == Status.UNSUPPORTED and mentions(error.message, "k"), error.message
-    error = rejection("ck_gemm_w4a16", dict(group_size=48))
-    assert error.status == Status.UNSUPPORTED and mentions(error.message, "group_size")
-
-
-def test_gemm_w4a16_ignores_the_int8_override(lib, monkeypatch):
-    """CK_GEMM_INT8_KERNEL belongs to the INT8 GEMMs: a bogus value must not fail W4A16."""
-    monkeypatch.setenv("CK_GEMM_INT8_KERNEL", "bogus")
-    error = w4a16_override_rejection(monkeypatch, {})
-    assert "CK_GEMM_INT8_KERNEL" not in error.message
-
-
 def test_gemm_w4a16_null_bias_is_allowed(lib):
     """bias may be NULL: with another defect planted, the error is about that one."""
     error = rejection("ck_gemm_w4a16", dict(bias_ptr=0, k=48))
@@ -813,34 +726,140 @@ def test_gemm_w4a16_null_bias_is_allowed(lib):
     assert error.status == Status.MISALIGNED and mentions(error.message, "scales")
 
 
-@pytest.mark.parametrize("function", ["ck_gemm_int4", "ck_gemm_int4_scaled"])
-@pytest.mark.parametrize("value", ["bogus", "wgmma", "tc", "MMA"])
-def test_gemm_int4_kernel_override_rejects_unknown_names(lib, monkeypatch, function, value):
-    """CK_GEMM_INT4_KERNEL is auto, reference, mma or small_m; anything else is an invalid value
-    reported after the arguments passed validation and before any CUDA call."""
-    monkeypatch.setenv("CK_GEMM_INT4_KERNEL", value)
-    error = rejection(function, {})
+# ------------------------------------------------------------------------------------------------
+# The kernel overrides: one row each
+# ------------------------------------------------------------------------------------------------
+# Each CK_GEMM_*_KERNEL variable forces a kernel variant of the entry points it governs; the
+# library reads it on every call, once every argument has passed validation and before any CUDA
+# call. So an unknown name is a host-side error (INVALID_VALUE, naming the function, the variable
+# and the value), and planting one is a probe: that error, rather than another, proves that the
+# arguments of the call are valid. The names an override accepts would launch on the fake
+# addresses (the GPU tests run them); here they give the names it must refuse: each in capitals,
+# and the names that only the other overrides accept.
+class KernelOverride(typing.NamedTuple):
+    env: str
+    functions: tuple   # the entry points it governs; their valid calls are ENTRY_POINTS'
+    accepts: tuple     # its variant names (the empty string means auto too)
+    valid_calls: list  # (id, changes, functions): unusual arguments that pass validation
+
+
+INT8_GEMMS = ("ck_gemm_int8", "ck_gemm_int8_scaled")
+W4A16_GEMMS = ("ck_gemm_w4a16", "ck_gemm_w4a16_prepacked")
+INT4_GEMMS = ("ck_gemm_int4", "ck_gemm_int4_scaled")
+KERNEL_OVERRIDES = [
+    KernelOverride(
+        "CK_GEMM_INT8_KERNEL", INT8_GEMMS, ("auto", "reference", "mma", "small_m", "wgmma"),
+        # Any M and N (N a multiple of 16 only for CK_LAYOUT_KN), K a multiple of 16.
+        [("n=15", dict(n=15), INT8_GEMMS), ("1x1", dict(n=1, m=1), INT8_GEMMS),
+         ("n=4097", dict(n=4097, m=3, k=16), INT8_GEMMS),
+         ("kn-16x16", dict(b_layout=KN, n=16, k=16), INT8_GEMMS),
+         ("m=1e6", dict(m=10**6), INT8_GEMMS)]
+        # c needs 4-byte alignment only.
+        + [("c+%d" % d, dict(c_ptr=C + d), ["ck_gemm_int8"]) for d in (4, 12)]
+        # Scales need 4 bytes, bias and out their element size; bias may be NULL.
+        + [(case_id, changes, ["ck_gemm_int8_scaled"]) for case_id, changes in [
+            ("fp16+2", dict(out_ptr=O + 2, bias_ptr=BIAS + 2)),
+            ("bf16+6", dict(out_ptr=O + 6, bias_ptr=BIAS + 10, out_dtype=DType.BF16)),
+            ("fp32+4", dict(out_ptr=O + 4, bias_ptr=BIAS + 12, out_dtype=DType.FP32)),
+            ("scales+4", dict(scale_a_ptr=SA + 4, scale_b_ptr=SB + 12)),
+            ("no-bias", dict(bias_ptr=0, activation=ck.ACTIVATION_NONE)),
+            ("per-tensor", dict(a_granularity=ck.PER_TENSOR, b_granularity=ck.PER_TENSOR))]]),
+    KernelOverride(
+        "CK_GEMM_W4A16_KERNEL", W4A16_GEMMS, ("auto", "reference", "small_m", "tc"),
+        # Any M and N, K a multiple of 32, any supported group size (K need not be a multiple
+        # of it), bias NULL.
+        [(case_id, changes, W4A16_GEMMS) for case_id, changes in [
+            ("1x1x32", dict(n=1, m=1, k=32)),
+            ("partial-group", dict(n=7, m=17, k=96, group_size=64)),
+            ("row-group", dict(n=4097, m=100, k=160, group_size=ck.GROUP_ROW)),
+            ("m=1e6", dict(m=10**6, group_size=32)),
+            ("bf16", dict(dtype=DType.BF16, activation=ck.ACTIVATION_NONE)),
+            ("no-bias", dict(bias_ptr=0))]]
+        # The plain layout: scales, bias and out aligned to their element only, zeros anywhere
+        # (the prepacked ones need 16 bytes).
+        + [(case_id, changes, ["ck_gemm_w4a16"]) for case_id, changes in [
+            ("asym-zeros+1", dict(mode=ck.INT4_ASYMMETRIC, zeros_ptr=Z + 1)),
+            ("fp16-element-aligned", dict(scales_ptr=S + 2, bias_ptr=BIAS + 6, out_ptr=O + 10)),
+            ("bf16-element-aligned", dict(scales_ptr=S + 2, bias_ptr=BIAS + 2, out_ptr=O + 2,
+                                          dtype=DType.BF16))]]),
+    KernelOverride(
+        "CK_GEMM_INT4_KERNEL", INT4_GEMMS, ("auto", "reference", "mma", "small_m"),
+        # Any M and N, K a multiple of 32, c 4-byte aligned.
+        [(case_id, changes, INT4_GEMMS) for case_id, changes in [
+            ("1x1x32", dict(m=1, n=1, k=32)), ("17x7x96", dict(m=17, n=7, k=96)),
+            ("m=1e6", dict(m=10**6, k=4096))]]
+        + [("c+4", dict(c_ptr=C + 4), ["ck_gemm_int4"])]),
+]
+
+
+def refused_names(override):
+    """Names `override` must refuse: made-up ones, each of its own in capitals (names are
+    case-sensitive), and the names that only the other overrides accept."""
+    others = {name for other in KERNEL_OVERRIDES for name in other.accepts}
+    return (["bogus", "cublas"] + [name.upper() for name in override.accepts]
+            + sorted(others - set(override.accepts)))
+
+
+def override_params(cases):
+    """pytest params (env, function, *case) over every override and entry point it governs;
+    cases(override, function) gives (id or None, *case) tuples."""
+    return [pytest.param(override.env, function, *case,
+                         id="-".join(part for part in (override.env, function, case_id) if part))
+            for override in KERNEL_OVERRIDES for function in override.functions
+            for case_id, *case in cases(override, function)]
+
+
+def override_rejection(monkeypatch, env, function, changes, value="bogus"):
+    """Calls `function` with its valid arguments changed by `changes` and `env` set to the unknown
+    name `value`: the INVALID_VALUE about it, asserted here, shows that the arguments passed
+    validation and that nothing reached CUDA. Returns the CKError."""
+    monkeypatch.setenv(env, value)
+    error = rejection(function, changes)
     assert error.status == Status.INVALID_VALUE, error.message
-    assert error.message.startswith(function + ": ")
-    assert "CK_GEMM_INT4_KERNEL" in error.message and value in error.message, error.message
-    assert error.cuda_error == 0 and lib.ck_last_cuda_error() == 0
+    assert error.message.startswith(function + ": "), error.message
+    assert env in error.message and value in error.message, error.message
+    assert error.cuda_error == 0 and ck.raw.last_cuda_error() == 0
+    return error
 
 
-def test_gemm_int4_argument_errors_come_before_the_kernel_override(lib, monkeypatch):
-    monkeypatch.setenv("CK_GEMM_INT4_KERNEL", "bogus")
-    error = rejection("ck_gemm_int4", dict(k=48))
-    assert error.status == Status.UNSUPPORTED and mentions(error.message, "k"), error.message
+def test_kernel_override_table_covers_the_gemms():
+    governed = [function for override in KERNEL_OVERRIDES for function in override.functions]
+    assert sorted(governed) == sorted(set(governed))
+    assert set(governed) == {name for name in ENTRY_POINTS if name.startswith("ck_gemm_")}
 
 
-@pytest.mark.parametrize("changes", [
-    dict(m=1, n=1, k=32), dict(m=17, n=7, k=96), dict(m=10**6, k=4096), dict(c_ptr=C + 4),
-], ids=["1x1x32", "17x7x96", "m=1e6", "c+4"])
-def test_gemm_int4_valid_arguments_pass_validation(lib, monkeypatch, changes):
-    """Any M and N, K a multiple of 32, c 4-byte aligned: the planted override's error proves
-    that validation passed."""
-    monkeypatch.setenv("CK_GEMM_INT4_KERNEL", "bogus")
-    error = rejection("ck_gemm_int4", changes)
-    assert error.status == Status.INVALID_VALUE and "CK_GEMM_INT4_KERNEL" in error.message
+@pytest.mark.parametrize("env, function, value", override_params(
+    lambda override, _: [(value, value) for value in refused_names(override)]))
+def test_kernel_override_rejects_unknown_names(lib, monkeypatch, env, function, value):
+    override_rejection(monkeypatch, env, function, {}, value)
+
+
+@pytest.mark.parametrize("env, function, changes", override_params(
+    lambda override, function: [(case_id, changes) for case_id, changes, functions
+                                in override.valid_calls if function in functions]))
+def test_valid_arguments_pass_validation(lib, monkeypatch, env, function, changes):
+    override_rejection(monkeypatch, env, function, changes)
+
+
+@pytest.mark.parametrize("env, function", override_params(lambda override, _: [(None,)]))
+def test_argument_errors_come_before_the_kernel_override(lib, monkeypatch, env, function):
+    """Every bad-argument case of the entry point is reported as without the override."""
+    monkeypatch.setenv(env, "bogus")
+    for case_id, changes, status, names in ENTRY_POINTS[function][1]:
+        try:
+            assert_rejected_as(rejection(function, changes), function, changes, status, names)
+        except AssertionError as e:
+            raise AssertionError("%s with %s=bogus: %s" % (case_id, env, e)) from None
+
+
+@pytest.mark.parametrize("env, function", override_params(lambda override, _: [(None,)]))
+def test_entry_points_ignore_the_other_overrides(lib, monkeypatch, env, function):
+    """An override belongs to its entry points: the others' unknown names fail nothing here."""
+    for other in KERNEL_OVERRIDES:
+        monkeypatch.setenv(other.env, "bogus")
+    error = override_rejection(monkeypatch, env, function, {})
+    for other in KERNEL_OVERRIDES:
+        assert other.env == env or other.env not in error.message, error.message
 
 
 def test_next_rejection_replaces_the_message(lib):
@@ -849,14 +868,6 @@ def test_next_rejection_replaces_the_message(lib):
     assert mentions(first, "group_size") and first != second
     assert ck.last_error_message() == second
     assert "group_size" not in second
-
-
-@pytest.mark.gpu
-def test_successful_call_clears_the_message(lib):
-    rejection("ck_quantize_int8", dict(x_ptr=0))
-    assert ck.last_error_message()
-    assert ck.raw.device_count() >= 1
-    assert ck.last_error_message() == ""
 
 
 # ------------------------------------------------------------------------------------------------
@@ -888,11 +899,11 @@ def test_messages_stay_per_thread_under_concurrency(lib):
     failures = []
 
     def worker(function, changes, expected):
-        raw_function, valid, _ = ENTRY_POINTS[function]
+        valid, _ = ENTRY_POINTS[function]
         barrier.wait()
         for _ in range(300):
             try:
-                raw_function(**dict(valid, **changes), stream=0)
+                raw_function(function)(**dict(valid, **changes), stream=0)
                 failures.append("%s accepted %s" % (function, changes))
                 return
             except CKError as e:
@@ -992,14 +1003,6 @@ def test_ckerror_text(lib):
     assert str(error).startswith("UNSUPPORTED: ck_quantize_int4: ")
 
 
-class FakeCudaArray:
-    """Just a __cuda_array_interface__: enough for the host-side checks (never dereferenced)."""
-
-    def __init__(self, shape, typestr="<f4", strides=None, ptr=X, version=3):
-        self.__cuda_array_interface__ = dict(shape=shape, typestr=typestr, data=(ptr, False),
-                                             strides=strides, version=version)
-
-
 @pytest.mark.parametrize("x, error", [
     (np.zeros((4, 6), np.float32)[:, ::2], ValueError),          # not C-contiguous
     (np.zeros((4, 6), np.float32).T, ValueError),                # Fortran order
@@ -1092,226 +1095,3 @@ def test_device_array_interface():
     assert ck.DeviceArray(X, (2,), np.uint16).ck_dtype is None
     with pytest.raises(ValueError):
         ck.DeviceArray(X, (2,), np.float32, ck_dtype=DType.BF16)
-
-
-# ------------------------------------------------------------------------------------------------
-# The wrapper's plumbing on a GPU (skipped without one). The kernels' numbers are checked
-# against tests/reference.py in test_quantize_gpu.py; here each convenience path (NumPy in,
-# CUDA arrays in, out=, streams, 1-D, static scales) must give bitwise what the raw level gives.
-# ------------------------------------------------------------------------------------------------
-def as_bf16_bits(x):
-    """bfloat16 bit patterns of float32 x (truncated: any bf16 values will do here)."""
-    return (np.ascontiguousarray(x, np.float32).view(np.uint32) >> 16).astype(np.uint16)
-
-
-def make_input(rng, shape, dtype):
-    x = rng.standard_normal(shape).astype(np.float32) * 3
-    if dtype == DType.FP16:
-        return x.astype(np.float16)
-    if dtype == DType.BF16:
-        return as_bf16_bits(x)
-    return x
-
-
-FLOAT_DTYPES = [DType.FP32, DType.FP16, DType.BF16]
-DTYPE_ARG = {DType.FP32: None, DType.FP16: None, DType.BF16: "bf16"}
-
-
-def raw_quantize_int8(x, ck_dtype, granularity):
-    rows, cols = x.shape
-    xd = ck.DeviceArray.from_numpy(x)
-    q = ck.DeviceArray.empty((rows, cols), np.int8).fill_byte(0x7F)
-    s = ck.DeviceArray.empty((1 if granularity == ck.PER_TENSOR else rows,), np.float32)
-    ck.raw.quantize_int8(xd.ptr, ck_dtype, rows, cols, granularity, ck.DYNAMIC, s.ptr, q.ptr)
-    return q.to_numpy(), s.to_numpy()
-
-
-def raw_quantize_int4(x, ck_dtype, group_size, mode):
-    rows, cols = x.shape
-    groups = ck.raw.int4_groups_per_row(cols, group_size)
-    xd = ck.DeviceArray.from_numpy(x)
-    p = ck.DeviceArray.empty((rows, (cols + 1) // 2), np.uint8)
-    s = ck.DeviceArray.empty((rows, groups), x.dtype)
-    z = ck.DeviceArray.empty((rows, groups), np.uint8) if mode == ck.INT4_ASYMMETRIC else None
-    ck.raw.quantize_int4(xd.ptr, ck_dtype, rows, cols, group_size, mode, p.ptr, s.ptr,
-                         z.ptr if z is not None else 0)
-    return p.to_numpy(), s.to_numpy(), (z.to_numpy() if z is not None else None)
-
-
-def assert_same(actual, expected, what):
-    actual = actual.to_numpy() if isinstance(actual, ck.DeviceArray) else np.asarray(actual)
-    assert actual.dtype == expected.dtype and actual.shape == expected.shape, \
-        "%s: %s %s != %s %s" % (what, actual.dtype, actual.shape, expected.dtype, expected.shape)
-    assert np.array_equal(actual.view(np.uint8), expected.view(np.uint8)), "%s differs" % what
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("granularity", ["tensor", "row"])
-@pytest.mark.parametrize("ck_dtype", FLOAT_DTYPES, ids=lambda d: d.name)
-def test_wrapper_int8_paths_agree(ck_dtype, granularity):
-    rng = np.random.default_rng(1)
-    x = make_input(rng, (7, 300), ck_dtype)
-    gran = ck.PER_TENSOR if granularity == "tensor" else ck.PER_ROW
-    want_q, want_s = raw_quantize_int8(x, ck_dtype, gran)
-    dtype = DTYPE_ARG[ck_dtype]
-
-    q, s = ck.quantize_int8(x, granularity=granularity, dtype=dtype)          # NumPy
-    assert_same(q, want_q, "numpy q")
-    assert_same(s, want_s, "numpy scales")
-
-    xd = ck.DeviceArray.from_numpy(x, ck_dtype=ck_dtype)                      # CUDA array
-    qd, sd = ck.quantize_int8(xd, granularity=granularity)
-    assert isinstance(qd, ck.DeviceArray) and isinstance(sd, ck.DeviceArray)
-    assert_same(qd, want_q, "device q")
-    assert_same(sd, want_s, "device scales")
-
-    q_out, s_out = np.empty_like(want_q), np.empty_like(want_s)               # out=
-    result = ck.quantize_int8(x, granularity=granularity, dtype=dtype, out=(q_out, s_out))
-    assert result[0] is q_out and result[1] is s_out
-    assert_same(q_out, want_q, "out= q")
-
-    q_static, s_static = ck.quantize_int8(x, granularity=granularity, dtype=dtype, scales=want_s)
-    assert_same(q_static, want_q, "static scales reproduce dynamic q")
-    assert s_static is want_s
-
-    for out_dtype, np_dtype in (("fp32", np.float32), ("fp16", np.float16), ("bf16", np.uint16)):
-        host = ck.dequantize_int8(want_q, want_s, granularity=granularity, out_dtype=out_dtype)
-        dev = ck.dequantize_int8(qd, sd, out_dtype=out_dtype)                 # inferred granularity
-        assert host.dtype == np_dtype and host.shape == x.shape
-        assert_same(dev, host, "dequantize %s" % out_dtype)
-        if out_dtype == "bf16":
-            assert dev.ck_dtype == DType.BF16
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("symmetric", [True, False], ids=["sym", "asym"])
-@pytest.mark.parametrize("group_size", [32, 128, ck.GROUP_ROW])
-@pytest.mark.parametrize("ck_dtype", FLOAT_DTYPES, ids=lambda d: d.name)
-def test_wrapper_int4_paths_agree(ck_dtype, group_size, symmetric):
-    rng = np.random.default_rng(2)
-    x = make_input(rng, (5, 259), ck_dtype)
-    mode = ck.INT4_SYMMETRIC if symmetric else ck.INT4_ASYMMETRIC
-    want_p, want_s, want_z = raw_quantize_int4(x, ck_dtype, group_size, mode)
-    dtype = DTYPE_ARG[ck_dtype]
-
-    p, s, z = ck.quantize_int4(x, group_size=group_size, symmetric=symmetric, dtype=dtype)
-    assert_same(p, want_p, "numpy packed")
-    assert_same(s, want_s, "numpy scales")
-    assert (z is None) == symmetric
-    if not symmetric:
-        assert_same(z, want_z, "numpy zeros")
-
-    xd = ck.DeviceArray.from_numpy(x, ck_dtype=ck_dtype)
-    pd, sd, zd = ck.quantize_int4(xd, group_size=group_size, symmetric=symmetric)
-    assert_same(pd, want_p, "device packed")
-    assert sd.ck_dtype == ck_dtype
-
-    out_dtype = "bf16" if ck_dtype == DType.BF16 else None
-    host = ck.dequantize_int4(want_p, want_s, want_z, cols=259, group_size=group_size,
-                              out_dtype=out_dtype)
-    dev = ck.dequantize_int4(pd, sd, zd, cols=259, group_size=group_size)
-    assert host.shape == x.shape and host.dtype == x.dtype
-    assert_same(dev, host, "dequantize_int4 device vs numpy")
-
-
-@pytest.mark.gpu
-def test_wrapper_one_dimensional_and_scalar_scale():
-    x = np.linspace(-2, 2, 1001, dtype=np.float32)
-    q, scale = ck.quantize_tensor(x)
-    assert q.shape == (1001,) and isinstance(scale, float)
-    back = ck.dequantize_tensor(q, scale)
-    assert back.shape == (1001,) and back.dtype == np.float32
-    assert np.max(np.abs(back - x)) <= scale * 0.5001
-    qd, sd = ck.quantize_int8(ck.DeviceArray.from_numpy(x))
-    assert qd.shape == (1001,) and sd.shape == (1,)
-    # A Python float as the static scale of a device call is uploaded and kept alive.
-    q2, s2 = ck.quantize_int8(ck.DeviceArray.from_numpy(x), scales=scale)
-    assert isinstance(s2, ck.DeviceArray)
-    assert_same(q2, q, "static scalar scale")
-
-
-@pytest.mark.gpu
-def test_wrapper_on_a_non_blocking_stream():
-    stream = ck.cuda.stream_create(non_blocking=True)
-    try:
-        x = np.random.default_rng(3).standard_normal((64, 4096)).astype(np.float32)
-        want_q, want_s = raw_quantize_int8(x, DType.FP32, ck.PER_ROW)
-        q, s = ck.quantize_int8(x, granularity="row", stream=stream)       # NumPy on a stream
-        assert_same(q, want_q, "numpy on a stream")
-        xd = ck.DeviceArray.from_numpy(x)
-        qd, sd = ck.quantize_int8(xd, granularity="row", stream=stream)
-        assert qd.stream == stream and qd.__cuda_array_interface__["stream"] == stream
-        assert_same(qd, want_q, "device on a stream")                     # to_numpy waits for it
-    finally:
-        ck.cuda.stream_synchronize(stream)
-        ck.cuda.stream_destroy(stream)
-
-
-@pytest.mark.gpu
-def test_wrapper_uses_foreign_cuda_arrays_in_place():
-    x = np.random.default_rng(4).standard_normal((4, 64)).astype(np.float16)
-    xd = ck.DeviceArray.from_numpy(x)
-    q_buffer = ck.DeviceArray.empty((4, 64), np.int8).fill_byte(0)
-    foreign_x = FakeCudaArray((4, 64), "<f2", strides=(128, 2), ptr=xd.ptr)
-    foreign_q = FakeCudaArray((4, 64), "|i1", ptr=q_buffer.ptr)
-    q, s = ck.quantize_int8(foreign_x, granularity="row", out=(foreign_q, None))
-    assert q is foreign_q and isinstance(s, ck.DeviceArray)
-    want_q, _ = raw_quantize_int8(x, DType.FP16, ck.PER_ROW)
-    assert_same(q_buffer, want_q, "written in place")
-
-
-@pytest.mark.gpu
-def test_wrapper_torch_interop():
-    torch = pytest.importorskip("torch")
-    x = torch.randn(8, 256, device="cuda", dtype=torch.float16)
-    q, s = ck.quantize_int8(x, granularity="row")
-    qt = torch.as_tensor(q, device="cuda")
-    assert qt.dtype == torch.int8 and tuple(qt.shape) == (8, 256)
-    want_q, _ = raw_quantize_int8(x.cpu().numpy(), DType.FP16, ck.PER_ROW)
-    assert np.array_equal(qt.cpu().numpy(), want_q)
-    # bfloat16 tensors (CAI typestr "|V2"), directly or as their int16 bits with dtype="bf16".
-    xb = x.to(torch.bfloat16)
-    bits = xb.view(torch.int16).cpu().numpy().view(np.uint16)
-    want_qb = raw_quantize_int8(bits, DType.BF16, ck.PER_ROW)[0]
-    for tensor, dtype in ((xb, None), (xb.view(torch.int16), "bf16")):
-        qb, _ = ck.quantize_int8(tensor, granularity="row", dtype=dtype)
-        assert np.array_equal(torch.as_tensor(qb, device="cuda").cpu().numpy(), want_qb)
-    packed, scales, zeros = ck.quantize_int4(xb, group_size=64, symmetric=False)
-    assert scales.dtype == np.uint16 and scales.ck_dtype == DType.BF16
-    back = ck.dequantize_int4(packed, scales, zeros, cols=256, group_size=64)
-    assert back.ck_dtype == DType.BF16 and back.shape == (8, 256)
-
-
-@pytest.mark.gpu
-def test_graph_capture_defers_frees_and_replays():
-    stream = ck.cuda.stream_create()
-    x = ck.DeviceArray.from_numpy(np.arange(-64, 64, dtype=np.float32).reshape(2, 64))
-    q = ck.DeviceArray.empty((2, 64), np.int8)
-    s = ck.DeviceArray.empty((2,), np.float32)
-    scratch = ck.DeviceArray.empty((16,), np.float32)
-    try:
-        with ck.cuda.graph_capture(stream) as graph:
-            ck.raw.quantize_int8(x.ptr, DType.FP32, 2, 64, ck.PER_ROW, ck.DYNAMIC, s.ptr, q.ptr,
-                                 stream)
-            scratch.free()     # cudaFree would invalidate the capture: it waits until the end
-            del scratch
-        q.fill_byte(0x80)              # -128: a code the kernel never writes
-        ck.cuda.device_synchronize()
-        assert (q.to_numpy() == -128).all(), "capture records, it does not run"
-        graph.launch(stream)
-        ck.cuda.stream_synchronize(stream)
-        assert q.to_numpy()[0, 0] == -127 and q.to_numpy()[1, -1] == 127
-        graph.close()
-        graph.close()
-        with pytest.raises(RuntimeError):
-            graph.launch(stream)
-    finally:
-        ck.cuda.stream_destroy(stream)
-
-
-@pytest.mark.gpu
-@pytest.mark.cuda_api_error
-def test_graph_capture_of_the_legacy_stream_raises():
-    with pytest.raises(ck.CUDAError):          # the legacy stream cannot be captured
-        with ck.cuda.graph_capture(0):
-            pass

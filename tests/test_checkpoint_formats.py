@@ -11,21 +11,14 @@ formats that ck_import_gptq and ck_import_awq read:
   checkpoint weight.
 """
 
-import os
-import sys
-
 import numpy as np
 import pytest
 
-TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
-if TESTS_DIR not in sys.path:
-    sys.path.insert(0, TESTS_DIR)
+import checkpoint_formats as cf
+import reference as ref
 
-import checkpoint_formats as cf  # noqa: E402
-import reference as ref  # noqa: E402
-
-DTYPES = ("fp16", "bf16")
-GROUP_SIZES = (32, 64, 128, ref.GROUP_ROW)
+DTYPES = ref.W4A16_DTYPES   # the scale dtypes of the checkpoints
+GROUP_SIZES = ref.INT4_GROUP_SIZES
 SHAPES = [(32, 8), (96, 200), (256, 24), (1024, 64)]  # (K, N)
 
 

@@ -17,49 +17,32 @@ CK_TEST_SEED=<seed> replays a failure.
 """
 
 import math
-import os
-import sys
 
 import numpy as np
 import pytest
 
-TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
-for _path in (os.path.dirname(TESTS_DIR), TESTS_DIR):
-    if _path not in sys.path:
-        sys.path.insert(0, _path)
-
-import cuda_wrapper as ck  # noqa: E402
-import reference as ref  # noqa: E402
-from gpu_support import (  # noqa: E402
-    compute_capability,
-    GPU_MARKS, SANITIZE, GuardedBuffer, assert_bitwise_equal, assert_graph_replays,
-    assert_override_read_on_every_call, ptr_or_null, shape_id, synchronize,
+import cuda_wrapper as ck
+import reference as ref
+from gpu_support import (
+    CK_ACTIVATION, CK_DTYPE, CK_GRANULARITY, CK_LAYOUT, POISON, SANITIZE, SECOND_ORDER_SLACK,
+    U32, GuardedBuffer, KernelCall, assert_bitwise_equal, assert_graph_replays,
+    assert_override_read_on_every_call, assert_relu_output, assert_within, compute_capability,
+    dot_float32_error, dtype_arg, epilogue_cases, force_variant, output_tolerance, ptr_or_null,
+    random_normal, random_scales, scalar_store_layout, scalar_store_params, scale_count,
+    shape_id, small_enough, synchronize, to_host,
 )
 
-
-pytestmark = GPU_MARKS
-
-# Under compute-sanitizer every kernel runs ~100x slower: products above this many
-# multiply-adds are left out.
-SANITIZE_MAX_MACS = 2**26
+pytestmark = pytest.mark.gpu
 
 KERNEL_ENV = "CK_GEMM_INT8_KERNEL"
 VARIANTS = ("auto", "reference", "mma", "small_m", "wgmma")
 SMALL_M_MAX = 16  # the small_m kernel serves m <= 16 (and CK_LAYOUT_NK only)
-
-CK_DTYPE = {"fp32": ck.DType.FP32, "fp16": ck.DType.FP16, "bf16": ck.DType.BF16}
-CK_LAYOUT = {"nk": ck.LAYOUT_NK, "kn": ck.LAYOUT_KN}
-CK_ACTIVATION = {"none": ck.ACTIVATION_NONE, "relu": ck.ACTIVATION_RELU}
-CK_GRANULARITY = {"tensor": ck.PER_TENSOR, "row": ck.PER_ROW}
-
-POISON = 0x7F  # outputs: int32 0x7F7F7F7F (above any |sum| tested but the wrap test's, which
-#                never lands on it), fp32 and bf16 ~3.4e38, fp16 NaN: none is a correct result
+INT8_RMS = 74.0  # the rms of uniform int8 codes: sqrt(E[a^2]) = 73.9
 
 # ---------------------------------------------------------------------------------------------
-# Tolerances of the float outputs
+# Tolerances of the float outputs (U32, the unit roundoff of float32, and the shared bounds:
+# gpu_support)
 # ---------------------------------------------------------------------------------------------
-# u: the unit roundoff of float32 (round to nearest).
-U32 = 2.0**-24
 # ck_gemm_int8_scaled: the epilogue is float32 arithmetic on the exact int32 acc. The product
 # p = acc * scale_a * scale_b takes at most three roundings (float(acc), then the two
 # multiplications, in any order or with the second fused into the bias add), the sum with the
@@ -67,15 +50,10 @@ U32 = 2.0**-24
 # the exact v = act(p + bias) satisfies |v32 - v| <= (3 |p| + |p + bias|) u, to first order.
 EPILOGUE_PRODUCT_ROUNDINGS = 3
 EPILOGUE_SUM_ROUNDINGS = 1
-# (1 + u)^4 - 1 = 4u + 6u^2 + ...: 0.1% covers the second-order terms many times over.
-SECOND_ORDER_SLACK = 1.001
-# ck_linear: float32 accumulation of K products in any order (blocked, split, fused) is within
-# gamma_{K+1} * sum_k |x_k w_k| of the exact sum, gamma_n = n u / (1 - n u) (Higham, Accuracy and
-# Stability of Numerical Algorithms, Thm. 3.1; the +1 covers unfused products, exact for
-# fp16/bf16 inputs anyway). A worst-case bound: real errors are ~sqrt(K) times smaller.
-# Then the bias add (u |pre-activation|).
+# ck_linear: float32 accumulation of K products in any order, then the bias add
+# (dot_float32_error with u = U32).
 # Rounding to fp16/bf16 adds half an ulp of the output type at |v| + (the float32 error); fp32
-# outputs have no further rounding (the last float32 operation is it).
+# outputs have no further rounding (the last float32 operation is it): output_tolerance.
 # fp32 linear must not round its inputs to TF32 (10-bit mantissa, relative error 2^-11 per
 # product, ~3e-4 of the result on random data); fp32 accumulation stays near 1e-7: a relative
 # Frobenius error below 1e-5 separates them by more than an order of magnitude either way.
@@ -88,66 +66,18 @@ def epilogue_float32_error(product, pre_activation):
             + EPILOGUE_SUM_ROUNDINGS * np.abs(pre_activation)) * U32 * SECOND_ORDER_SLACK
 
 
-def linear_float32_error(x_f64, w_f64, pre_activation):
-    """The bound on |v32 - v| of ck_linear (see the comment on linear tolerances)."""
-    k = x_f64.shape[1]
-    gamma = (k + 1) * U32 / (1 - (k + 1) * U32)
-    abs_dot = np.abs(x_f64) @ np.abs(w_f64).T
-    return (gamma * abs_dot + U32 * np.abs(pre_activation)) * SECOND_ORDER_SLACK
-
-
-def output_tolerance(value, float32_error, out_dtype):
-    """float32 error plus, for fp16/bf16, half an ulp of out_dtype at |v| + that error (ulp grows
-    with the magnitude, and |v32| <= |v| + error). The smallest fp32 subnormal is added so that
-    exact zeros compare with a non-zero tolerance."""
-    tol = float32_error + 2.0**-149
-    if out_dtype != "fp32":
-        tol = tol + 0.5 * ref.ulp(np.abs(value) + float32_error, out_dtype)
-    return tol
-
-
-def assert_within(got, want, tol, what):
-    """|got - want| <= tol element by element (NaN fails); the message locates the worst."""
-    err = np.abs(got - want)
-    bad = ~(err <= tol)
-    if not bad.any():
-        return
-    ratio = np.where(np.isnan(err), np.inf, err / tol)
-    at = np.unravel_index(np.argmax(ratio), ratio.shape)
-    first = tuple(int(i) for i in np.argwhere(bad)[0])
-    raise AssertionError(
-        f"{what}: {int(bad.sum())} of {bad.size} elements beyond tolerance; worst at "
-        f"{tuple(int(i) for i in at)}: got {got[at]!r}, expected {want[at]!r}, "
-        f"|err| {err[at]:.4g} = {ratio[at]:.3g} x tol {tol[at]:.4g}; first at {first}: "
-        f"got {got[first]!r}, expected {want[first]!r}")
-
-
-def assert_relu_output(got, pre_activation, float32_error, what):
-    """ReLU: no negative output, and exactly 0 where the value is certainly negative."""
-    assert (got >= 0).all(), f"{what}: ReLU output has negative (or NaN) values"
-    certainly_negative = pre_activation < -float32_error
-    assert (got[certainly_negative] == 0).all(), f"{what}: ReLU of a negative value is not 0"
-    if got.size >= 64:
-        assert certainly_negative.any(), f"{what}: the test data must have negative values"
-
-
 # ---------------------------------------------------------------------------------------------
 # Fixtures and helpers
 # ---------------------------------------------------------------------------------------------
 def use_variant(monkeypatch, variant, m=1, layout="nk"):
-    """Forces the INT8 GEMM kernel variant through CK_GEMM_INT8_KERNEL (read by the library on
-    every call), skipping where this GPU has no such kernel. The shape rules of small_m and
-    wgmma are the parametrization's business: asserted here."""
-    cc = compute_capability()
-    if variant in ("mma", "small_m") and cc < (8, 0):
-        pytest.skip(f"the {variant} kernel needs compute capability 8.0+ (this GPU: {cc})")
-    if variant == "wgmma" and cc != (9, 0):
-        pytest.skip(f"the wgmma kernel needs a compute capability 9.0 GPU (this GPU: {cc})")
+    """Forces the INT8 GEMM kernel variant through CK_GEMM_INT8_KERNEL, skipping where this GPU
+    has no such kernel. The shape rules of small_m and wgmma are the parametrization's business:
+    asserted here."""
     if variant == "small_m":
         assert m <= SMALL_M_MAX and layout == "nk", "small_m serves m <= 16, CK_LAYOUT_NK"
     if variant == "wgmma":
         assert layout == "nk", "wgmma serves CK_LAYOUT_NK"
-    monkeypatch.setenv(KERNEL_ENV, variant)
+    force_variant(monkeypatch, KERNEL_ENV, variant)
 
 
 def variant_serves(variant, m, layout):
@@ -173,29 +103,9 @@ def random_int8(rng, shape):
     return rng.integers(-128, 128, size=shape, dtype=np.int8)
 
 
-def small_enough(m, n, k):
-    return not SANITIZE or m * n * k <= SANITIZE_MAX_MACS
-
-
 # ---------------------------------------------------------------------------------------------
-# Device buffers with guards (as in test_quantize_gpu.py)
+# One call of each entry point (gpu_support.KernelCall): its device buffers, launch and check
 # ---------------------------------------------------------------------------------------------
-# ---------------------------------------------------------------------------------------------
-# One call of each entry point: its device buffers, its launch and its check
-# ---------------------------------------------------------------------------------------------
-# A call holds the host copy of its inputs, uploads them once and compares its output with the
-# reference of those inputs. refill() writes fresh random inputs into the same device buffers,
-# as a CUDA graph replay needs (the graph holds their addresses).
-class KernelCall:
-    out = None  # the GuardedBuffer the kernel writes
-
-    def poison_outputs(self):
-        self.out.poison()
-
-    def assert_outputs_untouched(self, ctx):
-        assert self.out.untouched(), f"{ctx}: the output was written"
-
-
 class GemmInt8Call(KernelCall):
     """ck_gemm_int8. misalign: extra bytes before a, b and c."""
 
@@ -209,6 +119,7 @@ class GemmInt8Call(KernelCall):
         self.a = GuardedBuffer.input(a, misalign[0])
         self.b = GuardedBuffer.input(b, misalign[1])
         self.out = GuardedBuffer.output((m, n), np.int32, POISON, misalign[2])
+        self.outputs = {"c": self.out}
 
     def launch(self, stream=0):
         ck.raw.gemm_int8(self.a.ptr, self.b.ptr, CK_LAYOUT[self.layout], *self.mnk, self.out.ptr,
@@ -227,19 +138,8 @@ class GemmInt8Call(KernelCall):
         return got
 
 
-def scale_count(granularity, count):
-    return 1 if granularity == "tensor" else count
-
-
-def random_scales(rng, count, k):
-    """Positive float32 scales spread over a factor of 30, sized so that the product of two of
-    them times a typical |acc| (~ 74^2 sqrt(K) for uniform int8 data) is ~0.1 to ~10."""
-    per_operand = 1.0 / (74.0 * k**0.25)
-    return (per_operand * 10.0 ** rng.uniform(-1, 0.5, count)).astype(np.float32)
-
-
-def random_bias(rng, n, dtype):
-    return ref.to_dtype(2 * rng.standard_normal(n).astype(np.float32), dtype)
+def random_int8_scales(rng, count, k):
+    return random_scales(rng, count, k, INT8_RMS)
 
 
 class GemmInt8ScaledCall(KernelCall):
@@ -263,6 +163,7 @@ class GemmInt8ScaledCall(KernelCall):
         self.scale_b = GuardedBuffer.input(scale_b, 4 if misalign[3] else 0)
         self.bias = None if bias is None else GuardedBuffer.input(bias, misalign[3])
         self.out = GuardedBuffer.output((m, n), ref.NUMPY_DTYPE[out_dtype], POISON, misalign[2])
+        self.outputs = {"out": self.out}
 
     def launch(self, stream=0):
         ck.raw.gemm_int8_scaled(
@@ -274,9 +175,9 @@ class GemmInt8ScaledCall(KernelCall):
     def refill(self, rng):
         m, n, k = self.mnk
         a, b = random_int8(rng, self.a.shape), random_int8(rng, self.b.shape)
-        scale_a = random_scales(rng, self.scale_a.shape[0], k)
-        scale_b = random_scales(rng, self.scale_b.shape[0], k)
-        bias = None if self.bias is None else random_bias(rng, n, self.out_dtype)
+        scale_a = random_int8_scales(rng, self.scale_a.shape[0], k)
+        scale_b = random_int8_scales(rng, self.scale_b.shape[0], k)
+        bias = None if self.bias is None else random_normal(rng, n, self.out_dtype, 2.0)
         for buffer, host in zip((self.a, self.b, self.scale_a, self.scale_b, self.bias),
                                 (a, b, scale_a, scale_b, bias)):
             if buffer is not None:
@@ -302,10 +203,9 @@ class GemmInt8ScaledCall(KernelCall):
 
 def random_linear_inputs(rng, m, n, k, dtype, with_bias):
     """x ~ N(0, 1), w ~ N(0, 1/K) (outputs ~ N(0, 1), well inside fp16), bias ~ N(0, 1)."""
-    x = ref.to_dtype(rng.standard_normal((m, k), dtype=np.float32), dtype)
-    w = ref.to_dtype(rng.standard_normal((n, k), dtype=np.float32) / np.float32(math.sqrt(k)),
-                     dtype)
-    bias = ref.to_dtype(rng.standard_normal(n, dtype=np.float32), dtype) if with_bias else None
+    x = random_normal(rng, (m, k), dtype)
+    w = random_normal(rng, (n, k), dtype, 1 / math.sqrt(k))
+    bias = random_normal(rng, n, dtype) if with_bias else None
     return x, w, bias
 
 
@@ -322,6 +222,7 @@ class LinearCall(KernelCall):
         self.w = GuardedBuffer.input(w, misalign[1])
         self.bias = None if bias is None else GuardedBuffer.input(bias, misalign[3])
         self.out = GuardedBuffer.output((m, n), ref.NUMPY_DTYPE[dtype], POISON, misalign[2])
+        self.outputs = {"out": self.out}
 
     def launch(self, stream=0):
         m, n, k = self.mnk
@@ -340,8 +241,8 @@ class LinearCall(KernelCall):
         x, w, bias = self.inputs
         pre = ref.linear_f64(x, w, bias, "none", self.dtype)
         value = ref.activate(pre, self.activation)
-        error32 = linear_float32_error(ref.to_f32(x, self.dtype).astype(np.float64),
-                                       ref.to_f32(w, self.dtype).astype(np.float64), pre)
+        error32 = dot_float32_error(ref.to_f32(x, self.dtype).astype(np.float64),
+                                    ref.to_f32(w, self.dtype).astype(np.float64), pre)
         got = ref.to_f32(self.out.read(f"out, {ctx}"), self.dtype).astype(np.float64)
         assert_within(got, value, output_tolerance(value, error32, self.dtype),
                       f"out ({self.dtype}), {ctx}")
@@ -361,9 +262,9 @@ def make_scaled_call(rng, layout, shape, out_dtype, granularities=("row", "row")
                      activation="relu", misalign=(0, 0, 0, 0)):
     m, n, k = shape
     a, b = random_int8(rng, (m, k)), random_int8(rng, weight_shape(layout, n, k))
-    scale_a = random_scales(rng, scale_count(granularities[0], m), k)
-    scale_b = random_scales(rng, scale_count(granularities[1], n), k)
-    bias_values = random_bias(rng, n, out_dtype) if bias else None
+    scale_a = random_int8_scales(rng, scale_count(granularities[0], m), k)
+    scale_b = random_int8_scales(rng, scale_count(granularities[1], n), k)
+    bias_values = random_normal(rng, n, out_dtype, 2.0) if bias else None
     return GemmInt8ScaledCall(a, b, layout, scale_a, scale_b, bias_values, activation, out_dtype,
                               granularities, misalign)
 
@@ -472,18 +373,9 @@ def test_gemm_int8_minimally_aligned_pointers(variant, monkeypatch, seed):
 # ---------------------------------------------------------------------------------------------
 # ck_gemm_int8_scaled: the fused epilogue
 # ---------------------------------------------------------------------------------------------
-EPILOGUE_COMBOS = [
-    pytest.param((ga, gb), bias, act, id=f"a_{ga}-b_{gb}-{'bias' if bias else 'nobias'}-{act}")
-    for ga in ref.GRANULARITIES for gb in ref.GRANULARITIES for bias in (False, True)
-    for act in ref.ACTIVATIONS
-]
 # M <= 16 takes the small-M kernel on auto, larger M the tensor-core tiles (wgmma on Hopper).
-EPILOGUE_SHAPES = [(7, 200, 144), (100, 129, 1008)]
-
-
-@pytest.mark.parametrize("granularities, bias, activation", EPILOGUE_COMBOS)
-@pytest.mark.parametrize("out_dtype", ref.DTYPES)
-@pytest.mark.parametrize("shape", EPILOGUE_SHAPES, ids=shape_id)
+@pytest.mark.parametrize("shape, out_dtype, granularities, bias, activation",
+                         epilogue_cases([(7, 200, 144), (100, 129, 1008)]))
 def test_gemm_int8_scaled_epilogue(shape, out_dtype, granularities, bias, activation, seed):
     call = make_scaled_call(np.random.default_rng(seed), "nk", shape, out_dtype, granularities,
                             bias, activation)
@@ -529,27 +421,18 @@ def test_gemm_int8_scaled_same_bits_in_every_variant(layout, out_dtype, monkeypa
         assert_bitwise_equal(out, results[first], f"{variant} vs {first}, {layout}, seed={seed}")
 
 
-# Odd N: the last column of each row has no partner, so pairs cannot be stored as one vector.
-# out one element past the 16-byte (and 8-byte) alignment, N even: the same, from the address.
-SCALAR_STORE_CASES = {"odd-n": (137, 0), "out+1-element": (136, 1)}
-
-
-@pytest.mark.parametrize("case", list(SCALAR_STORE_CASES))
-@pytest.mark.parametrize("out_dtype", ("int32",) + ref.DTYPES)
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant, out_dtype, case", scalar_store_params(VARIANTS))
 def test_gemm_int8_scalar_store_path(variant, out_dtype, case, monkeypatch, seed):
     rng = np.random.default_rng(seed)
-    n, misalign_elements = SCALAR_STORE_CASES[case]
+    n, offset = scalar_store_layout(case, out_dtype)
     m, k = (5 if variant == "small_m" else 33), 144
     use_variant(monkeypatch, variant, m, "nk")
     if out_dtype == "int32":
         call = GemmInt8Call(random_int8(rng, (m, k)), random_int8(rng, (n, k)), "nk",
-                            misalign=(0, 0, 4 * misalign_elements))
+                            misalign=(0, 0, offset))
     else:
-        itemsize = np.dtype(ref.NUMPY_DTYPE[out_dtype]).itemsize
         call = make_scaled_call(rng, "nk", (m, n, k), out_dtype, ("row", "row"), True, "relu",
-                                misalign=(0, 0, itemsize * misalign_elements,
-                                          itemsize * misalign_elements))
+                                misalign=(0, 0, offset, offset))
     call.launch()
     call.check(f"{variant}, {case}, seed={seed}")
 
@@ -586,7 +469,7 @@ def test_gemm_int8_scaled_large_k_fp32(seed):
     signs = np.where(np.arange(n) % 2 == 0, 1, -1).astype(np.int8)[:, None]
     b = a[np.arange(n) % m] * signs  # row n is +-row (n % m) of a: c[n % m, n] = +-K * 127^2
     scale_a = np.full(m, 1e-4, np.float32)
-    scale_b = random_scales(rng, n, k)
+    scale_b = random_int8_scales(rng, n, k)
     call = GemmInt8ScaledCall(a, b, "nk", scale_a, scale_b, None, "none", "fp32",
                               ("row", "row"))
     call.launch()
@@ -744,10 +627,6 @@ def test_two_streams_run_gemm_and_linear_concurrently(seed):
 # The wrapper's functions: NumPy in -> NumPy out, device arrays in -> DeviceArray out, out=.
 # The wrapper does no arithmetic, so each result equals the raw call's bit for bit.
 # ---------------------------------------------------------------------------------------------
-def to_host(result):
-    return result.to_numpy() if isinstance(result, ck.DeviceArray) else np.asarray(result)
-
-
 @pytest.mark.parametrize("layout", ref.LAYOUTS)
 def test_wrapper_gemm_int8(layout, seed):
     rng = np.random.default_rng(seed)
@@ -776,21 +655,20 @@ def test_wrapper_gemm_int8_scaled(out_dtype, seed):
     raw_call.launch()
     want = raw_call.check(f"raw, seed={seed}")
     a, b, scale_a, scale_b, bias = raw_call.inputs
-    dtype_arg = out_dtype
     got = ck.gemm_int8_scaled(a, b, scale_a, scale_b, bias=bias, activation="relu",
-                              out_dtype=dtype_arg)
+                              out_dtype=out_dtype)
     assert_bitwise_equal(got, want, f"numpy, seed={seed}")
     devices = [ck.DeviceArray.from_numpy(v, ck_dtype=(ck.DType.BF16 if v is bias and
                                                       out_dtype == "bf16" else None))
                for v in (a, b, scale_a, scale_b, bias)]
     got_d = ck.gemm_int8_scaled(*devices[:4], bias=devices[4], activation="relu",
-                                out_dtype=dtype_arg)
+                                out_dtype=out_dtype)
     assert isinstance(got_d, ck.DeviceArray) and got_d.ck_dtype == CK_DTYPE[out_dtype]
     assert_bitwise_equal(got_d.to_numpy(), want, f"device, seed={seed}")
     # [K, N] weights, Python floats as per-tensor scales, no bias, no activation.
     b_kn = np.ascontiguousarray(b.T)
     sa, sb = float(scale_a[0]), float(scale_b[0])
-    got_kn = ck.gemm_int8_scaled(a, b_kn, sa, sb, out_dtype=dtype_arg, layout="kn")
+    got_kn = ck.gemm_int8_scaled(a, b_kn, sa, sb, out_dtype=out_dtype, layout="kn")
     assert got_kn.dtype == ref.NUMPY_DTYPE[out_dtype] and got_kn.shape == (m, n)
     exact = ref.gemm_int8_scaled_f64(a, b, "nk", np.float32([sa]), np.float32([sb]))
     tol = output_tolerance(exact, epilogue_float32_error(exact, exact), out_dtype)
@@ -843,8 +721,7 @@ def test_wrapper_linear(dtype, seed):
     raw_call.check(f"raw, seed={seed}")
     want = raw_call.out.read("raw")
     x, w, bias = raw_call.inputs
-    dtype_arg = "bf16" if dtype == "bf16" else None
-    got = ck.linear(x, w, bias, activation="relu", dtype=dtype_arg)
+    got = ck.linear(x, w, bias, activation="relu", dtype=dtype_arg(dtype))
     assert_bitwise_equal(got, want, f"numpy, seed={seed}")
     ck_dtype = CK_DTYPE[dtype]
     xd, wd, bd = (ck.DeviceArray.from_numpy(v, ck_dtype=ck_dtype) for v in (x, w, bias))
@@ -860,7 +737,7 @@ def test_wrapper_int8_matmul(device, seed):
     rng = np.random.default_rng(seed)
     m, n, k = 33, 80, 256
     A, B = random_int8(rng, (m, k)), random_int8(rng, (k, n))
-    scale_a, scale_b = 0.002, random_scales(rng, n, k)
+    scale_a, scale_b = 0.002, random_int8_scales(rng, n, k)
     args = (A, B) if not device else (ck.DeviceArray.from_numpy(A), ck.DeviceArray.from_numpy(B))
     c = to_host(ck.int8_matmul(*args, scale_a=scale_a, scale_b=scale_b))
     assert c.dtype == np.float32 and c.shape == (m, n)

@@ -17,31 +17,20 @@ The tests skip without a CUDA device. CK_SANITIZE=1 (set by `make sanitize`) dro
 shapes. Each test draws a seed (printed; CK_TEST_SEED=<seed> replays a failure).
 """
 
-import os
-import sys
-
 import numpy as np
 import pytest
 
-TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
-for _path in (os.path.dirname(TESTS_DIR), TESTS_DIR):
-    if _path not in sys.path:
-        sys.path.insert(0, _path)
-
-import cuda_wrapper as ck  # noqa: E402
-import reference as ref  # noqa: E402
-from gpu_support import (  # noqa: E402
-    compute_capability,
-    GPU_MARKS, SANITIZE, GuardedBuffer, assert_bitwise_equal, assert_forced_variant_unsupported,
-    assert_graph_replays, ptr_or_null, shape_id, synchronize,
+import cuda_wrapper as ck
+import reference as ref
+from gpu_support import (
+    CK_ACTIVATION, CK_DTYPE, CK_GRANULARITY, POISON, GuardedBuffer, KernelCall,
+    assert_bitwise_equal, assert_forced_variant_unsupported, assert_graph_replays,
+    compute_capability, epilogue_cases, force_variant, ptr_or_null, random_normal,
+    random_scales, scalar_store_layout, scalar_store_params, scale_count, shape_id,
+    small_enough, synchronize,
 )
-from test_gemm_gpu import EPILOGUE_COMBOS  # noqa: E402
 
-pytestmark = GPU_MARKS
-
-# Under compute-sanitizer every kernel runs ~100x slower: products above this many
-# multiply-adds are left out.
-SANITIZE_MAX_MACS = 2**26
+pytestmark = pytest.mark.gpu
 
 KERNEL_ENV = "CK_GEMM_INT4_KERNEL"
 VARIANTS = ("auto", "reference", "mma", "small_m")
@@ -51,27 +40,20 @@ SMALL_M_MAX = 16  # the small_m kernel serves m <= 16
 # and sign-extend them for longer rows: both sides of that limit are tested.
 SCALED_UNPACK_MAX_K = 131040
 
-CK_DTYPE = {"fp32": ck.DType.FP32, "fp16": ck.DType.FP16, "bf16": ck.DType.BF16}
-CK_ACTIVATION = {"none": ck.ACTIVATION_NONE, "relu": ck.ACTIVATION_RELU}
-CK_GRANULARITY = {"tensor": ck.PER_TENSOR, "row": ck.PER_ROW}
-
-POISON = 0x7F  # int32 0x7F7F7F7F (above any |sum| here), fp32/bf16 ~3.4e38, fp16 NaN
 INT4_CODES = np.arange(-8, 8, dtype=np.int8)
+INT4_RMS = 4.6  # the rms of uniform int4 codes: sqrt(E[a^2]) = sqrt(21.5)
 
 
 # ---------------------------------------------------------------------------------------------
 # Fixtures and helpers
 # ---------------------------------------------------------------------------------------------
 def use_variant(monkeypatch, variant, m=1):
-    """Forces the INT4 GEMM kernel through CK_GEMM_INT4_KERNEL (read on every call), skipping
-    where this GPU has no such kernel. small_m's shape rule (m <= 16) is the parametrization's
-    business: asserted here."""
-    cc = compute_capability()
-    if variant in ("mma", "small_m") and cc < MMA_MIN_CC:
-        pytest.skip(f"the {variant} kernel needs compute capability 8.0+ (this GPU: {cc})")
+    """Forces the INT4 GEMM kernel through CK_GEMM_INT4_KERNEL, skipping where this GPU has no
+    such kernel. small_m's shape rule (m <= 16) is the parametrization's business: asserted
+    here."""
     if variant == "small_m":
         assert m <= SMALL_M_MAX, "small_m serves m <= 16"
-    monkeypatch.setenv(KERNEL_ENV, variant)
+    force_variant(monkeypatch, KERNEL_ENV, variant)
 
 
 def variant_serves(variant, m):
@@ -83,10 +65,6 @@ def variant_m(variant, m):
     """The M a test runs a variant at: its own M, or one small_m serves (above 8, so that both
     halves of the mma fragment's rows hold real rows)."""
     return m if variant_serves(variant, m) else 13
-
-
-def small_enough(m, n, k):
-    return not SANITIZE or m * n * k <= SANITIZE_MAX_MACS
 
 
 def random_codes(rng, shape):
@@ -102,34 +80,13 @@ def pack(q):
     return ref.pack_int4(q, signed=True)
 
 
-def random_scales(rng, count, k):
-    """Positive float32 scales over a factor of 30, sized so that two of them times a typical
-    |acc| (~ 21 sqrt(K) for uniform int4 codes: E[a^2] = 21.5) land around 0.1 to 10."""
-    per_operand = 1.0 / (4.6 * k**0.25)
-    return (per_operand * 10.0 ** rng.uniform(-1, 0.5, count)).astype(np.float32)
-
-
-def random_bias(rng, n, dtype):
-    return ref.to_dtype(2 * rng.standard_normal(n).astype(np.float32), dtype)
-
-
-def scale_count(granularity, count):
-    return 1 if granularity == "tensor" else count
+def random_int4_scales(rng, count, k):
+    return random_scales(rng, count, k, INT4_RMS)
 
 
 # ---------------------------------------------------------------------------------------------
-# One call of each entry point: its device buffers, its launch and its check
+# One call of each entry point (gpu_support.KernelCall): its device buffers, launch and check
 # ---------------------------------------------------------------------------------------------
-class KernelCall:
-    out = None
-
-    def poison_outputs(self):
-        self.out.poison()
-
-    def assert_outputs_untouched(self, ctx):
-        assert self.out.untouched(), f"{ctx}: the output was written"
-
-
 class GemmInt4Call(KernelCall):
     """ck_gemm_int4 on int4 codes a [M, K], b [N, K] (uploaded packed). misalign: extra bytes
     before a, b and c."""
@@ -142,6 +99,7 @@ class GemmInt4Call(KernelCall):
         self.a = GuardedBuffer.input(pack(a), misalign[0])
         self.b = GuardedBuffer.input(pack(b), misalign[1])
         self.out = GuardedBuffer.output((m, n), np.int32, POISON, misalign[2])
+        self.outputs = {"c": self.out}
 
     def launch(self, stream=0):
         ck.raw.gemm_int4(self.a.ptr, self.b.ptr, *self.mnk, self.out.ptr, stream)
@@ -182,6 +140,7 @@ class GemmInt4ScaledCall(KernelCall):
         self.scale_b = GuardedBuffer.input(scale_b, 4 if misalign[3] else 0)
         self.bias = None if bias is None else GuardedBuffer.input(bias, misalign[3])
         self.out = GuardedBuffer.output((m, n), ref.NUMPY_DTYPE[out_dtype], POISON, misalign[2])
+        self.outputs = {"out": self.out}
 
     def _epilogue_args(self):
         return (self.scale_a.ptr, CK_GRANULARITY[self.granularities[0]], self.scale_b.ptr,
@@ -197,10 +156,10 @@ class GemmInt4ScaledCall(KernelCall):
         self.inputs = (random_codes(rng, (m, k)), random_codes(rng, (n, k)))
         self.a.write(pack(self.inputs[0]))
         self.b.write(pack(self.inputs[1]))
-        self.scale_a.write(random_scales(rng, self.scale_a.shape[0], k))
-        self.scale_b.write(random_scales(rng, self.scale_b.shape[0], k))
+        self.scale_a.write(random_int4_scales(rng, self.scale_a.shape[0], k))
+        self.scale_b.write(random_int4_scales(rng, self.scale_b.shape[0], k))
         if self.bias is not None:
-            self.bias.write(random_bias(rng, n, self.out_dtype))
+            self.bias.write(random_normal(rng, n, self.out_dtype, 2.0))
 
     def int8_result(self):
         """ck_gemm_int8_scaled of the unpacked codes, same scale/bias buffers, same alignment
@@ -233,10 +192,10 @@ def make_scaled_call(rng, shape, out_dtype, granularities=("row", "row"), bias=T
     m, n, k = shape
     return GemmInt4ScaledCall(
         random_codes(rng, (m, k)), random_codes(rng, (n, k)),
-        random_scales(rng, scale_count(granularities[0], m), k),
-        random_scales(rng, scale_count(granularities[1], n), k),
-        random_bias(rng, n, out_dtype) if bias else None, activation, out_dtype, granularities,
-        misalign)
+        random_int4_scales(rng, scale_count(granularities[0], m), k),
+        random_int4_scales(rng, scale_count(granularities[1], n), k),
+        random_normal(rng, n, out_dtype, 2.0) if bias else None, activation, out_dtype,
+        granularities, misalign)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -307,13 +266,8 @@ def test_gemm_int4_minimally_aligned_pointers(variant, monkeypatch, seed):
 # ---------------------------------------------------------------------------------------------
 # ck_gemm_int4_scaled: bit for bit ck_gemm_int8_scaled of the unpacked codes
 # ---------------------------------------------------------------------------------------------
-# EPILOGUE_COMBOS (every scale granularity, bias or not, activation): test_gemm_gpu.py's.
-EPILOGUE_SHAPES = [(7, 201, 96), (100, 129, 1024)]
-
-
-@pytest.mark.parametrize("granularities, bias, activation", EPILOGUE_COMBOS)
-@pytest.mark.parametrize("out_dtype", ref.DTYPES)
-@pytest.mark.parametrize("shape", EPILOGUE_SHAPES, ids=shape_id)
+@pytest.mark.parametrize("shape, out_dtype, granularities, bias, activation",
+                         epilogue_cases([(7, 201, 96), (100, 129, 1024)]))
 def test_gemm_int4_scaled_epilogue(shape, out_dtype, granularities, bias, activation, seed):
     call = make_scaled_call(np.random.default_rng(seed), shape, out_dtype, granularities, bias,
                             activation)
@@ -335,26 +289,16 @@ def test_gemm_int4_scaled_variants(variant, out_dtype, full, monkeypatch, seed):
     call.check(f"{variant}, seed={seed}")
 
 
-# Odd N: the last column of each row has no partner, so pairs cannot be stored as one vector.
-# out one element past the 8-byte alignment, N even: the same, from the address.
-SCALAR_STORE_CASES = {"odd-n": (137, 0), "out+1-element": (136, 1)}
-
-
-@pytest.mark.parametrize("case", list(SCALAR_STORE_CASES))
-@pytest.mark.parametrize("out_dtype", ("int32",) + ref.DTYPES)
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant, out_dtype, case", scalar_store_params(VARIANTS))
 def test_gemm_int4_scalar_store_path(variant, out_dtype, case, monkeypatch, seed):
     rng = np.random.default_rng(seed)
-    n, misalign_elements = SCALAR_STORE_CASES[case]
+    n, offset = scalar_store_layout(case, out_dtype)
     m, k = variant_m(variant, 33), 160
     use_variant(monkeypatch, variant, m)
     if out_dtype == "int32":
-        call = make_int4_call(rng, (m, n, k), misalign=(0, 0, 4 * misalign_elements))
+        call = make_int4_call(rng, (m, n, k), misalign=(0, 0, offset))
     else:
-        itemsize = np.dtype(ref.NUMPY_DTYPE[out_dtype]).itemsize
-        call = make_scaled_call(rng, (m, n, k), out_dtype,
-                                misalign=(0, 0, itemsize * misalign_elements,
-                                          itemsize * misalign_elements))
+        call = make_scaled_call(rng, (m, n, k), out_dtype, misalign=(0, 0, offset, offset))
     call.launch()
     call.check(f"{variant}, {case}, seed={seed}")
 
@@ -453,8 +397,8 @@ def test_wrapper_gemm_int4_scaled(out_dtype, seed):
     rng = np.random.default_rng(seed)
     m, n, k = 20, 48, 96
     a, b = random_codes(rng, (m, k)), random_codes(rng, (n, k))
-    scale_a, scale_b = random_scales(rng, m, k), random_scales(rng, n, k)
-    bias = random_bias(rng, n, out_dtype)
+    scale_a, scale_b = random_int4_scales(rng, m, k), random_int4_scales(rng, n, k)
+    bias = random_normal(rng, n, out_dtype, 2.0)
     got = ck.gemm_int4_scaled(pack(a), pack(b), scale_a, scale_b, bias=bias, activation="relu",
                               out_dtype=out_dtype)
     want = ck.gemm_int8_scaled(a, b, scale_a, scale_b, bias=bias, activation="relu",

@@ -23,37 +23,22 @@ a CUDA device. CK_SANITIZE=1 drops the largest shapes. Each test draws a seed fr
 prints it and names it in its messages; CK_TEST_SEED=<seed> replays it.
 """
 
-import os
-import sys
-
 import numpy as np
 import pytest
 
-TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
-for _path in (os.path.dirname(TESTS_DIR), TESTS_DIR):
-    if _path not in sys.path:
-        sys.path.insert(0, _path)
-
-import cuda_wrapper as ck  # noqa: E402
-import checkpoint_formats as cf  # noqa: E402
-import reference as ref  # noqa: E402
-from gpu_support import (  # noqa: E402
-    GPU_MARKS, SANITIZE, GuardedBuffer, assert_bitwise_equal, assert_graph_replays, ptr_or_null,
-    shape_id, synchronize,
+import cuda_wrapper as ck
+import checkpoint_formats as cf
+import reference as ref
+from gpu_support import (
+    CK_DTYPE, GROUP_IDS, POISON, SANITIZE, UINT_OF_SIZE, GuardedBuffer, KernelCall,
+    assert_bitwise_equal, assert_graph_replays, assert_within, dtype_arg, output_tolerance,
+    ptr_or_null, random_normal, shape_id, synchronize, to_device,
 )
-# Helpers only (no test_* names, no fixtures): the W4A16 tolerance and comparisons.
-from test_gemm_gpu import POISON, assert_within, output_tolerance  # noqa: E402
-from test_w4a16_gpu import (  # noqa: E402
-    MAX_REL_ULPS, MIN_ELEMENTS_FOR_NORM, SIGNIFICAND_BITS, random_activations,
-    w4a16_float32_error,
-)
+# Helpers only (no test_* names, no fixtures): the W4A16 tolerance and its check.
+from test_w4a16_gpu import assert_meets_reference, w4a16_float32_error
 
-pytestmark = GPU_MARKS
+pytestmark = pytest.mark.gpu
 
-CK_DTYPE = {"fp32": ck.DType.FP32, "fp16": ck.DType.FP16, "bf16": ck.DType.BF16}
-SCALE_DTYPES = ("fp16", "bf16")
-GROUP_SIZES = (32, 64, 128, ref.GROUP_ROW)
-GROUP_IDS = {32: "g32", 64: "g64", 128: "g128", ref.GROUP_ROW: "grow"}
 G_IDX_KINDS = ("none", "trivial", "act_order")
 
 # (K, N): K = 32 (one partial group of 64 / 128), 96 (a partial last group of 64; 12 words: a
@@ -77,7 +62,7 @@ def random_checkpoint(rng, fmt, k, n, group_size, dtype, g_idx_kind):
     return cf.random_awq_checkpoint(rng, k, n, group_size, dtype) + (None,)
 
 
-class ImportCall:
+class ImportCall(KernelCall):
     """One ck_import_gptq / ck_import_awq call: guarded inputs, poisoned guarded outputs, the
     launch and the bitwise check against checkpoint_formats.library_from_*. refill() writes a
     fresh checkpoint (a new act-order g_idx included) into the same buffers."""
@@ -92,7 +77,8 @@ class ImportCall:
         self.dtype, self.g_idx_kind = dtype, g_idx_kind
         misalign = misalign or {}
         self.checkpoint = random_checkpoint(rng, fmt, k, n, group_size, dtype, g_idx_kind)
-        self.inputs = {name: None if host is None else GuardedBuffer.input(host, misalign.get(name, 0))
+        self.inputs = {name: None if host is None else
+                       GuardedBuffer.input(host, misalign.get(name, 0))
                        for name, host in zip(self.INPUTS, self.checkpoint)}
         groups = ref.int4_groups_per_row(k, group_size)
         shapes = {"w_packed": ((n, k // 2), np.uint8),
@@ -114,14 +100,6 @@ class ImportCall:
             ck.raw.import_awq(i["qweight"].ptr, i["qzeros"].ptr, i["scales"].ptr,
                               CK_DTYPE[self.dtype], self.n, self.k, self.group_size,
                               o["w_packed"].ptr, o["scales_out"].ptr, o["zeros_out"].ptr, stream)
-
-    def poison_outputs(self):
-        for buffer in self.outputs.values():
-            buffer.poison()
-
-    def assert_outputs_untouched(self, ctx):
-        for name, buffer in self.outputs.items():
-            assert buffer.untouched(), f"{ctx}: {name} was written"
 
     def refill(self, rng):
         self.checkpoint = random_checkpoint(rng, self.fmt, self.k, self.n, self.group_size,
@@ -156,8 +134,8 @@ class ImportCall:
 # ---------------------------------------------------------------------------------------------
 def gptq_cases():
     for k, n in SHAPES:
-        for group in GROUP_SIZES:
-            for dtype in SCALE_DTYPES:
+        for group in ref.INT4_GROUP_SIZES:
+            for dtype in ref.W4A16_DTYPES:
                 for kind in G_IDX_KINDS:
                     yield pytest.param(kind, dtype, group, k, n,
                                        id=f"{kind}-{dtype}-{GROUP_IDS[group]}-{_id(k, n)}")
@@ -174,8 +152,8 @@ def test_import_gptq(g_idx_kind, dtype, group_size, k, n, seed):
 
 def awq_cases():
     for k, n in SHAPES:
-        for group in GROUP_SIZES:
-            for dtype in SCALE_DTYPES:
+        for group in ref.INT4_GROUP_SIZES:
+            for dtype in ref.W4A16_DTYPES:
                 yield pytest.param(dtype, group, k, n, id=f"{dtype}-{GROUP_IDS[group]}-{_id(k, n)}")
 
 
@@ -274,7 +252,7 @@ E2E_CASES = [
 @pytest.mark.parametrize("fmt, g_idx_kind, m, k, n, group_size", [
     pytest.param(*case, id=f"{case[0]}-{case[1]}-m{case[2]}-{_id(case[3], case[4])}-"
                            f"{GROUP_IDS[case[5]]}") for case in E2E_CASES])
-@pytest.mark.parametrize("dtype", SCALE_DTYPES)
+@pytest.mark.parametrize("dtype", ref.W4A16_DTYPES)
 def test_imported_weight_in_gemm_w4a16(dtype, fmt, g_idx_kind, m, k, n, group_size, seed):
     rng = np.random.default_rng(seed)
     ctx = f"{fmt} {g_idx_kind}, seed={seed}"
@@ -288,7 +266,7 @@ def test_imported_weight_in_gemm_w4a16(dtype, fmt, g_idx_kind, m, k, n, group_si
     else:
         w_ckpt = cf.awq_unpack(qweight, qzeros, scales, group_size, dtype)
 
-    x = random_activations(rng, m, k, dtype)
+    x = random_normal(rng, (m, k), dtype)
     x_buf = GuardedBuffer.input(x)
     if "perm" in call.outputs:      # the layer gathers x's columns: x[:, perm]
         gathered = GuardedBuffer.output((m, k), x.dtype, POISON)
@@ -310,40 +288,35 @@ def test_imported_weight_in_gemm_w4a16(dtype, fmt, g_idx_kind, m, k, n, group_si
     value = x_f64 @ w_f64                       # the checkpoint layer, exactly
     error32 = w4a16_float32_error(x_f64, w_f64.T, value)
     got = ref.to_f32(out.read(f"out, {ctx}"), dtype).astype(np.float64)
-    rel = np.linalg.norm(got - value) / np.linalg.norm(value)
-    print(f"{ctx}: ||err||/||ref|| = {rel:.3g}, max |err| = {np.abs(got - value).max():.3g}")
-    assert_within(got, value, output_tolerance(value, error32, dtype), f"out ({dtype}), {ctx}")
-    if value.size >= MIN_ELEMENTS_FOR_NORM:
-        assert rel <= MAX_REL_ULPS * 2.0**-SIGNIFICAND_BITS[dtype], f"{ctx}: ||err||/||ref|| = {rel:.3g}"
+    assert_meets_reference(got, value, error32, dtype, ctx)
 
 
 @pytest.mark.parametrize("fmt, g_idx_kind, m", [("gptq", "act_order", 3), ("gptq", "none", 40),
                                                 ("awq", "none", 20)])
-@pytest.mark.parametrize("dtype", SCALE_DTYPES)
+@pytest.mark.parametrize("dtype", ref.W4A16_DTYPES)
 def test_quantized_linear_from_checkpoint(dtype, fmt, g_idx_kind, m, seed):
     """QuantizedLinear.from_gptq / from_awq (import, prepack, gather x for act-order, GEMM with
     bias and ReLU) computes the checkpoint's own layer: relu(x @ w_ckpt + bias)."""
     rng = np.random.default_rng(seed)
     k, n, group_size = 512, 136, 128
-    dtype_arg = "bf16" if dtype == "bf16" else None
-    bias = ref.to_dtype(rng.standard_normal(n, dtype=np.float32), dtype)
+    bias = random_normal(rng, n, dtype)
     if fmt == "gptq":
         qweight, qzeros, scales, g_idx = cf.random_gptq_checkpoint(rng, k, n, group_size, dtype,
                                                                    g_idx_kind)
         layer = ck.QuantizedLinear.from_gptq(qweight, qzeros, scales, g_idx, bias=bias,
-                                             group_size=group_size, dtype=dtype_arg,
+                                             group_size=group_size, dtype=dtype_arg(dtype),
                                              activation="relu")
         stored = g_idx if g_idx is not None else cf.gptq_groups_g_idx(k, group_size)
         w_ckpt = cf.gptq_unpack(qweight, qzeros, scales, stored, dtype)
     else:
         qweight, qzeros, scales = cf.random_awq_checkpoint(rng, k, n, group_size, dtype)
         layer = ck.QuantizedLinear.from_awq(qweight, qzeros, scales, bias=bias,
-                                            group_size=group_size, dtype=dtype_arg,
+                                            group_size=group_size, dtype=dtype_arg(dtype),
                                             activation="relu")
         w_ckpt = cf.awq_unpack(qweight, qzeros, scales, group_size, dtype)
     assert (layer.in_features, layer.out_features) == (k, n)
     assert (layer.perm is not None) == (g_idx_kind == "act_order")
-    x = random_activations(rng, m, k, dtype)
+    x = random_normal(rng, (m, k), dtype)
     got = ref.to_f32(layer(x), dtype).astype(np.float64)
     w_f64 = ref.to_f32(w_ckpt, dtype).astype(np.float64)
     x_f64 = ref.to_f32(x, dtype).astype(np.float64)
@@ -358,13 +331,10 @@ def test_quantized_linear_from_checkpoint(dtype, fmt, g_idx_kind, m, seed):
 # ---------------------------------------------------------------------------------------------
 # ck_permute_columns
 # ---------------------------------------------------------------------------------------------
-_BITS_OF = {"fp32": np.uint32, "fp16": np.uint16, "bf16": np.uint16}
-
-
 def random_bits(rng, shape, dtype):
     """Uniformly random bit patterns of dtype (NaNs and infinities included): a gather must
     copy them unchanged."""
-    bits = _BITS_OF[dtype]
+    bits = UINT_OF_SIZE[np.dtype(ref.NUMPY_DTYPE[dtype]).itemsize]
     return rng.integers(0, np.iinfo(bits).max, size=shape, dtype=bits, endpoint=True).view(
         ref.NUMPY_DTYPE[dtype])
 
@@ -375,23 +345,18 @@ def random_perm(rng, cols, kind):
     return rng.integers(0, cols, size=cols, dtype=np.int32)   # any gather, repeats included
 
 
-class PermuteCall:
+class PermuteCall(KernelCall):
     def __init__(self, rng, rows, cols, dtype, kind="permutation", misalign=(0, 0, 0)):
         self.rows, self.cols, self.dtype, self.kind = rows, cols, dtype, kind
         self.host = (random_bits(rng, (rows, cols), dtype), random_perm(rng, cols, kind))
         self.x = GuardedBuffer.input(self.host[0], misalign[0])
         self.perm = GuardedBuffer.input(self.host[1], misalign[1])
         self.out = GuardedBuffer.output((rows, cols), ref.NUMPY_DTYPE[dtype], POISON, misalign[2])
+        self.outputs = {"out": self.out}
 
     def launch(self, stream=0):
         ck.raw.permute_columns(self.x.ptr, CK_DTYPE[self.dtype], self.rows, self.cols,
                                self.perm.ptr, self.out.ptr, stream)
-
-    def poison_outputs(self):
-        self.out.poison()
-
-    def assert_outputs_untouched(self, ctx):
-        assert self.out.untouched(), f"{ctx}: out was written"
 
     def refill(self, rng):
         self.host = (random_bits(rng, (self.rows, self.cols), self.dtype),
@@ -438,7 +403,7 @@ def test_permute_columns_element_aligned_pointers(dtype, seed):
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("fmt, g_idx_kind", [("gptq", "none"), ("gptq", "act_order"),
                                              ("awq", "none")])
-@pytest.mark.parametrize("dtype", SCALE_DTYPES)
+@pytest.mark.parametrize("dtype", ref.W4A16_DTYPES)
 def test_import_cuda_graph_replay(dtype, fmt, g_idx_kind, seed):
     """Capture records the launches without running them; each replay reads the new checkpoint
     (a new act-order g_idx included) from the same buffers and writes every output."""
@@ -456,27 +421,23 @@ def test_permute_columns_cuda_graph_replay(rows, seed):
 # ---------------------------------------------------------------------------------------------
 # The wrapper: NumPy in -> NumPy out, DeviceArray in -> DeviceArray out; bitwise the spec
 # ---------------------------------------------------------------------------------------------
-def _device(a, dtype=None):
-    return ck.DeviceArray.from_numpy(a, ck_dtype=None if dtype is None else CK_DTYPE[dtype])
-
-
 @pytest.mark.parametrize("g_idx_kind", G_IDX_KINDS)
-@pytest.mark.parametrize("dtype", SCALE_DTYPES)
+@pytest.mark.parametrize("dtype", ref.W4A16_DTYPES)
 def test_wrapper_import_gptq(dtype, g_idx_kind, seed):
     rng = np.random.default_rng(seed)
     k, n, group_size = 256, 72, 64
     qweight, qzeros, scales, g_idx = cf.random_gptq_checkpoint(rng, k, n, group_size, dtype,
                                                                g_idx_kind)
     want = cf.library_from_gptq(qweight, qzeros, scales, g_idx, group_size)
-    dtype_arg = "bf16" if dtype == "bf16" else None
-    got = ck.import_gptq(qweight, qzeros, scales, g_idx, group_size=group_size, dtype=dtype_arg)
+    got = ck.import_gptq(qweight, qzeros, scales, g_idx, group_size=group_size,
+                         dtype=dtype_arg(dtype))
     assert len(got) == 4 and (got[3] is None) == (g_idx is None)
     for name, a, b in zip(("w_packed", "scales", "zeros", "perm"), got, want):
         if b is not None:
             assert isinstance(a, np.ndarray)
             assert_bitwise_equal(a, b, f"numpy {name}, seed={seed}")
-    got_d = ck.import_gptq(_device(qweight), _device(qzeros), _device(scales, dtype),
-                           None if g_idx is None else _device(g_idx), group_size=group_size)
+    got_d = ck.import_gptq(to_device(qweight), to_device(qzeros), to_device(scales, dtype),
+                           None if g_idx is None else to_device(g_idx), group_size=group_size)
     for name, a, b in zip(("w_packed", "scales", "zeros", "perm"), got_d, want):
         if b is None:
             assert a is None
@@ -486,19 +447,19 @@ def test_wrapper_import_gptq(dtype, g_idx_kind, seed):
     assert got_d[1].ck_dtype == CK_DTYPE[dtype]
 
 
-@pytest.mark.parametrize("dtype", SCALE_DTYPES)
+@pytest.mark.parametrize("dtype", ref.W4A16_DTYPES)
 def test_wrapper_import_awq(dtype, seed):
     rng = np.random.default_rng(seed)
     k, n, group_size = 256, 72, 32
     qweight, qzeros, scales = cf.random_awq_checkpoint(rng, k, n, group_size, dtype)
     want = cf.library_from_awq(qweight, qzeros, scales, group_size)
     got = ck.import_awq(qweight, qzeros, scales, group_size=group_size,
-                        dtype="bf16" if dtype == "bf16" else None)
+                        dtype=dtype_arg(dtype))
     assert len(got) == 3
     for name, a, b in zip(("w_packed", "scales", "zeros"), got, want):
         assert isinstance(a, np.ndarray)
         assert_bitwise_equal(a, b, f"numpy {name}, seed={seed}")
-    got_d = ck.import_awq(_device(qweight), _device(qzeros), _device(scales, dtype),
+    got_d = ck.import_awq(to_device(qweight), to_device(qzeros), to_device(scales, dtype),
                           group_size=group_size)
     for name, a, b in zip(("w_packed", "scales", "zeros"), got_d, want):
         assert isinstance(a, ck.DeviceArray)
@@ -521,13 +482,12 @@ def test_wrapper_permute_columns(dtype, seed):
     rng = np.random.default_rng(seed)
     x = random_bits(rng, (6, 500), dtype)
     perm = random_perm(rng, 500, "permutation")
-    dtype_arg = "bf16" if dtype == "bf16" else None
-    got = ck.permute_columns(x, perm, dtype=dtype_arg)
+    got = ck.permute_columns(x, perm, dtype=dtype_arg(dtype))
     assert isinstance(got, np.ndarray)
     assert_bitwise_equal(got, x[:, perm], f"numpy, seed={seed}")
-    got_d = ck.permute_columns(_device(x, dtype), _device(perm))
+    got_d = ck.permute_columns(to_device(x, dtype), to_device(perm))
     assert isinstance(got_d, ck.DeviceArray) and got_d.ck_dtype == CK_DTYPE[dtype]
     assert_bitwise_equal(got_d.to_numpy(), x[:, perm], f"device, seed={seed}")
-    row = ck.permute_columns(x[1], perm, dtype=dtype_arg)      # a 1-D x is one row
+    row = ck.permute_columns(x[1], perm, dtype=dtype_arg(dtype))      # a 1-D x is one row
     assert row.shape == (500,)
     assert_bitwise_equal(row, x[1, perm], f"1-D, seed={seed}")

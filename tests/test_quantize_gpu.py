@@ -11,27 +11,18 @@ shapes so that the compute-sanitizer run stays short. Each test draws a seed fro
 prints it and names it in its messages; CK_TEST_SEED=<seed> replays a failure.
 """
 
-import os
-import sys
-
 import numpy as np
 import pytest
 
-TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
-for _path in (os.path.dirname(TESTS_DIR), TESTS_DIR):
-    if _path not in sys.path:
-        sys.path.insert(0, _path)
-
-import cuda_wrapper as ck  # noqa: E402
-import reference as ref  # noqa: E402
-from gpu_support import (  # noqa: E402
-    GPU_MARKS, SANITIZE, GuardedBuffer, assert_bitwise_equal, assert_graph_replays, ptr_or_null,
-    shape_id, synchronize,
+import cuda_wrapper as ck
+import reference as ref
+from gpu_support import (
+    CK_DTYPE, CK_GRANULARITY, CK_INT4_MODE, POISON, POISON_CODES, POISON_QUANTIZED, SANITIZE,
+    GuardedBuffer, KernelCall, assert_bitwise_equal, assert_graph_replays, ptr_or_null, shape_id,
+    synchronize,
 )
 
-
-pytestmark = GPU_MARKS
-
+pytestmark = pytest.mark.gpu
 
 SHAPES = [
     (1, 1), (3, 5), (1, 1_000_003), (2, 4097), (7, 100), (64, 4096), (33, 8192), (300, 136),
@@ -41,18 +32,18 @@ if SANITIZE:
     SHAPES = [shape for shape in SHAPES if shape[1] < 40000]
 # Extra INT4 shapes: partial last groups for every group size, odd column counts.
 INT4_SHAPES = SHAPES + [(4, 33), (2, 65), (3, 127), (1, 129), (6, 255)]
+# Every INT4 format on them: (shape, dtype, group size, mode).
+INT4_CASES = [
+    pytest.param(shape, dtype, group_size, mode,
+                 id=f"{shape_id(shape)}-{dtype}-{group_size}-{mode}")
+    for shape in INT4_SHAPES for dtype in ref.DTYPES for group_size in ref.INT4_GROUP_SIZES
+    for mode in ref.INT4_MODES
+]
 
-CK_DTYPE = {"fp32": ck.DType.FP32, "fp16": ck.DType.FP16, "bf16": ck.DType.BF16}
-CK_GRANULARITY = {"tensor": ck.PER_TENSOR, "row": ck.PER_ROW}
-CK_INT4_MODE = {"sym": ck.INT4_SYMMETRIC, "asym": ck.INT4_ASYMMETRIC}
 CK_GROUP = {32: 32, 64: 64, 128: 128, ref.GROUP_ROW: ck.GROUP_ROW}
 
-# Poison bytes. Each is a value no correct result holds, except in packed int4, where every byte
-# is valid and a missed byte goes unnoticed with probability 1/256.
-POISON_CODES = 0x80  # int8 codes: -128, outside [-127, 127]
-POISON = 0xAB  # scales: a negative number (scales are > 0); zeros: 171 (> 15); packed int4
-POISON_VALUES = 0x7F  # float outputs: ~3.4e38 (fp32, bf16) or NaN (fp16), never q * scale
-
+# Poison bytes (gpu_support): POISON_CODES for int8 codes, POISON_QUANTIZED for scales, zero
+# points and packed int4, POISON for the float outputs.
 
 # ---------------------------------------------------------------------------------------------
 # Inputs
@@ -76,28 +67,8 @@ def random_int4_inputs(rng, rows, cols, group_size, mode, dtype):
 
 
 # ---------------------------------------------------------------------------------------------
-# One call of each entry point: its device buffers, its launch and its check
+# One call of each entry point (gpu_support.KernelCall): its device buffers, launch and check
 # ---------------------------------------------------------------------------------------------
-# Each call holds the host copy of its inputs (`inputs`), uploads them once, and compares its
-# outputs with the reference of `inputs`. refill() copies fresh random inputs into the same
-# device buffers, as a CUDA graph replay needs (the graph holds their addresses).
-
-
-class KernelCall:
-    """What the call classes share: their poisoned outputs."""
-
-    outputs = ()  # the GuardedBuffers the kernel writes
-
-    def poison_outputs(self):
-        for buffer in self.outputs:
-            buffer.poison()
-
-    def assert_outputs_untouched(self, ctx):
-        for buffer in self.outputs:
-            untouched = (buffer.read(ctx).reshape(-1).view(np.uint8) == buffer.guard_byte).all()
-            assert untouched, f"{ctx}: an output was written"
-
-
 class QuantizeInt8Call(KernelCall):
     def __init__(self, x, dtype, granularity, static_scales=None, misalign=0):
         rows, cols = x.shape
@@ -107,11 +78,12 @@ class QuantizeInt8Call(KernelCall):
         self.q = GuardedBuffer.output((rows, cols), np.int8, POISON_CODES, misalign)
         if static_scales is None:
             n_scales = 1 if granularity == "tensor" else rows
-            self.scales = GuardedBuffer.output((n_scales,), np.float32, POISON, misalign * 4)
-            self.outputs = (self.q, self.scales)
+            self.scales = GuardedBuffer.output((n_scales,), np.float32, POISON_QUANTIZED,
+                                               misalign * 4)
+            self.outputs = {"q": self.q, "scales": self.scales}
         else:
             self.scales = GuardedBuffer.input(static_scales, misalign * 4)
-            self.outputs = (self.q,)
+            self.outputs = {"q": self.q}
 
     def launch(self, stream=0):
         rows, cols = self.x.shape
@@ -141,8 +113,8 @@ class DequantizeInt8Call(KernelCall):
         self.q = GuardedBuffer.input(q, misalign)
         self.scales = GuardedBuffer.input(scales, misalign * 4)
         out_np = np.dtype(ref.NUMPY_DTYPE[out_dtype])
-        self.out = GuardedBuffer.output(q.shape, out_np, POISON_VALUES, misalign * out_np.itemsize)
-        self.outputs = (self.out,)
+        self.out = GuardedBuffer.output(q.shape, out_np, POISON, misalign * out_np.itemsize)
+        self.outputs = {"out": self.out}
 
     def launch(self, stream=0):
         rows, cols = self.q.shape
@@ -170,13 +142,15 @@ class QuantizeInt4Call(KernelCall):
         itemsize = x.dtype.itemsize
         groups = ref.int4_groups_per_row(cols, group_size)
         self.x = GuardedBuffer.input(x, misalign * itemsize)
-        self.packed = GuardedBuffer.output((rows, (cols + 1) // 2), np.uint8, POISON, misalign)
-        self.scales = GuardedBuffer.output((rows, groups), x.dtype, POISON, misalign * itemsize)
-        self.outputs = (self.packed, self.scales)
+        self.packed = GuardedBuffer.output((rows, (cols + 1) // 2), np.uint8, POISON_QUANTIZED,
+                                           misalign)
+        self.scales = GuardedBuffer.output((rows, groups), x.dtype, POISON_QUANTIZED,
+                                           misalign * itemsize)
+        self.outputs = {"packed": self.packed, "scales": self.scales}
         self.zeros = None
         if mode == "asym":
-            self.zeros = GuardedBuffer.output((rows, groups), np.uint8, POISON, misalign)
-            self.outputs += (self.zeros,)
+            self.zeros = GuardedBuffer.output((rows, groups), np.uint8, POISON_QUANTIZED, misalign)
+            self.outputs["zeros"] = self.zeros
 
     def launch(self, stream=0):
         rows, cols = self.x.shape
@@ -209,8 +183,8 @@ class DequantizeInt4Call(KernelCall):
         self.scales = GuardedBuffer.input(scales, misalign * itemsize)
         self.zeros = None if zeros is None else GuardedBuffer.input(zeros, misalign)
         out_shape = (packed.shape[0], cols)
-        self.out = GuardedBuffer.output(out_shape, scales.dtype, POISON_VALUES, misalign * itemsize)
-        self.outputs = (self.out,)
+        self.out = GuardedBuffer.output(out_shape, scales.dtype, POISON, misalign * itemsize)
+        self.outputs = {"out": self.out}
 
     def launch(self, stream=0):
         rows = self.packed.shape[0]
@@ -297,10 +271,7 @@ def test_dequantize_int8(shape, out_dtype, granularity, seed):
     call.check(f"seed={seed}")
 
 
-@pytest.mark.parametrize("mode", ref.INT4_MODES)
-@pytest.mark.parametrize("group_size", ref.INT4_GROUP_SIZES)
-@pytest.mark.parametrize("dtype", ref.DTYPES)
-@pytest.mark.parametrize("shape", INT4_SHAPES, ids=shape_id)
+@pytest.mark.parametrize("shape, dtype, group_size, mode", INT4_CASES)
 def test_quantize_int4(shape, dtype, group_size, mode, seed):
     rng = np.random.default_rng(seed)
     call = QuantizeInt4Call(ref.random_input(rng, shape, dtype), dtype, group_size, mode)
@@ -308,10 +279,7 @@ def test_quantize_int4(shape, dtype, group_size, mode, seed):
     call.check(f"seed={seed}")
 
 
-@pytest.mark.parametrize("mode", ref.INT4_MODES)
-@pytest.mark.parametrize("group_size", ref.INT4_GROUP_SIZES)
-@pytest.mark.parametrize("out_dtype", ref.DTYPES)
-@pytest.mark.parametrize("shape", INT4_SHAPES, ids=shape_id)
+@pytest.mark.parametrize("shape, out_dtype, group_size, mode", INT4_CASES)
 def test_dequantize_int4(shape, out_dtype, group_size, mode, seed):
     rng = np.random.default_rng(seed)
     rows, cols = shape

@@ -18,6 +18,16 @@ ROUND_TRIP_SLACK = 1e-4
 INT4_SHAPES = [(1, 1), (3, 5), (5, 100), (4, 257), (2, 1000)]
 
 
+def with_nans(rng, shape, dtype, all_nan):
+    """Random `dtype` data with about one value in ten NaN, and NaN everywhere at the index
+    `all_nan`: (the data, where its NaNs are, the same data with 0 for each NaN)."""
+    xf = ref.to_f32(ref.random_input(rng, shape, dtype), dtype)
+    nan_at = rng.random(xf.shape) < 0.1
+    nan_at[all_nan] = True
+    return (ref.to_dtype(np.where(nan_at, np.nan, xf), dtype), nan_at,
+            ref.to_dtype(np.where(nan_at, 0, xf), dtype))
+
+
 def group_scales_per_column(scales_f32, cols, group_size):
     """[rows, groups] -> [rows, cols]: the scale that applies to each element."""
     width = cols if group_size == ref.GROUP_ROW else group_size
@@ -208,14 +218,10 @@ def test_int8_zero_absmax_gives_scale_one(dtype, granularity, seed):
 @pytest.mark.parametrize("granularity", ref.GRANULARITIES)
 @pytest.mark.parametrize("dtype", ref.DTYPES)
 def test_int8_nan_encodes_as_zero_and_is_ignored(dtype, granularity, seed):
-    rng = np.random.default_rng(seed)
-    xf = ref.to_f32(ref.random_input(rng, (4, 64), dtype), dtype)
-    nan_at = rng.random(xf.shape) < 0.1
-    nan_at[2] = True  # a row of NaN only: its absmax is 0, its scale 1
-    with_nan = ref.to_dtype(np.where(nan_at, np.nan, xf), dtype)
+    # Row 2 all NaN: its absmax is 0, its scale 1.
+    with_nan, nan_at, clean = with_nans(np.random.default_rng(seed), (4, 64), dtype, 2)
     q, scales = ref.quantize_int8(with_nan, dtype, granularity)
-    q_clean, scales_clean = ref.quantize_int8(ref.to_dtype(np.where(nan_at, 0, xf), dtype), dtype,
-                                              granularity)
+    q_clean, scales_clean = ref.quantize_int8(clean, dtype, granularity)
     assert (q[nan_at] == 0).all(), f"seed={seed}"
     assert np.array_equal(q, q_clean) and np.array_equal(scales, scales_clean), f"seed={seed}"
     assert np.isfinite(scales).all()
@@ -304,13 +310,11 @@ def test_int4_zero_group_gives_scale_one(dtype, mode, seed):
 @pytest.mark.parametrize("mode", ref.INT4_MODES)
 @pytest.mark.parametrize("dtype", ref.DTYPES)
 def test_int4_nan_encodes_as_zero_and_is_ignored(dtype, mode, seed):
-    rng = np.random.default_rng(seed)
-    xf = ref.to_f32(ref.random_input(rng, (4, 128), dtype), dtype)
-    nan_at = rng.random(xf.shape) < 0.1
-    nan_at[1, :64] = True  # two groups of NaN only
-    with_nan = ref.to_dtype(np.where(nan_at, np.nan, xf), dtype)
+    # Two groups of NaN only (row 1, columns 0 to 63).
+    with_nan, nan_at, clean_x = with_nans(np.random.default_rng(seed), (4, 128), dtype,
+                                          (1, slice(0, 64)))
     packed, scales, zeros = ref.quantize_int4(with_nan, dtype, 32, mode)
-    clean = ref.quantize_int4(ref.to_dtype(np.where(nan_at, 0, xf), dtype), dtype, 32, mode)
+    clean = ref.quantize_int4(clean_x, dtype, 32, mode)
     assert np.array_equal(scales, clean[1]) and (mode == "sym" or np.array_equal(zeros, clean[2]))
     back = ref.to_f32(ref.dequantize_int4(packed, scales, zeros, 128, 32, mode, dtype), dtype)
     assert (back[nan_at] == 0).all(), f"NaN must encode as the code of 0, seed={seed}"

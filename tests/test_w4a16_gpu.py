@@ -10,7 +10,7 @@
   reference, small_m for M <= 16, auto) x shapes with partial tiles in M, N and K (and partial
   last groups), bias or not, ReLU or not; one full-size layer on small_m; small_m and reference
   agree on the same data; a forced variant that cannot serve is CK_STATUS_UNSUPPORTED.
-- Every output is poisoned and sits between guard regions (GuardedBuffer of test_gemm_gpu.py):
+- Every output is poisoned and sits between guard regions (gpu_support.GuardedBuffer):
   an unwritten element or an out-of-bounds write fails. CUDA graph capture and replay. The
   wrapper's ck.gemm_w4a16 (NumPy in/out, DeviceArray in/out, out=) against the raw call.
 
@@ -19,34 +19,21 @@ seed from os.urandom, prints it and names it in its messages; CK_TEST_SEED=<seed
 """
 
 import math
-import os
-import sys
 
 import numpy as np
 import pytest
 
-TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
-for _path in (os.path.dirname(TESTS_DIR), TESTS_DIR):
-    if _path not in sys.path:
-        sys.path.insert(0, _path)
-
-import cuda_wrapper as ck  # noqa: E402
-import reference as ref  # noqa: E402
-# Helpers only (no test_* names, no fixtures): the guarded buffers, the float32 error bound of a
-# dot product, the output tolerance and the element-wise comparisons of the other GEMM tests.
-from gpu_support import (  # noqa: E402
-    compute_capability,
-    GPU_MARKS, SANITIZE, GuardedBuffer, assert_bitwise_equal, assert_forced_variant_unsupported,
-    assert_graph_replays, assert_override_read_on_every_call, ptr_or_null, shape_id, synchronize,
-)
-from test_gemm_gpu import (  # noqa: E402
-    POISON, U32, assert_relu_output, assert_within, output_tolerance,
+import cuda_wrapper as ck
+import reference as ref
+from gpu_support import (
+    CK_ACTIVATION, CK_DTYPE, CK_INT4_MODE, GROUP_IDS, POISON, U32, GuardedBuffer, KernelCall,
+    assert_bitwise_equal, assert_forced_variant_unsupported, assert_graph_replays,
+    assert_override_read_on_every_call, assert_relu_output, assert_within, compute_capability,
+    dot_float32_error, dtype_arg, force_variant, output_tolerance, ptr_or_null, random_normal,
+    shape_id, small_enough, synchronize,
 )
 
-
-pytestmark = GPU_MARKS
-
-SANITIZE_MAX_MACS = 2**26  # under compute-sanitizer: larger products are left out
+pytestmark = pytest.mark.gpu
 
 KERNEL_ENV = "CK_GEMM_W4A16_KERNEL"
 # Each variant is (entry point, CK_GEMM_W4A16_KERNEL): "plain" is ck_gemm_w4a16 on the
@@ -54,16 +41,12 @@ KERNEL_ENV = "CK_GEMM_W4A16_KERNEL"
 VARIANTS = (("plain", "reference"), ("plain", "small_m"), ("plain", "auto"),
             ("packed", "reference"), ("packed", "small_m"), ("packed", "tc"), ("packed", "auto"))
 FORCED = {v for v in VARIANTS if v[1] != "auto"}
+SMALL_M_MAX = 16  # the small_m kernel serves m <= 16 (compute capability 8.0+)
 
 
 def variant_id(variant):
     return f"{variant[0]}-{variant[1]}"
-SMALL_M_MAX = 16  # the small_m kernel serves m <= 16 (compute capability 8.0+)
 
-CK_DTYPE = {"fp16": ck.DType.FP16, "bf16": ck.DType.BF16}
-CK_MODE = {"sym": ck.INT4_SYMMETRIC, "asym": ck.INT4_ASYMMETRIC}
-CK_ACTIVATION = {"none": ck.ACTIVATION_NONE, "relu": ck.ACTIVATION_RELU}
-GROUP_IDS = {32: "g32", 64: "g64", 128: "g128", ref.GROUP_ROW: "grow"}
 
 # ---------------------------------------------------------------------------------------------
 # Tolerance
@@ -78,7 +61,6 @@ GROUP_IDS = {32: "g32", 64: "g64", 128: "g128", ref.GROUP_ROW: "grow"}
 # losing a product would be orders of magnitude larger. The rounding to fp16/bf16 then adds half
 # an ulp of the output dtype (output_tolerance).
 TENSOR_CORE_ROUNDOFF = 2 * U32
-SECOND_ORDER_SLACK = 1.001
 # A sanity bound on the norm-wise error ||got - ref|| / ||ref||: the element-wise tolerance is the
 # check; the relative error is reported and must stay within a few ulps of the output dtype
 # (its rounding alone gives ~2^-p / sqrt(3) for p significand bits).
@@ -91,37 +73,38 @@ MIN_ELEMENTS_FOR_NORM = 64
 
 def w4a16_float32_error(x_f64, w_f64, pre_activation):
     """The bound on |v32 - v| of ck_gemm_w4a16's float32 value (see the comment above)."""
-    k = x_f64.shape[1]
-    u = TENSOR_CORE_ROUNDOFF
-    gamma = (k + 1) * u / (1 - (k + 1) * u)
-    abs_dot = np.abs(x_f64) @ np.abs(w_f64).T
-    return (gamma * abs_dot + U32 * np.abs(pre_activation)) * SECOND_ORDER_SLACK
+    return dot_float32_error(x_f64, w_f64, pre_activation, TENSOR_CORE_ROUNDOFF)
+
+
+def assert_meets_reference(got, value, error32, dtype, ctx):
+    """got (float64 values of a W4A16 output) within the element-wise tolerance of the exact
+    value, and within MAX_REL_ULPS in norm; prints ||err|| / ||ref|| and the largest |err|."""
+    err = np.abs(got - value)
+    norm = np.linalg.norm(value)
+    rel = np.linalg.norm(got - value) / norm if norm > 0 else 0.0
+    print(f"{ctx}: ||err||/||ref|| = {rel:.3g}, max |err| = {err.max():.3g}")
+    assert_within(got, value, output_tolerance(value, error32, dtype), f"out ({dtype}), {ctx}")
+    if value.size >= MIN_ELEMENTS_FOR_NORM:
+        assert rel <= MAX_REL_ULPS * 2.0**-SIGNIFICAND_BITS[dtype], \
+            f"{ctx}: ||err||/||ref|| = {rel:.3g}"
 
 
 # ---------------------------------------------------------------------------------------------
 # Fixtures and helpers
 # ---------------------------------------------------------------------------------------------
 def use_variant(monkeypatch, variant, m):
-    """Forces the kernel through CK_GEMM_W4A16_KERNEL (read on every call); skips small_m and
-    tc where the GPU has no such kernel. The M rule is the parametrization's business: asserted.
-    variant: a kernel name or an (entry point, kernel) pair; returns whether it is prepacked."""
+    """Forces the kernel through CK_GEMM_W4A16_KERNEL; skips small_m and tc where the GPU has no
+    such kernel. The M rule is the parametrization's business: asserted. variant: a kernel name
+    or an (entry point, kernel) pair; returns whether it is prepacked."""
     entry, kernel = variant if isinstance(variant, tuple) else ("plain", variant)
-    if kernel in ("small_m", "tc"):
-        assert kernel != "small_m" or m <= SMALL_M_MAX, "small_m serves m <= 16"
-        if compute_capability() < (8, 0):
-            pytest.skip(f"{kernel} needs compute capability 8.0+ (this GPU: "
-                        f"{compute_capability()})")
-    monkeypatch.setenv(KERNEL_ENV, kernel)
+    assert kernel != "small_m" or m <= SMALL_M_MAX, "small_m serves m <= 16"
+    force_variant(monkeypatch, KERNEL_ENV, kernel)
     return entry == "packed"
-
-
-def small_enough(m, n, k):
-    return not SANITIZE or m * n * k <= SANITIZE_MAX_MACS
 
 
 def random_activations(rng, m, k, dtype):
     """x ~ N(0, 1) in dtype."""
-    return ref.to_dtype(rng.standard_normal((m, k), dtype=np.float32), dtype)
+    return random_normal(rng, (m, k), dtype)
 
 
 def random_weight(rng, n, k, dtype, mode, group_size, source):
@@ -145,11 +128,7 @@ def random_weight(rng, n, k, dtype, mode, group_size, source):
     return packed, scales, zeros
 
 
-def random_bias(rng, n, dtype):
-    return ref.to_dtype(rng.standard_normal(n, dtype=np.float32), dtype)
-
-
-class W4A16Call:
+class W4A16Call(KernelCall):
     """One ck_gemm_w4a16 call: its guarded device buffers, its launch and its check.
     refill() writes fresh random inputs into the same buffers (as a graph replay needs)."""
 
@@ -174,6 +153,7 @@ class W4A16Call:
         self.zeros = None if zeros is None else GuardedBuffer.input(zeros, 1)  # any address
         self.bias = None if bias is None else GuardedBuffer.input(bias, misalign[3])
         self.out = GuardedBuffer.output((m, n), ref.NUMPY_DTYPE[dtype], POISON, misalign[4])
+        self.outputs = {"out": self.out}
         if prepacked:
             nbytes, nvalues = ref.w4a16_prepacked_sizes(n, k, group_size)
             self.w_pre = GuardedBuffer.output((nbytes,), np.uint8, POISON)
@@ -186,7 +166,7 @@ class W4A16Call:
         """ck_w4a16_prepack of the interchange buffers into the prepacked ones."""
         m, n, k = self.mnk
         ck.raw.w4a16_prepack(self.w.ptr, self.scales.ptr, ptr_or_null(self.zeros),
-                             CK_DTYPE[self.dtype], n, k, self.group_size, CK_MODE[self.mode],
+                             CK_DTYPE[self.dtype], n, k, self.group_size, CK_INT4_MODE[self.mode],
                              self.w_pre.ptr, self.scales_pre.ptr, ptr_or_null(self.zeros_pre),
                              stream)
 
@@ -195,27 +175,21 @@ class W4A16Call:
         if self.prepacked:
             ck.raw.gemm_w4a16_prepacked(
                 self.x.ptr, CK_DTYPE[self.dtype], self.w_pre.ptr, self.scales_pre.ptr,
-                ptr_or_null(self.zeros_pre), self.group_size, CK_MODE[self.mode],
+                ptr_or_null(self.zeros_pre), self.group_size, CK_INT4_MODE[self.mode],
                 ptr_or_null(self.bias), CK_ACTIVATION[self.activation], m, n, k, self.out.ptr,
                 stream)
             return
         ck.raw.gemm_w4a16(self.x.ptr, CK_DTYPE[self.dtype], self.w.ptr, self.scales.ptr,
-                          ptr_or_null(self.zeros), self.group_size, CK_MODE[self.mode],
+                          ptr_or_null(self.zeros), self.group_size, CK_INT4_MODE[self.mode],
                           ptr_or_null(self.bias), CK_ACTIVATION[self.activation], m, n, k,
                           self.out.ptr, stream)
-
-    def poison_outputs(self):
-        self.out.poison()
-
-    def assert_outputs_untouched(self, ctx):
-        assert self.out.untouched(), f"{ctx}: the output was written"
 
     def refill(self, rng, source="codes"):
         m, n, k = self.mnk
         x = random_activations(rng, m, k, self.dtype)
         w_packed, scales, zeros = random_weight(rng, n, k, self.dtype, self.mode,
                                                 self.group_size, source)
-        bias = None if self.bias is None else random_bias(rng, n, self.dtype)
+        bias = None if self.bias is None else random_normal(rng, n, self.dtype)
         for buffer, host in zip((self.x, self.w, self.scales, self.zeros, self.bias),
                                 (x, w_packed, scales, zeros, bias)):
             if buffer is not None:
@@ -238,15 +212,7 @@ class W4A16Call:
                                       ref.to_f32(w_deq, self.dtype).astype(np.float64), pre)
         out = self.out.read(f"out, {ctx}")
         got = ref.to_f32(out, self.dtype).astype(np.float64)
-        err = np.abs(got - value)
-        norm = np.linalg.norm(value)
-        rel = np.linalg.norm(got - value) / norm if norm > 0 else 0.0
-        print(f"{ctx}: ||err||/||ref|| = {rel:.3g}, max |err| = {err.max():.3g}")
-        assert_within(got, value, output_tolerance(value, error32, self.dtype),
-                      f"out ({self.dtype}), {ctx}")
-        if value.size >= MIN_ELEMENTS_FOR_NORM:
-            assert rel <= MAX_REL_ULPS * 2.0**-SIGNIFICAND_BITS[self.dtype], \
-                f"{ctx}: ||err||/||ref|| = {rel:.3g}"
+        assert_meets_reference(got, value, error32, self.dtype, ctx)
         if self.activation == "relu":
             assert_relu_output(got, pre, error32, f"out, {ctx}")
         return got, value, out
@@ -257,7 +223,7 @@ def make_call(rng, shape, dtype, mode, group_size, source="quantized", bias=True
     m, n, k = shape
     x = random_activations(rng, m, k, dtype)
     weight = random_weight(rng, n, k, dtype, mode, group_size, source)
-    bias_values = random_bias(rng, n, dtype) if bias else None
+    bias_values = random_normal(rng, n, dtype) if bias else None
     return W4A16Call(x, weight, group_size, bias_values, activation, dtype, misalign, prepacked)
 
 
@@ -541,9 +507,8 @@ def test_wrapper_gemm_w4a16(dtype, mode, seed):
     raw_call.launch()
     _, _, want = raw_call.check(f"raw, seed={seed}")
     x, w_packed, scales, zeros, bias = raw_call.inputs
-    dtype_arg = "bf16" if dtype == "bf16" else None
     got = ck.gemm_w4a16(x, w_packed, scales, zeros, group_size=64, bias=bias,
-                        activation="relu", dtype=dtype_arg)
+                        activation="relu", dtype=dtype_arg(dtype))
     assert isinstance(got, np.ndarray)
     assert_bitwise_equal(got, want, f"numpy, seed={seed}")
     ck_dtype = CK_DTYPE[dtype]
@@ -559,7 +524,7 @@ def test_wrapper_gemm_w4a16(dtype, mode, seed):
                          out=out) is out
     assert_bitwise_equal(out.to_numpy(), want, f"device out=, seed={seed}")
     row = ck.gemm_w4a16(x[2], w_packed, scales, zeros, group_size=64, bias=bias,
-                        activation="relu", dtype=dtype_arg)   # a 1-D x is one row: [N] out
+                        activation="relu", dtype=dtype_arg(dtype))   # a 1-D x is one row: [N] out
     assert row.shape == (n,)
     assert_bitwise_equal(row, want[2], f"1-D x, seed={seed}")
 
@@ -597,15 +562,14 @@ def test_wrapper_prepack_and_gemm_w4a16_prepacked(dtype, mode, seed):
     raw_call.launch()
     _, _, want = raw_call.check(f"raw, seed={seed}")
     x, w_packed, scales, zeros, bias = raw_call.inputs
-    dtype_arg = "bf16" if dtype == "bf16" else None
     w_pre, s_pre, z_pre = ck.w4a16_prepack(w_packed, scales, zeros, group_size=64,
-                                           dtype=dtype_arg)
+                                           dtype=dtype_arg(dtype))
     ref_w, ref_s, ref_z = ref.w4a16_prepack(w_packed, scales, zeros, n, k, 64)
     assert_bitwise_equal(w_pre, ref_w, f"w_prepacked, seed={seed}")
     assert_bitwise_equal(s_pre, ref_s, f"scales_prepacked, seed={seed}")
     assert (z_pre is None) == (ref_z is None)
     got = ck.gemm_w4a16_prepacked(x, w_pre, s_pre, z_pre, n=n, group_size=64, bias=bias,
-                                  activation="relu", dtype=dtype_arg)
+                                  activation="relu", dtype=dtype_arg(dtype))
     assert_bitwise_equal(got, want, f"numpy, seed={seed}")
     ck_dtype = CK_DTYPE[dtype]
     xd, bd = (ck.DeviceArray.from_numpy(v, ck_dtype=ck_dtype) for v in (x, bias))
@@ -628,10 +592,9 @@ def test_quantized_linear_from_float(dtype, m, seed):
     rng = np.random.default_rng(seed)
     n, k = 96, 512
     w = ref.random_input(rng, (n, k), dtype, scale=1.0 / math.sqrt(k))
-    bias = random_bias(rng, n, dtype)
-    dtype_arg = "bf16" if dtype == "bf16" else None
+    bias = random_normal(rng, n, dtype)
     layer = ck.QuantizedLinear.from_float(w, bias=bias, group_size=128, symmetric=False,
-                                          dtype=dtype_arg, activation="relu")
+                                          dtype=dtype_arg(dtype), activation="relu")
     assert (layer.in_features, layer.out_features) == (k, n)
     x = random_activations(rng, m, k, dtype)
     got = layer(x)

@@ -233,6 +233,7 @@ ck::GemmW4A16Args gemm_w4a16_operands(const void* x, ck_dtype_t dtype, const uin
     args.m = m;
     args.out = out;
     args.prepacked = prepacked;
+    args.derive();
     return args;
 }
 

@@ -120,10 +120,13 @@ __device__ __forceinline__ void ldmatrix_b_fragments(uint32_t (&bf)[kNI][2], uin
 // compute(stage) consumes one. kStages - 1 tiles are in flight while one is consumed; every
 // iteration commits one group (possibly empty) so that wait_group counts tiles. One
 // __syncthreads per tile: it makes tile kt visible to every thread and frees the stage that
-// tile kt - 1 used, which the load of tile kt + kStages - 1 then refills.
+// tile kt - 1 used, which the load of tile kt + kStages - 1 then refills. A power-of-two ring
+// indexes its stages by tile % kStages (a mask); any other keeps two wrapping stage counters
+// (the INT8/INT4 kernels' 4-stage ring measured slower with the counters).
 template <int kStages, typename Count, class Load, class Compute>
 __device__ __forceinline__ void cp_async_pipeline(Count tiles, Load&& load, Compute&& compute) {
     static_assert(kStages >= 2, "a pipeline needs two stages");
+    constexpr bool kMask = (kStages & (kStages - 1)) == 0;
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
         if (s < tiles) load(s, Count(s));
@@ -132,12 +135,15 @@ __device__ __forceinline__ void cp_async_pipeline(Count tiles, Load&& load, Comp
     int read_stage = 0, write_stage = kStages - 1;
     for (Count kt = 0; kt < tiles; ++kt) {
         cp_async_wait<kStages - 2>();  // tile kt has landed (for this thread) ...
-        __syncthreads();               // ... for every thread; write_stage was read at kt - 1
-        if (kt + kStages - 1 < tiles) load(write_stage, kt + kStages - 1);
+        __syncthreads();               // ... for every thread; the stage of tile kt - 1 is free
+        const Count next = kt + kStages - 1;
+        if (next < tiles) load(kMask ? int(next % kStages) : write_stage, next);
         cp_async_commit();
-        compute(read_stage);
-        read_stage = read_stage == kStages - 1 ? 0 : read_stage + 1;
-        write_stage = write_stage == kStages - 1 ? 0 : write_stage + 1;
+        compute(kMask ? int(kt % kStages) : read_stage);
+        if constexpr (!kMask) {
+            read_stage = read_stage == kStages - 1 ? 0 : read_stage + 1;
+            write_stage = write_stage == kStages - 1 ? 0 : write_stage + 1;
+        }
     }
     cp_async_wait<0>();  // only empty groups remain; leave nothing in flight at exit
 }

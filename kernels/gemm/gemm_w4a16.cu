@@ -185,13 +185,15 @@ template <typename T, int kTiles, int kUnroll, int kWarps, bool kHi, bool kAsym>
 __global__ void __launch_bounds__(kWarps * 32)
 gemm_w4a16_small_m_kernel(const GemmW4A16Args args) {
     if constexpr (!kHasSm80) __trap();  // never launched below sm_80 (see kHasSm80)
-    constexpr int kHalves = kHi ? 2 : 1;  // m16 fragment halves that hold real rows
-    __shared__ WarpPartials<kWarps, kTiles, kHalves, float> partial;
+    // Rows 8 .. 15 of the partials are kept even when only rows 0 .. 7 exist (!kHi): the
+    // accumulators of both halves stay live and ptxas allocates as it did when this kernel had
+    // its own sum (4 tiles x 2 chunks: 230 registers; keeping rows 0 .. 7 only gave 200, and
+    // that build ran slower at M = 1 on 8192 x 28672).
+    __shared__ WarpPartials<kWarps, kTiles, 2, float> partial;
 
     const T* __restrict__ x = args.x_as<T>();
     const uint16_t* __restrict__ scales = static_cast<const uint16_t*>(args.scales);
     const int64_t m = args.m, n = args.n, k = args.k;
-    const int group_shift = args.group_shift();
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int g = lane / 4, tq = lane % 4;
     const int64_t n0 = int64_t(blockIdx.x) * 8 * kTiles;
@@ -230,7 +232,7 @@ gemm_w4a16_small_m_kernel(const GemmW4A16Args args) {
             const int64_t kk = (c0 + u) * kChunkK;     // + 32 tq is in the row pointers
             const int64_t kl = kk + tq * kLaneK;       // this lane's first k
             const bool kok = kl < k;                   // the K tail (and chunks past it)
-            const int64_t grp = kl >> group_shift;
+            const int64_t grp = kl >> args.group_shift;
             Chunk128& c = s.c[u];
 #pragma unroll
             for (int t = 0; t < kTiles; ++t) {

@@ -12,8 +12,8 @@ namespace ck {
 
 // One W4A16 call: out[m, n] = act(x[m, k] . w'[n, k]^T + bias[n]), w' = (q - zero) * scale
 // rounded to dtype (fp16 or bf16), as ck_dequantize_int4 computes it. Every W4A16 kernel takes
-// the call as it is (by value, as its kernel argument); what a kernel derives from it (the group
-// shift, chunk and tile counts, the epilogue) comes from the member functions below, so the
+// the call as it is (by value, as its kernel argument); what the kernels derive from it (the group
+// shift, chunk and tile counts, the epilogue) comes from derive() and epilogue() below, so the
 // group size has one encoding.
 // Interchange layout (ck_gemm_w4a16): w [n, k / 2], scales [n, groups], zeros [n, groups] or
 // nullptr (symmetric, signed codes). Prepacked layout (ck_gemm_w4a16_prepacked,
@@ -33,20 +33,27 @@ struct GemmW4A16Args {
     void* out;                // [m, n] dtype
     bool prepacked;           // w, scales, zeros in the prepacked layout
 
-    // The group of k is k >> group_shift(): 5, 6, 7 for groups of 32, 64, 128, and 62 when a row
-    // is one group (every k < 2^62 maps to group 0).
-    __host__ __device__ int group_shift() const {
-        return groups == 1 ? kRowGroupShift : group_size == 32 ? 5 : group_size == 64 ? 6 : 7;
-    }
+    // Set by derive() from the fields above, once on the host. The kernels read them as kernel
+    // parameters (constant-bank operands); derived in the kernel, every value would hold a
+    // register for the whole kernel, and the streaming kernels measured slower for it.
+    //   group_shift: the group of k is k >> group_shift: 5, 6, 7 for groups of 32, 64, 128, and
+    //     62 when a row is one group (every k < 2^62 maps to group 0);
+    //   chunks: 128-k chunks of a row (the prepacked tile columns); tiles8: n8 output tiles;
+    //   pair_aligned: n even and out 4-byte aligned, so an output pair is one 4-byte store.
+    int group_shift;
+    int64_t chunks, tiles8;
+    bool pair_aligned;
     static constexpr int kRowGroupShift = 62;
-    // 128-k chunks of a row (the prepacked tile columns) and n8 tiles of the output.
-    __host__ __device__ int64_t chunks() const { return prepacked_chunks(k); }
-    __host__ __device__ int64_t tiles8() const { return ceil_div(n, kPackRows); }
+    void derive() {
+        group_shift = groups == 1 ? kRowGroupShift : group_size == 32 ? 5 : group_size == 64 ? 6 : 7;
+        chunks = prepacked_chunks(k);
+        tiles8 = ceil_div(n, kPackRows);
+        pair_aligned = n % 2 == 0 && reinterpret_cast<uintptr_t>(out) % 4 == 0;
+    }
 
     template <typename T> __host__ __device__ const T* x_as() const { return static_cast<const T*>(x); }
     template <typename T> __host__ __device__ FloatEpilogue<T> epilogue() const {
-        return {static_cast<T*>(out), m, n, static_cast<const T*>(bias), activation,
-                n % 2 == 0 && reinterpret_cast<uintptr_t>(out) % 4 == 0};
+        return {static_cast<T*>(out), m, n, static_cast<const T*>(bias), activation, pair_aligned};
     }
 };
 

@@ -135,7 +135,7 @@ template <> struct Words<2> {
 
 template <typename T, int kTiles, int kXRows, bool kAsym>
 __global__ void __launch_bounds__(kMaxWarps * kLanes, 1)
-gemm_w4a16_stream_kernel(const GemmW4A16Args a, const int stages) {
+gemm_w4a16_stream_kernel(const GemmW4A16Args a, const int stages, const int64_t tile_groups) {
     if constexpr (!kHasSm80) __trap();  // never launched below sm_80 (see kHasSm80)
     constexpr bool kHi = kXRows == 16;              // x rows 8 .. 15 exist
     constexpr int kLoRows = stage_lo_rows(kXRows);  // x rows copied for rows 0 .. 7
@@ -163,9 +163,9 @@ gemm_w4a16_stream_kernel(const GemmW4A16Args a, const int stages) {
 
     const T* __restrict__ x = static_cast<const T*>(a.x);
     const uint16_t* __restrict__ scales = static_cast<const uint16_t*>(a.scales);
-    const int64_t m = a.m, k = a.k, chunks = a.chunks();
-    const int64_t tiles = a.tiles8(), tile_groups = ceil_div(tiles, kTiles);
-    const int group_shift = a.group_shift();
+    const int64_t m = a.m, k = a.k, chunks = a.chunks;
+    const int64_t tiles = a.tiles8;  // tile_groups = ceil(tiles / kTiles), from the launcher
+    const int group_shift = a.group_shift;
     const int64_t k_slices = k / kPackSliceK;
     // Chunks of this warp in every tile group (0 when K has fewer chunks than the block warps:
     // the warp then only joins the reductions, with zero partials).
@@ -475,7 +475,7 @@ cudaError_t launch_stream(const GemmW4A16Args& a, const StreamPlan& p, int smem_
     const cudaError_t e = allow_smem<T, kTiles, kXRows, kAsym>(smem_limit);
     if (e != cudaSuccess) return e;
     gemm_w4a16_stream_kernel<T, kTiles, kXRows, kAsym>
-        <<<unsigned(p.grid), p.warps * kLanes, size_t(p.smem), stream>>>(a, p.stages);
+        <<<unsigned(p.grid), p.warps * kLanes, size_t(p.smem), stream>>>(a, p.stages, ceil_div(a.tiles8, kTiles));
     return cudaGetLastError();
 }
 
@@ -500,13 +500,13 @@ cudaError_t gemm_w4a16_prepacked_stream(const GemmW4A16Args& args, cudaStream_t 
     const int sms = std::max(sm_count(), 1);
     const int smem_limit = max_smem_optin();
     // A warp counts its steps in an int.
-    if (args.chunks() > INT32_MAX / (kPackK / kPackSliceK)) return cudaErrorInvalidConfiguration;
+    if (args.chunks > INT32_MAX / (kPackK / kPackSliceK)) return cudaErrorInvalidConfiguration;
 
     const int x_rows = args.m == 1 ? 1 : args.m <= 8 ? 8 : 16;
     const bool asym = args.zeros != nullptr;
     StreamPlan best;
     for (int tiles : kTileChoices) {
-        const StreamPlan p = plan_for(tiles, x_rows, asym, args.m, args.tiles8(), sms, smem_limit);
+        const StreamPlan p = plan_for(tiles, x_rows, asym, args.m, args.tiles8, sms, smem_limit);
         if (p.score > best.score) best = p;  // ties go to the wider tile group (listed first)
     }
     if (best.score < 0) return cudaErrorNotSupported;  // too little shared memory for any shape

@@ -189,21 +189,22 @@ __host__ __device__ constexpr int x_swizzle_key(int r) { return ((r & 1) << 2) |
 // Where lane l = 4g + t's 16-byte vector of a weight tile is stored in shared memory.
 __host__ __device__ constexpr int weight_unit(int l) { return 4 * (l / 4) + ((l % 4) ^ (l / 8)); }
 
-// The group layout of a call as the kernel reads it, from the one encoding (group_shift):
+// The group layout of a call as the kernel reads it, from the one encoding (group_shift; the
+// launcher derives it once, a kernel argument beside the call's):
 // group_step groups per 128-k chunk (4, 2, 1 for groups of 32, 64, 128; 0 when a row is one
 // group), group_units scale units a chunk uses (at least 1), and lane slice t's unit
 // t >> slice_shift.
 struct TcGroups {
     int step, units, slice_shift;
 };
-__host__ __device__ inline TcGroups tc_groups(int group_shift) {
+inline TcGroups tc_groups(int group_shift) {
     if (group_shift > 7) return {0, 1, 2};  // one group per row: every chunk reads group 0
     return {kPackK >> group_shift, kPackK >> group_shift, group_shift - 5};
 }
 
 template <class Tile, typename T, bool kAsym>
 __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
-gemm_w4a16_tc_kernel(const GemmW4A16Args args) {
+gemm_w4a16_tc_kernel(const GemmW4A16Args args, const TcGroups grp) {
     if constexpr (!kHasSm80) __trap();  // never launched below sm_80 (see kHasSm80)
     constexpr int kBM = Tile::kBM, kBN = Tile::kBN, kStages = Tile::kStages;
     constexpr int kFX = Tile::kFX, kFW = Tile::kFW, kWarpsK = Tile::kWarpsK;
@@ -214,10 +215,9 @@ gemm_w4a16_tc_kernel(const GemmW4A16Args args) {
     extern __shared__ __align__(128) uint8_t smem[];
 
     const int64_t m = args.m, n = args.n, k = args.k;
-    const int chunks = int(args.chunks());  // the launcher checks it fits
-    const int64_t tiles8 = args.tiles8();
+    const int chunks = int(args.chunks);  // the launcher checks it fits
+    const int64_t tiles8 = args.tiles8;
     const int groups = int(args.groups);
-    const TcGroups grp = tc_groups(args.group_shift());
 
     // Grouped rasterization: consecutive blocks sweep kGroupM tile rows of one tile column, so
     // that the weight tiles (and x rows) they share are still in L2.
@@ -427,7 +427,7 @@ cudaError_t launch_tc(const GemmW4A16Args& a, cudaStream_t stream) {
     static std::atomic<uint64_t> opted_in{0};
     const cudaError_t e = allow_dynamic_smem_once(kernel, kSmem, opted_in);
     if (e != cudaSuccess) return e;
-    kernel<<<unsigned(blocks), Tile::kThreads, kSmem, stream>>>(a);
+    kernel<<<unsigned(blocks), Tile::kThreads, kSmem, stream>>>(a, tc_groups(a.group_shift));
     return cudaGetLastError();
 }
 
@@ -469,7 +469,7 @@ cudaError_t gemm_w4a16_prepacked_tc(const GemmW4A16Args& args, cudaStream_t stre
     if (args.m < 1 || !args.prepacked || compute_capability() < 80) return cudaErrorNotSupported;
     // Chunk and group indices are 32-bit in the kernel: K < 2^38.
     if (prepacked_chunks(args.k) > INT32_MAX / kGroupUnits) return cudaErrorInvalidValue;
-    const int chunks = int(args.chunks());
+    const int chunks = int(args.chunks);
 
     const int64_t sms = std::max(sm_count(), 1);
     const int smem_limit = max_smem_optin();

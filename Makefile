@@ -5,10 +5,12 @@
 #   make bench           benchmark every kernel against the copy roofline -> benchmarks/results/
 #   make demo            quantize a weight matrix on the GPU and report the error of each format
 #   make sanitize        GPU tests under compute-sanitizer memcheck, racecheck and initcheck
+#   make fuzz            the long robustness runs: the ABI fuzzer, the GPU shape sweep, memcheck
 #   make install PREFIX=/usr/local   header, library and pkg-config file
 #   make clean
 #
-# Variables: ARCHS (SM versions, default "75 80 86 89 90"), CUDA_HOME, PYTHON, PREFIX.
+# Variables: ARCHS (SM versions, default "75 80 86 89 90"), CUDA_HOME, PYTHON, PREFIX,
+# FUZZ_EXAMPLES and FUZZ_SHAPES (make fuzz).
 
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc))
 NVCC      ?= $(CUDA_HOME)/bin/nvcc
@@ -39,11 +41,11 @@ KERNEL_SRCS := $(wildcard kernels/*/*.cu)
 OBJS        := $(BUILD)/cuda_kernels.o $(patsubst kernels/%.cu,$(BUILD)/kernels/%.o,$(KERNEL_SRCS))
 HEADERS     := cuda_kernels.h $(wildcard kernels/*/*.cuh)
 
-# Use python3 when it already has NumPy and pytest (the GPU machine has no network); otherwise
-# a private virtual environment built from requirements.txt.
-PYTHON ?= $(shell python3 -c 'import numpy, pytest' >/dev/null 2>&1 && echo python3 || echo .venv/bin/python)
+# Use python3 when it already has NumPy, pytest and Hypothesis (the GPU machine has no network);
+# otherwise a private virtual environment built from requirements.txt.
+PYTHON ?= $(shell python3 -c 'import numpy, pytest, hypothesis' >/dev/null 2>&1 && echo python3 || echo .venv/bin/python)
 
-.PHONY: all test bench demo sanitize install clean FORCE
+.PHONY: all test bench demo sanitize fuzz install clean FORCE
 all: $(LIB)
 
 $(BUILD)/cuda_kernels.o: cuda_kernels.cu $(HEADERS) | $(BUILD)/kernels
@@ -102,6 +104,29 @@ sanitize: $(LIB) $(PYDEPS)
 	  CK_SANITIZE=1 $(SANITIZER) --tool $$tool --error-exitcode 1 --target-processes all \
 	    $(PYTHON) -m pytest tests -q -m "$$markers" -x -p no:cacheprovider || exit 1; \
 	done
+
+# The long robustness runs (make test runs the same tests with small budgets): the ABI fuzzer
+# with Hypothesis' "long" profile, FUZZ_EXAMPLES calls per export, where no device is visible
+# (its valid calls would launch on fake addresses); the GPU shape sweep, FUZZ_SHAPES cases per
+# kernel family plus the tensors past 2^31 elements; the same sweep under compute-sanitizer
+# memcheck (with CK_SANITIZE=1's smaller shapes), where there is a GPU and a sanitizer.
+FUZZ_EXAMPLES ?= 5000
+FUZZ_SHAPES   ?= 500
+fuzz: $(LIB) $(PYDEPS)
+	CUDA_VISIBLE_DEVICES= CK_FUZZ_PROFILE=long CK_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) \
+	  $(PYTHON) -m pytest tests/test_fuzz_abi.py -q -rs -p no:cacheprovider
+	CK_FUZZ_SHAPES=$(FUZZ_SHAPES) CK_FUZZ_LARGE=1 \
+	  $(PYTHON) -m pytest tests/test_fuzz_gpu.py -q -rs -m "gpu and not cuda_api_error" -p no:cacheprovider
+	@if ! $(PYTHON) -c 'import sys, cuda_wrapper as ck; sys.exit(ck.device_count() == 0)' 2>/dev/null; then \
+	  echo "== no CUDA device: the memcheck run is skipped"; \
+	elif [ ! -x $(SANITIZER) ]; then \
+	  echo "== $(SANITIZER) not found: cannot run the memcheck run"; exit 1; \
+	else \
+	  echo "== compute-sanitizer --tool memcheck (tests/test_fuzz_gpu.py, $(FUZZ_SHAPES) shapes)"; \
+	  CK_SANITIZE=1 CK_FUZZ_SHAPES=$(FUZZ_SHAPES) $(SANITIZER) --tool memcheck --error-exitcode 1 \
+	    --target-processes all $(PYTHON) -m pytest tests/test_fuzz_gpu.py -q \
+	    -m "gpu and not cuda_api_error" -x -p no:cacheprovider; \
+	fi
 
 # Regenerated on every install, so that it always carries this PREFIX.
 cuda_kernels.pc: cuda_kernels.pc.in cuda_kernels.h FORCE

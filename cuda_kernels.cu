@@ -11,6 +11,7 @@
 #include "kernels/gemm/gemm_int8.cuh"
 #include "kernels/gemm/gemm_w4a16.cuh"
 #include "kernels/gemm/linear.cuh"
+#include "kernels/moe/moe.cuh"
 #include "kernels/quantize/int4_import.cuh"
 #include "kernels/quantize/quantize.cuh"
 
@@ -297,6 +298,129 @@ ck_status_t check_import(const Check& check, const ck::Int4ImportArgs& args, int
                                   {args.scales_out, args.dtype, "scales_out"}});
 }
 
+// ---------------------------------------------------------------------------------------------
+// Mixture of experts: the checks of the layer's parameters and the expert weights' geometry.
+// ---------------------------------------------------------------------------------------------
+ck_status_t check_moe_route_shape(const Check& check, int64_t tokens, int64_t experts,
+                                  int64_t top_k) {
+    if (tokens < 1)
+        return check.fail(CK_STATUS_INVALID_VALUE, "tokens=%lld must be >= 1", (long long)tokens);
+    if (experts < 1 || experts > ck::kMoeMaxExperts)
+        return check.fail(CK_STATUS_INVALID_VALUE, "experts=%lld must be in [1, %lld]",
+                          (long long)experts, (long long)ck::kMoeMaxExperts);
+    if (top_k < 1 || top_k > std::min(experts, ck::kMoeMaxTopK))
+        return check.fail(CK_STATUS_INVALID_VALUE, "top_k=%lld must be in [1, min(experts=%lld, %lld)]",
+                          (long long)top_k, (long long)experts, (long long)ck::kMoeMaxTopK);
+    if (tokens > (int64_t(1) << 40) / top_k)
+        return check.fail(CK_STATUS_INVALID_VALUE, "tokens=%lld x top_k=%lld overflow the pair count",
+                          (long long)tokens, (long long)top_k);
+    return CK_STATUS_SUCCESS;
+}
+
+// Everything ck_moe_workspace_size checks: the struct, the enums and the sizes (not pointers).
+ck_status_t check_moe_sizes(const Check& check, const ck_moe_params_t* p) {
+    CK_TRY(check.not_null(p, "params"));
+    if (p->struct_size != sizeof(ck_moe_params_t))
+        return check.fail(CK_STATUS_INVALID_VALUE,
+                          "params->struct_size=%zu is not a known size of ck_moe_params_t (this "
+                          "library: %zu)", p->struct_size, sizeof(ck_moe_params_t));
+    CK_TRY(check.half_dtype(p->dtype, "params->dtype"));
+    CK_TRY(check.enum_value(p->mode, 2, "params->mode", "ck_int4_mode_t"));
+    CK_TRY(check.enum_value(p->activation, 1, "params->activation", "ck_moe_activation_t"));
+    CK_TRY(check_moe_route_shape(check, p->tokens, p->experts, p->top_k));
+    auto feature_size = [&](int64_t v, const char* name) {
+        if (v < 1 || v > (int64_t(1) << 24))
+            return check.fail(CK_STATUS_INVALID_VALUE, "%s=%lld must be in [1, 2^24]", name,
+                              (long long)v);
+        return check.multiple_of(v, 32, name, "a lane dequantizes 32 weights of a row");
+    };
+    CK_TRY(feature_size(p->hidden, "params->hidden"));
+    CK_TRY(feature_size(p->intermediate, "params->intermediate"));
+    int64_t pair_bytes;  // the largest workspace region: pairs x max(hidden, 2 intermediate) x 4
+    if (__builtin_mul_overflow(p->tokens * p->top_k, 8 * std::max(p->hidden, 2 * p->intermediate),
+                               &pair_bytes))
+        return check.fail(CK_STATUS_INVALID_VALUE,
+                          "tokens=%lld x top_k=%lld rows of hidden=%lld / intermediate=%lld values "
+                          "overflow a 64-bit byte count", (long long)p->tokens, (long long)p->top_k,
+                          (long long)p->hidden, (long long)p->intermediate);
+    CK_TRY(check.group_size(p->group_size));
+    const ck::MoePlan plan = ck::moe_plan(p->tokens, p->hidden, p->intermediate, p->experts,
+                                          p->top_k, p->dtype);
+    const int64_t blocks = plan.max_blocks(ck::kMoeBlockRows);  // the most row blocks a path uses
+    if (blocks > 65535)
+        return check.fail(CK_STATUS_UNSUPPORTED,
+                          "tokens=%lld x top_k=%lld with %lld experts need %lld blocks of %d rows; "
+                          "at most 65535 are supported", (long long)p->tokens, (long long)p->top_k,
+                          (long long)p->experts, (long long)blocks, ck::kMoeBlockRows);
+    if (ck_moe_prepacked_bytes(p->experts, 2 * p->intermediate, p->hidden) == 0 ||
+        ck_moe_prepacked_bytes(p->experts, p->hidden, p->intermediate) == 0)
+        return check.fail(CK_STATUS_INVALID_VALUE, "the expert weights' byte counts overflow");
+    return CK_STATUS_SUCCESS;
+}
+
+// Whether [a, a + a_bytes) and [b, b + b_bytes) share a byte.
+bool overlaps(const void* a, int64_t a_bytes, const void* b, int64_t b_bytes) {
+    const uintptr_t x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+    return x < y + uint64_t(b_bytes) && y < x + uint64_t(a_bytes);
+}
+
+ck_status_t check_moe_pointers(const Check& check, const ck_moe_params_t* p) {
+    CK_TRY(check.not_null({{p->x, "params->x"}, {p->out, "params->out"}, {p->w13, "params->w13"},
+                           {p->w13_scales, "params->w13_scales"}, {p->w2, "params->w2"},
+                           {p->w2_scales, "params->w2_scales"}}));
+    CK_TRY(check.zero_points(p->mode, p->w13_zeros, "params->w13_zeros"));
+    CK_TRY(check.zero_points(p->mode, p->w2_zeros, "params->w2_zeros"));
+    if (p->router_logits) {
+        if (p->topk_ids || p->topk_weights)
+            return check.fail(CK_STATUS_INVALID_VALUE,
+                              "params->router_logits and params->topk_ids/topk_weights are both "
+                              "given: pass one way of routing");
+        CK_TRY(check.float_dtype(p->router_dtype, "params->router_dtype"));
+        CK_TRY(check.element_aligned(p->router_logits, p->router_dtype, "params->router_logits"));
+    } else {
+        if (!p->topk_ids || !p->topk_weights)
+            return check.fail(CK_STATUS_INVALID_VALUE,
+                              "params->router_logits is NULL: params->topk_ids and "
+                              "params->topk_weights must both be given");
+        CK_TRY(check.element_aligned({{p->topk_ids, CK_DTYPE_INT32, "params->topk_ids"},
+                                      {p->topk_weights, CK_DTYPE_FP32, "params->topk_weights"}}));
+    }
+    CK_TRY(check.aligned(p->x, 16, "params->x", "16-byte copies of activation rows"));
+    CK_TRY(check.aligned(p->out, 16, "params->out", "the combine's vector stores"));
+    CK_TRY(check.aligned(p->w13, 16, "params->w13", "16-byte weight copies"));
+    CK_TRY(check.aligned(p->w2, 16, "params->w2", "16-byte weight copies"));
+    CK_TRY(check.aligned(p->w13_scales, 16, "params->w13_scales", "the GEMM's 16-byte copies"));
+    CK_TRY(check.aligned(p->w2_scales, 16, "params->w2_scales", "the GEMM's 16-byte copies"));
+    if (p->w13_zeros) CK_TRY(check.aligned(p->w13_zeros, 16, "params->w13_zeros", "the GEMM's 16-byte copies"));
+    if (p->w2_zeros) CK_TRY(check.aligned(p->w2_zeros, 16, "params->w2_zeros", "the GEMM's 16-byte copies"));
+    const int64_t act_bytes = p->tokens * p->hidden * 2;
+    if (overlaps(p->x, act_bytes, p->out, act_bytes))
+        return check.fail(CK_STATUS_INVALID_VALUE, "params->out overlaps params->x");
+    return CK_STATUS_SUCCESS;
+}
+
+// The expert GEMMs: the weight-streaming kernel in blocks of 16 rows while an expert gets
+// few rows (decode), the tensor-core kernel in blocks of 64 or 128 rows beyond.
+constexpr int64_t kMoeStreamRows = 16;
+static_assert(kMoeStreamRows == ck::kMoeBlockRows, "update the variants' needs texts");
+
+std::string moe_facts(const ck::MoeExperts& a) {
+    return ck::formatted("%lld pairs over %lld experts: %lld rows per expert",
+                         (long long)a.plan.pairs, (long long)a.plan.experts,
+                         (long long)a.plan.rows_per_expert());
+}
+
+bool moe_tc_serves(const ck::MoeExperts& a, int cc) {
+    return cc >= kMmaMinArch && a.plan.rows_per_expert() > kMoeStreamRows;
+}
+
+const ck::Variant<ck::MoeExperts> kMoeRows[] = {
+    {"tc", ck::moe_experts_tc, moe_tc_serves,
+     "more than 16 rows per expert and compute capability 8.0 or newer"},
+    {"stream", ck::moe_experts_stream, ck::any_call, "nothing"},
+};
+const auto kMoe = ck::variant_table("CK_MOE_KERNEL", kMoeRows, moe_facts);
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -561,6 +685,139 @@ ck_status_t ck_linear(const void* x, const void* w, const void* bias, ck_dtype_t
     CK_TRY(check.device_count(&devices));
     cudaGetLastError();
     return CK_CUBLAS(check.fn(), ck::linear(x, w, bias, dtype, m, n, k, activation, out, stream));
+}
+
+ck_status_t ck_moe_route(const void* logits, ck_dtype_t logits_dtype, int64_t tokens,
+                         int64_t experts, int64_t top_k, int renormalize, int32_t* topk_ids,
+                         float* topk_weights, ck_stream_t stream) {
+    const Check check("ck_moe_route");
+    CK_TRY(check.not_null({{logits, "logits"}, {topk_ids, "topk_ids"}, {topk_weights, "topk_weights"}}));
+    CK_TRY(check.float_dtype(logits_dtype, "logits_dtype"));
+    CK_TRY(check_moe_route_shape(check, tokens, experts, top_k));
+    CK_TRY(check.matrix(tokens, experts, 4));
+    CK_TRY(check.element_aligned({{logits, logits_dtype, "logits"},
+                                  {topk_ids, CK_DTYPE_INT32, "topk_ids"},
+                                  {topk_weights, CK_DTYPE_FP32, "topk_weights"}}));
+    const ck::MoeRouteArgs args{logits, logits_dtype, tokens, experts, top_k, renormalize != 0,
+                                topk_ids, topk_weights};
+    return check.launch([&] { return ck::moe_route(args, stream); });
+}
+
+int64_t ck_moe_prepacked_bytes(int64_t experts, int64_t n, int64_t k) {
+    const int64_t one = ck_w4a16_prepacked_bytes(n, k);
+    int64_t bytes;
+    if (experts < 1 || one == 0 || __builtin_mul_overflow(experts, one, &bytes)) return 0;
+    return bytes;
+}
+
+int64_t ck_moe_prepacked_groups(int64_t experts, int64_t n, int64_t k, int64_t group_size) {
+    const int64_t one = ck_w4a16_prepacked_groups(n, k, group_size);
+    int64_t values;
+    if (experts < 1 || one == 0 || __builtin_mul_overflow(experts, one, &values)) return 0;
+    return values;
+}
+
+ck_status_t ck_moe_prepack(const uint8_t* w_packed, const void* scales, const uint8_t* zeros,
+                           ck_dtype_t dtype, int64_t experts, int64_t n, int64_t k,
+                           int64_t group_size, ck_int4_mode_t mode, int gate_up,
+                           uint8_t* w_prepacked, void* scales_prepacked, uint8_t* zeros_prepacked,
+                           ck_stream_t stream) {
+    const Check check("ck_moe_prepack");
+    CK_TRY(check.not_null({{w_packed, "w_packed"}, {scales, "scales"}, {w_prepacked, "w_prepacked"},
+                           {scales_prepacked, "scales_prepacked"}}));
+    CK_TRY(check.int4_mode(mode, zeros));
+    CK_TRY(check.zero_points(mode, zeros_prepacked, "zeros_prepacked"));
+    CK_TRY(check.half_dtype(dtype, "dtype"));
+    if (experts < 1 || experts > ck::kMoeMaxExperts)
+        return check.fail(CK_STATUS_INVALID_VALUE, "experts=%lld must be in [1, %lld]",
+                          (long long)experts, (long long)ck::kMoeMaxExperts);
+    if (gate_up != 0 && gate_up != 1)
+        return check.fail(CK_STATUS_INVALID_VALUE, "gate_up=%d must be 0 or 1", gate_up);
+    CK_TRY(check.gemm_shape(experts, n, k, 2));
+    CK_TRY(check.multiple_of(k, 32, "k", "a lane dequantizes 32 weights of a row from 16 bytes"));
+    if (gate_up)
+        CK_TRY(check.multiple_of(n, 16, "n", "gate and up rows interleave in tiles of 8 rows"));
+    CK_TRY(check.group_size(group_size));
+    if (ck_moe_prepacked_bytes(experts, n, k) == 0 ||
+        ck_moe_prepacked_groups(experts, n, k, group_size) == 0)
+        return check.fail(CK_STATUS_INVALID_VALUE, "experts=%lld, n=%lld, k=%lld overflow a 64-bit byte count",
+                          (long long)experts, (long long)n, (long long)k);
+    CK_TRY(check.aligned(w_packed, 16, "w_packed", "16-byte vector loads"));
+    CK_TRY(check.element_aligned(scales, dtype, "scales"));
+    CK_TRY(check.aligned(w_prepacked, 16, "w_prepacked", "16-byte vector stores"));
+    CK_TRY(check.aligned(scales_prepacked, 16, "scales_prepacked", "the GEMM's 16-byte copies"));
+    if (zeros_prepacked)
+        CK_TRY(check.aligned(zeros_prepacked, 16, "zeros_prepacked", "the GEMM's 16-byte copies"));
+    auto args = int4_conversion<ck::W4A16PrepackArgs>(scales, dtype, n, k, group_size, w_prepacked,
+                                                      scales_prepacked, zeros_prepacked);
+    args.w = w_packed;
+    args.zeros = zeros;
+    args.interleave = gate_up ? n / 2 : 0;
+    // One prepack per expert: experts' inputs and outputs are consecutive.
+    const int64_t in_values = n * args.groups, out_bytes = ck_w4a16_prepacked_bytes(n, k);
+    const int64_t out_values = ck_w4a16_prepacked_groups(n, k, group_size);
+    const size_t elem = dtype_size(dtype);
+    return check.launch([&] {
+        for (int64_t e = 0; e < experts; ++e) {
+            ck::W4A16PrepackArgs one = args;
+            one.w = w_packed + e * n * (k / 2);
+            one.scales = static_cast<const uint8_t*>(scales) + e * in_values * elem;
+            one.zeros = zeros ? zeros + e * in_values : nullptr;
+            one.w_out = w_prepacked + e * out_bytes;
+            one.scales_out = static_cast<uint8_t*>(scales_prepacked) + e * out_values * elem;
+            one.zeros_out = zeros_prepacked ? zeros_prepacked + e * out_values : nullptr;
+            const cudaError_t err = ck::w4a16_prepack(one, stream);
+            if (err != cudaSuccess) return err;
+        }
+        return cudaSuccess;
+    });
+}
+
+ck_status_t ck_moe_workspace_size(const ck_moe_params_t* params, size_t* bytes) {
+    const Check check("ck_moe_workspace_size");
+    CK_TRY(check.not_null(bytes, "bytes"));
+    *bytes = 0;
+    CK_TRY(check_moe_sizes(check, params));
+    *bytes = ck::moe_plan(params->tokens, params->hidden, params->intermediate, params->experts,
+                          params->top_k, params->dtype).bytes;
+    return CK_STATUS_SUCCESS;
+}
+
+ck_status_t ck_moe_forward(const ck_moe_params_t* params, void* workspace, size_t workspace_bytes,
+                           ck_stream_t stream) {
+    const Check check("ck_moe_forward");
+    CK_TRY(check_moe_sizes(check, params));
+    const ck_moe_params_t* p = params;
+    CK_TRY(check_moe_pointers(check, p));
+    const ck::MoePlan plan = ck::moe_plan(p->tokens, p->hidden, p->intermediate, p->experts,
+                                          p->top_k, p->dtype);
+    CK_TRY(check.not_null(workspace, "workspace"));
+    if (workspace_bytes < plan.bytes)
+        return check.fail(CK_STATUS_INVALID_VALUE,
+                          "workspace_bytes=%zu is smaller than ck_moe_workspace_size's %zu",
+                          workspace_bytes, plan.bytes);
+    CK_TRY(check.aligned(workspace, 256, "workspace", "its 256-byte aligned regions"));
+    if (overlaps(workspace, int64_t(plan.bytes), p->out, p->tokens * p->hidden * 2) ||
+        overlaps(workspace, int64_t(plan.bytes), p->x, p->tokens * p->hidden * 2))
+        return check.fail(CK_STATUS_INVALID_VALUE, "workspace overlaps params->x or params->out");
+
+    uint8_t* ws = static_cast<uint8_t*>(workspace);
+    const int32_t* ids = p->topk_ids;
+    const float* weights = p->topk_weights;
+    if (p->router_logits) {
+        int32_t* routed_ids = reinterpret_cast<int32_t*>(ws + plan.ids);
+        float* routed_weights = reinterpret_cast<float*>(ws + plan.weights);
+        const ck::MoeRouteArgs route{p->router_logits, p->router_dtype, p->tokens, p->experts,
+                                     p->top_k, p->renormalize != 0, routed_ids, routed_weights};
+        // Choose the experts' variant first: a refused override launches nothing.
+        const ck::Variant<ck::MoeExperts>* unused = nullptr;
+        CK_TRY(ck::select_variant(check, kMoe, ck::MoeExperts{plan}, &unused));
+        CK_TRY(check.launch([&] { return ck::moe_route(route, stream); }));
+        ids = routed_ids, weights = routed_weights;
+    }
+    const ck::MoeExperts experts{plan, p->group_size, p->x, ids, weights, p->w13, p->w13_scales,
+                                 p->w13_zeros, p->w2, p->w2_scales, p->w2_zeros, p->out, ws};
+    return ck::run_variant(check, kMoe, experts, stream);
 }
 
 }  // extern "C"

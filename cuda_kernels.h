@@ -412,6 +412,110 @@ CK_API ck_status_t ck_linear(const void* x, const void* w, const void* bias, ck_
                              int64_t m, int64_t n, int64_t k, ck_activation_t activation, void* out,
                              ck_stream_t stream);
 
+/* ---------------------------------------------------------------------------------------------
+ * Mixture of experts (INT4 experts, fp16/bf16 activations)
+ *
+ * One MoE feed-forward layer (Mixtral / Qwen-MoE / DeepSeek style) over T tokens, E experts, the
+ * top k per token, hidden size H and expert intermediate size I:
+ *   route:    p[t] = softmax(logits[t, :]) in float32; the k experts of largest p (ties: the
+ *             lower expert index first), in descending order, are ids[t, 0 .. k-1]; their
+ *             weights are w[t, j] = p[t, ids[t, j]], divided by sum_j w[t, j] when renormalize.
+ *   experts:  for each pair (t, j), e = ids[t, j]:
+ *               g = x[t] . W1_e^T, u = x[t] . W3_e^T        (float32 sums, [I] each)
+ *               h = round_to_dtype(silu(g) * u)            silu(g) = g / (1 + exp(-g))
+ *               y = h . W2_e^T                              (float32 sum, [H])
+ *   combine:  out[t] = round_to_dtype(sum_{j = 0 .. k-1} w[t, j] * y(t, j)), summed in that order.
+ * The weights W1_e, W3_e [I, H] (gate and up) and W2_e [H, I] (down) are INT4 with groups along
+ * their input dimension, dequantized as ck_dequantize_int4 does (rounded to dtype), then used as
+ * in ck_gemm_w4a16_prepacked. Results do not depend on thread timing: the same call gives the
+ * same bits on every run and every graph replay.
+ *
+ * Expert weights live in one prepacked tensor per projection (ck_moe_prepack): w13 holds the E
+ * experts' [2I, H] gate+up weights (rows 0 .. I-1 the gate W1, rows I .. 2I-1 the up W3, as
+ * vLLM's w13), w2 the E experts' [H, I] down weights.
+ *
+ * Device-side ids: an id outside [0, E) (passed by the caller in topk_ids) is the caller's
+ * error; the pair it names then contributes nothing to out, and nothing is read or written out
+ * of bounds.
+ * ------------------------------------------------------------------------------------------- */
+
+/* The activation between the gate+up and the down projection. */
+typedef enum ck_moe_activation {
+    CK_MOE_SWIGLU = 0  /* silu(gate) * up */
+} ck_moe_activation_t;
+
+/* Routing alone: logits [tokens, experts] (CK_DTYPE_FP32, FP16 or BF16) -> topk_ids
+ * [tokens, top_k] int32 and topk_weights [tokens, top_k] float32, as `route` above.
+ * Requirements: tokens >= 1; 1 <= experts <= 1024; 1 <= top_k <= min(experts, 32); logits
+ * aligned to its element size, topk_ids and topk_weights 4-byte aligned. */
+CK_API ck_status_t ck_moe_route(const void* logits, ck_dtype_t logits_dtype, int64_t tokens,
+                                int64_t experts, int64_t top_k, int renormalize,
+                                int32_t* topk_ids, float* topk_weights, ck_stream_t stream);
+
+/* Bytes of the prepacked weight of `experts` experts of [n, k] each (experts times
+ * ck_w4a16_prepacked_bytes(n, k); expert e's starts at e times that), and values of its scales
+ * (zeros): experts times ck_w4a16_prepacked_groups(n, k, group_size). 0 for invalid sizes. */
+CK_API int64_t ck_moe_prepacked_bytes(int64_t experts, int64_t n, int64_t k);
+CK_API int64_t ck_moe_prepacked_groups(int64_t experts, int64_t n, int64_t k, int64_t group_size);
+
+/* Prepacks the weights of `experts` experts, each [n, k] in the interchange format of
+ * ck_gemm_w4a16 (w_packed [experts, n, k / 2], scales and zeros [experts, n, groups]), into
+ * the layout ck_moe_forward reads. gate_up = 1 for w13 (n = 2I: rows 0 .. I-1 gate, I .. 2I-1
+ * up; the layout interleaves them in blocks of 8 rows so that one block of the kernel holds
+ * both halves of the activation), 0 for w2. Outputs: w_prepacked (ck_moe_prepacked_bytes),
+ * scales_prepacked and, for CK_INT4_ASYMMETRIC, zeros_prepacked (ck_moe_prepacked_groups values
+ * each; NULL for CK_INT4_SYMMETRIC). Requirements: as ck_w4a16_prepack, and n % 16 == 0 when
+ * gate_up. */
+CK_API ck_status_t ck_moe_prepack(const uint8_t* w_packed, const void* scales,
+                                  const uint8_t* zeros, ck_dtype_t dtype, int64_t experts,
+                                  int64_t n, int64_t k, int64_t group_size, ck_int4_mode_t mode,
+                                  int gate_up, uint8_t* w_prepacked, void* scales_prepacked,
+                                  uint8_t* zeros_prepacked, ck_stream_t stream);
+
+/* The whole layer's arguments (see the convention at the top of this header). */
+typedef struct ck_moe_params {
+    size_t struct_size;          /* sizeof(ck_moe_params_t) */
+    int64_t tokens;              /* T >= 1 */
+    int64_t hidden;              /* H: a multiple of 32, at most 2^24 */
+    int64_t intermediate;        /* I: a multiple of 32, at most 2^24 */
+    int64_t experts;             /* E: 1 .. 1024 */
+    int64_t top_k;               /* k: 1 .. min(E, 32) */
+    ck_dtype_t dtype;            /* x, out, the scales: CK_DTYPE_FP16 or CK_DTYPE_BF16 */
+    int64_t group_size;          /* 32, 64, 128 or CK_GROUP_ROW, both projections */
+    ck_int4_mode_t mode;         /* both projections */
+    const void* x;               /* [T, H] dtype, 16-byte aligned */
+    /* Routing: either router_logits (then topk_ids and topk_weights are NULL and the layer
+     * routes, as ck_moe_route) or topk_ids [T, k] int32 and topk_weights [T, k] float32 (then
+     * router_logits is NULL). */
+    const void* router_logits;   /* [T, E] router_dtype */
+    ck_dtype_t router_dtype;     /* CK_DTYPE_FP32 (default), FP16 or BF16 */
+    int32_t renormalize;         /* 1: renormalize the k weights (Mixtral); default 0 */
+    const int32_t* topk_ids;
+    const float* topk_weights;
+    /* Weights from ck_moe_prepack; zeros NULL for CK_INT4_SYMMETRIC. 16-byte aligned. */
+    const uint8_t* w13;          /* gate_up = 1, n = 2I, k = H */
+    const void* w13_scales;
+    const uint8_t* w13_zeros;
+    const uint8_t* w2;           /* gate_up = 0, n = H, k = I */
+    const void* w2_scales;
+    const uint8_t* w2_zeros;
+    ck_moe_activation_t activation;  /* default CK_MOE_SWIGLU */
+    void* out;                   /* [T, H] dtype, 16-byte aligned; must not overlap x */
+} ck_moe_params_t;
+
+/* The workspace bytes ck_moe_forward needs for these parameters (it depends on T, H, I, E, k
+ * and dtype only). Validates *params as ck_moe_forward does, pointers excepted. */
+CK_API ck_status_t ck_moe_workspace_size(const ck_moe_params_t* params, size_t* bytes);
+
+/* The whole layer: route (unless the caller gave ids and weights), group the T * k pairs by
+ * expert, the gate+up GEMM with the activation fused (written once, rounded to dtype), the
+ * down GEMM with the routing weight applied, and the combine. workspace: at least
+ * ck_moe_workspace_size bytes, 256-byte aligned; its contents are scratch. Nothing is
+ * allocated, nothing synchronizes and no host logic depends on the data, so the call can be
+ * captured in a CUDA graph. Requires compute capability 8.0 or newer. */
+CK_API ck_status_t ck_moe_forward(const ck_moe_params_t* params, void* workspace,
+                                  size_t workspace_bytes, ck_stream_t stream);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

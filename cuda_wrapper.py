@@ -9,7 +9,9 @@ Three levels, from convenient to exact:
   times a packed INT4 weight, W4A16) with :func:`w4a16_prepack` / :func:`gemm_w4a16_prepacked`
   (its fast path), :func:`gemm_int4` / :func:`gemm_int4_scaled` (INT4 x INT4), the checkpoint
   importers :func:`import_gptq` / :func:`import_awq` with :func:`permute_columns`, the layer
-  :class:`QuantizedLinear`, and the seed API :func:`quantize_tensor` /
+  :class:`QuantizedLinear`, the Mixture-of-experts layer (:func:`moe_route`,
+  :func:`moe_prepack`, :func:`moe_forward`, :class:`QuantizedMoE`), and the seed API
+  :func:`quantize_tensor` /
   :func:`dequantize_tensor` / :func:`int8_matmul`. NumPy inputs are copied to the GPU and the
   results come back as NumPy arrays. Objects with ``__cuda_array_interface__`` (torch, cupy,
   numba, :class:`DeviceArray`) are used in place, zero-copy; their results are
@@ -70,13 +72,14 @@ import numpy as np
 __all__ = [
     "DType", "Status", "CKError", "CUDAError", "LibraryNotFoundError",
     "PER_TENSOR", "PER_ROW", "STATIC", "DYNAMIC", "INT4_SYMMETRIC", "INT4_ASYMMETRIC",
-    "GROUP_ROW", "LAYOUT_NK", "LAYOUT_KN", "ACTIVATION_NONE", "ACTIVATION_RELU",
+    "GROUP_ROW", "LAYOUT_NK", "LAYOUT_KN", "ACTIVATION_NONE", "ACTIVATION_RELU", "MOE_SWIGLU",
     "version", "device_count", "library_path", "load_library",
     "cuda", "CUDAGraph", "DeviceArray", "raw",
     "quantize_int8", "dequantize_int8", "quantize_int4", "dequantize_int4",
     "gemm_int8", "gemm_int8_scaled", "linear", "gemm_w4a16", "w4a16_prepack",
     "gemm_w4a16_prepacked", "import_gptq", "import_awq", "permute_columns", "gemm_int4",
-    "gemm_int4_scaled", "QuantizedLinear",
+    "gemm_int4_scaled", "QuantizedLinear", "MoeParams", "moe_route", "moe_prepack",
+    "moe_workspace_size", "moe_forward", "QuantizedMoE",
     "quantize_tensor", "dequantize_tensor", "int8_matmul",
 ]
 
@@ -118,6 +121,7 @@ LAYOUT_NK = 0           # ck_layout_t: the weight b is [N, K] (nn.Linear): out =
 LAYOUT_KN = 1           #              the weight b is [K, N]: out = a b
 ACTIVATION_NONE = 0     # ck_activation_t
 ACTIVATION_RELU = 1
+MOE_SWIGLU = 0          # ck_moe_activation_t: silu(gate) * up
 
 # Host-side storage of each library dtype (bf16 as its bit pattern).
 _NUMPY_OF = {
@@ -194,13 +198,61 @@ _VOIDP = ctypes.c_void_p
 _I64 = ctypes.c_int64
 _ENUM = ctypes.c_int
 _PTR = _VOIDP             # a device pointer: an int at the raw level, 0 for NULL
+_FLAG = ctypes.c_int      # a C int that is a boolean (renormalize, gate_up): 0 or 1
 _STREAM = ("stream", _VOIDP)   # the last argument of every entry point; 0 by default
+
+
+class MoeParams(ctypes.Structure):
+    """ck_moe_params_t, field for field in the header's order: the arguments of
+    ck_moe_workspace_size and ck_moe_forward (the raw level passes an instance by reference).
+
+    Device pointers are ints (0 for NULL), enums and flags ints. struct_size defaults to
+    ctypes.sizeof(MoeParams), what this module was written against; every other field to 0,
+    which is the header's default where it has one (fp32 router logits, no renormalization,
+    CK_MOE_SWIGLU). tests/test_abi.py checks the layout against the header's.
+    """
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("tokens", _I64),
+        ("hidden", _I64),
+        ("intermediate", _I64),
+        ("experts", _I64),
+        ("top_k", _I64),
+        ("dtype", _ENUM),
+        ("group_size", _I64),
+        ("mode", _ENUM),
+        ("x", _VOIDP),
+        ("router_logits", _VOIDP),
+        ("router_dtype", _ENUM),
+        ("renormalize", ctypes.c_int32),
+        ("topk_ids", _VOIDP),
+        ("topk_weights", _VOIDP),
+        ("w13", _VOIDP),
+        ("w13_scales", _VOIDP),
+        ("w13_zeros", _VOIDP),
+        ("w2", _VOIDP),
+        ("w2_scales", _VOIDP),
+        ("w2_zeros", _VOIDP),
+        ("activation", _ENUM),
+        ("out", _VOIDP),
+    ]
+
+    def __init__(self, **fields):
+        fields.setdefault("struct_size", ctypes.sizeof(MoeParams))
+        super().__init__(**fields)
+
+    def __repr__(self):
+        return "MoeParams(%s)" % ", ".join(
+            "%s=%s" % (name, hex(getattr(self, name) or 0) if ctype is _VOIDP else
+                       getattr(self, name)) for name, ctype in self._fields_)
 
 # Every export of cuda_kernels.h: name -> (restype, ((argument, ctypes type), ...)). The argument
 # names are the raw level's (raw.<name without ck_>), which are the header's with "_ptr" added
 # to each device pointer; a third field gives the header's name where the raw level says it
 # otherwise (the weight is w_ptr, the converted weight w_out_ptr, whatever their packing).
-# tests/test_abi.py checks this table against the header, declaration by declaration.
+# A parameter struct is declared as a pointer to its ctypes.Structure (an instance is passed by
+# reference, None is NULL). tests/test_abi.py checks this table against the header, declaration
+# by declaration.
 DECLARATIONS = {
     "ck_version": (ctypes.c_int, ()),
     "ck_status_string": (ctypes.c_char_p, (("status", _ENUM),)),
@@ -271,6 +323,24 @@ DECLARATIONS = {
         ("scale_a_ptr", _PTR), ("a_granularity", _ENUM), ("scale_b_ptr", _PTR),
         ("b_granularity", _ENUM), ("bias_ptr", _PTR), ("activation", _ENUM), ("out_ptr", _PTR),
         ("out_dtype", _ENUM), _STREAM)),
+    "ck_moe_route": (_STATUS, (
+        ("logits_ptr", _PTR), ("logits_dtype", _ENUM), ("tokens", _I64), ("experts", _I64),
+        ("top_k", _I64), ("renormalize", _FLAG), ("topk_ids_ptr", _PTR),
+        ("topk_weights_ptr", _PTR), _STREAM)),
+    "ck_moe_prepacked_bytes": (_I64, (("experts", _I64), ("n", _I64), ("k", _I64))),
+    "ck_moe_prepacked_groups": (_I64, (
+        ("experts", _I64), ("n", _I64), ("k", _I64), ("group_size", _I64))),
+    "ck_moe_prepack": (_STATUS, (
+        ("w_ptr", _PTR, "w_packed"), ("scales_ptr", _PTR), ("zeros_ptr", _PTR), ("dtype", _ENUM),
+        ("experts", _I64), ("n", _I64), ("k", _I64), ("group_size", _I64), ("mode", _ENUM),
+        ("gate_up", _FLAG), ("w_out_ptr", _PTR, "w_prepacked"),
+        ("scales_out_ptr", _PTR, "scales_prepacked"), ("zeros_out_ptr", _PTR, "zeros_prepacked"),
+        _STREAM)),
+    "ck_moe_workspace_size": (_STATUS, (
+        ("params", ctypes.POINTER(MoeParams)), ("bytes", ctypes.POINTER(ctypes.c_size_t)))),
+    "ck_moe_forward": (_STATUS, (
+        ("params", ctypes.POINTER(MoeParams)), ("workspace_ptr", _PTR),
+        ("workspace_bytes", ctypes.c_size_t), _STREAM)),
 }
 
 _lib_lock = threading.RLock()
@@ -380,6 +450,14 @@ class _Raw:
         count = ctypes.c_int(0)
         load_library().ck_device_count(ctypes.byref(count))
         return count.value
+
+    @staticmethod
+    def moe_workspace_size(params):
+        """ck_moe_workspace_size(params, &bytes): the workspace bytes ck_moe_forward needs for
+        params (a MoeParams), returned (raises CKError where params are invalid)."""
+        nbytes = ctypes.c_size_t(0)
+        load_library().ck_moe_workspace_size(params, ctypes.byref(nbytes))
+        return nbytes.value
 
     status_string = staticmethod(status_string)
     last_error_message = staticmethod(last_error_message)
@@ -1043,6 +1121,22 @@ class _Call:
         a = self.input(obj, name, dtype, need=need)
         _check_array(a, name, a.dtype if need is None else need, size)
         return a.ptr
+
+    def workspace(self, given, nbytes):
+        """(device address, bytes) of scratch memory for the launch: `given` (a CUDA array of at
+        least nbytes bytes), or a new buffer that lives as long as the temporaries do (until the
+        call's work is done)."""
+        if given is not None:
+            ptr, shape, dtype, readonly, _ = _cai(given, "workspace")
+            have = math.prod(shape) * dtype.itemsize
+            if have < nbytes:
+                raise ValueError("workspace has %d bytes; the call needs %d" % (have, nbytes))
+            if readonly:
+                raise ValueError("workspace is read-only")
+            return ptr, have
+        dev = DeviceArray.empty((max(nbytes, 1),), np.uint8)   # cudaMalloc: 256-byte aligned
+        self._temps.append(dev)
+        return dev.ptr, nbytes
 
     def output(self, shape, np_dtype, ck_dtype, out, name):
         """An output: out= if given (checked), else a new DeviceArray or NumPy array."""
@@ -1709,6 +1803,291 @@ def _to_device(a, dtype):
     if ck_dtype == DType.BF16 and a.dtype != np.uint16:
         raise TypeError("bf16 data is held as uint16 bit patterns, not %s" % a.dtype)
     return DeviceArray.from_numpy(a, ck_dtype=ck_dtype)
+
+
+# ------------------------------------------------------------------------------------------------
+# Mixture of experts
+# ------------------------------------------------------------------------------------------------
+def moe_route(logits, top_k, renormalize=False, dtype=None, out=None, stream=None):
+    """The routing of a Mixture-of-experts layer (ck_moe_route): router logits [T, E] (or [E],
+    one token) in fp32, fp16 or bf16 (uint16 bit patterns with dtype="bf16") -> (ids int32
+    [T, top_k], weights float32 [T, top_k]): the top_k experts of each token's softmax in
+    descending order of probability (ties: the lower expert index first) and their
+    probabilities, divided by their sum when renormalize. out: ids, or (ids, weights). The
+    library's rules apply: E <= 1024, top_k <= min(E, 32).
+    """
+    k = int(top_k)
+    if k < 1:
+        raise ValueError("top_k=%d must be >= 1" % k)
+    with _Call(logits, stream) as call:
+        la = call.input(logits, "logits", dtype, matrix=True, need=_FLOAT_INPUT)
+        tokens, experts = _matrix(la.shape, "logits")
+        shape = (k,) if len(la.shape) == 1 else (tokens, k)
+        ids_out, weights_out = _split_out(out, 2, ("ids", "weights"))
+        ids = call.output(shape, np.int32, DType.INT32, ids_out, "ids")
+        weights = call.output(shape, np.float32, DType.FP32, weights_out, "weights")
+        raw.moe_route(la.ptr, la.ck_dtype, tokens, experts, k, int(bool(renormalize)), ids.ptr,
+                      weights.ptr, call.stream)
+        return call.finish(ids, weights)
+
+
+def moe_prepack(w_packed, scales, zeros=None, group_size=128, gate_up=False, dtype=None,
+                stream=None):
+    """Prepacks the INT4 weights of E experts for :func:`moe_forward` (ck_moe_prepack).
+
+    w_packed uint8 [E, n, k // 2], scales [E, n, groups] fp16 or bf16 (uint16 with
+    dtype="bf16") and zeros uint8 [E, n, groups] (None for a symmetric weight): each expert's
+    [n, k] weight in the interchange format (:func:`quantize_int4` of it). gate_up: True for
+    the gate+up weight w13 ([E, 2I, H]: rows 0 .. I-1 the gate, I .. 2I-1 the up projection),
+    False for the down weight w2 ([E, H, I]). Returns (w_prepacked uint8, scales_prepacked,
+    zeros_prepacked or None), flat arrays sized by ck_moe_prepacked_bytes / _groups.
+    """
+    mode = INT4_SYMMETRIC if zeros is None else INT4_ASYMMETRIC
+    with _Call(w_packed, stream) as call:
+        wa = call.input(w_packed, "w_packed", need=np.uint8)
+        if len(wa.shape) != 3 or 0 in wa.shape:
+            raise ValueError("w_packed must be a non-empty uint8 [E, n, k // 2], not of shape %s"
+                             % (wa.shape,))
+        experts, n, k = wa.shape[0], wa.shape[1], 2 * wa.shape[2]
+        values = experts * n * _groups(k, group_size)
+        sa = call.input(scales, "scales", dtype)
+        if sa.ck_dtype not in (DType.FP16, DType.BF16):
+            raise TypeError("scales have dtype %s: fp16 or bf16 (uint16 with dtype='bf16') "
+                            "expected" % sa.dtype)
+        _check_array(sa, "scales", sa.dtype, values)
+        z_ptr = call.optional_input(zeros, "zeros", values, need=np.uint8)
+        nbytes = raw.moe_prepacked_bytes(experts, n, k)
+        nvalues = raw.moe_prepacked_groups(experts, n, k, group_size)
+        if nbytes <= 0 or nvalues <= 0:
+            raise ValueError("experts=%d, n=%d, k=%d, group_size=%r cannot be prepacked (K a "
+                             "multiple of 32)" % (experts, n, k, group_size))
+        w_out = call.output((nbytes,), np.uint8, DType.UINT8, None, "w_prepacked")
+        s_out = call.output((nvalues,), sa.dtype, sa.ck_dtype, None, "scales_prepacked")
+        z_out = (call.output((nvalues,), np.uint8, DType.UINT8, None, "zeros_prepacked")
+                 if zeros is not None else None)
+        raw.moe_prepack(wa.ptr, sa.ptr, z_ptr, sa.ck_dtype, experts, n, k, group_size, mode,
+                        int(bool(gate_up)), w_out.ptr, s_out.ptr,
+                        z_out.ptr if z_out is not None else 0, call.stream)
+        return call.finish(w_out, s_out, z_out)
+
+
+def moe_workspace_size(tokens, hidden, intermediate, experts, top_k, dtype="fp16",
+                       group_size=128):
+    """The workspace bytes :func:`moe_forward` needs for a layer of these sizes
+    (ck_moe_workspace_size; it depends on T, H, I, E, k and dtype only). A workspace of this
+    size, passed as moe_forward's workspace=, serves every call up to `tokens` tokens."""
+    params = MoeParams(tokens=tokens, hidden=hidden, intermediate=intermediate, experts=experts,
+                       top_k=top_k, dtype=_as_dtype_enum(dtype, "dtype"), group_size=group_size,
+                       mode=INT4_SYMMETRIC)
+    return raw.moe_workspace_size(params)
+
+
+def _moe_weight(call, weight, name, experts, n, k, group_size, ck_dtype):
+    """(w, scales, zeros) device addresses (zeros 0 for None) of a prepacked expert weight,
+    a triple from :func:`moe_prepack`; the sizes are checked where the library calls them
+    valid (otherwise its own validation says what is wrong)."""
+    if not isinstance(weight, (tuple, list)) or len(weight) != 3:
+        raise TypeError("%s must be the (w_prepacked, scales_prepacked, zeros_prepacked) triple "
+                        "of moe_prepack" % name)
+    w, scales, zeros = weight
+    wa = call.input(w, name, need=np.uint8)
+    sa = call.input(scales, name + " scales", ck_dtype)
+    nbytes = raw.moe_prepacked_bytes(experts, n, k)
+    nvalues = raw.moe_prepacked_groups(experts, n, k, group_size)
+    if nbytes > 0 and nvalues > 0:
+        _check_array(wa, name, np.uint8, nbytes)
+        _check_array(sa, name + " scales", sa.dtype, nvalues)
+    z_ptr = 0
+    if zeros is not None:
+        za = call.input(zeros, name + " zeros", need=np.uint8)
+        if nvalues > 0:
+            _check_array(za, name + " zeros", np.uint8, nvalues)
+        z_ptr = za.ptr
+    return wa.ptr, sa.ptr, z_ptr
+
+
+def moe_forward(x, w13, w2, experts, intermediate, group_size=128, router_logits=None,
+                top_k=None, renormalize=False, topk_ids=None, topk_weights=None,
+                router_dtype=None, dtype=None, workspace=None, out=None, stream=None):
+    """One Mixture-of-experts feed-forward layer with INT4 experts (ck_moe_forward): for each
+    token t and each of its k experts e, y = (silu(x W1_e^T) * (x W3_e^T)) W2_e^T, and
+    out[t] = sum_j w[t, j] y(t, j) (cuda_kernels.h gives the roundings).
+
+    x [T, H] (or [H], one token) in fp16 or bf16 (uint16 bit patterns with dtype="bf16").
+    w13, w2: the (w_prepacked, scales_prepacked, zeros_prepacked) triples that
+    :func:`moe_prepack` made of the gate+up weights [E, 2I, H] (gate_up=True) and the down
+    weights [E, H, I], with scales in the dtype of x; experts (E) and intermediate (I) must be
+    given (the prepacked arrays are padded); group_size and the mode (zeros given or None) as
+    they were prepacked.
+    Routing, one of: router_logits [T, E] (fp32, fp16 or bf16; router_dtype="bf16" for uint16
+    bit patterns) with top_k and renormalize, routed on the device as :func:`moe_route` does;
+    or topk_ids int32 [T, k] and topk_weights float32 [T, k] (an id outside [0, E) is a
+    pair that contributes nothing).
+    workspace: None allocates :func:`moe_workspace_size` bytes for the call (kept until its
+    work is done); a CUDA array of at least that many bytes, 256-byte aligned (as cudaMalloc
+    returns), is used instead (no allocation: what CUDA graph capture needs).
+    Returns [T, H] (or [H]) in the dtype of x.
+    """
+    if (router_logits is None) == (topk_ids is None and topk_weights is None):
+        raise ValueError("give router_logits (with top_k), or topk_ids and topk_weights: "
+                         "exactly one routing")
+    if router_logits is None and (topk_ids is None or topk_weights is None):
+        raise ValueError("topk_ids and topk_weights go together")
+    experts, intermediate = int(experts), int(intermediate)
+    with _Call(x, stream) as call:
+        xa = call.input(x, "x", dtype, matrix=True, need=_FLOAT_INPUT)
+        tokens, hidden = _matrix(xa.shape, "x")
+        one_d = len(xa.shape) == 1
+        w13_ptrs = _moe_weight(call, w13, "w13", experts, 2 * intermediate, hidden, group_size,
+                               xa.ck_dtype)
+        w2_ptrs = _moe_weight(call, w2, "w2", experts, hidden, intermediate, group_size,
+                              xa.ck_dtype)
+        if (w13[2] is None) != (w2[2] is None):
+            raise ValueError("w13 and w2 must both be symmetric or both asymmetric")
+        params = MoeParams(
+            tokens=tokens, hidden=hidden, intermediate=intermediate, experts=experts,
+            dtype=xa.ck_dtype, group_size=group_size,
+            mode=INT4_SYMMETRIC if w13[2] is None else INT4_ASYMMETRIC, x=xa.ptr,
+            renormalize=int(bool(renormalize)), w13=w13_ptrs[0], w13_scales=w13_ptrs[1],
+            w13_zeros=w13_ptrs[2], w2=w2_ptrs[0], w2_scales=w2_ptrs[1], w2_zeros=w2_ptrs[2],
+            activation=MOE_SWIGLU)
+        if router_logits is not None:
+            if top_k is None:
+                raise ValueError("top_k must be given with router_logits")
+            la = call.input(router_logits, "router_logits", router_dtype, need=_FLOAT_INPUT)
+            want = (experts,) if one_d else (tokens, experts)
+            if tuple(la.shape) != want:
+                raise ValueError("router_logits has shape %s, needs %s" % (la.shape, want))
+            params.router_logits, params.router_dtype = la.ptr, la.ck_dtype
+            params.top_k = int(top_k)
+        else:
+            ia = call.input(topk_ids, "topk_ids", need=np.int32)
+            wa = call.input(topk_weights, "topk_weights", need=np.float32)
+            k = ia.shape[-1] if ia.shape else 0
+            want = (k,) if one_d else (tokens, k)
+            if tuple(ia.shape) != want or tuple(wa.shape) != want or k < 1:
+                raise ValueError("topk_ids %s and topk_weights %s must both be [T=%d, k]"
+                                 % (ia.shape, wa.shape, tokens))
+            if top_k is not None and int(top_k) != k:
+                raise ValueError("top_k=%d, but topk_ids has k=%d" % (top_k, k))
+            params.topk_ids, params.topk_weights, params.top_k = ia.ptr, wa.ptr, k
+        ws_ptr, ws_bytes = call.workspace(workspace, raw.moe_workspace_size(params))
+        o = call.output(xa.shape, _NUMPY_OF[xa.ck_dtype], xa.ck_dtype, out, "out")
+        params.out = o.ptr
+        raw.moe_forward(params, ws_ptr, ws_bytes, call.stream)
+        return call.finish(o)
+
+
+def _stacked(a, name, dtype):
+    """(a device view [E * n, k] of expert weights a [E, n, k], what ck_quantize_int4 quantizes
+    row by row; the shape (E, n, k)). NumPy data is uploaded."""
+    shape = tuple(_cai(a, name)[1] if _is_device(a) else np.shape(a))
+    if len(shape) != 3 or 0 in shape:
+        raise ValueError("%s must be a non-empty [E, n, k] array, not of shape %s"
+                         % (name, shape))
+    device = _to_device(a, dtype)
+    ptr, _, np_dtype, _, _ = _cai(device, name)
+    override = _as_dtype_enum(dtype, "dtype") if dtype is not None else None
+    ck_dtype = _ck_dtype(device, np_dtype, override, name)
+    view = DeviceArray(ptr, (shape[0] * shape[1], shape[2]), np_dtype, ck_dtype, base=device)
+    return view, shape
+
+
+class QuantizedMoE:
+    """A Mixture-of-experts feed-forward layer (Mixtral / Qwen-MoE / DeepSeek style) whose INT4
+    experts live on the GPU, prepacked: out[t] = sum over the top_k experts e of token t of
+    w[t, e] * (silu(x W1_e^T) * (x W3_e^T)) W2_e^T (:func:`moe_forward`).
+
+    Build it from float weights (:meth:`from_float`, quantized on the device with
+    :func:`quantize_int4`) or from interchange-format weights on the device; call it on NumPy
+    arrays (NumPy out) or CUDA arrays (DeviceArray out) with router logits or with the caller's
+    expert ids and weights. dtype is the layer's activation dtype, fp16 or bf16; hidden and
+    intermediate sizes must be multiples of 32.
+    """
+
+    def __init__(self, w13_packed, w13_scales, w13_zeros, w2_packed, w2_scales, w2_zeros,
+                 group_size, dtype, top_k=2, renormalize=False):
+        """From interchange-format weights already on the device (DeviceArrays or CUDA arrays):
+        w13_packed uint8 [E, 2I, H / 2] (rows 0 .. I-1 the gate, I .. 2I-1 the up projection)
+        with scales [E, 2I, groups] and zeros (None: symmetric), w2_packed uint8 [E, H, I / 2]
+        with its scales and zeros. top_k and renormalize: the routing's defaults."""
+        self.dtype = _as_dtype_enum(dtype, "dtype")
+        if self.dtype not in (DType.FP16, DType.BF16):
+            raise TypeError("QuantizedMoE runs in fp16 or bf16, not %s" % self.dtype.name)
+        shape = _cai(w13_packed, "w13_packed")[1]
+        if len(shape) != 3:
+            raise ValueError("w13_packed must be [E, 2I, H / 2], not of shape %s" % (shape,))
+        self.experts, self.intermediate, self.hidden = shape[0], shape[1] // 2, 2 * shape[2]
+        self.group_size = group_size
+        self.top_k, self.renormalize = top_k, renormalize
+        # The interchange format (dequantize_int4 reads it, expert by expert).
+        self.w13 = w13_packed, w13_scales, w13_zeros
+        self.w2 = w2_packed, w2_scales, w2_zeros
+        self.w13_prepacked = moe_prepack(*self.w13, group_size=group_size, gate_up=True,
+                                         dtype=self.dtype)
+        self.w2_prepacked = moe_prepack(*self.w2, group_size=group_size, gate_up=False,
+                                        dtype=self.dtype)
+
+    @classmethod
+    def from_float(cls, w13, w2, group_size=128, symmetric=True, dtype=None, top_k=2,
+                   renormalize=False):
+        """w13 [E, 2I, H] (each expert's gate rows, then its up rows) and w2 [E, H, I] (nn.Linear
+        layouts) in fp16 or bf16 (uint16 bit patterns with dtype="bf16"); float32 NumPy
+        weights are converted to fp16 first. Each expert's rows are quantized on the device
+        (one ck_quantize_int4 call per projection: the experts' rows stacked)."""
+        quantized = []
+        for w, name in ((w13, "w13"), (w2, "w2")):
+            if not _is_device(w) and np.asarray(w).dtype == np.float32 and dtype is None:
+                w = np.asarray(w).astype(np.float16)
+            stacked, (experts, n, _) = _stacked(w, name, dtype)
+            packed, scales, zeros = quantize_int4(stacked, group_size=group_size,
+                                                  symmetric=symmetric, dtype=stacked.ck_dtype)
+            quantized += [None if a is None else a.reshape(experts, n, a.shape[1])
+                          for a in (packed, scales, zeros)]
+        layer_dtype = quantized[1].ck_dtype   # w13's scales: the dtype of its weights
+        return cls(*quantized, group_size, layer_dtype, top_k=top_k, renormalize=renormalize)
+
+    def __call__(self, x, router_logits=None, topk_ids=None, topk_weights=None, top_k=None,
+                 renormalize=None, router_dtype=None, workspace=None, out=None, stream=None):
+        """x [T, hidden] (or [hidden]) in the layer's dtype -> [T, hidden]. Routing: router
+        logits [T, E] (top_k and renormalize default to the layer's), or topk_ids int32
+        [T, k] with topk_weights float32 [T, k]. workspace: see :func:`moe_forward`."""
+        on_host = not _is_device(x)
+        xd = _to_device(self._host_cast(x), self.dtype) if on_host else x
+        if router_logits is not None:
+            top_k = self.top_k if top_k is None else top_k
+        renormalize = self.renormalize if renormalize is None else renormalize
+        y = moe_forward(xd, self.w13_prepacked, self.w2_prepacked, self.experts,
+                        self.intermediate, group_size=self.group_size,
+                        router_logits=router_logits, top_k=top_k, renormalize=renormalize,
+                        topk_ids=topk_ids, topk_weights=topk_weights, router_dtype=router_dtype,
+                        dtype=self.dtype, workspace=workspace, out=None if on_host else out,
+                        stream=stream)
+        if not on_host:
+            return y
+        result = y.to_numpy()
+        if out is not None:
+            out[...] = result.reshape(out.shape)
+            return out
+        return result
+
+    def workspace_size(self, tokens, top_k=None):
+        """The workspace bytes a call on `tokens` tokens needs (:func:`moe_workspace_size`)."""
+        return moe_workspace_size(tokens, self.hidden, self.intermediate, self.experts,
+                                  self.top_k if top_k is None else top_k, self.dtype,
+                                  self.group_size)
+
+    def _host_cast(self, a):
+        """float32 NumPy data for an fp16 layer becomes fp16 (bf16 data must come as uint16)."""
+        if not _is_device(a) and self.dtype == DType.FP16 and np.asarray(a).dtype == np.float32:
+            return np.asarray(a).astype(np.float16)
+        return a
+
+    def __repr__(self):
+        return ("QuantizedMoE(experts=%d, hidden=%d, intermediate=%d, top_k=%d, group_size=%d, "
+                "dtype=%s%s)" % (self.experts, self.hidden, self.intermediate, self.top_k,
+                                 self.group_size, self.dtype.name.lower(),
+                                 "" if self.w13[2] is None else ", asymmetric"))
 
 
 def quantize_tensor(x):

@@ -1,5 +1,5 @@
 // benchmarks/bench.cu - ck_bench: every kernel of libcuda_kernels against its roofline (and, for
-// GEMMs, beside cuBLAS) on one GPU; writes benchmarks/results/<gpu>.{json,md}.
+// GEMMs and the MoE layer, beside cuBLAS) on one GPU; writes benchmarks/results/<gpu>.{json,md}.
 //
 //   make bench                     builds build/ck_bench and runs it with --out benchmarks/results
 //   build/ck_bench --quick         a smoke test: small sizes, few reps (writes <gpu>-quick.*)
@@ -279,6 +279,12 @@ void bench_quantize(Bench& bench, const Options& options) {
 #include "bench_gemm.cuh"
 
 // ================================================================================================
+// Family "moe": the Mixture-of-Experts layer (ck_moe_forward) beside dense fp16 pipelines on
+// cuBLAS (bench_moe.cuh).
+// ================================================================================================
+#include "bench_moe.cuh"
+
+// ================================================================================================
 // The program
 // ================================================================================================
 struct Family {
@@ -290,6 +296,7 @@ struct Family {
 static const Family kFamilies[] = {
     {"quantize", bench_quantize},
     {"gemm", bench_gemm},
+    {"moe", bench_moe},
 };
 
 static void print_usage(FILE* to) {

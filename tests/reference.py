@@ -624,3 +624,207 @@ def w4a16_prepack(w_packed, scales, zeros, n, k, group_size):
         z[:n] = zeros.reshape(n, groups)
         z_out = z.reshape(rows // PACK_ROWS, PACK_ROWS, groups).transpose(0, 2, 1).reshape(-1).copy()
     return w_out, s_out, z_out
+
+
+# ---------------------------------------------------------------------------------------------
+# Mixture of experts (ck_moe_route, ck_moe_forward; the MoE section of cuda_kernels.h)
+# ---------------------------------------------------------------------------------------------
+# Routing is float32 arithmetic by the header's definition. moe_route performs the float32
+# operations a kernel performs (max, subtract, exp, sum, divide), with exp correctly rounded:
+# a kernel's expf (within 2 ulp) and its summation order differ, so its weights agree with these
+# within a few float32 ulps plus the float32 summation error over the E experts (the GPU tests
+# derive the bound). exp, the subtraction of the maximum and the division by one sum per token
+# are monotonic, so equal logits give equal probabilities in any implementation: ties are
+# exact, and ids agree exactly wherever no two distinct probabilities are within that bound of
+# each other (the tests draw logits that keep distinct values far apart).
+# The layer is the float64 ideal of the header's formula, with its two roundings to dtype: h (the
+# activation, written once by the kernel) and the output. The kernel's float32 sums stay within
+# a worst-case bound of it that the GPU tests derive (tests/test_moe_gpu.py).
+MOE_DTYPES = ("fp16", "bf16")         # x, out, the weights' scales
+MOE_ROUTER_DTYPES = DTYPES            # router logits: fp32 (the default), fp16 or bf16
+MOE_MAX_EXPERTS = 1024
+MOE_MAX_TOP_K = 32
+MOE_SIZE_MULTIPLE = 32                # hidden and intermediate
+
+
+def moe_softmax(logits, dtype=None):
+    """p = softmax of each row of logits [T, E] in float32, as the header's route defines it:
+    m = max(l), e = exp(l - m) (the subtraction in float32, exp correctly rounded to float32),
+    s = sum(e) in float32 (NumPy's pairwise order), p = e / s (float32). logits are in dtype's
+    representation ('fp32', 'fp16', 'bf16'; None infers it). Returns float32 [T, E]."""
+    dtype = dtype or dtype_of(logits)
+    lf = _matrix(to_f32(logits, dtype))
+    d = lf - lf.max(axis=1, keepdims=True)               # float32, exact where |d| is small
+    e = np.exp(d.astype(np.float64)).astype(np.float32)  # exp correctly rounded to float32
+    s = e.sum(axis=1, dtype=np.float32, keepdims=True)
+    return e / s
+
+
+def moe_route(logits, top_k, renormalize, dtype=None):
+    """ck_moe_route: logits [T, E] in dtype's representation -> (ids int32 [T, top_k], weights
+    float32 [T, top_k]).
+
+    ids[t] are the top_k experts of largest p[t] = moe_softmax(logits)[t], in descending order
+    of p, equal probabilities by ascending expert index; weights[t, j] = p[t, ids[t, j]],
+    divided (float32) by their float32 sum taken in the order j = 0 .. top_k - 1 when
+    renormalize. 1 <= top_k <= E (the library also needs E <= 1024 and top_k <= 32; this
+    reference works for any sizes).
+    """
+    p = moe_softmax(logits, dtype)
+    experts = p.shape[1]
+    if not 1 <= top_k <= experts:
+        raise ValueError(f"top_k={top_k} must lie in [1, E={experts}]")
+    # A stable sort of -p: descending p, equal p in ascending index order.
+    ids = np.argsort(-p, axis=1, kind="stable")[:, :top_k].astype(np.int32)
+    weights = np.take_along_axis(p, ids, axis=1)
+    if renormalize:
+        total = np.zeros(p.shape[0], np.float32)
+        for j in range(top_k):
+            total = total + weights[:, j]
+        weights = weights / total[:, None]
+    return ids, np.ascontiguousarray(weights, dtype=np.float32)
+
+
+def moe_quantize(w, dtype, group_size, mode):
+    """The E experts' [n, k] weights w [E, n, k] (dtype's representation) quantized as
+    ck_quantize_int4 does, each row on its own (stacking the experts' rows changes nothing):
+    (w_packed uint8 [E, n, (k + 1) // 2], scales [E, n, groups] in dtype, zeros uint8
+    [E, n, groups] or None for 'sym'), the interchange format ck_moe_prepack takes."""
+    w = np.asarray(w)
+    if w.ndim != 3:
+        raise ValueError(f"expected [E, n, k] expert weights, got shape {w.shape}")
+    experts, n, k = w.shape
+    packed, scales, zeros = quantize_int4(w.reshape(experts * n, k), dtype, group_size, mode)
+    groups = scales.shape[1]
+    return (packed.reshape(experts, n, -1), scales.reshape(experts, n, groups),
+            None if zeros is None else zeros.reshape(experts, n, groups))
+
+
+def moe_dequantize(w_packed, scales, zeros, k, group_size, dtype):
+    """The experts' weights [E, n, k] the layer multiplies by: moe_quantize's output dequantized
+    exactly as ck_dequantize_int4 does (rounded to dtype; mode 'asym' when zeros is given)."""
+    w_packed, scales = np.asarray(w_packed), np.asarray(scales)
+    experts, n = w_packed.shape[:2]
+    groups = scales.shape[-1]
+    flat_zeros = None if zeros is None else np.asarray(zeros).reshape(experts * n, groups)
+    w = dequantized_int4_weight(w_packed.reshape(experts * n, -1),
+                                scales.reshape(experts * n, groups), flat_zeros, group_size, k,
+                                dtype)
+    return w.reshape(experts, n, k)
+
+
+def moe_pairs_by_expert(ids, experts):
+    """[(e, t, j)]: for each expert e that some pair names, the tokens t and slots j of the pairs
+    (t, j) with ids[t, j] == e (row-major order). Ids outside [0, experts) name no expert."""
+    ids = _matrix(np.asarray(ids))
+    groups = []
+    for e in np.unique(ids):
+        if 0 <= e < experts:
+            t, j = np.nonzero(ids == e)
+            groups.append((int(e), t, j))
+    return groups
+
+
+def moe_pairs_f64(x, ids, w13, w2, dtype):
+    """The header's expert computation for every pair (t, j), in exact arithmetic except for the
+    rounding of h:
+        g = x[t] . W1_e^T, u = x[t] . W3_e^T        (exact, [I] each; W1_e = w13[e, :I], W3_e =
+                                                     w13[e, I:])
+        h = round_to_dtype(silu(g) * u)             silu(g) = g / (1 + exp(-g)), float64
+        y = h . W2_e^T                               (exact, [H])
+    x [T, H], w13 [E, 2I, H] and w2 [E, H, I] are in dtype's representation ('fp16', 'bf16':
+    the dequantized weights, moe_dequantize); ids int32 [T, k]. Returns a dict of float64
+    arrays g, u, h_exact (silu(g) * u before rounding), h (its dtype value) [T, k, I] and
+    y [T, k, H], zero where ids[t, j] is outside [0, E), and valid bool [T, k].
+    """
+    if dtype not in MOE_DTYPES:
+        raise ValueError(f"ck_moe_forward runs on {MOE_DTYPES}, not {dtype!r}")
+    xf = _matrix(to_f32(x, dtype)).astype(np.float64)
+    w13f = to_f32(w13, dtype).astype(np.float64)
+    w2f = to_f32(w2, dtype).astype(np.float64)
+    ids = _matrix(np.asarray(ids))
+    tokens, hidden = xf.shape
+    experts, two_i, _ = w13f.shape
+    inter = two_i // 2
+    if w13f.shape != (experts, 2 * inter, hidden) or w2f.shape != (experts, hidden, inter):
+        raise ValueError(f"w13 {w13f.shape} and w2 {w2f.shape} must be [E, 2I, H] and "
+                         f"[E, H, I] for x [T, H={hidden}]")
+    if ids.shape[0] != tokens:
+        raise ValueError(f"ids {ids.shape} must have T={tokens} rows")
+    k = ids.shape[1]
+    out = {name: np.zeros((tokens, k, inter)) for name in ("g", "u", "h_exact", "h")}
+    out["y"] = np.zeros((tokens, k, hidden))
+    out["valid"] = (ids >= 0) & (ids < experts)
+    for e, t, j in moe_pairs_by_expert(ids, experts):
+        rows = xf[t]
+        g = rows @ w13f[e, :inter].T
+        u = rows @ w13f[e, inter:].T
+        with np.errstate(over="ignore"):   # exp(-g) overflows to inf for g < -709: silu -> -0
+            h_exact = g / (1.0 + np.exp(-g)) * u
+        h = to_f32(round_f64_to_dtype(h_exact, dtype), dtype).astype(np.float64)
+        out["g"][t, j], out["u"][t, j], out["h_exact"][t, j], out["h"][t, j] = g, u, h_exact, h
+        out["y"][t, j] = h @ w2f[e].T
+    return out
+
+
+def moe_combine_f64(y, weights):
+    """out[t] = sum_{j = 0 .. k-1} weights[t, j] * y[t, j] in float64 (in that order), for y
+    [T, k, H] and float32 weights [T, k]: the combine before its rounding to dtype."""
+    weights = np.asarray(weights, dtype=np.float32).astype(np.float64)
+    out = np.zeros((y.shape[0], y.shape[2]))
+    for j in range(y.shape[1]):
+        out = out + weights[:, j, None] * y[:, j]
+    return out
+
+
+def moe_layer_f64(x, ids, weights, w13, w2, dtype):
+    """ck_moe_forward's output before its final rounding: moe_combine_f64 of moe_pairs_f64
+    (pairs whose id is outside [0, E) contribute nothing). float64 [T, H]."""
+    return moe_combine_f64(moe_pairs_f64(x, ids, w13, w2, dtype)["y"], weights)
+
+
+def moe_layer_reference(x, ids, weights, w13, w2, dtype):
+    """ck_moe_forward, ideally: the float64 layer (moe_layer_f64) rounded once to dtype.
+
+    x [T, H] in dtype's representation ('fp16' or 'bf16'); ids int32 [T, k] and weights float32
+    [T, k] (moe_route's, or the caller's: an id outside [0, E) contributes nothing); w13
+    [E, 2I, H] (rows 0 .. I-1 the gate W1, I .. 2I-1 the up W3) and w2 [E, H, I], the
+    dequantized weights (moe_dequantize) in dtype's representation. Returns [T, H] in dtype's
+    representation. The library's float32 sums are within a worst-case bound of it, not
+    bitwise equal (see moe_pairs_f64 for the intermediate rounding it shares).
+    """
+    return round_f64_to_dtype(moe_layer_f64(x, ids, weights, w13, w2, dtype), dtype)
+
+
+def moe_gate_up_rows(n):
+    """The interchange rows of a gate+up weight [n = 2I, k] in the order ck_moe_prepack lays them
+    out ("interleaved in blocks of 8 rows"): 8-row tiles alternate between the gate (rows
+    0 .. I-1) and the up projection (rows I .. 2I-1), gate rows 0-7, up rows 0-7, gate rows
+    8-15, up rows 8-15, ..., so that a tile pair holds both halves of the same 8 outputs."""
+    if n % (2 * PACK_ROWS):
+        raise ValueError(f"a gate+up weight has n={n} rows: a multiple of {2 * PACK_ROWS} needed")
+    row = np.arange(n)
+    tile = row // PACK_ROWS
+    return (tile % 2) * (n // 2) + (tile // 2) * PACK_ROWS + row % PACK_ROWS
+
+
+def moe_prepacked_sizes(experts, n, k, group_size):
+    """(bytes, values) of ck_moe_prepacked_bytes / _groups: experts times one [n, k] weight's."""
+    nbytes, values = w4a16_prepacked_sizes(n, k, group_size)
+    return experts * nbytes, experts * values
+
+
+def moe_prepack(w_packed, scales, zeros, k, group_size, gate_up):
+    """ck_moe_prepack in NumPy: each expert's [n, k] weight (w_packed [E, n, k / 2], scales and
+    zeros [E, n, groups]) prepacked as w4a16_prepack does, the experts one after the other;
+    a gate+up weight's rows first taken in moe_gate_up_rows order. Returns flat (w_prepacked,
+    scales_prepacked, zeros_prepacked or None)."""
+    experts, n = np.asarray(w_packed).shape[:2]
+    rows = moe_gate_up_rows(n) if gate_up else np.arange(n)
+    parts = [w4a16_prepack(np.ascontiguousarray(w_packed[e][rows]),
+                           np.ascontiguousarray(scales[e][rows]),
+                           None if zeros is None else np.ascontiguousarray(zeros[e][rows]),
+                           n, k, group_size) for e in range(experts)]
+    w, s, z = zip(*parts)
+    return (np.concatenate(w), np.concatenate(s),
+            None if zeros is None else np.concatenate(z))

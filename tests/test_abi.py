@@ -13,7 +13,9 @@ test_wrapper_gpu.py).
   override's error, which the library reports only after validation); argument errors come
   first; each entry point reads its own override only;
 - error messages are per thread;
-- ck_int4_groups_per_row and the prepacked W4A16 sizes;
+- ck_int4_groups_per_row, the prepacked W4A16 and MoE sizes and the MoE workspace query;
+- the MoE parameter struct: the wrapper's MoeParams has the header's fields, in its order, with
+  the C compiler's offsets;
 - the wrapper's own host-side checks (contiguity, shapes) and its loading errors.
 
 Each bad-argument case changes one argument of a call that would otherwise be valid.
@@ -22,6 +24,7 @@ import ctypes
 import inspect
 import os
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -33,6 +36,7 @@ import pytest
 import cuda_wrapper as ck
 from cuda_wrapper import CKError, DType, Status
 from gpu_support import FakeCudaArray
+from reference import w4a16_prepacked_sizes
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HEADER = os.path.join(REPO_ROOT, "cuda_kernels.h")
@@ -109,6 +113,8 @@ def expected_ctype(c_type, is_return):
         return "pointer"
     if c_type == "int64_t":
         return ctypes.c_int64
+    if c_type == "size_t":
+        return ctypes.c_size_t
     if c_type == "int" or re.fullmatch(r"ck_\w+_t", c_type):   # enums are int-sized
         return ctypes.c_int
     raise AssertionError("no rule for the C type %r: extend expected_ctype" % c_type)
@@ -163,9 +169,10 @@ def test_wrapper_declaration_matches_header(name):
                 "%s argument %d: the header's name needs saying only where it differs" % (name, i)
 
 
-# Arguments that the raw level returns instead of taking them (ck_device_count's raw function is
-# written out, as are those that decode a string: ck_status_string, ck_last_error_message).
-OUT_PARAMETERS = {"ck_device_count": ["count"]}
+# Arguments that the raw level returns instead of taking them (the raw functions of
+# ck_device_count and ck_moe_workspace_size are written out, as are those that decode a string:
+# ck_status_string, ck_last_error_message).
+OUT_PARAMETERS = {"ck_device_count": ["count"], "ck_moe_workspace_size": ["bytes"]}
 
 
 @pytest.mark.parametrize("name", sorted(DECLARATIONS))
@@ -180,6 +187,67 @@ def test_raw_function_of_each_export(name):
         assert parameter.default == (0 if arg == "stream" else inspect.Parameter.empty), arg
     assert function.__name__ == name[len("ck_"):]
     assert function.__doc__.startswith(name), function.__doc__
+
+
+# ------------------------------------------------------------------------------------------------
+# Parameter structs: the wrapper's ctypes.Structure against the header's typedef
+# ------------------------------------------------------------------------------------------------
+def header_struct(tag):
+    """[(C type, field name)] of `typedef struct <tag> { ... }` in the header, in order."""
+    body = re.search(r"typedef struct %s \{(.*?)\}\s*\w+\s*;" % tag, header_text(), re.S).group(1)
+    fields = []
+    for declaration in body.split(";"):
+        declaration = " ".join(declaration.split())
+        if declaration:
+            c_type, name = re.match(r"(.*?)\s*\b(\w+)$", declaration).groups()
+            fields.append((c_type.replace(" *", "*"), name))
+    return fields
+
+
+def expected_field_ctype(c_type):
+    """The ctypes type of a struct field of the header's C type: pointers are c_void_p (ints
+    in Python), enums int-sized."""
+    if c_type.endswith("*"):
+        return ctypes.c_void_p
+    fixed = {"size_t": ctypes.c_size_t, "int64_t": ctypes.c_int64, "int32_t": ctypes.c_int32}
+    if c_type in fixed:
+        return fixed[c_type]
+    if re.fullmatch(r"ck_\w+_t", c_type):
+        return ctypes.c_int
+    raise AssertionError("no rule for the field type %r: extend expected_field_ctype" % c_type)
+
+
+def test_moe_params_fields_match_header():
+    fields = header_struct("ck_moe_params")
+    assert [name for _, name in fields] == [name for name, _ in ck.MoeParams._fields_]
+    for (c_type, name), (_, py_type) in zip(fields, ck.MoeParams._fields_):
+        assert py_type is expected_field_ctype(c_type), "%s (%s) is declared %s" % (
+            name, c_type, py_type.__name__)
+    assert fields[0] == ("size_t", "struct_size"), "the first field is size_t struct_size"
+    assert ck.MoeParams().struct_size == ctypes.sizeof(ck.MoeParams)
+    assert ck.MoeParams(struct_size=8).struct_size == 8
+
+
+def test_moe_params_layout_matches_the_c_compiler(tmp_path):
+    """sizeof and every field's offset as the C compiler lays ck_moe_params_t out."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler")
+    names = [name for name, _ in ck.MoeParams._fields_]
+    program = tmp_path / "layout.c"
+    program.write_text(
+        "#include <stddef.h>\n#include <stdio.h>\n#include \"cuda_kernels.h\"\n"
+        "int main(void) {\n  printf(\"%%zu\\n\", sizeof(ck_moe_params_t));\n%s  return 0;\n}\n"
+        % "".join("  printf(\"%%zu\\n\", offsetof(ck_moe_params_t, %s));\n" % name
+                  for name in names))
+    binary = tmp_path / "layout"
+    subprocess.run([compiler, "-std=c99", "-I", REPO_ROOT, str(program), "-o", str(binary)],
+                   check=True, capture_output=True)
+    sizes = [int(v) for v in subprocess.run([str(binary)], check=True, capture_output=True,
+                                             text=True).stdout.split()]
+    assert sizes[0] == ctypes.sizeof(ck.MoeParams)
+    assert dict(zip(names, sizes[1:])) == {name: getattr(ck.MoeParams, name).offset
+                                           for name in names}
 
 
 @pytest.mark.parametrize("name", sorted(DECLARATIONS))
@@ -610,6 +678,165 @@ GEMM_INT4_SCALED_CASES = gemm_int4_operand_cases() + [
     if not any(key in ("a_ptr", "b_ptr", "b_layout", "m", "n", "k") for key in case[1])
 ]
 
+# Mixture of experts. Fake addresses of the router logits, the caller's ids and weights, the two
+# prepacked weights with their scales and zeros, and the workspace.
+RL, IDS, TW, WS = 0x7F0000B00000, 0x7F0000C00000, 0x7F0000D00000, 0x7F0000E00000
+W13, W13S, W13Z = 0x7F0000F00000, 0x7F0001000000, 0x7F0001100000
+W2, W2S, W2Z = 0x7F0001200000, 0x7F0001300000, 0x7F0001400000
+
+
+def moe_routing_size_cases():
+    """What the route and the layer check of T, E and k, each a size error
+    (CK_STATUS_INVALID_VALUE): T >= 1, 1 <= E <= 1024, 1 <= k <= min(E, 32), and T * k
+    overflowing."""
+    return (bad("tokens", (0, -1, -2**63), INVALID)
+            + bad("experts", (0, -1, 1025, 2**40), INVALID)
+            + bad("top_k", (0, -6), INVALID)
+            + [("top_k>experts", dict(experts=5, top_k=6), INVALID, ["top_k"])]
+            + [("top_k=%d" % v, dict(experts=64, top_k=v), INVALID, ["top_k"]) for v in (33, 64)]
+            + [("overflow-pairs", dict(tokens=BIG), INVALID, ["tokens"])])
+
+
+# ck_moe_route: logits [T, E] of logits_dtype (fp32, fp16, bf16) -> topk_ids int32 and
+# topk_weights float32 [T, k]; every pointer aligned to its element size.
+MOE_ROUTE = dict(logits_ptr=RL, logits_dtype=DType.FP32, tokens=4, experts=64, top_k=6,
+                 renormalize=1, topk_ids_ptr=IDS, topk_weights_ptr=TW)
+MOE_ROUTE_CASES = (
+    null("logits", "topk_ids", "topk_weights")
+    + bad_dtypes("logits_dtype")
+    + moe_routing_size_cases()
+    + [("overflow-bytes", dict(tokens=2**51, experts=1024), INVALID, ["tokens"]),
+       ("misaligned-logits-fp32", dict(logits_ptr=RL + 2), MISALIGNED, ["logits"]),
+       ("misaligned-logits-fp16", dict(logits_ptr=RL + 1, logits_dtype=DType.FP16), MISALIGNED,
+        ["logits"]),
+       ("misaligned-logits-bf16", dict(logits_ptr=RL + 1, logits_dtype=DType.BF16), MISALIGNED,
+        ["logits"]),
+       ("misaligned-topk_ids", dict(topk_ids_ptr=IDS + 2), MISALIGNED, ["topk_ids"]),
+       ("misaligned-topk_weights", dict(topk_weights_ptr=TW + 1), MISALIGNED, ["topk_weights"])]
+)
+
+# ck_moe_prepack: ck_w4a16_prepack's rules for each of `experts` [n, k] weights (1 <= experts
+# <= 1024, as the layer takes them), gate_up 0 or 1, and n a multiple of 16 for the gate+up
+# weight (gate_up = 1).
+MOE_PREPACK = dict(W4A16_PREPACK, experts=8, gate_up=1)
+MOE_PREPACK_CASES = (
+    W4A16_PREPACK_CASES
+    + bad("experts", (0, -1, -2**63, 1025, BIG), INVALID)
+    + bad("gate_up", (2, -1), INVALID)
+    + [("gate_up-n=%d" % v, dict(n=v), UNSUPPORTED, ["n"]) for v in (8, 24, 40, 1000)]
+)
+
+# ck_moe_workspace_size and ck_moe_forward take a ck_moe_params_t (cuda_wrapper.MoeParams): a
+# row changes its fields by name like any argument, a pointer field written <field>_ptr as the
+# other tables write pointers; params_ptr=0 passes NULL for the struct, bytes_ptr=0 NULL for the
+# size; struct_size is sizeof(MoeParams) unless a row says otherwise (moe_params below).
+# Rules (cuda_kernels.h): H and I multiples of 32 up to 2^24, dtype fp16 or bf16, group sizes
+# as INT4, router_logits or (topk_ids and topk_weights), zeros exactly for CK_INT4_ASYMMETRIC,
+# x, out and the weights 16-byte aligned, the logits, ids and weights aligned to their element,
+# out not overlapping x, the workspace 256-byte aligned and at least ck_moe_workspace_size bytes.
+MOE_SIZEOF = ctypes.sizeof(ck.MoeParams)
+GIVEN_IDS = dict(router_logits_ptr=0, topk_ids_ptr=IDS, topk_weights_ptr=TW)
+ASYM_MOE = dict(mode=ck.INT4_ASYMMETRIC, w13_zeros_ptr=W13Z, w2_zeros_ptr=W2Z)
+MOE_FORWARD = dict(tokens=4, hidden=256, intermediate=128, experts=8, top_k=2,
+                   dtype=DType.FP16, group_size=128, mode=ck.INT4_SYMMETRIC, x_ptr=X,
+                   router_logits_ptr=RL, router_dtype=DType.FP32, renormalize=1, topk_ids_ptr=0,
+                   topk_weights_ptr=0, w13_ptr=W13, w13_scales_ptr=W13S, w13_zeros_ptr=0,
+                   w2_ptr=W2, w2_scales_ptr=W2S, w2_zeros_ptr=0, activation=ck.MOE_SWIGLU,
+                   out_ptr=O, workspace_ptr=WS, workspace_bytes=2**40)
+MOE_FORWARD_CASES = (
+    null("x", "out", "w13", "w13_scales", "w2", "w2_scales", "workspace")
+    + [("null-params", dict(params_ptr=0), INVALID, ["params"])]
+    # This version knows one struct_size, its own; a smaller or larger one is another version's.
+    + bad("struct_size", (0, 8, MOE_SIZEOF - 8, MOE_SIZEOF + 8, 2**40), INVALID)
+    + [("router_logits-and-topk_ids", dict(GIVEN_IDS, router_logits_ptr=RL), INVALID,
+        ["router_logits", "topk_ids"]),
+       ("no-routing", dict(router_logits_ptr=0), INVALID, ["router_logits", "topk_ids"]),
+       ("topk_ids-without-topk_weights", dict(GIVEN_IDS, topk_weights_ptr=0), INVALID,
+        ["topk_weights"]),
+       ("topk_weights-without-topk_ids", dict(GIVEN_IDS, topk_ids_ptr=0), INVALID,
+        ["topk_ids"]),
+       ("null-w13_zeros-asymmetric", dict(ASYM_MOE, w13_zeros_ptr=0), INVALID, ["w13_zeros"]),
+       ("null-w2_zeros-asymmetric", dict(ASYM_MOE, w2_zeros_ptr=0), INVALID, ["w2_zeros"]),
+       ("w13_zeros-symmetric", dict(w13_zeros_ptr=W13Z), INVALID, ["w13_zeros"]),
+       ("w2_zeros-symmetric", dict(w2_zeros_ptr=W2Z), INVALID, ["w2_zeros"])]
+    + bad("mode", (2, -1), INVALID)
+    + bad_dtypes("dtype", NOT_HALF_DTYPES)
+    + bad_dtypes("router_dtype")
+    + bad("activation", (1, -1, 99), INVALID)
+    + moe_routing_size_cases()
+    + bad("hidden", (0, -32, 2**24 + 32), INVALID)          # 1 <= H, I <= 2^24
+    + bad("intermediate", (0, -32, 2**24 + 32), INVALID)
+    + bad("hidden", (16, 48, 100, 4112), UNSUPPORTED)
+    + bad("intermediate", (1, 16, 200), UNSUPPORTED)
+    + bad("group_size", BAD_GROUP_SIZES, UNSUPPORTED)
+    # x and out overflow a byte count; then the weights (the message may name any of E, H and
+    # I: the status is the rule).
+    + [("overflow-x", dict(tokens=2**30, hidden=2**40), INVALID, ["hidden"]),
+       ("overflow-weights", dict(experts=1024, hidden=2**32, intermediate=2**32), INVALID, []),
+       ("overflow-2I", dict(intermediate=2**62), INVALID, ["intermediate"]),
+       ("out-overlaps-x", dict(out_ptr=X + 512), INVALID, ["out", "x"])]
+    + bad("workspace_bytes", (0, 1, 255), INVALID)
+    + [("misaligned-workspace+%d" % d, dict(workspace_ptr=WS + d), MISALIGNED, ["workspace"])
+       for d in (1, 16, 128)]
+    + [("misaligned-%s+%d" % (name[:-4], d), {name: base + d}, MISALIGNED, [name[:-4]])
+       for name, base in (("x_ptr", X), ("out_ptr", O), ("w13_ptr", W13),
+                          ("w13_scales_ptr", W13S), ("w2_ptr", W2), ("w2_scales_ptr", W2S))
+       for d in (2, 8)]
+    + [("misaligned-w13_zeros+4", dict(ASYM_MOE, w13_zeros_ptr=W13Z + 4), MISALIGNED,
+        ["w13_zeros"]),
+       ("misaligned-w2_zeros+1", dict(ASYM_MOE, w2_zeros_ptr=W2Z + 1), MISALIGNED,
+        ["w2_zeros"]),
+       ("misaligned-router_logits-fp32", dict(router_logits_ptr=RL + 2), MISALIGNED,
+        ["router_logits"]),
+       ("misaligned-router_logits-bf16", dict(router_logits_ptr=RL + 1,
+                                              router_dtype=DType.BF16), MISALIGNED,
+        ["router_logits"]),
+       ("misaligned-topk_ids", dict(GIVEN_IDS, topk_ids_ptr=IDS + 2), MISALIGNED, ["topk_ids"]),
+       ("misaligned-topk_weights", dict(GIVEN_IDS, topk_weights_ptr=TW + 2), MISALIGNED,
+        ["topk_weights"])]
+)
+
+# ck_moe_workspace_size validates the struct as ck_moe_forward does, pointers excepted: the
+# forward's cases that change no pointer (router_dtype matters only with logits: left out), and
+# the two pointers it does need.
+MOE_WORKSPACE_SIZE = {key: value for key, value in MOE_FORWARD.items()
+                      if not key.startswith("workspace")}
+MOE_WORKSPACE_SIZE_CASES = (
+    [("null-params", dict(params_ptr=0), INVALID, ["params"]),
+     ("null-bytes", dict(bytes_ptr=0), INVALID, ["bytes"])]
+    + [case for case in MOE_FORWARD_CASES
+       if not any(key.endswith("_ptr") or key.startswith("workspace") or key == "router_dtype"
+                  for key in case[1])]
+)
+
+
+def moe_params(fields):
+    """The MoeParams of a row's fields (pointer fields written <field>_ptr), or None (NULL) for
+    params_ptr=0."""
+    if fields.get("params_ptr", 1) == 0:
+        return None
+    return ck.MoeParams(**{name[:-len("_ptr")] if name.endswith("_ptr") else name: value
+                           for name, value in fields.items() if name != "params_ptr"})
+
+
+def moe_workspace_size(fields):
+    """ck_moe_workspace_size of a row's fields (bytes_ptr=0: NULL for the size); returns it."""
+    fields = dict(fields)
+    nbytes = ctypes.c_size_t(0)
+    pointer = None if fields.pop("bytes_ptr", 1) == 0 else ctypes.byref(nbytes)
+    ck.load_library().ck_moe_workspace_size(moe_params(fields), pointer)
+    return nbytes.value
+
+
+def moe_forward(fields):
+    fields = dict(fields)
+    workspace = fields.pop("workspace_ptr"), fields.pop("workspace_bytes")
+    ck.raw.moe_forward(moe_params(fields), *workspace, stream=0)
+
+
+# The entry points that take a parameter struct: how a row's arguments become a call.
+STRUCT_CALLS = {"ck_moe_workspace_size": moe_workspace_size, "ck_moe_forward": moe_forward}
+
 # The entry points with bad-argument cases: the valid call of each is the table named after it
 # (QUANTIZE_INT8 for ck_quantize_int8), its cases are that table's _CASES.
 ENTRY_POINTS = {
@@ -617,7 +844,8 @@ ENTRY_POINTS = {
     for table in ("QUANTIZE_INT8", "DEQUANTIZE_INT8", "QUANTIZE_INT4", "DEQUANTIZE_INT4",
                   "GEMM_INT8", "GEMM_INT8_SCALED", "LINEAR", "GEMM_W4A16", "GEMM_W4A16_PREPACKED",
                   "W4A16_PREPACK", "IMPORT_GPTQ", "IMPORT_AWQ", "PERMUTE_COLUMNS", "GEMM_INT4",
-                  "GEMM_INT4_SCALED")
+                  "GEMM_INT4_SCALED", "MOE_ROUTE", "MOE_PREPACK", "MOE_WORKSPACE_SIZE",
+                  "MOE_FORWARD")
 }
 
 
@@ -637,12 +865,19 @@ def mentions(message, word):
     return re.search(r"(?<![\w-])%s(?![\w])" % re.escape(str(word)), message) is not None
 
 
+def call_entry_point(function, kwargs):
+    """Calls `function` with a table's arguments (through its parameter struct, if it takes one)."""
+    if function in STRUCT_CALLS:
+        return STRUCT_CALLS[function](kwargs)
+    return raw_function(function)(**kwargs, stream=0)
+
+
 def rejection(function, changes):
     """Calls `function` with its valid arguments changed by `changes`; returns the CKError."""
     valid, _ = ENTRY_POINTS[function]
     kwargs = dict(valid, **changes)
     with pytest.raises(CKError) as info:
-        raw_function(function)(**kwargs, stream=0)
+        call_entry_point(function, kwargs)
     return info.value
 
 
@@ -654,10 +889,15 @@ def test_every_status_function_has_bad_argument_cases():
 def test_valid_baselines_are_valid_shapes():
     """Sanity of the tables: the unchanged arguments are right (but never called here)."""
     for function, (valid, cases) in ENTRY_POINTS.items():
-        sizes = [valid[key] for key in ("rows", "cols", "m", "n", "k") if key in valid]
-        assert len(sizes) in (2, 3) and all(size >= 1 for size in sizes), function
+        sizes = [valid[key] for key in ("rows", "cols", "m", "n", "k", "experts", "tokens",
+                                        "hidden", "intermediate", "top_k") if key in valid]
+        assert len(sizes) >= 2 and all(size >= 1 for size in sizes), function
         if "k" in valid:   # a multiple of 16 suits every GEMM rule, N too (for CK_LAYOUT_KN)
             assert valid["k"] % 16 == 0 and valid["n"] % 16 == 0, function
+        if "top_k" in valid:   # the MoE limits
+            assert valid["top_k"] <= min(valid["experts"], 32) and valid["experts"] <= 1024
+        if "hidden" in valid:
+            assert valid["hidden"] % 32 == 0 and valid["intermediate"] % 32 == 0, function
         assert all(ptr % 256 == 0 for key, ptr in valid.items() if key.endswith("_ptr"))
         assert len({case_id for case_id, *_ in cases}) == len(cases), function
 
@@ -972,6 +1212,68 @@ def test_w4a16_prepacked_groups_invalid_is_zero(lib, n, k, group_size):
     assert lib.ck_w4a16_prepacked_groups(n, k, group_size) == 0
 
 
+# ------------------------------------------------------------------------------------------------
+# Mixture of experts: the prepacked sizes (E times one expert's) and the workspace query
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("experts", [1, 2, 8, 64, 1024])
+@pytest.mark.parametrize("n, k", [(1, 32), (9, 128), (64, 256), (2 * 1408, 2048), (2048, 1408),
+                                  (28672, 4096), (4096, 14336)])
+def test_moe_prepacked_sizes(lib, experts, n, k):
+    """experts times one expert's prepacked bytes and scales, by the library's single-weight
+    functions and by the layout of the header (reference.w4a16_prepacked_sizes)."""
+    nbytes = lib.ck_moe_prepacked_bytes(experts, n, k)
+    assert nbytes == experts * lib.ck_w4a16_prepacked_bytes(n, k) > 0
+    assert nbytes == experts * w4a16_prepacked_sizes(n, k, 32)[0]
+    for group_size in (32, 64, 128, ck.GROUP_ROW):
+        values = lib.ck_moe_prepacked_groups(experts, n, k, group_size)
+        assert values == experts * lib.ck_w4a16_prepacked_groups(n, k, group_size) > 0
+        assert values == experts * w4a16_prepacked_sizes(n, k, group_size)[1]
+    assert ck.raw.moe_prepacked_bytes(experts, n, k) == nbytes
+
+
+@pytest.mark.parametrize("experts, n, k", [
+    (0, 64, 256), (-1, 64, 256), (-2**63, 64, 256), (8, 0, 256), (8, -8, 256), (8, 64, 0),
+    (8, 64, 48), (8, 64, 100), (8, 2**62, 2**62),
+    (2**40, 4096, 4096),    # 2^23 bytes per expert: 2^63 in all overflows int64
+])
+def test_moe_prepacked_bytes_invalid_is_zero(lib, experts, n, k):
+    assert lib.ck_moe_prepacked_bytes(experts, n, k) == 0
+
+
+@pytest.mark.parametrize("experts, n, k, group_size", [
+    (0, 64, 256, 128), (-3, 64, 256, 128), (8, 64, 256, 48), (8, 64, 256, 0), (8, 64, 48, 32),
+    (8, 0, 256, 32), (2**50, 4096, 4096, 32),   # 2^19 values per expert: 2^69 overflows
+])
+def test_moe_prepacked_groups_invalid_is_zero(lib, experts, n, k, group_size):
+    assert lib.ck_moe_prepacked_groups(experts, n, k, group_size) == 0
+
+
+def test_moe_workspace_size_depends_on_the_sizes_only(lib):
+    """The size is positive (the T * k pairs are grouped by expert in it) and depends on T, H, I,
+    E, k and dtype alone: not on the routing, the mode, the group size, renormalization, the
+    router's dtype or the pointers (none of which it validates: all NULL is fine)."""
+    base = moe_workspace_size(MOE_WORKSPACE_SIZE)
+    assert base > 0
+    assert ck.raw.moe_workspace_size(moe_params(MOE_WORKSPACE_SIZE)) == base
+    no_pointers = {key: 0 for key in MOE_WORKSPACE_SIZE if key.endswith("_ptr")}
+    for changes in (dict(GIVEN_IDS), ASYM_MOE, dict(group_size=32),
+                    dict(group_size=ck.GROUP_ROW), dict(renormalize=0),
+                    dict(router_dtype=DType.BF16), no_pointers,
+                    dict(no_pointers, mode=ck.INT4_ASYMMETRIC)):
+        assert moe_workspace_size(dict(MOE_WORKSPACE_SIZE, **changes)) == base, changes
+    assert ck.moe_workspace_size(4, 256, 128, 8, 2, "fp16") == base
+
+
+def test_moe_forward_rejects_a_workspace_below_the_query(lib):
+    """workspace_bytes one short of ck_moe_workspace_size's answer (and half of it) is refused
+    on the host: CK_STATUS_INVALID_VALUE naming workspace_bytes and the value."""
+    need = moe_workspace_size(MOE_WORKSPACE_SIZE)
+    for have in (need - 1, need // 2):
+        changes = dict(workspace_bytes=have)
+        assert_rejected_as(rejection("ck_moe_forward", changes), "ck_moe_forward", changes,
+                           INVALID, ["workspace_bytes"])
+
+
 def run_python(code, **env):
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=dict(os.environ, **env),
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
@@ -1065,6 +1367,35 @@ S16 = FakeCudaArray((8, 1), "<f2", ptr=S)
         "w4a16-scales-count", "w4a16-scales-float32", "w4a16-zeros-int8", "w4a16-zeros-count",
         "w4a16-group_size", "w4a16-bias-count"])
 def test_wrapper_gemm_rejects_before_any_copy(lib, call, error):
+    with pytest.raises(error):
+        call()
+
+
+# MoE operands as foreign device arrays (never copied, never dereferenced): T=4, H=64, E=8, k=2.
+X16_MOE = FakeCudaArray((4, 64), "<f2")
+W_MOE = (FakeCudaArray((1024,), "|u1", ptr=W13), FakeCudaArray((64,), "<f2", ptr=W13S), None)
+
+
+@pytest.mark.parametrize("call, error", [
+    (lambda: ck.moe_route(FakeCudaArray((4, 8)), 0), ValueError),
+    (lambda: ck.moe_route(FakeCudaArray((4, 8), "<f8"), 2), TypeError),
+    (lambda: ck.moe_route(FakeCudaArray((2, 4, 8)), 2), ValueError),
+    (lambda: ck.moe_prepack(FakeCudaArray((8, 16), "|u1"), S16), ValueError),
+    (lambda: ck.moe_prepack(FakeCudaArray((2, 8, 16), "|u1"), FakeCudaArray((2, 8, 1), "<f4")),
+     TypeError),
+    (lambda: ck.moe_forward(X16_MOE, W_MOE, W_MOE, 8, 32), ValueError),
+    (lambda: ck.moe_forward(X16_MOE, W_MOE, W_MOE, 8, 32,
+                            router_logits=FakeCudaArray((4, 8)), top_k=2,
+                            topk_ids=FakeCudaArray((4, 2), "<i4"),
+                            topk_weights=FakeCudaArray((4, 2))), ValueError),
+    (lambda: ck.moe_forward(X16_MOE, W_MOE, W_MOE, 8, 32,
+                            topk_ids=FakeCudaArray((4, 2), "<i4")), ValueError),
+    (lambda: ck.moe_forward(X16_MOE, W_MOE[:2], W_MOE, 8, 32,
+                            router_logits=FakeCudaArray((4, 8)), top_k=2), TypeError),
+], ids=["route-top_k=0", "route-float64", "route-3d", "prepack-2d", "prepack-scales-float32",
+        "forward-no-routing", "forward-two-routings", "forward-ids-without-weights",
+        "forward-weight-pair"])
+def test_wrapper_moe_rejects_before_any_copy(lib, call, error):
     with pytest.raises(error):
         call()
 

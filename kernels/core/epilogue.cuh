@@ -24,6 +24,9 @@ __device__ __forceinline__ float activate(float v, ck_activation_t act) {
     }
 }
 
+// silu(g) = g / (1 + exp(-g)), the gate of SwiGLU (the MoE layer's silu(gate) * up).
+__device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
+
 // A 16-bit float from its bit pattern.
 template <typename T> __device__ __forceinline__ T bits_to(uint16_t v);
 template <> __device__ __forceinline__ __half bits_to<__half>(uint16_t v) { return __ushort_as_half(v); }
@@ -191,6 +194,11 @@ template <typename T> struct FloatEpilogue {
             p[1] = h1;
         }
         p[0] = h0;
+    }
+
+    // Two adjacent outputs at p (4-byte aligned) as one 4-byte store.
+    __device__ __forceinline__ static void store_two(T* p, T v0, T v1) {
+        Epilogue<T>::store_two(p, v0, v1);
     }
 
     // Stores act(v) at (r, c), r < m and c < n.

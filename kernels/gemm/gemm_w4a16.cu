@@ -367,6 +367,15 @@ constexpr int64_t kMinBlocksPerSm = 2;
 // ---------------------------------------------------------------------------------------------
 constexpr int kPrepackThreads = 256;
 
+// The interchange row that prepacked row `row` takes: itself, or with interleave = n / 2 (the
+// MoE gate+up weight) tile 2i = rows 8i .. 8i + 7 of the first half, tile 2i + 1 the same rows
+// of the second half.
+__device__ __forceinline__ int64_t prepack_source_row(int64_t row, int64_t interleave) {
+    if (interleave == 0) return row;
+    const int64_t tile = row / kPackRows;
+    return (tile % 2) * interleave + (tile / 2) * kPackRows + row % kPackRows;
+}
+
 // Word of 8 codes (k = nibble) -> prepacked word (nibble e holds k prepacked_nibble_k(e)).
 __device__ __forceinline__ uint32_t prepack_word(uint32_t w) {
     uint32_t r = 0;
@@ -377,7 +386,7 @@ __device__ __forceinline__ uint32_t prepack_word(uint32_t w) {
 
 __global__ void __launch_bounds__(kPrepackThreads)
 w4a16_prepack_weight_kernel(const uint8_t* __restrict__ w, bool symmetric, int64_t n, int64_t k,
-                            uint8_t* __restrict__ w_out) {
+                            int64_t interleave, uint8_t* __restrict__ w_out) {
     const int64_t chunks = prepacked_chunks(k);
     const int64_t slices = chunks * (kPackK / kPackSliceK);
     const int64_t vectors = prepacked_rows(n) * slices;
@@ -387,7 +396,8 @@ w4a16_prepack_weight_kernel(const uint8_t* __restrict__ w, bool symmetric, int64
         const int64_t row = v / slices, k0 = v % slices * kPackSliceK;
         uint4 out = make_uint4(pad, pad, pad, pad);
         if (row < n && k0 < k) {  // k % 32 == 0: a slice is all inside or all padding
-            const uint4 in = *reinterpret_cast<const uint4*>(w + row * (k / 2) + k0 / 2);
+            const int64_t src = prepack_source_row(row, interleave);
+            const uint4 in = *reinterpret_cast<const uint4*>(w + src * (k / 2) + k0 / 2);
             const uint32_t flip = symmetric ? 0x88888888u : 0u;  // two's complement q -> q + 8
             out = make_uint4(prepack_word(in.x ^ flip), prepack_word(in.y ^ flip),
                              prepack_word(in.z ^ flip), prepack_word(in.w ^ flip));
@@ -399,15 +409,16 @@ w4a16_prepack_weight_kernel(const uint8_t* __restrict__ w, bool symmetric, int64
 template <typename T>
 __global__ void __launch_bounds__(kPrepackThreads)
 w4a16_prepack_groups_kernel(const T* __restrict__ scales, const uint8_t* __restrict__ zeros,
-                            int64_t n, int64_t groups, T* __restrict__ scales_out,
-                            uint8_t* __restrict__ zeros_out) {
+                            int64_t n, int64_t groups, int64_t interleave,
+                            T* __restrict__ scales_out, uint8_t* __restrict__ zeros_out) {
     const int64_t count = prepacked_rows(n) * groups;
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
          i += int64_t(gridDim.x) * blockDim.x) {
         const int64_t row = i / groups, g = i % groups;
         const int64_t dst = prepacked_group_index(row, g, groups);
-        scales_out[dst] = row < n ? scales[i] : from_float<T>(0.f);
-        if (zeros_out) zeros_out[dst] = row < n ? zeros[i] : uint8_t(kSymmetricZero);
+        const int64_t src = prepack_source_row(row, interleave) * groups + g;
+        scales_out[dst] = row < n ? scales[src] : from_float<T>(0.f);
+        if (zeros_out) zeros_out[dst] = row < n ? zeros[src] : uint8_t(kSymmetricZero);
     }
 }
 
@@ -456,13 +467,14 @@ cudaError_t w4a16_prepack(const W4A16PrepackArgs& args, cudaStream_t stream) {
     const int64_t vectors = prepacked_rows(args.n) * prepacked_chunks(args.k) * (kPackK / kPackSliceK);
     w4a16_prepack_weight_kernel<<<unsigned(std::min(ceil_div(vectors, kPrepackThreads), max_blocks)),
                                   kPrepackThreads, 0, stream>>>(args.w, args.zeros == nullptr,
-                                                                args.n, args.k, args.w_out);
+                                                                args.n, args.k, args.interleave,
+                                                                args.w_out);
     const int64_t values = prepacked_rows(args.n) * args.groups;
     const unsigned blocks = unsigned(std::min(ceil_div(values, kPrepackThreads), max_blocks));
     return dispatch_half_dtype(args.dtype, [&](auto tag) {
         using T = decltype(tag);
         w4a16_prepack_groups_kernel<T><<<blocks, kPrepackThreads, 0, stream>>>(
-            static_cast<const T*>(args.scales), args.zeros, args.n, args.groups,
+            static_cast<const T*>(args.scales), args.zeros, args.n, args.groups, args.interleave,
             static_cast<T*>(args.scales_out), args.zeros_out);
         return cudaGetLastError();
     });

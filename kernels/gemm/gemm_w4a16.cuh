@@ -68,6 +68,40 @@ cudaError_t gemm_w4a16_reference(const GemmW4A16Args& args, cudaStream_t stream)
 cudaError_t gemm_w4a16_prepacked_stream(const GemmW4A16Args& args, cudaStream_t stream);
 cudaError_t gemm_w4a16_prepacked_tc(const GemmW4A16Args& args, cudaStream_t stream);
 
+// Expert-grouped calls (the MoE layer, moe/moe.cuh). The rows are the (token, expert) pairs
+// sorted by expert and padded per expert to blocks of kMoeBlockRows rows; block b of rows
+// (blockIdx.y) multiplies its rows by the weight of expert block_expert[b] (w, scales and
+// zeros of GemmW4A16Args point at expert 0; expert e's are w_expert_bytes and
+// s_expert_values further), and a block whose expert is -1 does nothing. A row whose pair id
+// is `pairs` is padding: it reads zeros and is never stored. Modes:
+//   kMoeSwiGLU: the weight is w13 with gate and up interleaved in 8-row tiles (the MoE
+//     prepack): out[row, c] = round_to_dtype(silu(gate_c) * up_c), out [rows, n / 2] dtype,
+//     row the sorted row; x row of pair p is p / x_div (x [tokens, k]).
+//   kMoeWeighted: pair_out[p, c] = pair_weights[p] * sum_c (float32, [pairs, n]); x row is the
+//     sorted row (the intermediate that kMoeSwiGLU wrote).
+constexpr int kMoeBlockRows = 16;  // the streaming kernel's rows per block
+enum MoeMode : int { kMoeDense = 0, kMoeSwiGLU = 1, kMoeWeighted = 2 };
+struct MoeRows {
+    const int32_t* sorted_ids;   // [blocks * kMoeBlockRows] pair id, or `pairs` (padding)
+    const int32_t* block_expert; // [blocks] expert, or -1
+    int64_t pairs;
+    int32_t x_div;               // kMoeSwiGLU: top_k
+    int64_t w_expert_bytes, s_expert_values;
+    const float* pair_weights;   // kMoeWeighted: [pairs]
+    float* pair_out;             // kMoeWeighted: [pairs, n]
+};
+// active_experts: how many experts may have rows at once (at most): each gets
+// SMs / active_experts blocks across its columns.
+cudaError_t gemm_w4a16_prepacked_stream_grouped(const GemmW4A16Args& args, MoeMode mode,
+                                                const MoeRows& rows, int64_t blocks,
+                                                int64_t active_experts, cudaStream_t stream);
+// The tensor-core kernel grouped: blocks of 64 or 128 rows (gemm_w4a16_tc_grouped_rows picks
+// one from the expected rows per expert), grid tile columns x row blocks.
+int gemm_w4a16_tc_grouped_rows(int64_t rows_per_expert);
+cudaError_t gemm_w4a16_prepacked_tc_grouped(const GemmW4A16Args& args, MoeMode mode,
+                                            const MoeRows& rows, int block_rows,
+                                            int64_t row_blocks, cudaStream_t stream);
+
 // The prepack (ck_w4a16_prepack): interchange -> prepacked, for an [n, k] weight.
 struct W4A16PrepackArgs {
     const uint8_t* w;         // [n, k / 2]
@@ -75,6 +109,7 @@ struct W4A16PrepackArgs {
     const uint8_t* zeros;     // [n, groups] or nullptr (symmetric)
     ck_dtype_t dtype;
     int64_t n, k, group_size, groups;  // group_size resolved as in GemmW4A16Args
+    int64_t interleave;       // 0, or n / 2: rows 0 .. n/2-1 and n/2 .. n-1 alternate in 8-row tiles
     uint8_t* w_out;           // w4a16_prepacked_bytes(n, k)
     void* scales_out;         // ceil(n / 8) * 8 * groups
     uint8_t* zeros_out;       // same count, or nullptr (symmetric)

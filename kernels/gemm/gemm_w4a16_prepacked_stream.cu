@@ -133,10 +133,12 @@ template <> struct Words<2> {
     __device__ __forceinline__ static uint32_t at(const V& v, int j) { return j == 0 ? v.x : v.y; }
 };
 
-template <typename T, int kTiles, int kXRows, bool kAsym>
+template <typename T, int kTiles, int kXRows, bool kAsym, int kMoe>
 __global__ void __launch_bounds__(kMaxWarps * kLanes, 1)
-gemm_w4a16_stream_kernel(const GemmW4A16Args a, const int stages, const int64_t tile_groups) {
+gemm_w4a16_stream_kernel(const GemmW4A16Args a, const int stages, const int64_t tile_groups,
+                         const MoeRows mr) {
     if constexpr (!kHasSm80) __trap();  // never launched below sm_80 (see kHasSm80)
+    static_assert(kMoe == kMoeDense || kXRows == kMoeBlockRows, "a grouped block is 16 rows");
     constexpr bool kHi = kXRows == 16;              // x rows 8 .. 15 exist
     constexpr int kLoRows = stage_lo_rows(kXRows);  // x rows copied for rows 0 .. 7
     constexpr int kHalves = kHi ? 2 : 1;            // n8 B fragments of x: rows 0-7, 8-15
@@ -162,7 +164,26 @@ gemm_w4a16_stream_kernel(const GemmW4A16Args a, const int stages, const int64_t 
     float* partial = reinterpret_cast<float*>(smem + warps * ring_bytes);
 
     const T* __restrict__ x = static_cast<const T*>(a.x);
+    const uint8_t* w_base = a.w;
     const uint16_t* __restrict__ scales = static_cast<const uint16_t*>(a.scales);
+    const uint8_t* z_base = a.zeros;
+    // The block's rows: x rows g (lo) and g + 8 (hi) of the fragment, and whether they exist.
+    // Grouped: rows r0 + g, r0 + 8 + g of the sorted pairs, on expert block_expert[blockIdx.y].
+    int64_t r0 = 0, x_lo_index = g, x_hi_index = g + 8;
+    bool lo_exists = g < a.m, hi_exists = g + 8 < a.m;
+    if constexpr (kMoe != kMoeDense) {
+        const int expert = mr.block_expert[blockIdx.y];
+        if (expert < 0) return;  // past the used rows: the whole block leaves
+        w_base += expert * mr.w_expert_bytes;
+        scales += expert * mr.s_expert_values;
+        if constexpr (kAsym) z_base += expert * mr.s_expert_values;
+        r0 = int64_t(blockIdx.y) * kMoeBlockRows;
+        const int64_t p_lo = mr.sorted_ids[r0 + g], p_hi = mr.sorted_ids[r0 + 8 + g];
+        lo_exists = p_lo < mr.pairs;
+        hi_exists = p_hi < mr.pairs;
+        x_lo_index = kMoe == kMoeSwiGLU ? p_lo / mr.x_div : r0 + g;
+        x_hi_index = kMoe == kMoeSwiGLU ? p_hi / mr.x_div : r0 + 8 + g;
+    }
     const int64_t m = a.m, k = a.k, chunks = a.chunks;
     const int64_t tiles = a.tiles8;  // tile_groups = ceil(tiles / kTiles), from the launcher
     const int group_shift = a.group_shift;
@@ -179,10 +200,10 @@ gemm_w4a16_stream_kernel(const GemmW4A16Args a, const int stages, const int64_t 
     const int64_t s_step = group_shift >= 32 ? 0 : (int64_t(warps) * kPackK >> group_shift) * kPackRows;
     const int64_t x_step = int64_t(warps) * kPackK;
     const bool lo_loader = g < kLoRows;              // lanes that copy x row g
-    const bool lo_ok = lo_loader && g < m;           // ... that exists (else zeros)
-    const bool hi_ok = kHi && g + 8 < m;
-    const T* x_lo_row = x + (lo_ok ? g : 0) * k + s * kPackSliceK;
-    const T* x_hi_row = x + (hi_ok ? g + 8 : 0) * k + s * kPackSliceK;
+    const bool lo_ok = lo_loader && lo_exists;       // ... that exists (else zeros)
+    const bool hi_ok = kHi && hi_exists;
+    const T* x_lo_row = x + (lo_ok ? x_lo_index : 0) * k + s * kPackSliceK;
+    const T* x_hi_row = x + (hi_ok ? x_hi_index : 0) * k + s * kPackSliceK;
     // This lane's destinations in stage 0 of the ring (a stage offset is added per step).
     const uint32_t ring_smem = shared_address(ring);
     const uint32_t w_dst = ring_smem + kL.w + lane * 16;
@@ -203,12 +224,12 @@ gemm_w4a16_stream_kernel(const GemmW4A16Args a, const int stages, const int64_t 
     auto start_group = [&]() {
         const int64_t tile0 = ig * kTiles;
         tiles_here = int(std::min<int64_t>(kTiles, tiles - tile0));
-        wp = a.w + (tile0 * chunks + warp) * kPackTileBytes + lane * 16;
+        wp = w_base + (tile0 * chunks + warp) * kPackTileBytes + lane * 16;
         slice = int64_t(warp) * (kPackK / kPackSliceK) + s;
         const int64_t grp = (slice * kPackSliceK) >> group_shift;
         const int64_t idx = (tile0 * a.groups + grp) * kPackRows + g;
         sp = scales + (idx & ~int64_t(1));                        // the 4-byte word holding the scale
-        if constexpr (kAsym) zp = a.zeros + (idx & ~int64_t(3));  // ... and the zero
+        if constexpr (kAsym) zp = z_base + (idx & ~int64_t(3));  // ... and the zero
         xlp = x_lo_row + int64_t(warp) * kPackK;
         xhp = x_hi_row + int64_t(warp) * kPackK;
     };
@@ -247,7 +268,7 @@ gemm_w4a16_stream_kernel(const GemmW4A16Args a, const int stages, const int64_t 
                 const uint32_t word_off = off + (t / kP) * kLanes * kP * 4 + (t % kP) * 4;
                 cp_async_ca_zfill<4>(s_dst + word_off, ssrc + t * s_tile_stride, kok);
                 if constexpr (kAsym) {
-                    const uint8_t* zsrc = kok ? zp : a.zeros;
+                    const uint8_t* zsrc = kok ? zp : z_base;
                     cp_async_ca_zfill<4>(z_dst + word_off, zsrc + t * s_tile_stride, kok);
                 }
             }
@@ -367,20 +388,51 @@ gemm_w4a16_stream_kernel(const GemmW4A16Args a, const int stages, const int64_t 
         // consecutive pairs of a row. Column 8t + j of x row r sits in lane 4j + (r % 8) / 2,
         // register (r % 2) + 2 (t % 2), of tile pair t / 2 and half r / 8.
         const int64_t n0 = group * kTiles * kPackRows;
-        for (int p = threadIdx.x; p < kOutPairs; p += blockDim.x) {
-            const int cp = p % kColPairs, row = p / kColPairs % kRows, t = p / (kColPairs * kRows);
-            const int64_t col = n0 + kPackRows * t + 2 * cp;
-            if (row >= m || col >= a.n) continue;
+        auto sum_pair = [&](int t, int row, int cp, float& s0, float& s1) {
             const int r8 = row % 8, reg = r8 % 2 + 2 * (t % 2);
             const int base = ((t / 2) * kHalves + row / 8) * 4 + reg;
             const int l0 = 4 * (2 * cp) + r8 / 2, l1 = l0 + 4;
-            float s0 = 0.f, s1 = 0.f;
+            s0 = 0.f, s1 = 0.f;
             for (int v = 0; v < warps; ++v) {
                 const float* pv = partial + ((v * kPairs * kHalves * 4) + base) * kLanes;
                 s0 += pv[l0];
                 s1 += pv[l1];
             }
-            ep.store_pair(row, col, ep.add_bias(col, s0), col + 1 < a.n ? ep.add_bias(col + 1, s1) : s1);
+        };
+        if constexpr (kMoe == kMoeSwiGLU) {
+            // Gate tile t = 2u and up tile 2u + 1 hold the same 8 columns of the activation.
+            T* h = static_cast<T*>(a.out);
+            const int64_t h_cols = a.n / 2;
+            for (int p = threadIdx.x; p < kOutPairs / 2; p += blockDim.x) {
+                const int cp = p % kColPairs, row = p / kColPairs % kRows, u = p / (kColPairs * kRows);
+                const int64_t col = n0 / 2 + kPackRows * u + 2 * cp;
+                if (col >= h_cols || mr.sorted_ids[r0 + row] >= mr.pairs) continue;
+                float g0, g1, u0, u1;
+                sum_pair(2 * u, row, cp, g0, g1);
+                sum_pair(2 * u + 1, row, cp, u0, u1);
+                FloatEpilogue<T>::store_two(h + (r0 + row) * h_cols + col, from_float<T>(silu(g0) * u0),
+                                       from_float<T>(silu(g1) * u1));
+            }
+        } else if constexpr (kMoe == kMoeWeighted) {
+            for (int p = threadIdx.x; p < kOutPairs; p += blockDim.x) {
+                const int cp = p % kColPairs, row = p / kColPairs % kRows, t = p / (kColPairs * kRows);
+                const int64_t col = n0 + kPackRows * t + 2 * cp;
+                const int64_t pair = mr.sorted_ids[r0 + row];
+                if (col >= a.n || pair >= mr.pairs) continue;
+                float s0, s1;
+                sum_pair(t, row, cp, s0, s1);
+                const float wgt = mr.pair_weights[pair];
+                *reinterpret_cast<float2*>(mr.pair_out + pair * a.n + col) = make_float2(wgt * s0, wgt * s1);
+            }
+        } else {
+            for (int p = threadIdx.x; p < kOutPairs; p += blockDim.x) {
+                const int cp = p % kColPairs, row = p / kColPairs % kRows, t = p / (kColPairs * kRows);
+                const int64_t col = n0 + kPackRows * t + 2 * cp;
+                if (row >= m || col >= a.n) continue;
+                float s0, s1;
+                sum_pair(t, row, cp, s0, s1);
+                ep.store_pair(row, col, ep.add_bias(col, s0), col + 1 < a.n ? ep.add_bias(col + 1, s1) : s1);
+            }
         }
     }
     cp_async_wait<0>();  // only empty groups can remain; leave nothing in flight
@@ -392,9 +444,10 @@ gemm_w4a16_stream_kernel(const GemmW4A16Args a, const int stages, const int64_t 
 
 // Lets the kernel take up to `bytes` of dynamic shared memory (once per instantiation and
 // device: `bytes` depends only on both).
-template <typename T, int kTiles, int kXRows, bool kAsym> cudaError_t allow_smem(int bytes) {
+template <typename T, int kTiles, int kXRows, bool kAsym, int kMoe> cudaError_t allow_smem(int bytes) {
     static std::atomic<uint64_t> done{0};
-    return allow_dynamic_smem_once(gemm_w4a16_stream_kernel<T, kTiles, kXRows, kAsym>, bytes, done);
+    return allow_dynamic_smem_once(gemm_w4a16_stream_kernel<T, kTiles, kXRows, kAsym, kMoe>, bytes,
+                                   done);
 }
 
 // A block shape: warps and ring stages that fit the shared memory, and its bytes.
@@ -468,26 +521,46 @@ inline StreamPlan plan_for(int tiles, int x_rows, bool asym, int64_t m, int64_t 
     return p;
 }
 
-template <typename T, int kTiles, int kXRows, bool kAsym>
-cudaError_t launch_stream(const GemmW4A16Args& a, const StreamPlan& p, int smem_limit,
-                          cudaStream_t stream) {
-    if (!grid_fits(p.grid)) return cudaErrorInvalidConfiguration;
-    const cudaError_t e = allow_smem<T, kTiles, kXRows, kAsym>(smem_limit);
+// A launch of one plan: grid.x blocks over the tile groups, grid.y row blocks (1, or the
+// grouped call's row blocks).
+struct StreamLaunch {
+    StreamPlan plan;
+    int smem_limit;
+    int64_t row_blocks;
+    MoeRows rows;
+};
+
+template <typename T, int kTiles, int kXRows, bool kAsym, int kMoe>
+cudaError_t launch_stream(const GemmW4A16Args& a, const StreamLaunch& l, cudaStream_t stream) {
+    const StreamPlan& p = l.plan;
+    if (!grid_fits(p.grid) || l.row_blocks < 1 || l.row_blocks > 65535)
+        return cudaErrorInvalidConfiguration;
+    const cudaError_t e = allow_smem<T, kTiles, kXRows, kAsym, kMoe>(l.smem_limit);
     if (e != cudaSuccess) return e;
-    gemm_w4a16_stream_kernel<T, kTiles, kXRows, kAsym>
-        <<<unsigned(p.grid), p.warps * kLanes, size_t(p.smem), stream>>>(a, p.stages, ceil_div(a.tiles8, kTiles));
+    const dim3 grid(unsigned(p.grid), unsigned(l.row_blocks));
+    gemm_w4a16_stream_kernel<T, kTiles, kXRows, kAsym, kMoe><<<grid, p.warps * kLanes, size_t(p.smem), stream>>>(
+        a, p.stages, ceil_div(a.tiles8, kTiles), l.rows);
     return cudaGetLastError();
 }
 
-template <typename T, int kXRows, bool kAsym>
-cudaError_t launch_rows(const GemmW4A16Args& a, const StreamPlan& p, int smem_limit,
-                        cudaStream_t stream) {
-    switch (p.tiles) {
-        case 8: return launch_stream<T, 8, kXRows, kAsym>(a, p, smem_limit, stream);
-        case 4: return launch_stream<T, 4, kXRows, kAsym>(a, p, smem_limit, stream);
-        case 2: return launch_stream<T, 2, kXRows, kAsym>(a, p, smem_limit, stream);
+template <typename T, int kXRows, bool kAsym, int kMoe = kMoeDense>
+cudaError_t launch_rows(const GemmW4A16Args& a, const StreamLaunch& l, cudaStream_t stream) {
+    switch (l.plan.tiles) {
+        case 8: return launch_stream<T, 8, kXRows, kAsym, kMoe>(a, l, stream);
+        case 4: return launch_stream<T, 4, kXRows, kAsym, kMoe>(a, l, stream);
+        case 2: return launch_stream<T, 2, kXRows, kAsym, kMoe>(a, l, stream);
         default: return cudaErrorInvalidConfiguration;
     }
+}
+
+// The plan of the widest-scoring tile count for x_rows rows (score -1: none fits).
+inline StreamPlan best_plan(const GemmW4A16Args& a, int x_rows, int64_t m, int sms, int smem_limit) {
+    StreamPlan best;
+    for (int tiles : kTileChoices) {
+        const StreamPlan p = plan_for(tiles, x_rows, a.zeros != nullptr, m, a.tiles8, sms, smem_limit);
+        if (p.score > best.score) best = p;  // ties go to the wider tile group (listed first)
+    }
+    return best;
 }
 
 }  // namespace
@@ -503,23 +576,39 @@ cudaError_t gemm_w4a16_prepacked_stream(const GemmW4A16Args& args, cudaStream_t 
     if (args.chunks > INT32_MAX / (kPackK / kPackSliceK)) return cudaErrorInvalidConfiguration;
 
     const int x_rows = args.m == 1 ? 1 : args.m <= 8 ? 8 : 16;
-    const bool asym = args.zeros != nullptr;
-    StreamPlan best;
-    for (int tiles : kTileChoices) {
-        const StreamPlan p = plan_for(tiles, x_rows, asym, args.m, args.tiles8, sms, smem_limit);
-        if (p.score > best.score) best = p;  // ties go to the wider tile group (listed first)
-    }
-    if (best.score < 0) return cudaErrorNotSupported;  // too little shared memory for any shape
+    const StreamLaunch l{best_plan(args, x_rows, args.m, sms, smem_limit), smem_limit, 1, MoeRows{}};
+    if (l.plan.score < 0) return cudaErrorNotSupported;  // too little shared memory for any shape
 
     return dispatch_half_dtype(args.dtype, [&](auto tag) {
         using T = decltype(tag);
-        return with_bool(asym, [&](auto asym_tag) {
+        return with_bool(args.zeros != nullptr, [&](auto asym_tag) {
             constexpr bool kAsym = decltype(asym_tag)::value;
             switch (x_rows) {
-                case 1: return launch_rows<T, 1, kAsym>(args, best, smem_limit, stream);
-                case 8: return launch_rows<T, 8, kAsym>(args, best, smem_limit, stream);
-                default: return launch_rows<T, 16, kAsym>(args, best, smem_limit, stream);
+                case 1: return launch_rows<T, 1, kAsym>(args, l, stream);
+                case 8: return launch_rows<T, 8, kAsym>(args, l, stream);
+                default: return launch_rows<T, 16, kAsym>(args, l, stream);
             }
+        });
+    });
+}
+
+cudaError_t gemm_w4a16_prepacked_stream_grouped(const GemmW4A16Args& args, MoeMode mode,
+                                                const MoeRows& rows, int64_t blocks,
+                                                int64_t active_experts, cudaStream_t stream) {
+    if (compute_capability() < 80) return cudaErrorNotSupported;
+    if (args.chunks > INT32_MAX / (kPackK / kPackSliceK)) return cudaErrorInvalidConfiguration;
+    // Each row block is one weight stream, planned as a 16-row call on its share of the SMs
+    // (the blocks of experts with rows come first in the grid; the others leave at once).
+    const int share = int(std::max<int64_t>(1, std::max(sm_count(), 1) / std::max<int64_t>(active_experts, 1)));
+    const StreamLaunch l{best_plan(args, kMoeBlockRows, kMoeBlockRows, share, max_smem_optin()),
+                         max_smem_optin(), blocks, rows};
+    if (l.plan.score < 0) return cudaErrorNotSupported;
+    return dispatch_half_dtype(args.dtype, [&](auto tag) {
+        using T = decltype(tag);
+        return with_bool(args.zeros != nullptr, [&](auto asym_tag) {
+            constexpr bool kAsym = decltype(asym_tag)::value;
+            return mode == kMoeSwiGLU ? launch_rows<T, kMoeBlockRows, kAsym, kMoeSwiGLU>(args, l, stream)
+                                      : launch_rows<T, kMoeBlockRows, kAsym, kMoeWeighted>(args, l, stream);
         });
     });
 }

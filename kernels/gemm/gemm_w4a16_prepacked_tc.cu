@@ -202,9 +202,9 @@ inline TcGroups tc_groups(int group_shift) {
     return {kPackK >> group_shift, kPackK >> group_shift, group_shift - 5};
 }
 
-template <class Tile, typename T, bool kAsym>
+template <class Tile, typename T, bool kAsym, int kMoe>
 __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
-gemm_w4a16_tc_kernel(const GemmW4A16Args args, const TcGroups grp) {
+gemm_w4a16_tc_kernel(const GemmW4A16Args args, const TcGroups grp, const MoeRows mr) {
     if constexpr (!kHasSm80) __trap();  // never launched below sm_80 (see kHasSm80)
     constexpr int kBM = Tile::kBM, kBN = Tile::kBN, kStages = Tile::kStages;
     constexpr int kFX = Tile::kFX, kFW = Tile::kFW, kWarpsK = Tile::kWarpsK;
@@ -220,9 +220,23 @@ gemm_w4a16_tc_kernel(const GemmW4A16Args args, const TcGroups grp) {
     const int groups = int(args.groups);
 
     // Grouped rasterization: consecutive blocks sweep kGroupM tile rows of one tile column, so
-    // that the weight tiles (and x rows) they share are still in L2.
-    const TileOrigin tile = grouped_tile(blockIdx.x, m, n, kBM, kBN, kGroupM);
-    const int64_t m0 = tile.m0, n0 = tile.n0;
+    // that the weight tiles (and x rows) they share are still in L2. Expert-grouped (kMoe):
+    // blockIdx.y is the block of sorted rows (its expert's weight), blockIdx.x the tile column.
+    int64_t m0, n0;
+    const uint8_t* w_src = args.w;  // expert 0's weight, or the block's expert's
+    const uint16_t* scales = static_cast<const uint16_t*>(args.scales);
+    const uint8_t* z_src = args.zeros;
+    if constexpr (kMoe == kMoeDense) {
+        const TileOrigin tile = grouped_tile(blockIdx.x, m, n, kBM, kBN, kGroupM);
+        m0 = tile.m0, n0 = tile.n0;
+    } else {
+        const int expert = mr.block_expert[blockIdx.y];
+        if (expert < 0) return;  // past the used rows: the whole block leaves
+        m0 = int64_t(blockIdx.y) * kBM, n0 = int64_t(blockIdx.x) * kBN;
+        w_src += expert * mr.w_expert_bytes;
+        scales += expert * mr.s_expert_values;
+        if constexpr (kAsym) z_src += expert * mr.s_expert_values;
+    }
     const int64_t tile0 = n0 / kPackRows;  // first weight tile of the block
 
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -239,8 +253,14 @@ gemm_w4a16_tc_kernel(const GemmW4A16Args args, const TcGroups grp) {
     // P s ^ (x_half ^ key(row)): byte x_dst ^ 16 P s within the stage.
     constexpr int kXTpr = Tile::kXThreadsPerRow;
     const int x_row = tid / kXTpr, x_half = tid % kXTpr;
-    const bool x_row_ok = m0 + x_row < m;
-    const T* x_thread = static_cast<const T*>(args.x) + min(m0 + x_row, m - 1) * k + x_half * kXUnitElems;
+    bool x_row_ok = m0 + x_row < m;
+    int64_t x_index = min(m0 + x_row, m - 1);
+    if constexpr (kMoe != kMoeDense) {  // the row's pair: its token's x row, or its sorted row
+        const int64_t pair = mr.sorted_ids[m0 + x_row];
+        x_row_ok = pair < mr.pairs;
+        x_index = !x_row_ok ? 0 : kMoe == kMoeSwiGLU ? pair / mr.x_div : m0 + x_row;
+    }
+    const T* x_thread = static_cast<const T*>(args.x) + x_index * k + x_half * kXUnitElems;
     const uint32_t x_dst = uint32_t(x_row * kXRowBytes + ((x_half ^ x_swizzle_key(x_row)) * kUnitBytes));
     const int full_chunks = int(k / kPackK);  // chunks with all 128 k inside
 
@@ -249,7 +269,7 @@ gemm_w4a16_tc_kernel(const GemmW4A16Args args, const TcGroups grp) {
     constexpr int kWThreadsPerTile = kPackTileBytes / kUnitBytes / Tile::kWLoads;
     const int w_tile = tid / kWThreadsPerTile, w_unit = tid % kWThreadsPerTile * Tile::kWLoads;
     const bool w_ok = tile0 + w_tile < tiles8;
-    const uint8_t* w_thread = args.w + (min(tile0 + w_tile, tiles8 - 1) * chunks * kPackTileBytes +
+    const uint8_t* w_thread = w_src + (min(tile0 + w_tile, tiles8 - 1) * chunks * kPackTileBytes +
                                         w_unit * kUnitBytes);
     const uint32_t w_dst = uint32_t(kWOffset + w_tile * kPackTileBytes + weight_unit(w_unit) * kUnitBytes);
 
@@ -258,7 +278,6 @@ gemm_w4a16_tc_kernel(const GemmW4A16Args args, const TcGroups grp) {
     const bool s_active = tid < Tile::kGroupSlots && s_unit < grp.units;
     const bool s_tile_ok = tile0 + s_tile < tiles8;
     const int64_t s_first = (min(tile0 + s_tile, tiles8 - 1) * groups + s_unit) * kPackRows;
-    const uint16_t* scales = static_cast<const uint16_t*>(args.scales);
 
     // Issues the copies of chunk kc into stage s. Destinations are XOR-ed within a stage (whose
     // offset is a multiple of 256) and then added to the shared base.
@@ -293,7 +312,7 @@ gemm_w4a16_tc_kernel(const GemmW4A16Args args, const TcGroups grp) {
                               ok ? static_cast<const void*>(scales + idx) : scales, ok);
             if constexpr (kAsym)
                 cp_async_ca_zfill<8>(smem_base + st + kZOffset + tid * kZeroUnitBytes,
-                                 ok ? static_cast<const void*>(args.zeros + idx) : args.zeros, ok);
+                                 ok ? static_cast<const void*>(z_src + idx) : z_src, ok);
         }
     };
 
@@ -399,17 +418,37 @@ gemm_w4a16_tc_kernel(const GemmW4A16Args args, const TcGroups grp) {
         const int64_t col = n0 + wn * Tile::kWarpN + fw * kMmaM + (g & ~1);  // the pairs' first
         float bv[4];  // the bias of columns col, col + 1, col + 8, col + 9
 #pragma unroll
-        for (int c = 0; c < 4; ++c) bv[c] = ep.bias_at(col + (c & 1) + 8 * (c >> 1));
+        for (int c = 0; c < 4; ++c) bv[c] = kMoe == kMoeDense ? ep.bias_at(col + (c & 1) + 8 * (c >> 1)) : 0.f;
 #pragma unroll
         for (int fx = 0; fx < kFX; ++fx) {
             if (fx % kWarpsK != warp_k) continue;  // warp-uniform: the shuffles see every lane
             const float* c = acc[fw][fx];
+            const int64_t row = m0 + wm * Tile::kWarpM + fx * kMmaN + 2 * t + (odd ? 1 : 0);
+            if constexpr (kMoe == kMoeSwiGLU) {
+                // Tiles 2fw (gate: c0 c1, rows 2t and 2t + 1) and 2fw + 1 (up: c2 c3) hold the same
+                // activation column; pairs of columns as above, one row per lane.
+                const float h0 = silu(c[0]) * c[2], h1 = silu(c[1]) * c[3];
+                const float r = __shfl_xor_sync(0xffffffffu, odd ? h0 : h1, 4);
+                const int64_t h_cols = n / 2, h_col = col / 2 - (col / 2) % 8 + (g & ~1);
+                if (mr.sorted_ids[row] >= mr.pairs || h_col >= h_cols) continue;
+                T* h = static_cast<T*>(args.out) + row * h_cols + h_col;
+                FloatEpilogue<T>::store_two(h, from_float<T>(odd ? r : h0), from_float<T>(odd ? h1 : r));
+                continue;
+            }
             const float r0 = __shfl_xor_sync(0xffffffffu, odd ? c[0] : c[1], 4);
             const float r1 = __shfl_xor_sync(0xffffffffu, odd ? c[2] : c[3], 4);
-            const int64_t row = m0 + wm * Tile::kWarpM + fx * kMmaN + 2 * t + (odd ? 1 : 0);
-            if (row >= m) continue;
             const float v0 = odd ? r0 : c[0], v1 = odd ? c[1] : r0;  // columns col, col + 1
             const float v2 = odd ? r1 : c[2], v3 = odd ? c[3] : r1;  // columns col + 8, col + 9
+            if constexpr (kMoe == kMoeWeighted) {
+                const int64_t pair = mr.sorted_ids[row];
+                if (pair >= mr.pairs) continue;
+                const float wgt = mr.pair_weights[pair];
+                float* o = mr.pair_out + pair * n;
+                if (col < n) *reinterpret_cast<float2*>(o + col) = make_float2(wgt * v0, wgt * v1);
+                if (col + 8 < n) *reinterpret_cast<float2*>(o + col + 8) = make_float2(wgt * v2, wgt * v3);
+                continue;
+            }
+            if (row >= m) continue;
             if (col < n) ep.store_pair(row, col, v0 + bv[0], v1 + bv[1]);
             if (col + 8 < n) ep.store_pair(row, col + 8, v2 + bv[2], v3 + bv[3]);
         }
@@ -418,16 +457,21 @@ gemm_w4a16_tc_kernel(const GemmW4A16Args args, const TcGroups grp) {
 // ---------------------------------------------------------------------------------------------
 // Launch
 // ---------------------------------------------------------------------------------------------
-template <class Tile, typename T, bool kAsym>
-cudaError_t launch_tc(const GemmW4A16Args& a, cudaStream_t stream) {
-    const int64_t blocks = ceil_div(a.m, Tile::kBM) * ceil_div(a.n, Tile::kBN);
-    if (!grid_fits(blocks)) return cudaErrorInvalidConfiguration;
-    auto kernel = gemm_w4a16_tc_kernel<Tile, T, kAsym>;
+// Dense: a 1-D grid of the output tiles. Grouped (kMoe): tile columns x row_blocks.
+template <class Tile, typename T, bool kAsym, int kMoe = kMoeDense>
+cudaError_t launch_tc(const GemmW4A16Args& a, cudaStream_t stream, const MoeRows& rows = {},
+                      int64_t row_blocks = 0) {
+    const int64_t col_blocks = ceil_div(a.n, Tile::kBN);
+    const int64_t blocks = kMoe == kMoeDense ? ceil_div(a.m, Tile::kBM) * col_blocks : col_blocks;
+    if (!grid_fits(blocks) || (kMoe != kMoeDense && (row_blocks < 1 || row_blocks > 65535)))
+        return cudaErrorInvalidConfiguration;
+    auto kernel = gemm_w4a16_tc_kernel<Tile, T, kAsym, kMoe>;
     constexpr int kSmem = Tile::smem_bytes(kAsym);
     static std::atomic<uint64_t> opted_in{0};
     const cudaError_t e = allow_dynamic_smem_once(kernel, kSmem, opted_in);
     if (e != cudaSuccess) return e;
-    kernel<<<unsigned(blocks), Tile::kThreads, kSmem, stream>>>(a, tc_groups(a.group_shift));
+    const dim3 grid(unsigned(blocks), kMoe == kMoeDense ? 1u : unsigned(row_blocks));
+    kernel<<<grid, Tile::kThreads, kSmem, stream>>>(a, tc_groups(a.group_shift), rows);
     return cudaGetLastError();
 }
 
@@ -497,6 +541,33 @@ cudaError_t gemm_w4a16_prepacked_tc(const GemmW4A16Args& args, cudaStream_t stre
                 case Pick::kWide: return launch_tc<TcWide, T, kAsym>(args, stream);
                 default: return launch_tc<TcSmall, T, kAsym>(args, stream);
             }
+        });
+    });
+}
+
+int gemm_w4a16_tc_grouped_rows(int64_t rows_per_expert) {
+    return rows_per_expert <= 64 ? TcWide::kBM : TcLarge::kBM;
+}
+
+cudaError_t gemm_w4a16_prepacked_tc_grouped(const GemmW4A16Args& args, MoeMode mode,
+                                            const MoeRows& rows, int block_rows,
+                                            int64_t row_blocks, cudaStream_t stream) {
+    if (compute_capability() < 80) return cudaErrorNotSupported;
+    if (prepacked_chunks(args.k) > INT32_MAX / kGroupUnits) return cudaErrorInvalidValue;
+    const bool asym = args.zeros != nullptr;
+    const bool wide = block_rows == TcWide::kBM;
+    if (!wide && block_rows != TcLarge::kBM) return cudaErrorInvalidValue;
+    if ((wide ? TcWide::smem_bytes(asym) : TcLarge::smem_bytes(asym)) > max_smem_optin())
+        return cudaErrorNotSupported;
+    return dispatch_half_dtype(args.dtype, [&](auto tag) {
+        using T = decltype(tag);
+        return with_bool(asym, [&](auto asym_tag) {
+            constexpr bool kAsym = decltype(asym_tag)::value;
+            if (mode == kMoeSwiGLU)
+                return wide ? launch_tc<TcWide, T, kAsym, kMoeSwiGLU>(args, stream, rows, row_blocks)
+                            : launch_tc<TcLarge, T, kAsym, kMoeSwiGLU>(args, stream, rows, row_blocks);
+            return wide ? launch_tc<TcWide, T, kAsym, kMoeWeighted>(args, stream, rows, row_blocks)
+                        : launch_tc<TcLarge, T, kAsym, kMoeWeighted>(args, stream, rows, row_blocks);
         });
     });
 }

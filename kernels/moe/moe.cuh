@@ -1,0 +1,94 @@
+// moe.cuh - the Mixture-of-Experts layer (ck_moe_*): routing, the grouping of (token, expert)
+// pairs by expert, the combine, and the workspace that ties them to the expert GEMMs (the
+// prepacked W4A16 kernels in their grouped mode, gemm/gemm_w4a16.cuh). Called by the entry
+// points after they validated every argument.
+#pragma once
+
+#include "kernels/core/common.cuh"
+#include "kernels/gemm/gemm_w4a16.cuh"
+
+namespace ck {
+
+constexpr int64_t kMoeMaxExperts = 1024;
+constexpr int64_t kMoeMaxTopK = 32;
+
+// Routing (ck_moe_route): logits [tokens, experts] -> ids, weights [tokens, top_k].
+struct MoeRouteArgs {
+    const void* logits;
+    ck_dtype_t dtype;  // fp32, fp16 or bf16
+    int64_t tokens, experts, top_k;
+    bool renormalize;
+    int32_t* ids;
+    float* weights;
+};
+cudaError_t moe_route(const MoeRouteArgs& a, cudaStream_t stream);
+
+// The workspace of one layer call: where each piece lives, from the sizes alone (no data).
+// Rows are the expert-sorted pairs padded per expert to a multiple of the grouped GEMM's rows
+// per block: at most pairs + min(experts, pairs) * (block_rows - 1), rounded up to a block. The regions
+// are sized for the largest block (kMoeMaxBlockRows) so that either path fits.
+constexpr int kMoeMaxBlockRows = 128;
+struct MoePlan {
+    int64_t tokens, hidden, inter, experts, top_k, pairs;
+    ck_dtype_t dtype;
+    // Byte offsets into the workspace (256-byte aligned), and its size.
+    size_t ids, weights, sorted_ids, block_expert, inter_rows, pair_out, bytes;
+
+    // At most min(experts, pairs) experts have rows, each padded by block_rows - 1 at most.
+    int64_t active_experts() const { return std::min(pairs, experts); }
+    int64_t max_blocks(int block_rows) const {
+        return ceil_div(pairs + active_experts() * (block_rows - 1), block_rows);
+    }
+    // The rows an expert that has any gets, on average: what picks the expert GEMMs' kernel.
+    int64_t rows_per_expert() const { return ceil_div(pairs, active_experts()); }
+};
+MoePlan moe_plan(int64_t tokens, int64_t hidden, int64_t inter, int64_t experts, int64_t top_k,
+                 ck_dtype_t dtype);
+
+// The layer after routing: ids and weights [pairs] (given or routed), the weights, the output
+// and the workspace. moe_experts_stream groups the pairs in blocks of 16 rows for the
+// weight-streaming kernel (a few rows per expert: decode); moe_experts_tc in blocks of 64 or
+// 128 for the tensor-core kernel. Both then run gate+up (SwiGLU), down (weighted) and combine.
+struct MoeExperts {
+    MoePlan plan;
+    int64_t group_size;  // as the caller gave it (CK_GROUP_ROW or 32, 64, 128)
+    const void* x;
+    const int32_t* ids;
+    const float* weights;
+    const uint8_t* w13;
+    const void* w13_scales;
+    const uint8_t* w13_zeros;
+    const uint8_t* w2;
+    const void* w2_scales;
+    const uint8_t* w2_zeros;
+    void* out;
+    uint8_t* workspace;
+};
+cudaError_t moe_experts_stream(const MoeExperts& a, cudaStream_t stream);
+cudaError_t moe_experts_tc(const MoeExperts& a, cudaStream_t stream);
+
+// Groups the pairs by expert (one block): sorted_ids[r] = pair id t * top_k + j of row r,
+// `pairs` on padding rows; block_expert[b] = the expert of rows b * block_rows ..., or -1
+// for blocks past the last used row. Pairs whose id is outside [0, experts) are left out.
+struct MoeAlignArgs {
+    const int32_t* ids;  // [pairs]
+    int64_t pairs, experts;
+    int block_rows;
+    int64_t max_rows, max_blocks;
+    int32_t* sorted_ids;
+    int32_t* block_expert;
+};
+cudaError_t moe_align(const MoeAlignArgs& a, cudaStream_t stream);
+
+// out[t, :] = round_to_dtype(sum_j pair_out[t * top_k + j, :]) over the pairs whose id is in
+// [0, experts), j in order.
+struct MoeCombineArgs {
+    const float* pair_out;  // [pairs, hidden]
+    const int32_t* ids;     // [pairs]
+    int64_t tokens, hidden, experts, top_k;
+    ck_dtype_t dtype;
+    void* out;              // [tokens, hidden]
+};
+cudaError_t moe_combine(const MoeCombineArgs& a, cudaStream_t stream);
+
+}  // namespace ck

@@ -191,6 +191,25 @@ Args int4_conversion(const void* scales, ck_dtype_t dtype, int64_t n, int64_t k,
     return args;
 }
 
+// The alignments both prepacks (ck_w4a16_prepack, ck_moe_prepack: one [n, k] weight) require,
+// checked last, and the conversion's arguments.
+ck_status_t prepack_operands(const Check& check, const uint8_t* w_packed, const void* scales,
+                             const uint8_t* zeros, ck_dtype_t dtype, int64_t n, int64_t k,
+                             int64_t group_size, uint8_t* w_prepacked, void* scales_prepacked,
+                             uint8_t* zeros_prepacked, ck::W4A16PrepackArgs& args) {
+    CK_TRY(check.aligned(w_packed, 16, "w_packed", "16-byte vector loads"));
+    CK_TRY(check.element_aligned(scales, dtype, "scales"));
+    CK_TRY(check.aligned(w_prepacked, 16, "w_prepacked", "16-byte vector stores"));
+    CK_TRY(check.aligned(scales_prepacked, 16, "scales_prepacked", "the GEMM's 16-byte copies"));
+    if (zeros_prepacked)
+        CK_TRY(check.aligned(zeros_prepacked, 16, "zeros_prepacked", "the GEMM's 16-byte copies"));
+    args = int4_conversion<ck::W4A16PrepackArgs>(scales, dtype, n, k, group_size, w_prepacked,
+                                                      scales_prepacked, zeros_prepacked);
+    args.w = w_packed;
+    args.zeros = zeros;
+    return CK_STATUS_SUCCESS;
+}
+
 // ---------------------------------------------------------------------------------------------
 // W4A16 GEMMs: operands and variants. "small_m" streams the weight once in either layout;
 // "tc" runs tensor-core tiles on a prepacked weight; the reference kernel reads both layouts.
@@ -577,16 +596,9 @@ ck_status_t ck_w4a16_prepack(const uint8_t* w_packed, const void* scales, const 
     if (ck_w4a16_prepacked_bytes(n, k) == 0)
         return check.fail(CK_STATUS_INVALID_VALUE, "n=%lld, k=%lld overflow a 64-bit byte count",
                           (long long)n, (long long)k);
-    CK_TRY(check.aligned(w_packed, 16, "w_packed", "16-byte vector loads"));
-    CK_TRY(check.element_aligned(scales, dtype, "scales"));
-    CK_TRY(check.aligned(w_prepacked, 16, "w_prepacked", "16-byte vector stores"));
-    CK_TRY(check.aligned(scales_prepacked, 16, "scales_prepacked", "the GEMM's 16-byte copies"));
-    if (zeros_prepacked)
-        CK_TRY(check.aligned(zeros_prepacked, 16, "zeros_prepacked", "the GEMM's 16-byte copies"));
-    auto args = int4_conversion<ck::W4A16PrepackArgs>(scales, dtype, n, k, group_size, w_prepacked,
-                                                      scales_prepacked, zeros_prepacked);
-    args.w = w_packed;
-    args.zeros = zeros;
+    ck::W4A16PrepackArgs args{};
+    CK_TRY(prepack_operands(check, w_packed, scales, zeros, dtype, n, k, group_size, w_prepacked,
+                            scales_prepacked, zeros_prepacked, args));
     return check.launch([&] { return ck::w4a16_prepack(args, stream); });
 }
 
@@ -742,16 +754,9 @@ ck_status_t ck_moe_prepack(const uint8_t* w_packed, const void* scales, const ui
         ck_moe_prepacked_groups(experts, n, k, group_size) == 0)
         return check.fail(CK_STATUS_INVALID_VALUE, "experts=%lld, n=%lld, k=%lld overflow a 64-bit byte count",
                           (long long)experts, (long long)n, (long long)k);
-    CK_TRY(check.aligned(w_packed, 16, "w_packed", "16-byte vector loads"));
-    CK_TRY(check.element_aligned(scales, dtype, "scales"));
-    CK_TRY(check.aligned(w_prepacked, 16, "w_prepacked", "16-byte vector stores"));
-    CK_TRY(check.aligned(scales_prepacked, 16, "scales_prepacked", "the GEMM's 16-byte copies"));
-    if (zeros_prepacked)
-        CK_TRY(check.aligned(zeros_prepacked, 16, "zeros_prepacked", "the GEMM's 16-byte copies"));
-    auto args = int4_conversion<ck::W4A16PrepackArgs>(scales, dtype, n, k, group_size, w_prepacked,
-                                                      scales_prepacked, zeros_prepacked);
-    args.w = w_packed;
-    args.zeros = zeros;
+    ck::W4A16PrepackArgs args{};
+    CK_TRY(prepack_operands(check, w_packed, scales, zeros, dtype, n, k, group_size, w_prepacked,
+                            scales_prepacked, zeros_prepacked, args));
     args.interleave = gate_up ? n / 2 : 0;
     // One prepack per expert: experts' inputs and outputs are consecutive.
     const int64_t in_values = n * args.groups, out_bytes = ck_w4a16_prepacked_bytes(n, k);

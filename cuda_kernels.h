@@ -461,8 +461,9 @@ CK_API int64_t ck_moe_prepacked_groups(int64_t experts, int64_t n, int64_t k, in
 /* Prepacks the weights of `experts` experts, each [n, k] in the interchange format of
  * ck_gemm_w4a16 (w_packed [experts, n, k / 2], scales and zeros [experts, n, groups]), into
  * the layout ck_moe_forward reads. gate_up = 1 for w13 (n = 2I: rows 0 .. I-1 gate, I .. 2I-1
- * up; the layout interleaves them in blocks of 8 rows so that one block of the kernel holds
- * both halves of the activation), 0 for w2. Outputs: w_prepacked (ck_moe_prepacked_bytes),
+ * up; the layout interleaves them in tiles of 8 rows: tile 2b holds gate rows 8b .. 8b+7,
+ * tile 2b+1 up rows 8b .. 8b+7, so that one block of the kernel holds both halves of the
+ * activation), 0 for w2. experts: 1 .. 1024. Outputs: w_prepacked (ck_moe_prepacked_bytes),
  * scales_prepacked and, for CK_INT4_ASYMMETRIC, zeros_prepacked (ck_moe_prepacked_groups values
  * each; NULL for CK_INT4_SYMMETRIC). Requirements: as ck_w4a16_prepack, and n % 16 == 0 when
  * gate_up. */
@@ -512,7 +513,10 @@ CK_API ck_status_t ck_moe_workspace_size(const ck_moe_params_t* params, size_t* 
  * down GEMM with the routing weight applied, and the combine. workspace: at least
  * ck_moe_workspace_size bytes, 256-byte aligned; its contents are scratch. Nothing is
  * allocated, nothing synchronizes and no host logic depends on the data, so the call can be
- * captured in a CUDA graph. Requires compute capability 8.0 or newer. */
+ * captured in a CUDA graph. Requires compute capability 8.0 or newer. The workspace must not
+ * overlap x or out (CK_STATUS_INVALID_VALUE). T * k + min(E, T * k) * 15 must stay below
+ * 65536 * 16 row slots (else CK_STATUS_UNSUPPORTED). The environment variable CK_MOE_KERNEL
+ * (auto, tc, stream) forces the expert GEMMs' kernel, as CK_GEMM_W4A16_KERNEL does. */
 CK_API ck_status_t ck_moe_forward(const ck_moe_params_t* params, void* workspace,
                                   size_t workspace_bytes, ck_stream_t stream);
 

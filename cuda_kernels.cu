@@ -38,12 +38,12 @@ template <class Args> bool small_m_serves(const Args& args, int cc) {
 // Integer GEMMs (INT8 x INT8 and INT4 x INT4): operands, the scaled epilogue, variants.
 // ---------------------------------------------------------------------------------------------
 std::string int8_gemm_facts(const ck::IntGemmArgs& args) {
-    return ck::formatted("m=%lld, b_layout=%s", (long long)args.m,
+    return ck::formatted("m=%lld, n=%lld, b_layout=%s", (long long)args.m, (long long)args.n,
                          args.b_layout == CK_LAYOUT_NK ? "CK_LAYOUT_NK" : "CK_LAYOUT_KN");
 }
 
 std::string int4_gemm_facts(const ck::IntGemmArgs& args) {
-    return ck::formatted("m=%lld", (long long)args.m);
+    return ck::formatted("m=%lld, n=%lld", (long long)args.m, (long long)args.n);
 }
 
 // The INT8 small-M kernel streams [N, K] weight rows; wgmma's TMA tiles read B as [N, K] too.
@@ -191,6 +191,26 @@ Args int4_conversion(const void* scales, ck_dtype_t dtype, int64_t n, int64_t k,
     return args;
 }
 
+// N and K within the prepacked layout's limit, and the bytes and values of `experts` prepacked
+// [n, k] weights representable in int64_t (ck_w4a16_prepack: one weight, not stacked).
+ck_status_t check_prepacked_size(const Check& check, bool stacked, int64_t experts, int64_t n,
+                                 int64_t k, int64_t group_size) {
+    if (n > ck::kPackMaxDim || k > ck::kPackMaxDim)
+        return check.fail(CK_STATUS_INVALID_VALUE,
+                          "n=%lld, k=%lld: the prepacked layout holds N and K up to 2^40",
+                          (long long)n, (long long)k);
+    if (ck_moe_prepacked_bytes(experts, n, k) == 0 ||
+        ck_moe_prepacked_groups(experts, n, k, group_size) == 0)
+        return !stacked  // ck_w4a16_prepack: one weight, no experts argument
+                   ? check.fail(CK_STATUS_INVALID_VALUE,
+                                "n=%lld, k=%lld overflow a 64-bit byte count", (long long)n,
+                                (long long)k)
+                   : check.fail(CK_STATUS_INVALID_VALUE,
+                                "experts=%lld, n=%lld, k=%lld overflow a 64-bit byte count",
+                                (long long)experts, (long long)n, (long long)k);
+    return CK_STATUS_SUCCESS;
+}
+
 // The alignments both prepacks (ck_w4a16_prepack, ck_moe_prepack: one [n, k] weight) require,
 // checked last, and the conversion's arguments.
 ck_status_t prepack_operands(const Check& check, const uint8_t* w_packed, const void* scales,
@@ -215,7 +235,7 @@ ck_status_t prepack_operands(const Check& check, const uint8_t* w_packed, const 
 // "tc" runs tensor-core tiles on a prepacked weight; the reference kernel reads both layouts.
 // ---------------------------------------------------------------------------------------------
 std::string w4a16_facts(const ck::GemmW4A16Args& args) {
-    return ck::formatted("m=%lld, %s weight", (long long)args.m,
+    return ck::formatted("m=%lld, n=%lld, %s weight", (long long)args.m, (long long)args.n,
                          args.prepacked ? "a prepacked" : "an interchange-format");
 }
 
@@ -264,9 +284,10 @@ ck_status_t check_gemm_w4a16_operands(const Check& check, const ck::GemmW4A16Arg
                                       int64_t group_size, ck_int4_mode_t mode) {
     const char* w_name = args.prepacked ? "w_prepacked" : "w_packed";
     const char* s_name = args.prepacked ? "scales_prepacked" : "scales";
+    const char* z_name = args.prepacked ? "zeros_prepacked" : "zeros";
     CK_TRY(check.not_null(
         {{args.x, "x"}, {args.w, w_name}, {args.scales, s_name}, {args.out, "out"}}));
-    CK_TRY(check.int4_mode(mode, args.zeros));
+    CK_TRY(check.int4_mode(mode, args.zeros, z_name));
     CK_TRY(check.half_dtype(args.dtype, "dtype"));
     CK_TRY(check.enum_value(args.activation, 2, "activation", "ck_activation_t"));
     CK_TRY(check.gemm_shape(args.m, args.n, args.k, dtype_size(args.dtype)));
@@ -277,7 +298,7 @@ ck_status_t check_gemm_w4a16_operands(const Check& check, const ck::GemmW4A16Arg
     if (args.prepacked) {
         CK_TRY(check.aligned(args.scales, 16, s_name, "16-byte asynchronous copies"));
         if (args.zeros)
-            CK_TRY(check.aligned(args.zeros, 16, "zeros_prepacked", "16-byte asynchronous copies"));
+            CK_TRY(check.aligned(args.zeros, 16, z_name, "16-byte asynchronous copies"));
     } else {
         CK_TRY(check.element_aligned(args.scales, args.dtype, s_name));
     }
@@ -331,7 +352,8 @@ ck_status_t check_moe_route_shape(const Check& check, int64_t tokens, int64_t ex
         return check.fail(CK_STATUS_INVALID_VALUE, "top_k=%lld must be in [1, min(experts=%lld, %lld)]",
                           (long long)top_k, (long long)experts, (long long)ck::kMoeMaxTopK);
     if (tokens > (int64_t(1) << 40) / top_k)
-        return check.fail(CK_STATUS_INVALID_VALUE, "tokens=%lld x top_k=%lld overflow the pair count",
+        return check.fail(CK_STATUS_INVALID_VALUE,
+                          "tokens=%lld x top_k=%lld: at most 2^40 (token, expert) pairs",
                           (long long)tokens, (long long)top_k);
     return CK_STATUS_SUCCESS;
 }
@@ -482,6 +504,7 @@ ck_status_t ck_quantize_int8(const void* x, ck_dtype_t x_dtype, int64_t rows, in
     CK_TRY(check.enum_value(granularity, 2, "granularity", "ck_granularity_t"));
     CK_TRY(check.enum_value(scale_mode, 2, "scale_mode", "ck_scale_mode_t"));
     CK_TRY(check.matrix(rows, cols, dtype_size(x_dtype)));
+    CK_TRY(check.row_scales(granularity, rows));
     CK_TRY(check.element_aligned({{x, x_dtype, "x"}, {scales, CK_DTYPE_FP32, "scales"}}));
     return check.launch([&] {
         return ck::quantize_int8(x, x_dtype, rows, cols, granularity, scale_mode, scales, q, stream);
@@ -496,6 +519,7 @@ ck_status_t ck_dequantize_int8(const int8_t* q, const float* scales, int64_t row
     CK_TRY(check.float_dtype(out_dtype, "out_dtype"));
     CK_TRY(check.enum_value(granularity, 2, "granularity", "ck_granularity_t"));
     CK_TRY(check.matrix(rows, cols, dtype_size(out_dtype)));
+    CK_TRY(check.row_scales(granularity, rows));
     CK_TRY(check.element_aligned({{scales, CK_DTYPE_FP32, "scales"}, {out, out_dtype, "out"}}));
     return check.launch([&] {
         return ck::dequantize_int8(q, scales, rows, cols, granularity, out, out_dtype, stream);
@@ -565,7 +589,7 @@ ck_status_t ck_gemm_w4a16(const void* x, ck_dtype_t dtype, const uint8_t* w_pack
 }
 
 int64_t ck_w4a16_prepacked_bytes(int64_t n, int64_t k) {
-    if (n < 1 || k < 32 || k % 32 || n > (int64_t(1) << 40) || k > (int64_t(1) << 40)) return 0;
+    if (n < 1 || k < 32 || k % 32 || n > ck::kPackMaxDim || k > ck::kPackMaxDim) return 0;
     int64_t bytes;
     if (__builtin_mul_overflow(ck::prepacked_rows(n), ck::prepacked_chunks(k) * ck::kPackK / 2, &bytes))
         return 0;
@@ -593,9 +617,7 @@ ck_status_t ck_w4a16_prepack(const uint8_t* w_packed, const void* scales, const 
     CK_TRY(check.gemm_shape(1, n, k, 2));
     CK_TRY(check.multiple_of(k, 32, "k", "a lane dequantizes 32 weights of a row from 16 bytes"));
     CK_TRY(check.group_size(group_size));
-    if (ck_w4a16_prepacked_bytes(n, k) == 0)
-        return check.fail(CK_STATUS_INVALID_VALUE, "n=%lld, k=%lld overflow a 64-bit byte count",
-                          (long long)n, (long long)k);
+    CK_TRY(check_prepacked_size(check, false, 1, n, k, group_size));
     ck::W4A16PrepackArgs args{};
     CK_TRY(prepack_operands(check, w_packed, scales, zeros, dtype, n, k, group_size, w_prepacked,
                             scales_prepacked, zeros_prepacked, args));
@@ -653,6 +675,10 @@ ck_status_t ck_permute_columns(const void* x, ck_dtype_t dtype, int64_t rows, in
     CK_TRY(check.not_null({{x, "x"}, {perm, "perm"}, {out, "out"}}));
     CK_TRY(check.float_dtype(dtype, "dtype"));
     CK_TRY(check.matrix(rows, cols, dtype_size(dtype)));
+    if (cols > INT32_MAX)
+        return check.fail(CK_STATUS_UNSUPPORTED,
+                          "cols=%lld: perm's int32 indices address at most 2^31 - 1 columns",
+                          (long long)cols);
     CK_TRY(check.element_aligned(
         {{x, dtype, "x"}, {perm, CK_DTYPE_INT32, "perm"}, {out, dtype, "out"}}));
     return check.launch([&] { return ck::permute_columns(x, dtype, rows, cols, perm, out, stream); });
@@ -745,15 +771,12 @@ ck_status_t ck_moe_prepack(const uint8_t* w_packed, const void* scales, const ui
                           (long long)experts, (long long)ck::kMoeMaxExperts);
     if (gate_up != 0 && gate_up != 1)
         return check.fail(CK_STATUS_INVALID_VALUE, "gate_up=%d must be 0 or 1", gate_up);
-    CK_TRY(check.gemm_shape(experts, n, k, 2));
+    CK_TRY(check.gemm_shape(experts, n, k, 2, "experts"));
     CK_TRY(check.multiple_of(k, 32, "k", "a lane dequantizes 32 weights of a row from 16 bytes"));
     if (gate_up)
         CK_TRY(check.multiple_of(n, 16, "n", "gate and up rows interleave in tiles of 8 rows"));
     CK_TRY(check.group_size(group_size));
-    if (ck_moe_prepacked_bytes(experts, n, k) == 0 ||
-        ck_moe_prepacked_groups(experts, n, k, group_size) == 0)
-        return check.fail(CK_STATUS_INVALID_VALUE, "experts=%lld, n=%lld, k=%lld overflow a 64-bit byte count",
-                          (long long)experts, (long long)n, (long long)k);
+    CK_TRY(check_prepacked_size(check, true, experts, n, k, group_size));
     ck::W4A16PrepackArgs args{};
     CK_TRY(prepack_operands(check, w_packed, scales, zeros, dtype, n, k, group_size, w_prepacked,
                             scales_prepacked, zeros_prepacked, args));

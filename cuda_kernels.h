@@ -19,6 +19,15 @@
  *   - Non-finite inputs: NaN encodes as 0 and is ignored when computing absmax/min/max. An
  *     infinite input makes its scale infinite and every code of its segment 0: inputs are
  *     expected to be finite.
+ *   - Outputs must not overlap inputs (no entry point works in place); each function says so.
+ *     A call given overlapping buffers writes nothing outside its outputs and none of its other
+ *     inputs, but the values it writes are unspecified (ck_moe_forward rejects the overlaps it
+ *     can see, with CK_STATUS_INVALID_VALUE).
+ *   - Sizes: any product of sizes whose byte count fits in int64_t is accepted unless a function
+ *     states a limit; past that, CK_STATUS_INVALID_VALUE. A GEMM whose output needs more thread
+ *     blocks than one launch holds (2^31 - 1) returns CK_STATUS_UNSUPPORTED and launches
+ *     nothing: M x N beyond 2^43 (the smallest tiles are 64 x 64), or N beyond 2^34 for the
+ *     weight-streaming kernels of M <= 16 (8 output columns per block at least).
  *   - A call reports the errors of its own launches only: a non-sticky CUDA error that earlier
  *     calls on the thread left pending (cudaGetLastError) is cleared before the launch.
  *   - Arguments of entry points with many of them (the Mixture-of-Experts and attention
@@ -159,7 +168,8 @@ CK_API ck_status_t ck_device_count(int* count);
  *         checked); with CK_SCALE_DYNAMIC
  *         they are written, scale = absmax / 127 of the tensor or of the row.
  * Writes q (rows * cols bytes) and, if dynamic, scales.
- * Requirements: rows, cols >= 1; x aligned to its element size, scales to 4 bytes.
+ * Requirements: rows, cols >= 1 (with CK_PER_ROW, rows * 4 bytes of scales within int64_t);
+ * x aligned to its element size, scales to 4 bytes.
  * A dynamic per-tensor call reads x twice (absmax first, then encode); every other variant
  * reads it once. x and q must not overlap. */
 CK_API ck_status_t ck_quantize_int8(const void* x, ck_dtype_t x_dtype, int64_t rows, int64_t cols,
@@ -168,7 +178,8 @@ CK_API ck_status_t ck_quantize_int8(const void* x, ck_dtype_t x_dtype, int64_t r
 
 /* Dequantizes int8 q [rows, cols] with float32 scales (1 or `rows` values, per `granularity`):
  * out = (float)q * scale, written as out_dtype (float32, float16 or bfloat16) to out [rows, cols].
- * Requirements: rows, cols >= 1; scales aligned to 4 bytes, out to its element size. */
+ * Requirements: rows, cols >= 1 (with CK_PER_ROW, rows * 4 bytes of scales within int64_t);
+ * scales aligned to 4 bytes, out to its element size. out must not overlap q or scales. */
 CK_API ck_status_t ck_dequantize_int8(const int8_t* q, const float* scales, int64_t rows,
                                       int64_t cols, ck_granularity_t granularity, void* out,
                                       ck_dtype_t out_dtype, ck_stream_t stream);
@@ -186,7 +197,8 @@ CK_API int64_t ck_int4_groups_per_row(int64_t cols, int64_t group_size);
  * group_size: 32, 64, 128 or CK_GROUP_ROW (-1).
  * Writes q_packed [rows, (cols + 1) / 2] bytes, scales [rows, groups] in the dtype of x and,
  * for CK_INT4_ASYMMETRIC, zeros [rows, groups] uint8. For CK_INT4_SYMMETRIC, zeros must be NULL.
- * Requirements: rows, cols >= 1; x and scales aligned to their element size. */
+ * Requirements: rows, cols >= 1; x and scales aligned to their element size. No output may
+ * overlap x or another output. */
 CK_API ck_status_t ck_quantize_int4(const void* x, ck_dtype_t x_dtype, int64_t rows, int64_t cols,
                                     int64_t group_size, ck_int4_mode_t mode, uint8_t* q_packed,
                                     void* scales, uint8_t* zeros, ck_stream_t stream);
@@ -194,7 +206,8 @@ CK_API ck_status_t ck_quantize_int4(const void* x, ck_dtype_t x_dtype, int64_t r
 /* Dequantizes packed int4 q_packed [rows, (cols + 1) / 2] with scales [rows, groups] of dtype
  * out_dtype (float32, float16 or bfloat16) and, for CK_INT4_ASYMMETRIC, zeros [rows, groups]
  * (NULL for CK_INT4_SYMMETRIC), writing out [rows, cols] as out_dtype.
- * Requirements: rows, cols >= 1; scales and out aligned to their element size. */
+ * Requirements: rows, cols >= 1; scales and out aligned to their element size. out must not
+ * overlap q_packed, scales or zeros. */
 CK_API ck_status_t ck_dequantize_int4(const uint8_t* q_packed, const void* scales,
                                       const uint8_t* zeros, int64_t rows, int64_t cols,
                                       int64_t group_size, ck_int4_mode_t mode, void* out,
@@ -298,7 +311,8 @@ CK_API ck_status_t ck_gemm_w4a16(const void* x, ck_dtype_t dtype, const uint8_t*
  *                 CK_INT4_SYMMETRIC).
  * ------------------------------------------------------------------------------------------- */
 /* Bytes of the prepacked weight of an [N, K] matrix (K a multiple of 32), or 0 when n or k is
- * invalid. */
+ * invalid. The layout holds N and K up to 2^40 (0 beyond; ck_w4a16_prepack and
+ * ck_moe_prepack then return CK_STATUS_INVALID_VALUE). */
 CK_API int64_t ck_w4a16_prepacked_bytes(int64_t n, int64_t k);
 
 /* Values in the prepacked scales (and zeros) of an [N, K] weight, or 0 when an argument is
@@ -323,7 +337,7 @@ CK_API ck_status_t ck_w4a16_prepack(const uint8_t* w_packed, const void* scales,
  * CK_GEMM_W4A16_KERNEL forces a variant: "small_m" (M <= 16, sm_80+), "tc" (sm_80+),
  * "reference" or "auto" (a variant that cannot serve the call returns CK_STATUS_UNSUPPORTED).
  * Requirements: as ck_gemm_w4a16; w_prepacked, scales_prepacked and zeros_prepacked 16-byte
- * aligned. */
+ * aligned. out must not overlap x, the weight, its scales and zeros or the bias. */
 CK_API ck_status_t ck_gemm_w4a16_prepacked(const void* x, ck_dtype_t dtype,
                                            const uint8_t* w_prepacked,
                                            const void* scales_prepacked,
@@ -373,7 +387,8 @@ CK_API ck_status_t ck_import_awq(const int32_t* qweight, const int32_t* qzeros,
 
 /* Gathers columns: out[r, j] = x[r, perm[j]] for x, out [rows, cols] of dtype (any of
  * CK_DTYPE_FP32, CK_DTYPE_FP16, CK_DTYPE_BF16) and perm [cols] int32, each in [0, cols) (not
- * checked: device data). x and out must not overlap; pointers aligned to their element size. */
+ * checked: device data). x and out must not overlap; pointers aligned to their element size.
+ * cols <= 2^31 - 1 (perm's int32 indices address no more; CK_STATUS_UNSUPPORTED beyond). */
 CK_API ck_status_t ck_permute_columns(const void* x, ck_dtype_t dtype, int64_t rows, int64_t cols,
                                       const int32_t* perm, void* out, ck_stream_t stream);
 
@@ -386,6 +401,7 @@ CK_API ck_status_t ck_permute_columns(const void* x, ck_dtype_t dtype, int64_t r
  * M <= 16 a kernel streams b once; larger M runs tensor-core tiles (int4 unpacked to int8
  * mma.sync). CK_GEMM_INT4_KERNEL forces one: "reference" (any GPU), "mma" (sm_80+), "small_m"
  * (M <= 16, sm_80+) or "auto"; one that cannot serve the call returns CK_STATUS_UNSUPPORTED.
+ * a, b, the scales and the bias must not overlap the output.
  * ------------------------------------------------------------------------------------------- */
 /* c[M, N] = sum_k a[m, k] * b[n, k], exact (no int32 overflow below K = 2^25). */
 CK_API ck_status_t ck_gemm_int4(const uint8_t* a, const uint8_t* b, int64_t m, int64_t n,
@@ -407,7 +423,8 @@ CK_API ck_status_t ck_gemm_int4_scaled(const uint8_t* a, const uint8_t* b, int64
  * The product runs on cuBLASLt with its bias/ReLU epilogue fused (no workspace, so the call can
  * be captured in a graph); a cuBLASLt failure returns CK_STATUS_CUBLAS_ERROR.
  * Requirements: M, N, K >= 1; every pointer 16-byte aligned; K and N multiples of
- * 16 / sizeof(dtype) (so that every row starts 16-byte aligned). */
+ * 16 / sizeof(dtype) (so that every row starts 16-byte aligned). x, w and bias must not
+ * overlap out. */
 CK_API ck_status_t ck_linear(const void* x, const void* w, const void* bias, ck_dtype_t dtype,
                              int64_t m, int64_t n, int64_t k, ck_activation_t activation, void* out,
                              ck_stream_t stream);
@@ -437,6 +454,9 @@ CK_API ck_status_t ck_linear(const void* x, const void* w, const void* bias, ck_
  * Device-side ids: an id outside [0, E) (passed by the caller in topk_ids) is the caller's
  * error; the pair it names then contributes nothing to out, and nothing is read or written out
  * of bounds.
+ *
+ * Sizes: tokens * top_k is at most 2^40 (token, expert) pairs in every entry point
+ * (CK_STATUS_INVALID_VALUE beyond); ck_moe_forward has a tighter limit of its own (below).
  * ------------------------------------------------------------------------------------------- */
 
 /* The activation between the gate+up and the down projection. */
@@ -447,7 +467,8 @@ typedef enum ck_moe_activation {
 /* Routing alone: logits [tokens, experts] (CK_DTYPE_FP32, FP16 or BF16) -> topk_ids
  * [tokens, top_k] int32 and topk_weights [tokens, top_k] float32, as `route` above.
  * Requirements: tokens >= 1; 1 <= experts <= 1024; 1 <= top_k <= min(experts, 32); logits
- * aligned to its element size, topk_ids and topk_weights 4-byte aligned. */
+ * aligned to its element size, topk_ids and topk_weights 4-byte aligned. topk_ids and
+ * topk_weights must not overlap logits or each other. */
 CK_API ck_status_t ck_moe_route(const void* logits, ck_dtype_t logits_dtype, int64_t tokens,
                                 int64_t experts, int64_t top_k, int renormalize,
                                 int32_t* topk_ids, float* topk_weights, ck_stream_t stream);
@@ -465,8 +486,8 @@ CK_API int64_t ck_moe_prepacked_groups(int64_t experts, int64_t n, int64_t k, in
  * tile 2b+1 up rows 8b .. 8b+7, so that one block of the kernel holds both halves of the
  * activation), 0 for w2. experts: 1 .. 1024. Outputs: w_prepacked (ck_moe_prepacked_bytes),
  * scales_prepacked and, for CK_INT4_ASYMMETRIC, zeros_prepacked (ck_moe_prepacked_groups values
- * each; NULL for CK_INT4_SYMMETRIC). Requirements: as ck_w4a16_prepack, and n % 16 == 0 when
- * gate_up. */
+ * each; NULL for CK_INT4_SYMMETRIC). Requirements: as ck_w4a16_prepack (no output overlapping
+ * an input), and n % 16 == 0 when gate_up. */
 CK_API ck_status_t ck_moe_prepack(const uint8_t* w_packed, const void* scales,
                                   const uint8_t* zeros, ck_dtype_t dtype, int64_t experts,
                                   int64_t n, int64_t k, int64_t group_size, ck_int4_mode_t mode,
@@ -514,9 +535,10 @@ CK_API ck_status_t ck_moe_workspace_size(const ck_moe_params_t* params, size_t* 
  * ck_moe_workspace_size bytes, 256-byte aligned; its contents are scratch. Nothing is
  * allocated, nothing synchronizes and no host logic depends on the data, so the call can be
  * captured in a CUDA graph. Requires compute capability 8.0 or newer. The workspace must not
- * overlap x or out (CK_STATUS_INVALID_VALUE). T * k + min(E, T * k) * 15 must stay below
- * 65536 * 16 row slots (else CK_STATUS_UNSUPPORTED). The environment variable CK_MOE_KERNEL
- * (auto, tc, stream) forces the expert GEMMs' kernel, as CK_GEMM_W4A16_KERNEL does. */
+ * overlap x or out (CK_STATUS_INVALID_VALUE). T * k + min(E, T * k) * 15 must be at most
+ * 65535 * 16 = 1048560 row slots (else CK_STATUS_UNSUPPORTED). The environment variable
+ * CK_MOE_KERNEL (auto, tc, stream) forces the expert GEMMs' kernel, as CK_GEMM_W4A16_KERNEL
+ * does. */
 CK_API ck_status_t ck_moe_forward(const ck_moe_params_t* params, void* workspace,
                                   size_t workspace_bytes, ck_stream_t stream);
 

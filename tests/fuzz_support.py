@@ -11,8 +11,10 @@ kind:
                          (misaligned: CK_STATUS_MISALIGNED); optional=True allows NULL (bias)
     ZeroPoints(mode)     given exactly for CK_INT4_ASYMMETRIC (else CK_STATUS_INVALID_VALUE)
     PairedPointer(p)     given exactly when pointer p is (GPTQ's perm, with g_idx)
-    Size(multiple)       int64_t >= 1 (else CK_STATUS_INVALID_VALUE); `multiple` only steers the
-                         valid draws towards the export's multiple-of rules, which RULES check
+    Size(multiple, most) int64_t >= 1, and <= most where the export bounds it alone (else
+                         CK_STATUS_INVALID_VALUE); `multiple` only steers the valid draws
+                         towards the export's multiple-of rules, which RULES check
+    TopK()               the MoE top_k: 1 .. min(experts, 32) (else CK_STATUS_INVALID_VALUE)
     Enum(count)          a C enum with the values 0 .. count - 1 (else CK_STATUS_INVALID_VALUE)
     DTypeArg(accepted)   a ck_dtype_t: not one (CK_STATUS_INVALID_VALUE), or one the export does
                          not take (CK_STATUS_UNSUPPORTED)
@@ -20,21 +22,33 @@ kind:
     Stream()             the stream: a handle, drawn among the ones CUDA defines (0, the legacy
                          and the per-thread default streams); never garbage, which a launch
                          would dereference
-    HostInt()            ck_device_count's int*: NULL or a real host int
-    AnyInt(bits)         any value of the type (ck_status_string's status)
+    HostInt(ctype)       a host integer out-parameter (ck_device_count's int*,
+                         ck_moe_workspace_size's size_t*): NULL or a real one
+    AnyInt()             any value of a C int (ck_status_string's status)
+    Flag()               a C int read as a boolean (renormalize): any value
+    Alternative(p)       given exactly when pointer p is not (the MoE routing: router_logits,
+                         or topk_ids and topk_weights)
+    Disjoint(align, s)   a buffer the export checks against others for overlap
+                         (CK_STATUS_INVALID_VALUE): valid draws are moved clear of them
+    Struct(ctype, ...)   a parameter struct passed by const pointer (ck_moe_params_t): a dict of
+                         its fields, each with a kind of its own, or None for NULL; a wrong
+                         struct_size is CK_STATUS_INVALID_VALUE
+    WorkspaceBytes()     ck_moe_forward's size_t workspace_bytes: at least ck_moe_workspace_size
 
 and each status-returning export a list of cross-argument rules (shape multiples, overflowing
 byte counts, layouts): `violations(name, args)` lists every rule a call breaks, each as the
-status the header documents for it and the arguments a message must name. A call without
-violations is valid: where no CUDA device is visible, the library must pass it to its launch,
-which answers CK_STATUS_NO_DEVICE.
+status the header documents for it and the arguments a message must name (a struct's field by
+its own name: "tokens" for params->tokens). A call without violations is valid: where no CUDA
+device is visible, the library must pass it to its launch, which answers CK_STATUS_NO_DEVICE
+(ck_moe_workspace_size, which launches nothing, answers CK_STATUS_SUCCESS and the byte count).
 
 Draws: every argument has a strategy for valid values (sizes on the export's multiples, aligned
 pointers, enums in range) and one over the whole range of its C type (any int64, any 32-bit
 enum value, NULL, misaligned, host and wild pointers). A drawn call changes a few of its
 arguments (none, one, two, three or all) to the whole-range strategy, so that valid calls, calls
 with exactly one defect (whose status and message are then exactly predicted) and calls with
-many defects all occur.
+many defects all occur. A parameter struct's fields count as arguments there ("params->tokens"),
+and so does the struct itself (NULL, or a struct_size of another version).
 
 The pointers are never dereferenced by validation: fake device addresses are unmapped here,
 HOST_NOACCESS is a mapped page that any access faults on, and HOST_BUFFER is a host buffer whose
@@ -179,6 +193,19 @@ class Kind:
             self.__dict__[key] = self.any() if whole_range else self.valid()
         return self.__dict__[key]
 
+    def corruption_keys(self, name):
+        """What a drawn call can change of this argument (draw_call's corruption order)."""
+        return [name] if self.corruptible else []
+
+    def draw(self, data, name, changed):
+        """The argument's value from Hypothesis' `data`: over the whole range when a key of
+        corruption_keys is in `changed`, else valid (settled later)."""
+        return data.draw(self.strategy(name in changed), label=name)
+
+    def c_argument(self, value):
+        """(what ctypes passes, the ctypes object the call writes an answer into or None)."""
+        return value, None
+
 
 def _valid_pointers():
     return st.builds(lambda base, k: base + 256 * k, st.sampled_from(POINTER_BASES[:3]),
@@ -227,12 +254,11 @@ class Pointer(Kind):
 
 class ZeroPoints(Pointer):
     """The zero points of a packed INT4 tensor: required for CK_INT4_ASYMMETRIC, NULL for
-    CK_INT4_SYMMETRIC (the mode argument `mode`). said_as: the name the library's messages give
-    the argument where it is not the header's."""
+    CK_INT4_SYMMETRIC (the mode argument `mode`)."""
 
-    def __init__(self, mode="mode", align=1, said_as=None):
+    def __init__(self, mode="mode", align=1):
         super().__init__(align)
-        self.mode, self.said_as = mode, said_as
+        self.mode = mode
 
     def example(self):
         return 0
@@ -241,11 +267,11 @@ class ZeroPoints(Pointer):
         return 0 if args[self.mode] == ck.INT4_SYMMETRIC else args[name]
 
     def violations(self, name, label, args):
-        mode, said = args[self.mode], self.said_as or label
+        mode = args[self.mode]
         if mode == ck.INT4_SYMMETRIC and args[name]:
-            return [Violation(Status.INVALID_VALUE, (said,))]
+            return [Violation(Status.INVALID_VALUE, (label,))]
         if mode == ck.INT4_ASYMMETRIC and not args[name]:
-            return [Violation(Status.INVALID_VALUE, (said,))]
+            return [Violation(Status.INVALID_VALUE, (label,))]
         if mode == ck.INT4_ASYMMETRIC:
             return super().violations(name, label, args)
         return []   # an invalid mode is the mode's violation
@@ -272,32 +298,115 @@ class PairedPointer(Pointer):
         return []
 
 
+class Alternative(Pointer):
+    """Given exactly when the pointer argument `other` is not (ck_moe_params_t's routing: the
+    caller's topk_ids and topk_weights, or router_logits for the layer to route): both given or
+    both NULL is CK_STATUS_INVALID_VALUE naming both."""
+
+    def __init__(self, other, align=1):
+        super().__init__(align)
+        self.other = other
+
+    def settle(self, name, args):
+        return 0 if args[self.other] else args[name]
+
+    def violations(self, name, label, args):
+        if bool(args[self.other]) == bool(args[name]):
+            return [Violation(Status.INVALID_VALUE, (label, self.other))]
+        return super().violations(name, label, args) if args[name] else []
+
+
+def overlaps(a, a_bytes, b, b_bytes):
+    """Whether [a, a + a_bytes) and [b, b + b_bytes) share a byte, as the library compares
+    addresses (uintptr_t arithmetic, which wraps)."""
+    return a < (b + b_bytes) % 2**64 and b < (a + a_bytes) % 2**64
+
+
+class Disjoint(Pointer):
+    """A buffer that the export checks against others for overlap (CK_STATUS_INVALID_VALUE,
+    one of its rules). spans(args): its byte count and the (address, bytes) of the buffers it
+    must not overlap, or None while the sizes are invalid (no overlap check is reached). A
+    valid draw that overlaps them moves to the first 256-byte boundary past them."""
+
+    def __init__(self, align, spans):
+        super().__init__(align)
+        self.spans = spans
+
+    def settle(self, name, args):
+        address, spans = args[name], self.spans(args)
+        if not address or spans is None:
+            return address
+        size, others = spans
+        if not any(overlaps(address, size, other, other_bytes) for other, other_bytes in others):
+            return address
+        end = max(other + other_bytes for other, other_bytes in others)
+        moved = -(-end // 256) * 256 % 2**64
+        if any(overlaps(moved, size, other, other_bytes) for other, other_bytes in others):
+            return address   # past the top of the address space: left to the rule
+        return moved
+
+
 def _round_up(value, multiple):
     rounded = -(-value // multiple) * multiple
     return rounded if rounded <= INT64_MAX else value // multiple * multiple
 
 
 class Size(Kind):
-    """An int64_t size: >= 1. Valid draws are multiples of `multiple`."""
+    """An int64_t size: >= 1, and at most `most` where the export bounds it on its own. Valid
+    draws are multiples of `multiple`, at most draws_up_to (default: most) where rules of several
+    arguments bound it further (the MoE layer's pairs and row blocks)."""
 
-    def __init__(self, multiple=1):
-        self.multiple = multiple
+    def __init__(self, multiple=1, most=None, draws_up_to=None):
+        self.multiple, self.most = multiple, most
+        self.draws_up_to = draws_up_to or most
 
     def example(self):
         return 256
 
     def valid(self):
-        base = st.one_of(st.integers(1, 300), st.sampled_from([v for v in SPECIAL_SIZES if v >= 1]),
-                         st.integers(1, 2**40))
-        return base.map(lambda v: _round_up(v, self.multiple))
+        top = self.draws_up_to
+        if top is None:
+            base = st.one_of(st.integers(1, 300),
+                             st.sampled_from([v for v in SPECIAL_SIZES if v >= 1]),
+                             st.integers(1, 2**40))
+            return base.map(lambda v: _round_up(v, self.multiple))
+        base = st.one_of(st.integers(1, min(300, top)),
+                         st.sampled_from([v for v in SPECIAL_SIZES if 1 <= v <= top]),
+                         st.integers(1, top))
+        return base.map(lambda v: min(_round_up(v, self.multiple),
+                                      top // self.multiple * self.multiple))
 
     def any(self):
-        return st.one_of(st.sampled_from(SPECIAL_SIZES), st.integers(INT64_MIN, INT64_MAX),
-                         st.integers(-300, 300))
+        whole = st.one_of(st.sampled_from(SPECIAL_SIZES), st.integers(INT64_MIN, INT64_MAX),
+                          st.integers(-300, 300))
+        if self.most is None:
+            return whole
+        return st.one_of(whole, st.sampled_from((self.most, self.most + 1)))
 
     def violations(self, name, label, args):
         value = args[name]
-        if value < 1:
+        if value < 1 or (self.most is not None and value > self.most):
+            return [Violation(Status.INVALID_VALUE, (label,), (value,))]
+        return []
+
+
+class TopK(Size):
+    """The k experts per token of the MoE exports: 1 .. min(experts, 32), experts the argument
+    of that name (the bound by experts is checked only once experts is valid)."""
+
+    def __init__(self):
+        super().__init__(most=MOE_MAX_TOP_K)
+
+    def example(self):
+        return 2
+
+    def settle(self, name, args):
+        experts = args["experts"]
+        return min(args[name], experts) if 1 <= experts <= MOE_MAX_EXPERTS else args[name]
+
+    def violations(self, name, label, args):
+        value, experts = args[name], args["experts"]
+        if value < 1 or value > self.most or (1 <= experts <= MOE_MAX_EXPERTS and value > experts):
             return [Violation(Status.INVALID_VALUE, (label,), (value,))]
         return []
 
@@ -326,10 +435,12 @@ class Enum(Kind):
 
 
 class DTypeArg(Kind):
-    """A ck_dtype_t argument; `accepted`: the dtypes the export takes."""
+    """A ck_dtype_t argument; `accepted`: the dtypes the export takes; of: the optional pointer
+    argument whose elements it describes, where it is checked only when that is given (a MoE
+    layer's router_dtype, with router_logits)."""
 
-    def __init__(self, accepted):
-        self.accepted = tuple(accepted)
+    def __init__(self, accepted, of=None):
+        self.accepted, self.of = tuple(accepted), of
 
     def example(self):
         return self.accepted[0]
@@ -343,6 +454,8 @@ class DTypeArg(Kind):
 
     def violations(self, name, label, args):
         value = args[name]
+        if self.of and not args[self.of]:
+            return []
         if _element_size(value) is None:
             return [Violation(Status.INVALID_VALUE, (label,), (value,))]
         if value not in self.accepted:
@@ -387,8 +500,12 @@ class Stream(Kind):
 
 
 class HostInt(Kind):
-    """ck_device_count's int*: NULL, or a real int the call writes (never garbage: a host
-    out-parameter is the caller's to get right)."""
+    """A host integer out-parameter of C type `ctype` (ck_device_count's int*,
+    ck_moe_workspace_size's size_t*): NULL (CK_STATUS_INVALID_VALUE), or "int", a real one that
+    the call writes (never garbage: a host out-parameter is the caller's to get right)."""
+
+    def __init__(self, ctype=ctypes.c_int):
+        self.ctype = ctype
 
     def example(self):
         return "int"
@@ -398,6 +515,15 @@ class HostInt(Kind):
 
     def any(self):
         return st.sampled_from(("int", None))
+
+    def violations(self, name, label, args):
+        return [] if args[name] == "int" else [Violation(Status.INVALID_VALUE, (label,))]
+
+    def c_argument(self, value):
+        if value != "int":
+            return None, None
+        out = self.ctype(-1)   # what a call that writes nothing leaves: -1, or SIZE_MAX
+        return ctypes.byref(out), out
 
 
 class AnyInt(Kind):
@@ -409,6 +535,110 @@ class AnyInt(Kind):
     def valid(self):
         return st.one_of(st.integers(0, 7), st.sampled_from(SPECIAL_ENUMS),
                          st.integers(INT32_MIN, INT32_MAX))
+
+
+class Flag(AnyInt):
+    """A C int read as a boolean (ck_moe_route's and ck_moe_params_t's renormalize): every
+    value is valid, non-zero meaning true."""
+
+    def valid(self):
+        return st.sampled_from((0, 1))
+
+    def any(self):
+        return st.one_of(st.sampled_from(SPECIAL_ENUMS), st.integers(INT32_MIN, INT32_MAX))
+
+
+class Struct(Kind):
+    """A parameter struct passed by const pointer (ctype: its ctypes.Structure, as
+    ck_moe_params_t is cuda_wrapper.MoeParams). A call's value is a dict of the struct's fields,
+    struct_size included, or None for NULL. Each field has a kind of its own: it is drawn,
+    corrupted ("params->tokens" in the call's corruption order), settled and checked as a flat
+    argument is, its rules (functions of the field dict) as an export's; corrupting the struct
+    itself gives NULL or a struct_size this version does not know, which ends validation (no
+    field of a struct of unknown layout is read). unchecked: the fields that the export does not
+    validate (ck_moe_workspace_size reads no pointer), drawn as the others and breaking no rule.
+    example: the valid call's sizes, where a field kind's own example does not fit."""
+
+    def __init__(self, ctype, fields, rules=(), unchecked=(), example=None):
+        self.ctype, self.fields, self.rules = ctype, fields, tuple(rules)
+        self.unchecked, self.examples = frozenset(unchecked), dict(example or {})
+        self.size = ctypes.sizeof(ctype)
+        self.sizes = st.one_of(
+            st.none(), st.sampled_from((0, 8, self.size - 8, self.size - 1, self.size + 1,
+                                        self.size + 8, 2 * self.size)),
+            st.integers(0, UINT64_MAX))
+
+    def example(self):
+        fields = {"struct_size": self.size}
+        for index, (field, kind) in enumerate(self.fields.items()):
+            fields[field] = self.examples.get(field, kind.example())
+            if isinstance(kind, Pointer) and fields[field]:   # far apart: no overlap at any size
+                fields[field] = FAKE_DEVICE + (index + 1) * 2**48
+        for field, kind in self.fields.items():
+            fields[field] = kind.settle(field, fields)
+        return fields
+
+    def corruption_keys(self, name):
+        return [name] + ["%s->%s" % (name, field) for field, kind in self.fields.items()
+                         if kind.corruptible]
+
+    def draw(self, data, name, changed):
+        size = data.draw(self.sizes, label=name + "->struct_size") if name in changed \
+            else self.size
+        if size is None:
+            return None
+        keys = {field: "%s->%s" % (name, field) for field in self.fields}
+        fields = {"struct_size": size}
+        for field, kind in self.fields.items():
+            fields[field] = kind.draw(data, keys[field], changed)
+        for field, kind in self.fields.items():
+            if keys[field] not in changed:
+                fields[field] = kind.settle(field, fields)
+        return fields
+
+    def field_violations(self, fields):
+        """The rules that the fields of a struct of the right size break."""
+        found = []
+        for field, kind in self.fields.items():
+            if field not in self.unchecked:
+                found += kind.violations(field, field, fields)
+        for rule in self.rules:
+            found += rule(fields)
+        return found
+
+    def violations(self, name, label, args):
+        fields = args[name]
+        if fields is None:
+            return [Violation(Status.INVALID_VALUE, (label,))]
+        if fields["struct_size"] != self.size:
+            return [Violation(Status.INVALID_VALUE, ("struct_size",), (fields["struct_size"],))]
+        return self.field_violations(fields)
+
+    def c_argument(self, value):
+        return (None if value is None else ctypes.byref(self.ctype(**value))), None
+
+
+class WorkspaceBytes(Kind):
+    """ck_moe_forward's size_t workspace_bytes: at least ck_moe_workspace_size's bytes for the
+    call's params (the argument `params`; moe_workspace checks it). A valid draw is a margin
+    that settle adds to that size."""
+
+    def __init__(self, params="params"):
+        self.params = params
+
+    def example(self):
+        return 0
+
+    def valid(self):
+        return st.sampled_from((0, 1, 255, 256, 4096, 2**20))
+
+    def any(self):
+        return st.one_of(st.sampled_from((0, 1, 255, 256, 2**31, 2**32, 2**63, UINT64_MAX)),
+                         st.integers(0, UINT64_MAX))
+
+    def settle(self, name, args):
+        need = moe_workspace_bytes(args[self.params])
+        return args[name] if need is None or args[name] >= need else need + args[name]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -428,6 +658,24 @@ def matrix_bytes(rows, cols, dtype_arg):
             return [Violation(Status.INVALID_VALUE, (rows, cols), (args[rows], args[cols]))]
         return []
     return rule
+
+
+def row_scales(args):
+    """CK_PER_ROW: the rows float32 scales' byte count fits in int64_t too."""
+    rows = args["rows"]
+    if args["granularity"] == ck.PER_ROW and rows >= 1 and rows * 4 > INT64_MAX:
+        return [Violation(Status.INVALID_VALUE, ("rows",), (rows,))]
+    return []
+
+
+def int32_columns(args):
+    """ck_permute_columns: perm's int32 indices address at most 2^31 - 1 columns."""
+    rows, cols, size = args["rows"], args["cols"], _element_size(args["dtype"])
+    if size is None or not _positive(args, "rows", "cols") or rows * cols * size > INT64_MAX:
+        return []
+    if cols > INT32_MAX:
+        return [Violation(Status.UNSUPPORTED, ("cols",), (cols,))]
+    return []
 
 
 def gemm_bytes(m, n, k, out_size):
@@ -469,8 +717,7 @@ def linear_multiples(args):
 
 
 # ck_w4a16_prepacked_bytes returns 0 (and ck_w4a16_prepack refuses the call) beyond N or K of
-# 2^40: the library's limit, which cuda_kernels.h does not state (see the xfail test
-# test_prepacked_layout_has_no_undocumented_limit).
+# 2^40, the prepacked layout's limit (cuda_kernels.h).
 PREPACK_LIMIT = 2**40
 
 
@@ -514,6 +761,175 @@ def kn_layout(args):
     return args["b_layout"] == ck.LAYOUT_KN
 
 
+# Mixture of experts (cuda_kernels.h): 1 <= experts <= 1024, 1 <= top_k <= min(experts, 32),
+# tokens * top_k pairs at most 2^40 (the pair count's limit, a size error past it), hidden and
+# intermediate multiples of 32 up to 2^24; the layer groups the pairs in blocks of 16 rows, each
+# expert's padded to a whole block, at most 65535 blocks (CK_STATUS_UNSUPPORTED beyond); its
+# workspace's regions are sized for blocks of up to 128 rows.
+MOE_MAX_EXPERTS, MOE_MAX_TOP_K, MOE_MAX_PAIRS, MOE_MAX_FEATURES = 1024, 32, 2**40, 2**24
+MOE_BLOCK_ROWS, MOE_MAX_BLOCK_ROWS, MOE_MAX_BLOCKS = 16, 128, 65535
+
+
+def moe_prepacked_bytes(experts, n, k):
+    """ck_moe_prepacked_bytes: experts * ck_w4a16_prepacked_bytes(n, k), 0 when an argument is
+    invalid or the count overflows (no bound on experts: ck_moe_prepack has it)."""
+    total = experts * prepacked_bytes(n, k)
+    return total if experts >= 1 and 0 < total <= INT64_MAX else 0
+
+
+def moe_prepacked_groups(experts, n, k, group_size):
+    """ck_moe_prepacked_groups: experts * ck_w4a16_prepacked_groups(n, k, group_size), 0 when
+    invalid or overflowing."""
+    total = experts * prepacked_groups(n, k, group_size)
+    return total if experts >= 1 and 0 < total <= INT64_MAX else 0
+
+
+def moe_prepack_size_rule(args):
+    """ck_moe_prepack: N and K within the prepacked layout's 2^40, then the prepacked weights'
+    bytes and values representable (ck_moe_prepacked_bytes and _groups not 0), once the other
+    rules of the sizes pass."""
+    experts, n, k = args["experts"], args["n"], args["k"]
+    if (not 1 <= experts <= MOE_MAX_EXPERTS or not _positive(args, "n", "k") or k % 32
+            or (is_gate_up(args) and n % 16) or args["group_size"] not in GROUP_SIZES
+            or max(experts, n) * k * 4 > INT64_MAX or experts * n * 4 > INT64_MAX):
+        return []
+    if n > PREPACK_LIMIT or k > PREPACK_LIMIT:
+        return [Violation(Status.INVALID_VALUE, ("n", "k"), (n, k))]
+    if not moe_prepacked_bytes(experts, n, k) or \
+            not moe_prepacked_groups(experts, n, k, args["group_size"]):
+        return [Violation(Status.INVALID_VALUE, ("experts", "n", "k"), (experts, n, k))]
+    return []
+
+
+def is_gate_up(args):
+    return args["gate_up"] == 1
+
+
+def _moe_routing_valid(args):
+    """tokens, experts and top_k pass the routing's rules (those of the layer too)."""
+    tokens, experts, top_k = args["tokens"], args["experts"], args["top_k"]
+    return (tokens >= 1 and 1 <= experts <= MOE_MAX_EXPERTS
+            and 1 <= top_k <= min(experts, MOE_MAX_TOP_K) and tokens <= MOE_MAX_PAIRS // top_k)
+
+
+def moe_pairs(args):
+    """The tokens * top_k pairs: at most 2^40 (CK_STATUS_INVALID_VALUE naming both sizes), the
+    library's limit, which cuda_kernels.h does not state (see the xfail test
+    test_moe_pair_limit_is_documented)."""
+    tokens, top_k = args["tokens"], args["top_k"]
+    if tokens >= 1 and 1 <= top_k <= MOE_MAX_TOP_K and tokens > MOE_MAX_PAIRS // top_k:
+        return [Violation(Status.INVALID_VALUE, ("tokens", "top_k"), (tokens, top_k))]
+    return []
+
+
+def _moe_features_valid(args):
+    return all(1 <= args[name] <= MOE_MAX_FEATURES and args[name] % 32 == 0
+               for name in ("hidden", "intermediate"))
+
+
+def moe_pair_bytes(args):
+    """The workspace's per-pair rows, counted as pairs * max(hidden, 2 * intermediate) * 8
+    bytes: representable in int64_t (reached only past the row blocks' limit, which the call
+    breaks too)."""
+    if not _moe_routing_valid(args) or not _moe_features_valid(args):
+        return []
+    names = ("tokens", "top_k", "hidden", "intermediate")
+    pairs = args["tokens"] * args["top_k"]
+    if pairs * 8 * max(args["hidden"], 2 * args["intermediate"]) > INT64_MAX:
+        return [Violation(Status.INVALID_VALUE, names, tuple(args[n] for n in names))]
+    return []
+
+
+def _moe_blocks(pairs, experts, rows):
+    """Blocks of `rows` rows that the pairs grouped by expert take at most: each of the
+    min(experts, pairs) experts with pairs pads its own to a whole block."""
+    return -(-(pairs + min(experts, pairs) * (rows - 1)) // rows)
+
+
+def moe_row_blocks(args):
+    """At most 65535 blocks of 16 rows (CK_STATUS_UNSUPPORTED naming tokens, top_k and
+    experts)."""
+    if not _moe_routing_valid(args):
+        return []
+    names = ("tokens", "top_k", "experts")
+    if _moe_blocks(args["tokens"] * args["top_k"], args["experts"],
+                   MOE_BLOCK_ROWS) > MOE_MAX_BLOCKS:
+        return [Violation(Status.UNSUPPORTED, names, tuple(args[n] for n in names))]
+    return []
+
+
+# ck_moe_workspace_size and ck_moe_forward check the sizes of ck_moe_params_t with these rules
+# (besides the fields' own). The expert weights' byte counts (ck_moe_prepacked_bytes of
+# [2I, H] and [H, I]) cannot overflow within these limits: 2^10 experts of 2^25 x 2^24 / 2.
+MOE_SIZE_RULES = (moe_pairs, multiple_of("hidden", 32, lambda a: a["hidden"] <= MOE_MAX_FEATURES),
+                  multiple_of("intermediate", 32,
+                              lambda a: a["intermediate"] <= MOE_MAX_FEATURES),
+                  moe_pair_bytes, moe_row_blocks)
+
+
+def moe_workspace_bytes(params):
+    """ck_moe_workspace_size's answer for the fields of a ck_moe_params_t, or None where it
+    rejects them: the ids and weights of the pairs, the sorted pair ids (for the larger of 128-row
+    and 16-row blocks), the blocks' experts, the activations between the projections (2 bytes
+    per value) and the pairs' float32 outputs, each region rounded up to 256 bytes."""
+    if params is None or MOE_PARAMS_SIZES.violations("params", "params", {"params": params}):
+        return None
+    pairs = params["tokens"] * params["top_k"]
+    tiles = _moe_blocks(pairs, params["experts"], MOE_MAX_BLOCK_ROWS) * MOE_MAX_BLOCK_ROWS
+    blocks = _moe_blocks(pairs, params["experts"], MOE_BLOCK_ROWS)
+    rows = max(tiles, blocks * MOE_BLOCK_ROWS)
+    regions = (pairs * 4, pairs * 4, rows * 4, blocks * 4, rows * params["intermediate"] * 2,
+               pairs * params["hidden"] * 4)
+    return sum(-(-region // 256) * 256 for region in regions)
+
+
+def _moe_activation_bytes(params):
+    """Bytes of x and of out, [tokens, hidden] of a 16-bit dtype, where the sizes are valid."""
+    if moe_workspace_bytes(params) is None:
+        return None
+    return params["tokens"] * params["hidden"] * 2
+
+
+def moe_out_apart(params):
+    """ck_moe_forward: out does not overlap x (checked last among the fields)."""
+    act = _moe_activation_bytes(params)
+    if act is None or not params["x"] or not params["out"]:
+        return []
+    if overlaps(params["x"], act, params["out"], act):
+        return [Violation(Status.INVALID_VALUE, ("out", "x"))]
+    return []
+
+
+def _moe_out_spans(params):
+    act = _moe_activation_bytes(params)
+    return None if act is None else (act, [(params["x"], act)])
+
+
+def _moe_workspace_spans(args):
+    need, act = moe_workspace_bytes(args["params"]), _moe_activation_bytes(args["params"])
+    if need is None:
+        return None
+    return need, [(args["params"]["x"], act), (args["params"]["out"], act)]
+
+
+def moe_workspace(args):
+    """ck_moe_forward's workspace, once the params pass: at least ck_moe_workspace_size bytes
+    (CK_STATUS_INVALID_VALUE naming workspace_bytes and saying both sizes), then (after its
+    alignment) not overlapping x or out."""
+    spans = _moe_workspace_spans(args)
+    if spans is None:
+        return []
+    need, others = spans
+    found = []
+    if args["workspace_bytes"] < need:
+        found.append(Violation(Status.INVALID_VALUE, ("workspace_bytes",),
+                               (args["workspace_bytes"], need)))
+    workspace = args["workspace_ptr"]
+    if workspace and any(overlaps(workspace, need, other, size) for other, size in others):
+        found.append(Violation(Status.INVALID_VALUE, ("workspace",)))
+    return found
+
+
 # ---------------------------------------------------------------------------------------------
 # The table: every export of cuda_kernels.h
 # ---------------------------------------------------------------------------------------------
@@ -521,6 +937,7 @@ class Description(typing.NamedTuple):
     arguments: dict     # DECLARATIONS' argument name -> Kind, in the declaration's order
     rules: tuple = ()   # cross-argument rules (status exports)
     drive: str = "validated"   # the property test that drives it (test_fuzz_abi.py)
+    launches: bool = True      # a valid call reaches a launch; else it answers on the host
 
 
 FLOATS = DTypeArg(FLOAT_DTYPES)
@@ -542,9 +959,7 @@ def _epilogue(out_dtype="out_dtype"):
 
 def _w4a16(prepacked):
     align = 16 if prepacked else "dtype"
-    # ck_gemm_w4a16_prepacked's messages about a missing or superfluous zeros_prepacked call it
-    # "zeros" (test_fuzz_abi.py: test_prepacked_zero_points_are_named_as_in_the_header, xfail).
-    zeros = ZeroPoints(align=16, said_as="zeros") if prepacked else ZeroPoints()
+    zeros = ZeroPoints(align=16) if prepacked else ZeroPoints()
     return {"x_ptr": Pointer(16), "dtype": HALVES, "w_ptr": Pointer(16),
             "scales_ptr": Pointer(align), "zeros_ptr": zeros,
             "group_size": GroupSize(), "mode": INT4_MODE,
@@ -567,10 +982,39 @@ def _import(gptq):
 
 _IMPORT_RULES = (gemm_bytes(1, "n", "k", 4), multiple_of("n", 8), multiple_of("k", 32))
 
-# Exports whose fuzz description is still to be written (their struct argument needs a kind of
-# its own); test_abi.py's bad-argument tables cover them meanwhile. The list may only shrink.
-UNDESCRIBED = {"ck_moe_forward", "ck_moe_prepack", "ck_moe_prepacked_bytes",
-               "ck_moe_prepacked_groups", "ck_moe_route", "ck_moe_workspace_size"}
+
+def _moe_fields():
+    """The fields of ck_moe_params_t, in its order (struct_size apart)."""
+    return {"tokens": Size(draws_up_to=4096), "hidden": Size(32, most=MOE_MAX_FEATURES),
+            "intermediate": Size(32, most=MOE_MAX_FEATURES),
+            "experts": Size(most=MOE_MAX_EXPERTS), "top_k": TopK(), "dtype": HALVES,
+            "group_size": GroupSize(), "mode": INT4_MODE, "x": Pointer(16),
+            "router_logits": Pointer("router_dtype", optional=True),
+            "router_dtype": DTypeArg(FLOAT_DTYPES, of="router_logits"), "renormalize": Flag(),
+            "topk_ids": Alternative("router_logits", 4),
+            "topk_weights": Alternative("router_logits", 4), "w13": Pointer(16),
+            "w13_scales": Pointer(16), "w13_zeros": ZeroPoints(align=16), "w2": Pointer(16),
+            "w2_scales": Pointer(16), "w2_zeros": ZeroPoints(align=16), "activation": Enum(1),
+            "out": Disjoint(16, _moe_out_spans)}
+
+
+def _moe_params(pointers):
+    """ck_moe_params_t as ck_moe_forward checks it, or (pointers=False) as
+    ck_moe_workspace_size does: its pointers and router_dtype (which describes router_logits)
+    unchecked."""
+    fields = _moe_fields()
+    unchecked = () if pointers else [field for field, kind in fields.items()
+                                     if isinstance(kind, Pointer) or getattr(kind, "of", None)]
+    rules = MOE_SIZE_RULES + (moe_out_apart,) if pointers else MOE_SIZE_RULES
+    example = dict(tokens=4, hidden=256, intermediate=512, experts=8, top_k=2,
+                   router_logits=FAKE_DEVICE)
+    return Struct(ck.MoeParams, fields, rules, unchecked, example)
+
+
+MOE_PARAMS, MOE_PARAMS_SIZES = _moe_params(pointers=True), _moe_params(pointers=False)
+
+# Exports whose fuzz description is still to be written (none now). The set may only shrink.
+UNDESCRIBED = set()
 
 DESCRIPTIONS = {
     "ck_version": Description({}, drive="state"),
@@ -582,12 +1026,12 @@ DESCRIPTIONS = {
         {"x_ptr": Pointer("x_dtype"), "x_dtype": FLOATS, "rows": Size(), "cols": Size(),
          "granularity": GRANULARITY, "scale_mode": SCALE_MODE, "scales_ptr": Pointer(4),
          "q_ptr": Pointer(1), "stream": Stream()},
-        (matrix_bytes("rows", "cols", "x_dtype"),)),
+        (matrix_bytes("rows", "cols", "x_dtype"), row_scales)),
     "ck_dequantize_int8": Description(
         {"q_ptr": Pointer(1), "scales_ptr": Pointer(4), "rows": Size(), "cols": Size(),
          "granularity": GRANULARITY, "out_ptr": Pointer("out_dtype"), "out_dtype": FLOATS,
          "stream": Stream()},
-        (matrix_bytes("rows", "cols", "out_dtype"),)),
+        (matrix_bytes("rows", "cols", "out_dtype"), row_scales)),
     "ck_int4_groups_per_row": Description({"cols": Size(), "group_size": GroupSize()},
                                           drive="pure"),
     "ck_quantize_int4": Description(
@@ -631,7 +1075,7 @@ DESCRIPTIONS = {
     "ck_permute_columns": Description(
         {"x_ptr": Pointer("dtype"), "dtype": FLOATS, "rows": Size(), "cols": Size(),
          "perm_ptr": Pointer(4), "out_ptr": Pointer("dtype"), "stream": Stream()},
-        (matrix_bytes("rows", "cols", "dtype"),)),
+        (matrix_bytes("rows", "cols", "dtype"), int32_columns)),
     "ck_gemm_int4": Description(
         {"a_ptr": Pointer(16), "b_ptr": Pointer(16), "m": Size(), "n": Size(), "k": Size(32),
          "c_ptr": Pointer(4), "stream": Stream()},
@@ -641,9 +1085,40 @@ DESCRIPTIONS = {
          **_epilogue(), "out_ptr": Pointer("out_dtype"), "out_dtype": FLOATS,
          "stream": Stream()},
         (gemm_bytes("m", "n", "k", "out_dtype"), multiple_of("k", 32))),
+    # tokens * experts * 4 bytes of logits cannot overflow within the pairs' and experts' limits.
+    "ck_moe_route": Description(
+        {"logits_ptr": Pointer("logits_dtype"), "logits_dtype": FLOATS,
+         "tokens": Size(draws_up_to=MOE_MAX_PAIRS),
+         "experts": Size(most=MOE_MAX_EXPERTS), "top_k": TopK(), "renormalize": Flag(),
+         "topk_ids_ptr": Pointer(4), "topk_weights_ptr": Pointer(4), "stream": Stream()},
+        (moe_pairs,)),
+    "ck_moe_prepacked_bytes": Description({"experts": Size(), "n": Size(), "k": Size(32)},
+                                          drive="pure"),
+    "ck_moe_prepacked_groups": Description(
+        {"experts": Size(), "n": Size(), "k": Size(32), "group_size": GroupSize()},
+        drive="pure"),
+    "ck_moe_prepack": Description(
+        {"w_ptr": Pointer(16), "scales_ptr": Pointer("dtype"), "zeros_ptr": ZeroPoints(),
+         "dtype": HALVES, "experts": Size(most=MOE_MAX_EXPERTS), "n": Size(16), "k": Size(32),
+         "group_size": GroupSize(), "mode": INT4_MODE, "gate_up": Enum(2),
+         "w_out_ptr": Pointer(16), "scales_out_ptr": Pointer(16),
+         "zeros_out_ptr": ZeroPoints(align=16), "stream": Stream()},
+        (gemm_bytes("experts", "n", "k", 2), multiple_of("k", 32), multiple_of("n", 16, is_gate_up),
+         moe_prepack_size_rule)),
+    "ck_moe_workspace_size": Description(
+        {"params": MOE_PARAMS_SIZES, "bytes": HostInt(ctypes.c_size_t)}, launches=False),
+    "ck_moe_forward": Description(
+        {"params": MOE_PARAMS, "workspace_ptr": Disjoint(256, _moe_workspace_spans),
+         "workspace_bytes": WorkspaceBytes(), "stream": Stream()},
+        (moe_workspace,)),
 }
 
-VALIDATED = sorted(name for name, d in DESCRIPTIONS.items() if d.drive == "validated")
+VALIDATED = sorted(name for name, d in DESCRIPTIONS.items()
+                   if d.drive == "validated" and d.launches)
+# Validated entry points whose valid call answers on the host, CK_STATUS_SUCCESS with no launch
+# (ck_moe_workspace_size: the byte count).
+HOST_VALIDATED = sorted(name for name, d in DESCRIPTIONS.items()
+                        if d.drive == "validated" and not d.launches)
 
 
 def header_label(name, arg):
@@ -673,8 +1148,8 @@ def example_call(name):
     arguments = DESCRIPTIONS[name].arguments
     args = {arg: kind.example() for arg, kind in arguments.items()}
     pointers = iter(range(1, 64))
-    for arg, kind in arguments.items():   # each buffer at its own fake address
-        if isinstance(kind, Pointer) and args[arg]:
+    for arg, kind in arguments.items():   # each buffer at its own fake address (a struct's
+        if isinstance(kind, Pointer) and args[arg]:   # get theirs from Struct.example)
             args[arg] = FAKE_DEVICE + next(pointers) * 0x100000
     for arg, kind in arguments.items():
         args[arg] = kind.settle(arg, args)
@@ -688,7 +1163,8 @@ CORRUPTION_COUNTS = (0, 1, 1, 1, 2, 2, 3, None)
 
 
 _COUNTS = st.sampled_from(CORRUPTION_COUNTS)
-_ORDERS = {name: st.permutations([arg for arg, kind in d.arguments.items() if kind.corruptible])
+_ORDERS = {name: st.permutations([key for arg, kind in d.arguments.items()
+                                  for key in kind.corruption_keys(arg)])
            for name, d in DESCRIPTIONS.items()}
 
 
@@ -698,8 +1174,7 @@ def draw_call(data, name):
     count = data.draw(_COUNTS, label="corrupted arguments")
     order = data.draw(_ORDERS[name], label="corruption order")
     changed = set(order if count is None else order[:count])
-    args = {arg: data.draw(kind.strategy(arg in changed), label=arg)
-            for arg, kind in arguments.items()}
+    args = {arg: kind.draw(data, arg, changed) for arg, kind in arguments.items()}
     for arg, kind in arguments.items():
         if arg not in changed:
             args[arg] = kind.settle(arg, args)
@@ -721,14 +1196,13 @@ def bare_library():
 
 
 def call(lib, name, args):
-    """name(**args) in the declaration's order; a HostInt argument becomes a real int (or NULL).
-    Returns (result, the int written through a HostInt argument or None)."""
+    """name(**args) in the declaration's order, each argument as its kind passes it
+    (Kind.c_argument: a HostInt becomes a real integer or NULL, a Struct its ctypes structure
+    or NULL). Returns (result, the integer written through a HostInt argument or None)."""
     values, out = [], None
     for param in ck.DECLARATIONS[name][1]:
-        value = args[param[0]]
-        if isinstance(DESCRIPTIONS[name].arguments[param[0]], HostInt):
-            out = ctypes.c_int(-1) if value == "int" else None
-            value = None if out is None else ctypes.byref(out)
+        value, written = DESCRIPTIONS[name].arguments[param[0]].c_argument(args[param[0]])
+        out = written if written is not None else out
         values.append(value)
     result = getattr(lib, name)(*values)
     return result, None if out is None else out.value

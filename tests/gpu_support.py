@@ -188,7 +188,9 @@ def assert_relu_output(got, pre_activation, float32_error, what):
     assert (got >= 0).all(), f"{what}: ReLU output has negative (or NaN) values"
     certainly_negative = pre_activation < -float32_error
     assert (got[certainly_negative] == 0).all(), f"{what}: ReLU of a negative value is not 0"
-    if got.size >= 64:
+    # The data must exercise the clamp: it surely does with many columns (each bias has its own
+    # sign); a narrow output whose bias dominates can be all positive (the fuzzer's N = 1).
+    if got.size >= 64 and np.shape(got)[-1] >= 32:
         assert certainly_negative.any(), f"{what}: the test data must have negative values"
 
 

@@ -563,7 +563,8 @@ GEMM_W4A16_CASES = (
 # The prepacked W4A16 GEMM: ck_gemm_w4a16's rules, except that the prepacked weight, scales and
 # zeros need 16-byte alignment (the kernels copy them with 16-byte cp.async).
 GEMM_W4A16_PREPACKED = dict(GEMM_W4A16)
-PREPACKED_NAMES = {"w_packed": "w_prepacked", "scales": "scales_prepacked"}
+PREPACKED_NAMES = {"w_packed": "w_prepacked", "scales": "scales_prepacked",
+                   "zeros": "zeros_prepacked"}
 GEMM_W4A16_PREPACKED_CASES = (
     [(case_id, changes, status, [PREPACKED_NAMES.get(n, n) for n in names])
      for case_id, changes, status, names in GEMM_W4A16_CASES]

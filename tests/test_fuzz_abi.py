@@ -21,7 +21,8 @@ size limits at and past 2^31 and 2^63, and the header's word on aliasing.
   ck_last_cuda_error keep their promises after any call.
 - Products of sizes past 2^31 (accepted: 64-bit sizes) and past 2^63 in elements or bytes
   (rejected with CK_STATUS_INVALID_VALUE), one deterministic table per kind of export.
-- Defects found are xfail(strict=True) tests that say what is wrong.
+- The limits it found undocumented or mishandled (a grid past 2^31 - 1 blocks, per-row scales
+  past 2^63 bytes, the prepacked layout's 2^40, perm's int32 columns) keep a test each.
 
 Valid calls reach a launch on fake addresses, so these tests run only where no CUDA device is
 visible: on a machine with one, test_fuzz_gpu.py runs this file again in a child process with
@@ -47,7 +48,6 @@ pytestmark = pytest.mark.skipif(
 
 HEADER_STATUSES = fz.header_statuses()
 REJECTIONS = {Status.INVALID_VALUE, Status.MISALIGNED, Status.UNSUPPORTED}
-CUDA_ERROR_INVALID_CONFIGURATION = 9   # cudaErrorInvalidConfiguration
 
 # A valid GEMM call whose M x N output needs more than 2^31 - 1 tiles is refused by the launcher
 # with CK_STATUS_CUDA_ERROR (cudaErrorInvalidConfiguration), before any CUDA call: a defect (the
@@ -72,9 +72,20 @@ def message_of(lib):
     return message.decode("utf-8", "replace")
 
 
-def known_grid_refusal(name, args, status, cuda_error):
-    return (name in GRID_LIMITED and args["m"] * args["n"] > INT32_MAX
-            and status == Status.CUDA_ERROR and cuda_error == CUDA_ERROR_INVALID_CONFIGURATION)
+# Where no device is visible, the GEMMs choose their reference kernels: 64 x 64 output tiles.
+REFERENCE_TILE = 64
+
+
+def grid_refusal(name, args, status, cuda_error, message):
+    """A valid GEMM whose reference grid would pass 2^31 - 1 blocks: CK_STATUS_UNSUPPORTED
+    before any CUDA call (cuda_kernels.h: Sizes), with the message naming m and n."""
+    if name not in GRID_LIMITED:
+        return False
+    if -(-args["m"] // REFERENCE_TILE) * -(-args["n"] // REFERENCE_TILE) <= INT32_MAX:
+        return False
+    assert status == Status.UNSUPPORTED and cuda_error == 0, (Status(status).name, message)
+    assert "m=%d, n=%d" % (args["m"], args["n"]) in message, message
+    return True
 
 
 def check_validated_call(lib, name, args):
@@ -100,7 +111,7 @@ def check_validated_call(lib, name, args):
                 assert mentions(message, value), f"{name}: {message!r} does not say {value}"
         assert cuda_error == 0, f"{name} made a CUDA call before rejecting: {message!r}"
         return status
-    if known_grid_refusal(name, args, status, cuda_error):
+    if grid_refusal(name, args, status, cuda_error, message):
         return status
     assert status == Status.NO_DEVICE, \
         f"{name}: a valid call must reach its launch (CK_STATUS_NO_DEVICE here), got " \
@@ -154,8 +165,10 @@ def kind_fits(kind, arg, py_type):
         return arg == "stream" and py_type is ctypes.c_void_p
     if isinstance(kind, fz.Pointer):
         return arg.endswith("_ptr") and py_type is ctypes.c_void_p
-    if isinstance(kind, fz.HostInt):
-        return py_type is ctypes.POINTER(ctypes.c_int)
+    if isinstance(kind, (fz.Struct, fz.HostInt)):   # a ck_moe_params_t*, an int* or size_t*
+        return py_type is ctypes.POINTER(kind.ctype)
+    if isinstance(kind, fz.WorkspaceBytes):
+        return py_type is ctypes.c_size_t
     if isinstance(kind, (fz.Size, fz.GroupSize)):
         return py_type is ctypes.c_int64
     return isinstance(kind, (fz.Enum, fz.DTypeArg, fz.AnyInt)) and py_type is ctypes.c_int
@@ -201,6 +214,8 @@ PURE_MODELS = {
     "ck_int4_groups_per_row": fz.groups_per_row,
     "ck_w4a16_prepacked_bytes": fz.prepacked_bytes,
     "ck_w4a16_prepacked_groups": fz.prepacked_groups,
+    "ck_moe_prepacked_bytes": fz.moe_prepacked_bytes,
+    "ck_moe_prepacked_groups": fz.moe_prepacked_groups,
 }
 
 
@@ -299,11 +314,15 @@ WEIGHT_EXPORTS = ("ck_w4a16_prepack", "ck_import_gptq", "ck_import_awq")   # [N,
 def matrix_cases():
     for name, dtype_arg in MATRIX_EXPORTS.items():
         fp16, fp32 = {dtype_arg: DType.FP16}, {dtype_arg: DType.FP32}
+        # ck_permute_columns takes at most 2^31 - 1 columns (int32 perm): its wide shapes are
+        # the same products with rows and cols swapped.
+        wide = (lambda r, c: dict(rows=c, cols=r)) if name == "ck_permute_columns" else \
+            (lambda r, c: dict(rows=r, cols=c))
         yield name, "elements-past-2^31", dict(rows=65537, cols=32771), ACCEPTED
         yield name, "elements-past-2^32", dict(rows=2**21 + 1, cols=2**11 + 3), ACCEPTED
-        yield name, "one-row-past-2^32", dict(rows=1, cols=2**32 + 3), ACCEPTED
+        yield name, "one-row-past-2^32", wide(1, 2**32 + 3), ACCEPTED
         # (2^31 - 1)(2^31 + 1) = 2^62 - 1 elements: 2^63 - 2 bytes of fp16 fit, of fp32 not.
-        yield name, "fp16-bytes-just-fit", dict(rows=2**31 - 1, cols=2**31 + 1, **fp16), ACCEPTED
+        yield name, "fp16-bytes-just-fit", dict(wide(2**31 - 1, 2**31 + 1), **fp16), ACCEPTED
         yield name, "fp32-bytes-past-2^63", dict(rows=2**31 - 1, cols=2**31 + 1, **fp32), REJECTED
         yield name, "elements-past-2^63", dict(rows=3037000500, cols=3037000500), REJECTED
         yield name, "elements-wrap-2^64", dict(rows=2**32 + 1, cols=2**32 + 1), REJECTED
@@ -348,91 +367,82 @@ def test_size_products(lib, name, case, changes, outcome):
 
 
 # ------------------------------------------------------------------------------------------------
-# Defects (xfail, strict: each fails until the library or the header is fixed)
+# Limits the fuzzer found undocumented or mishandled, now documented and kept
 # ------------------------------------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason=(
-    "a valid GEMM whose M x N output needs more than 2^31 - 1 tiles is refused by the launcher "
-    "(grid_fits) with CK_STATUS_CUDA_ERROR and ck_last_cuda_error() = "
-    "cudaErrorInvalidConfiguration, 'kernel launch failed', although no CUDA call failed and "
-    "even where no device is visible; the header promises any M, N >= 1 and states no limit "
-    "(expected: served, or CK_STATUS_UNSUPPORTED naming m and n, with the limit documented)"))
 @pytest.mark.parametrize("name", GRID_LIMITED)
 def test_gemm_past_int32_tiles_is_served_or_unsupported(lib, name):
+    """A valid GEMM whose output needs more than 2^31 - 1 thread blocks is refused as
+    CK_STATUS_UNSUPPORTED naming the shape (cuda_kernels.h: Sizes), not as a CUDA failure."""
     args = dict(fz.example_call(name), m=2**40, n=2**20)   # 2^60 outputs, 2^62 bytes
     assert fz.violations(name, args) == []
     status, _ = fz.call(lib, name, args)
     message, cuda_error = message_of(lib), lib.ck_last_cuda_error()
     if status == Status.UNSUPPORTED:
-        assert mentions(message, "m") or mentions(message, "n"), message
-        assert cuda_error == 0
+        assert "m=1099511627776" in message and "n=1048576" in message, message
+        assert cuda_error == 0, (message, cuda_error)
     else:
         assert status == Status.NO_DEVICE, f"{Status(status).name}: {message!r} ({cuda_error})"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "rows >= 2^61 with a 2-byte dtype and CK_PER_ROW: the rows float32 scales take rows * 4 "
-    ">= 2^63 bytes, past int64_t, yet the call passes validation (Check::matrix counts only "
-    "the [rows, cols] operand's bytes)"))
 @pytest.mark.parametrize("name, dtype_arg", [("ck_quantize_int8", "x_dtype"),
                                              ("ck_dequantize_int8", "out_dtype")])
 def test_per_row_scales_past_int64_bytes_are_rejected(lib, name, dtype_arg):
+    """rows >= 2^61 with a 2-byte dtype fits the [rows, 1] operand but not its rows float32
+    scales: rejected before any launch."""
     args = dict(fz.example_call(name), rows=2**61, cols=1, granularity=ck.PER_ROW,
                 **{dtype_arg: DType.FP16})
     status, _ = fz.call(lib, name, args)
     assert status == Status.INVALID_VALUE and mentions(message_of(lib), "rows"), \
         f"{Status(status).name}: {message_of(lib)!r}"
+    assert [v.status for v in fz.violations(name, args)] == [Status.INVALID_VALUE]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "ck_w4a16_prepacked_bytes returns 0 for N or K above 2^40 and ck_w4a16_prepack then "
-    "rejects the call saying 'n=.., k=.. overflow a 64-bit byte count', which is false (N = 2^41, "
-    "K = 32 takes 2^47 bytes); the header states no such limit"))
 @pytest.mark.parametrize("query", ["bytes", "prepack"])
-def test_prepacked_layout_has_no_undocumented_limit(lib, query):
+def test_prepacked_layout_limit_is_documented_and_named(lib, query):
+    """The prepacked layout holds N and K up to 2^40, as the header says: the size query gives
+    0 beyond, and the prepack call says which limit (not a false overflow)."""
+    assert "up to 2^40" in " ".join(fz.header_comment_of("ck_w4a16_prepacked_bytes").split())
     n, k = 2**41, 32
     if query == "bytes":
-        assert lib.ck_w4a16_prepacked_bytes(n, k) == n * 128 // 2
+        assert lib.ck_w4a16_prepacked_bytes(n, k) == 0
+        assert lib.ck_w4a16_prepacked_bytes(2**40, k) == 2**40 * 128 // 2
         return
     args = dict(fz.example_call("ck_w4a16_prepack"), n=n, k=k)
     status, _ = fz.call(lib, "ck_w4a16_prepack", args)
-    assert status == Status.NO_DEVICE, f"{Status(status).name}: {message_of(lib)!r}"
+    message = message_of(lib)
+    assert status == Status.INVALID_VALUE, f"{Status(status).name}: {message!r}"
+    assert "2^40" in message and "overflow" not in message, message
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "ck_gemm_w4a16_prepacked calls its zeros_prepacked argument 'zeros' in the messages about a "
-    "missing (CK_INT4_ASYMMETRIC) or superfluous (CK_INT4_SYMMETRIC) one: 'zeros is NULL', "
-    "'zeros must be NULL for CK_INT4_SYMMETRIC' (its misalignment message says zeros_prepacked, "
-    "the header's name)"))
 @pytest.mark.parametrize("mode, zeros", [(ck.INT4_ASYMMETRIC, 0),
                                          (ck.INT4_SYMMETRIC, fz.FAKE_DEVICE)],
                          ids=["asymmetric-null", "symmetric-given"])
 def test_prepacked_zero_points_are_named_as_in_the_header(lib, mode, zeros):
+    """ck_gemm_w4a16_prepacked's messages name its zero points zeros_prepacked."""
     args = dict(fz.example_call("ck_gemm_w4a16_prepacked"), mode=mode, zeros_ptr=zeros)
     status, _ = fz.call(lib, "ck_gemm_w4a16_prepacked", args)
     assert status == Status.INVALID_VALUE
     assert mentions(message_of(lib), "zeros_prepacked"), message_of(lib)
 
 
+def test_permuted_columns_fit_int32_indices(lib):
+    """perm's int32 entries address at most 2^31 - 1 columns: wider rows are refused (the
+    kernel's grid of column blocks was truncated to 32 bits past 2^39 columns)."""
+    args = dict(fz.example_call("ck_permute_columns"), rows=1, cols=2**31)
+    status, _ = fz.call(lib, "ck_permute_columns", args)
+    assert status == Status.UNSUPPORTED and mentions(message_of(lib), "cols"), message_of(lib)
+    args = dict(args, cols=2**31 - 1)
+    assert fz.violations("ck_permute_columns", args) == []
+    status, _ = fz.call(lib, "ck_permute_columns", args)
+    assert status == Status.NO_DEVICE, f"{Status(status).name}: {message_of(lib)!r}"
+
+
 # ------------------------------------------------------------------------------------------------
 # Aliasing: what the header says
 # ------------------------------------------------------------------------------------------------
-# Every entry point that returns ck_status_t writes device memory; the header should say for
-# each whether its outputs may overlap its inputs (and test_fuzz_gpu.py checks what it says).
-# These say nothing (neither in their section's opening comment nor in their own):
-ALIASING_UNSTATED = ("ck_dequantize_int8", "ck_quantize_int4", "ck_dequantize_int4",
-                     "ck_gemm_w4a16_prepacked", "ck_gemm_int4", "ck_gemm_int4_scaled",
-                     "ck_linear")
-
-
-def aliasing_params():
-    for name in fz.VALIDATED:
-        marks = [pytest.mark.xfail(strict=True, reason=(
-            f"cuda_kernels.h does not say whether {name}'s outputs may overlap its inputs "
-            "(in place) or must not"))] if name in ALIASING_UNSTATED else []
-        yield pytest.param(name, marks=marks, id=name)
-
-
-@pytest.mark.parametrize("name", list(aliasing_params()))
+# Every entry point that returns ck_status_t writes device memory; the header says for each
+# whether its outputs may overlap its inputs (and test_fuzz_gpu.py checks what it says).
+@pytest.mark.parametrize("name", fz.VALIDATED)
 def test_header_states_the_aliasing_rule(name):
     words = " ".join(fz.header_comment_of(name).split()).lower()
     assert "overlap" in words or "in place" in words, \
@@ -446,3 +456,158 @@ def test_header_comment_reader():
     words = " ".join(fz.header_comment_of("ck_import_awq").split())
     assert "no output overlapping an input" in words
     assert "Gathers columns" not in words
+
+
+# ------------------------------------------------------------------------------------------------
+# Mixture of experts: the parameter struct, the size query on the host, sizes, defects
+# ------------------------------------------------------------------------------------------------
+# ck_moe_workspace_size and ck_moe_forward take a const ck_moe_params_t* (fz.Struct), the first
+# a size_t* for its answer (fz.HostInt), the second a size_t workspace_bytes (fz.WorkspaceBytes).
+def check_host_validated_call(lib, name, args):
+    """An entry point whose valid call answers on the host (ck_moe_workspace_size): a rejection
+    keeps check_validated_call's property and leaves the answer 0; a valid call succeeds with
+    an empty message and no CUDA call, and writes the model's byte count."""
+    status, answer = fz.call(lib, name, args)
+    message, cuda_error = message_of(lib), lib.ck_last_cuda_error()
+    if fz.violations(name, args):
+        assert check_validated_call(lib, name, args) == status   # the same call again
+        assert answer in (None, 0), f"{name} wrote {answer} and returned {status}: {message!r}"
+        return status
+    assert status == Status.SUCCESS, f"{name}: {Status(status).name}: {message!r}"
+    assert message == "" and cuda_error == 0, (message, cuda_error)
+    assert fz.host_buffer_intact(), f"{name} wrote into a host buffer"
+    assert answer == fz.moe_workspace_bytes(args["params"]), (args, answer)
+    return status
+
+
+@pytest.mark.parametrize("name", fz.HOST_VALIDATED)
+def test_example_call_answers_on_the_host(lib, name):
+    args = fz.example_call(name)
+    assert fz.violations(name, args) == []
+    assert check_host_validated_call(lib, name, args) == Status.SUCCESS
+
+
+@pytest.mark.parametrize("name", fz.HOST_VALIDATED)
+def test_fuzz_host_entry_point(lib, name):
+    """As test_fuzz_entry_point, and reading the error state changes nothing."""
+    version = fz.header_version()
+
+    def body(data):
+        check_host_validated_call(lib, name, fz.draw_call(data, name))
+        state = (message_of(lib), lib.ck_last_cuda_error())
+        assert lib.ck_version() == version
+        assert (message_of(lib), lib.ck_last_cuda_error()) == state, \
+            "reading the error state changed it"
+    assert_budget(name, run_fuzz(body))
+
+
+def moe_call(name, **changes):
+    """The table's valid call of a MoE entry point with these arguments changed, a
+    ck_moe_params_t's fields by their names; workspace_bytes follows the params (the model's
+    ck_moe_workspace_size, 0 where it rejects them)."""
+    args = fz.example_call(name)
+    if "params" not in args:
+        return dict(args, **changes)
+    args["params"] = dict(args["params"], **changes)
+    if "workspace_bytes" in args:
+        args["workspace_bytes"] = fz.moe_workspace_bytes(args["params"]) or 0
+    return args
+
+
+def check_moe_call(lib, name, args):
+    if name in fz.HOST_VALIDATED:
+        return check_host_validated_call(lib, name, args)
+    return check_validated_call(lib, name, args)
+
+
+# Sizes past 2^31 and 2^63 (as test_size_products): the layer bounds T * k (2^40 pairs and 65535
+# blocks of 16 rows), E, H and I on its own, so that every byte count stays far below 2^63;
+# counts past 2^31 and 2^32 are accepted, the bounds refuse what would overflow.
+ROW_SLOTS = "row slots"   # past 65535 blocks of 16 rows: CK_STATUS_UNSUPPORTED
+LAYER = ("ck_moe_forward", "ck_moe_workspace_size")
+
+
+def moe_size_cases():
+    for name in LAYER:
+        # x and out 2^16 x 2^16 x 2 = 2^33 bytes; the activations [rows, I] of the workspace 2^34.
+        yield name, "x-bytes-past-2^32", dict(tokens=2**16, hidden=2**16, top_k=1), ACCEPTED
+        yield name, "workspace-past-2^32", dict(tokens=2**15, intermediate=2**17), ACCEPTED
+        yield name, "features-at-2^24", dict(tokens=1, hidden=2**24, intermediate=2**24), \
+            ACCEPTED
+        # 2^35 pairs of 2I = 2^25 values at 8 bytes each: 2^63.
+        yield name, "pair-bytes-past-2^63", dict(tokens=2**35, top_k=1, experts=1,
+                                                 intermediate=2**24), REJECTED
+        yield name, "int64-max-tokens", dict(tokens=2**63 - 1), REJECTED
+        # T * k + min(E, T * k) * 15 row slots: 1048560 = 65535 blocks of 16, the most.
+        yield name, "row-slots-at-limit", dict(tokens=1048545, top_k=1, experts=1), ACCEPTED
+        yield name, "row-slots-past-limit", dict(tokens=1048561, top_k=1, experts=1), ROW_SLOTS
+    route = "ck_moe_route"
+    yield route, "logits-past-2^32", dict(tokens=2**22 + 1, experts=1024, top_k=32), ACCEPTED
+    yield route, "pairs-past-2^32", dict(tokens=2**33 // 32, experts=64, top_k=32), ACCEPTED
+    # More than 2^31 - 1 blocks of 4 tokens: launched in parts.
+    yield route, "tokens-past-grid", dict(tokens=2**33 + 5, experts=64, top_k=1), ACCEPTED
+    yield route, "int64-max-tokens", dict(tokens=2**63 - 1), REJECTED
+    prepack = "ck_moe_prepack"
+    yield prepack, "weights-past-2^32", dict(experts=1024, n=2**16, k=2**16), ACCEPTED
+    yield prepack, "nk-past-2^32", dict(n=2**21, k=2**12), ACCEPTED
+    # E x (2^40 x 2^20 / 2) bytes: 15 x 2^59 fits in int64_t, 16 x 2^59 = 2^63 does not.
+    yield prepack, "experts-bytes-just-fit", dict(experts=15, n=2**40, k=2**20), ACCEPTED
+    yield prepack, "experts-bytes-past-2^63", dict(experts=16, n=2**40, k=2**20), REJECTED
+    yield prepack, "nk-bytes-past-2^63", dict(n=2**31, k=2**30), REJECTED
+    yield prepack, "nk-wraps-2^64", dict(n=2**32 + 256, k=2**32 + 256), REJECTED
+
+
+@pytest.mark.parametrize("name, case, changes, outcome", [
+    pytest.param(*case, id=f"{case[0]}-{case[1]}") for case in moe_size_cases()])
+def test_moe_size_products(lib, name, case, changes, outcome):
+    args = moe_call(name, **changes)
+    status = check_moe_call(lib, name, args)   # agrees with the model, which says:
+    accepted = Status.SUCCESS if name in fz.HOST_VALIDATED else Status.NO_DEVICE
+    want = {ACCEPTED: accepted, REJECTED: Status.INVALID_VALUE,
+            ROW_SLOTS: Status.UNSUPPORTED}[outcome]
+    assert status == want, f"{name} {case}: {Status(status).name}: {message_of(lib)!r}"
+
+
+def test_moe_prepacked_sizes_agree_with_the_prepack(lib):
+    """ck_moe_prepack accepts the sizes whose ck_moe_prepacked_bytes and _groups are not 0."""
+    for experts, n, k in ((15, 2**40, 2**20), (16, 2**40, 2**20), (1024, 2**16, 2**16)):
+        args = moe_call("ck_moe_prepack", experts=experts, n=n, k=k)
+        sized = lib.ck_moe_prepacked_bytes(experts, n, k) and \
+            lib.ck_moe_prepacked_groups(experts, n, k, args["group_size"])
+        status, _ = fz.call(lib, "ck_moe_prepack", args)
+        assert (status == Status.NO_DEVICE) == bool(sized), (experts, n, k, message_of(lib))
+
+
+# Limits the fuzzer found undocumented or mishandled, now documented and kept
+def test_moe_route_past_int32_blocks_is_served_or_unsupported(lib):
+    """More tokens than 2^31 - 1 blocks of 4 hold: launched in parts, not refused."""
+    args = moe_call("ck_moe_route", tokens=2**33, experts=64, top_k=1)   # 2^31 blocks
+    assert fz.violations("ck_moe_route", args) == []
+    status, _ = fz.call(lib, "ck_moe_route", args)
+    message, cuda_error = message_of(lib), lib.ck_last_cuda_error()
+    if status == Status.UNSUPPORTED:
+        assert mentions(message, "tokens") and cuda_error == 0, (message, cuda_error)
+    else:
+        assert status == Status.NO_DEVICE, f"{Status(status).name}: {message!r} ({cuda_error})"
+
+
+@pytest.mark.parametrize("name", ("ck_moe_route",) + LAYER)
+def test_moe_pair_limit_is_documented(lib, name):
+    """tokens * top_k <= 2^40, as the header says: refused as a limit, not as an overflow."""
+    args = moe_call(name, tokens=2**40 + 1, experts=1, top_k=1)
+    status, _ = fz.call(lib, name, args)
+    message = message_of(lib)
+    words = " ".join((fz.header_comment_of(name) + fz.header_comment_of("ck_moe_forward")).split())
+    if "2^40" in words:   # a documented limit, refused as such
+        assert status == Status.INVALID_VALUE and "overflow" not in message, message
+    else:   # no limit: valid (the route), or past the layer's row slots
+        assert status != Status.INVALID_VALUE, message
+
+
+def test_moe_prepack_overflow_names_experts(lib):
+    """ck_moe_prepack's size messages call its first size experts."""
+    args = moe_call("ck_moe_prepack", experts=1024, n=2**52, k=32)   # E x N x 4 bytes: 2^64
+    status, _ = fz.call(lib, "ck_moe_prepack", args)
+    message = message_of(lib)
+    assert status == Status.INVALID_VALUE, message
+    assert mentions(message, "experts") and not mentions(message, "m"), message

@@ -12,7 +12,14 @@
   pointer offsets (the least alignment the header allows). Families: INT8 and INT4
   (de)quantization, INT8 GEMM (int32 and scaled), INT4 x INT4 GEMM (int32 and scaled),
   ck_linear, W4A16 on the interchange and the prepacked layout (and the prepack itself), the
-  GPTQ and AWQ importers, ck_permute_columns.
+  GPTQ and AWQ importers, ck_permute_columns, and the Mixture-of-experts layer: ck_moe_route
+  (E up to 1024, k up to 32, logits spread or full of ties), ck_moe_prepack (E up to 257, odd
+  N for w2) and ck_moe_forward (T from 1 to a few hundred, aimed at 1, 15/16/17, 63/64/65 and
+  127/128/129 rows per expert, where the layer moves from the streaming to the tensor-core
+  kernel and from its 64-row to its 128-row blocks; E <= 64, k <= 8, H and I <= 512; routed by
+  fp32/fp16/bf16 logits, with or without renormalization, or by the caller's ids: distinct,
+  repeated, all on one expert or partly outside [0, E); the kernel forced through CK_MOE_KERNEL;
+  run twice, on a workspace of random bytes the second time: the same bits).
 - Each case runs through the call classes of the family's own test file and is checked the same
   way: bit for bit where the header promises it, within the same derived tolerances otherwise.
   Every output is poisoned before the call and sits between 256-byte guard regions filled with a
@@ -53,6 +60,10 @@ from test_gemm_int4_gpu import GemmInt4Call, GemmInt4ScaledCall, make_int4_call,
 from test_gemm_int4_gpu import make_scaled_call as make_int4_scaled_call
 from test_gemm_int4_gpu import random_codes, random_int4_scales
 from test_import_gpu import ImportCall, PermuteCall
+from test_moe_gpu import (
+    BAD_IDS, ExpertWeight, MoECall, RouteCall, grid_logits, moe_id, random_experts, random_ids,
+    sm80,   # a fixture: ck_moe_forward needs compute capability 8.0+
+)
 from test_quantize_gpu import (
     DequantizeInt4Call, DequantizeInt8Call, QuantizeInt4Call, QuantizeInt8Call, random_int4_inputs,
     random_int8_codes, random_int8_scales,
@@ -453,6 +464,237 @@ def test_fuzz_permute_columns(shape, dtype, kind, misalign, seed):
     call = PermuteCall(np.random.default_rng(seed), *shape, dtype, kind, misalign)
     call.launch()
     call.check(f"seed={seed}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Mixture of experts: ck_moe_route, ck_moe_prepack, ck_moe_forward
+# ---------------------------------------------------------------------------------------------
+# Bounds of the layer's cases: the header allows E up to 1024 and k up to 32; the layer's cases
+# stay at the models' sizes (E <= 64, k <= 8, H and I <= 512), which keep its float64 reference
+# in the milliseconds. The route takes the header's whole range of E and k; the prepack E up to
+# 257 (its reference prepacks one expert at a time, ~0.1 ms each).
+MOE_EXPERTS_TOP = 64
+MOE_PREPACK_EXPERTS_TOP = 257
+MOE_ROUTE_TOKENS_TOP = 1100   # grid_logits draws each token's logits on its own
+MOE_TOP_K = (1, 2, 3, 4, 6, 8)
+MOE_ROUTE_TOP_K = (1, 2, 3, 4, 6, 8, 16, 31, 32)
+MOE_FEATURES_TOP = 512
+MOE_TOKENS_TOP = 520
+# The expert GEMMs run the streaming kernel in blocks of 16 rows while the experts that have
+# rows get at most 16 on average (ceil(T k / min(E, T k))), the tensor-core kernel beyond, in
+# blocks of 64 rows up to 64 per expert and of 128 above: the averages around those sizes.
+MOE_STREAM_ROWS = 16
+MOE_ROWS_PER_EXPERT = (1, 2, 15, 16, 17, 63, 64, 65, 127, 128, 129)
+# The caller's ids: distinct per token (a router's), drawn with repetition (a token's pairs may
+# name one expert twice), every pair on one expert, or some outside [0, E) (the header: such a
+# pair contributes nothing).
+MOE_IDS = ("distinct", "repeated", "one_expert", "out_of_range")
+MOE_ROUTINGS = tuple(f"ids_{kind}" for kind in MOE_IDS) + ref.MOE_ROUTER_DTYPES
+# Host work of a layer case: its 3 T k H I multiply-adds (the float64 reference does each once,
+# its error bound about twice more) within MAX_MACS; its E * 3 H I expert weights (drawn,
+# quantized and dequantized on the host, every expert whether used or not) within MOE_WEIGHTS.
+# A route case: T E logits within MOE_ROUTE_ELEMENTS.
+MOE_WEIGHTS = MAX_ELEMENTS // 4
+MOE_ROUTE_ELEMENTS = MAX_ELEMENTS // 8
+
+
+def moe_rows_per_expert(tokens, experts, top_k):
+    """The rows each expert that has any gets on average, rounded up: what picks the layer's
+    expert kernel (from the sizes alone, whatever the ids)."""
+    pairs = tokens * top_k
+    return -(-pairs // min(experts, pairs))
+
+
+def draw_top_k(rng, top, edges):
+    """k in [1, top]: mostly one of `edges`, otherwise uniform."""
+    if rng.random() < 0.75:
+        return pick(rng, [v for v in edges if v <= top])
+    return int(rng.integers(1, top + 1))
+
+
+def moe_route_case(rng):
+    experts = draw_size(rng, ref.MOE_MAX_EXPERTS)
+    tokens = draw_size(rng, min(MOE_ROUTE_TOKENS_TOP, max(1, MOE_ROUTE_ELEMENTS // experts)))
+    top_k = draw_top_k(rng, min(experts, ref.MOE_MAX_TOP_K), MOE_ROUTE_TOP_K)
+    dtype, renormalize, ties = pick(rng, ref.MOE_ROUTER_DTYPES), bool(rng.integers(2)), \
+        bool(rng.integers(2))
+    # logits aligned to its element, ids and weights to 4 bytes: the least the header allows.
+    size = np.dtype(ref.NUMPY_DTYPE[dtype]).itemsize
+    misalign = (pick(rng, (0, 1, 3)) * size, pick(rng, (0, 4, 12)), pick(rng, (0, 4, 12)))
+    return ((tokens, experts, top_k, dtype, renormalize, ties, misalign),
+            f"T{tokens}-E{experts}-k{top_k}-{dtype}-{'renorm' if renormalize else 'raw'}-"
+            f"{'ties' if ties else 'spread'}-{'-'.join(map(str, misalign))}")
+
+
+def assert_inputs_intact(inputs, ctx):
+    """inputs: (name, GuardedBuffer, host values): each still holds its values, guards intact."""
+    for name, buffer, host in inputs:
+        assert_bitwise_equal(buffer.read(f"{name}, {ctx}"), np.asarray(host),
+                             f"the input {name} was written, {ctx}")
+
+
+@pytest.mark.parametrize("tokens, experts, top_k, dtype, renormalize, ties, misalign",
+                         fuzz_cases("moe_route", moe_route_case))
+def test_fuzz_moe_route(tokens, experts, top_k, dtype, renormalize, ties, misalign, seed):
+    """ids bit for bit the reference's, weights within test_moe_gpu.py's bound (logits spread
+    over a grid, or full of exact ties); the same bits again on outputs poisoned anew."""
+    rng = np.random.default_rng(seed)
+    call = RouteCall(grid_logits(rng, tokens, experts, dtype, ties), top_k, renormalize, dtype,
+                     misalign)
+    call.launch()
+    ctx = f"seed={seed}"
+    ids, weights = call.check(ctx)
+    assert_inputs_intact([("logits", call.logits, call.logits_host)], ctx)
+    call.poison_outputs()
+    call.launch()
+    synchronize()
+    for name, buffer, first in (("ids", call.ids, ids), ("weights", call.weights, weights)):
+        assert_bitwise_equal(buffer.read(f"{name}, second run, {ctx}"), first,
+                             f"{name}, second run, {ctx}")
+
+
+def moe_prepack_case(rng):
+    gate_up = bool(rng.integers(2))
+    k = draw_size(rng, 4096, 32)
+    experts = draw_size(rng, min(MOE_PREPACK_EXPERTS_TOP, max(1, MAX_ELEMENTS // (16 * k))))
+    n = draw_size(rng, min(4096, max(16, MAX_ELEMENTS // (experts * k))), 16 if gate_up else 1)
+    dtype, mode, group = pick(rng, ref.MOE_DTYPES), pick(rng, ref.INT4_MODES), \
+        pick(rng, ref.INT4_GROUP_SIZES)
+    misalign = pick(rng, (0, 16, 48))
+    return ((experts, n, k, gate_up, dtype, mode, group, misalign),
+            f"E{experts}-n{n}-k{k}-{'w13' if gate_up else 'w2'}-{dtype}-{mode}-"
+            f"{GROUP_IDS[group]}-m{misalign}")
+
+
+@pytest.mark.parametrize("experts, n, k, gate_up, dtype, mode, group_size, misalign",
+                         fuzz_cases("moe_prepack", moe_prepack_case))
+def test_fuzz_moe_prepack(experts, n, k, gate_up, dtype, mode, group_size, misalign, seed):
+    """Bit for bit ref.moe_prepack on random bytes (every code), random zero points and scales
+    (the outputs 16-byte aligned, not 256); nothing written around the outputs or into the
+    inputs."""
+    rng = np.random.default_rng(seed)
+    weight = ExpertWeight(random_experts(rng, experts, n, k, dtype, mode, group_size, "codes"),
+                          k, group_size, dtype, gate_up, misalign)
+    ctx = f"seed={seed}"
+    weight.check_prepacked(ctx)
+    assert_inputs_intact([(name, buffer, host) for name, buffer, host in
+                          zip(("w_packed", "scales", "zeros"), weight.inputs, weight.host)
+                          if buffer is not None], ctx)
+
+
+def draw_tokens(rng, top, experts, top_k):
+    """T <= top (at least 1): 1, or T giving the experts one of MOE_ROWS_PER_EXPERT rows on
+    average (T = floor(r E / k) makes ceil(T k / min(E, T k)) exactly r), or a size of
+    draw_size."""
+    reachable = [r for r in MOE_ROWS_PER_EXPERT if r * experts // top_k <= top]
+    draw = rng.random()
+    if draw < 0.1:
+        return 1
+    if draw < 0.55 and reachable:
+        return max(1, pick(rng, reachable) * experts // top_k)
+    return draw_size(rng, top)
+
+
+def moe_forward_case(rng):
+    experts = (pick(rng, [v for v in EDGES if v <= MOE_EXPERTS_TOP]) if rng.random() < 0.75
+               else int(rng.integers(1, MOE_EXPERTS_TOP + 1)))
+    top_k = draw_top_k(rng, min(experts, MOE_TOP_K[-1]), MOE_TOP_K)
+    # T, H and I in a random order (so that each is sometimes the large one), each within what
+    # MAX_MACS and MOE_WEIGHTS leave with the others not yet drawn at their least (1, 32, 32).
+    dims = {"tokens": 1, "hidden": 32, "inter": 32}
+    for d in rng.permutation(list(dims)):
+        rest = math.prod(v for o, v in dims.items() if o != d)
+        if d == "tokens":
+            dims[d] = draw_tokens(rng, min(MOE_TOKENS_TOP, MAX_MACS // (3 * top_k * rest)),
+                                  experts, top_k)
+        else:
+            other = dims["inter" if d == "hidden" else "hidden"]
+            dims[d] = draw_size(rng, min(MOE_FEATURES_TOP, MAX_MACS // (3 * top_k * rest),
+                                         MOE_WEIGHTS // (3 * experts * other)), 32)
+    tokens, hidden, inter = dims["tokens"], dims["hidden"], dims["inter"]
+    shape = (tokens, hidden, inter, experts, top_k)
+    served = ["auto", "stream"]
+    if moe_rows_per_expert(tokens, experts, top_k) > MOE_STREAM_ROWS:
+        served.append("tc")
+    variant = pick(rng, served)
+    dtype, mode, group = pick(rng, ref.MOE_DTYPES), pick(rng, ref.INT4_MODES), \
+        pick(rng, ref.INT4_GROUP_SIZES)
+    routing = pick(rng, MOE_ROUTINGS)
+    renormalize = routing in ref.MOE_ROUTER_DTYPES and bool(rng.integers(2))
+    source, misalign = pick(rng, ("normal", "codes")), bool(rng.integers(2))
+    return ((variant, shape, dtype, mode, group, routing, renormalize, source, misalign),
+            f"{variant}-{moe_id(shape)}-{dtype}-{mode}-{GROUP_IDS[group]}-route_{routing}"
+            f"{'-renorm' if renormalize else ''}-{source}-{'m16' if misalign else 'm0'}")
+
+
+def moe_caller_ids(rng, kind, tokens, experts, top_k):
+    """The caller's ids [T, k] of MOE_IDS kind `kind`."""
+    if kind == "distinct":
+        return random_ids(rng, tokens, experts, top_k)[0]
+    if kind == "repeated":
+        return rng.integers(0, experts, size=(tokens, top_k), dtype=np.int32)
+    if kind == "one_expert":
+        return np.full((tokens, top_k), rng.integers(experts), np.int32)
+    assert kind == "out_of_range", kind
+    ids, _ = random_ids(rng, tokens, experts, top_k)
+    bad = rng.random(ids.shape) < rng.uniform(0.1, 0.6)
+    bad_values = np.array(BAD_IDS + (experts, experts + 3), np.int64)
+    return np.where(bad, rng.choice(bad_values, size=ids.shape), ids).astype(np.int32)
+
+
+def moe_call_inputs(call, ctx):
+    """(name, GuardedBuffer, values) of every input of a MoECall: x, the routing, the
+    interchange weights the prepacks read and, as they are now on the device, the prepacked ones
+    the layer reads (test_fuzz_moe_prepack checks them bit for bit)."""
+    inputs = [("x", call.x, call.x_host)]
+    if call.logits is not None:
+        inputs.append(("router_logits", call.logits, call.route_host))
+    else:
+        inputs += [("topk_ids", call.ids, call.route_host[0]),
+                   ("topk_weights", call.weights, call.route_host[1])]
+    for weight, which in ((call.w13, "w13"), (call.w2, "w2")):
+        inputs += [(f"{which} {name}", buffer, host) for name, buffer, host in
+                   zip(("w_packed", "scales", "zeros"), weight.inputs, weight.host)
+                   if buffer is not None]
+        inputs += [(f"{which} {name}", buffer, buffer.read(f"{which} {name}, {ctx}"))
+                   for name, buffer in zip(("w_prepacked", "scales_prepacked", "zeros_prepacked"),
+                                           (weight.w, weight.scales, weight.zeros))
+                   if buffer is not None]
+    return inputs
+
+
+MOE_FORWARD_ARGS = "variant, shape, dtype, mode, group_size, routing, renormalize, source, misalign"
+
+
+@pytest.mark.parametrize(MOE_FORWARD_ARGS, fuzz_cases("moe_forward", moe_forward_case))
+def test_fuzz_moe_forward(variant, shape, dtype, mode, group_size, routing, renormalize, source,
+                          misalign, monkeypatch, sm80, seed):
+    """The layer within test_moe_gpu.py's bounds of the float64 reference (routed by its logits,
+    or by the caller's ids and weights); out and the workspace poisoned, nothing written around
+    them or into any input (the prepacked weights included); the same bits again on outputs
+    poisoned anew and a workspace of random bytes."""
+    variant = force_variant(monkeypatch, "CK_MOE_KERNEL", variant)
+    rng = np.random.default_rng(seed)
+    tokens, _, _, experts, top_k = shape
+    if routing in ref.MOE_ROUTER_DTYPES:
+        call = MoECall(rng, shape, dtype, mode, group_size, routing, renormalize, source,
+                       misalign=misalign)
+    else:
+        ids = moe_caller_ids(rng, routing[len("ids_"):], tokens, experts, top_k)
+        call = MoECall(rng, shape, dtype, mode, group_size, "ids", source=source, ids=ids,
+                       misalign=misalign)
+    ctx = f"{variant}, seed={seed}"
+    inputs = moe_call_inputs(call, ctx)
+    call.launch()
+    first = call.check(ctx)
+    assert_inputs_intact(inputs, ctx)
+    call.poison_outputs()
+    call.scramble_workspace(rng)
+    call.launch()
+    synchronize()
+    assert_bitwise_equal(call.out.read(f"out, second run, {ctx}"), first,
+                         f"out, second run, {ctx}")
+    call.workspace.read(f"workspace, second run, {ctx}")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -143,9 +143,9 @@ ck_status_t Check::half_dtype(ck_dtype_t dtype, const char* name) const {
                 "%s=CK_DTYPE_FP32 is not supported (use CK_DTYPE_FP16 or CK_DTYPE_BF16)", name);
 }
 
-ck_status_t Check::int4_mode(ck_int4_mode_t mode, const void* zeros) const {
+ck_status_t Check::int4_mode(ck_int4_mode_t mode, const void* zeros, const char* name) const {
     CK_TRY(enum_value(mode, 2, "mode", "ck_int4_mode_t"));
-    return zero_points(mode, zeros, "zeros");
+    return zero_points(mode, zeros, name);
 }
 
 ck_status_t Check::zero_points(ck_int4_mode_t mode, const void* zeros, const char* name) const {
@@ -166,8 +166,17 @@ ck_status_t Check::matrix(int64_t rows, int64_t cols, size_t max_elem_bytes) con
     return CK_STATUS_SUCCESS;
 }
 
-ck_status_t Check::gemm_shape(int64_t m, int64_t n, int64_t k, size_t out_elem_bytes) const {
-    if (m < 1) return fail(CK_STATUS_INVALID_VALUE, "m=%lld must be >= 1", (long long)m);
+ck_status_t Check::row_scales(ck_granularity_t granularity, int64_t rows) const {
+    if (granularity != CK_PER_ROW || rows <= INT64_MAX / int64_t(sizeof(float)))
+        return CK_STATUS_SUCCESS;
+    return fail(CK_STATUS_INVALID_VALUE,
+                "rows=%lld float32 scales (CK_PER_ROW) overflow a 64-bit byte count",
+                (long long)rows);
+}
+
+ck_status_t Check::gemm_shape(int64_t m, int64_t n, int64_t k, size_t out_elem_bytes,
+                              const char* m_name) const {
+    if (m < 1) return fail(CK_STATUS_INVALID_VALUE, "%s=%lld must be >= 1", m_name, (long long)m);
     if (n < 1) return fail(CK_STATUS_INVALID_VALUE, "n=%lld must be >= 1", (long long)n);
     if (k < 1) return fail(CK_STATUS_INVALID_VALUE, "k=%lld must be >= 1", (long long)k);
     // Each operand's elements counted at the larger of the output's size and 4 bytes.
@@ -178,8 +187,8 @@ ck_status_t Check::gemm_shape(int64_t m, int64_t n, int64_t k, size_t out_elem_b
         if (__builtin_mul_overflow(p[0], p[1], &elems) ||
             __builtin_mul_overflow(elems, elem_bytes, &bytes))
             return fail(CK_STATUS_INVALID_VALUE,
-                        "m=%lld, n=%lld, k=%lld overflow a 64-bit byte count", (long long)m,
-                        (long long)n, (long long)k);
+                        "%s=%lld, n=%lld, k=%lld overflow a 64-bit byte count", m_name,
+                        (long long)m, (long long)n, (long long)k);
     }
     return CK_STATUS_SUCCESS;
 }
@@ -242,6 +251,12 @@ ck_status_t variant_cannot_serve(const Check& check, const char* env, const char
                                  const char* needs, const std::string& facts, int cc) {
     return check.fail(CK_STATUS_UNSUPPORTED, "%s=%s needs %s (%s, GPU %d.%d)", env, name, needs,
                       facts.c_str(), cc / 10, cc % 10);
+}
+
+ck_status_t grid_too_large(const Check& check, const char* name, const std::string& facts) {
+    return check.fail(CK_STATUS_UNSUPPORTED,
+                      "the %s kernel cannot launch this shape (%s): it needs more thread blocks "
+                      "than one launch holds (2^31 - 1)", name, facts.c_str());
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -96,8 +96,10 @@ class Check {
     // A 16-bit floating-point element type (the W4A16 kernels' activations and scales).
     ck_status_t half_dtype(ck_dtype_t dtype, const char* name) const;
 
-    // A valid ck_int4_mode_t, with zeros given exactly when the mode has zero points.
-    ck_status_t int4_mode(ck_int4_mode_t mode, const void* zeros) const;
+    // A valid ck_int4_mode_t, with zero points (the argument `name`) given exactly when the
+    // mode has them.
+    ck_status_t int4_mode(ck_int4_mode_t mode, const void* zeros,
+                          const char* name = "zeros") const;
 
     // Zero points `zeros` (named `name`) given exactly when the (valid) mode has them.
     ck_status_t zero_points(ck_int4_mode_t mode, const void* zeros, const char* name) const;
@@ -105,8 +107,15 @@ class Check {
     // rows, cols >= 1 and rows * cols * max_elem_bytes representable in int64_t.
     ck_status_t matrix(int64_t rows, int64_t cols, size_t max_elem_bytes) const;
 
-    // m, n, k >= 1 and every operand's byte count representable in int64_t.
-    ck_status_t gemm_shape(int64_t m, int64_t n, int64_t k, size_t out_elem_bytes) const;
+    // With CK_PER_ROW, the rows float32 scales' byte count representable in int64_t (a
+    // [rows, cols] operand of 1- or 2-byte elements can fit where its rows * 4 bytes of scales
+    // do not).
+    ck_status_t row_scales(ck_granularity_t granularity, int64_t rows) const;
+
+    // m, n, k >= 1 and every operand's byte count representable in int64_t. m_name: what the
+    // messages call m ("experts" for the stacked weights of ck_moe_prepack).
+    ck_status_t gemm_shape(int64_t m, int64_t n, int64_t k, size_t out_elem_bytes,
+                           const char* m_name = "m") const;
 
     // 32, 64, 128 or CK_GROUP_ROW.
     ck_status_t group_size(int64_t group_size) const;
@@ -223,13 +232,24 @@ ck_status_t select_variant(const Check& check, const VariantTable<Args>& table, 
     return CK_STATUS_SUCCESS;
 }
 
+// CK_STATUS_UNSUPPORTED: "the <name> kernel cannot launch this shape (<facts>): ...". For a
+// launcher that returned cudaErrorInvalidConfiguration: its grid would exceed what one launch
+// holds (grid_fits), a limit of the shape, not a failure of the GPU.
+ck_status_t grid_too_large(const Check& check, const char* name, const std::string& facts);
+
 // Selects the variant for this call and launches it.
 template <class Args>
 ck_status_t run_variant(const Check& check, const VariantTable<Args>& table, const Args& args,
                         cudaStream_t stream) {
     const Variant<Args>* variant = nullptr;
     CK_TRY(select_variant(check, table, args, &variant));
-    return check.launch([&] { return variant->launch(args, stream); });
+    cudaGetLastError();  // as Check::launch: report this call's errors only
+    const cudaError_t err = variant->launch(args, stream);
+    if (err == cudaErrorInvalidConfiguration) {
+        cudaGetLastError();  // the launch API leaves it pending too
+        return grid_too_large(check, variant->name, table.facts(args));
+    }
+    return cuda_status(err, check.fn(), "kernel launch", __FILE__, __LINE__);
 }
 
 }  // namespace ck

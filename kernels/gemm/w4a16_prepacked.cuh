@@ -22,6 +22,9 @@ constexpr int kPackRows = 8;        // weight rows per tile (one mma n8 tile)
 constexpr int kPackK = 128;         // k per tile (4 slices of 32, one per lane column)
 constexpr int kPackSliceK = 32;     // k per lane: one 16-byte vector
 constexpr int kPackTileBytes = kPackRows * kPackK / 2;  // 512
+// N and K of a prepacked weight are at most 2^40 (cuda_kernels.h): the padded sizes, their
+// products with the group count and every offset then stay far from int64_t's range.
+constexpr int64_t kPackMaxDim = int64_t(1) << 40;
 static_assert(kPackTileBytes == 32 * 16, "one 16-byte vector per lane");
 
 __host__ __device__ constexpr int64_t prepacked_rows(int64_t n) { return ceil_div(n, kPackRows) * kPackRows; }

@@ -24,10 +24,11 @@ constexpr int kRoutePerLane = int(kMoeMaxExperts / 32);
 
 template <typename T>
 __global__ void __launch_bounds__(kRouteWarps * 32)
-moe_route_kernel(const T* __restrict__ logits, int64_t tokens, int experts, int top_k,
-                 bool renormalize, int32_t* __restrict__ ids, float* __restrict__ weights) {
+moe_route_kernel(const T* __restrict__ logits, int64_t first, int64_t tokens, int experts,
+                 int top_k, bool renormalize, int32_t* __restrict__ ids,
+                 float* __restrict__ weights) {
     const int lane = threadIdx.x % 32;
-    const int64_t t = int64_t(blockIdx.x) * kRouteWarps + threadIdx.x / 32;
+    const int64_t t = first + int64_t(blockIdx.x) * kRouteWarps + threadIdx.x / 32;
     if (t >= tokens) return;  // warp-uniform
     const T* row = logits + t * experts;
 
@@ -172,14 +173,18 @@ size_t align256(size_t b) { return (b + 255) / 256 * 256; }
 // Launchers (arguments validated by cuda_kernels.cu)
 // ---------------------------------------------------------------------------------------------
 cudaError_t moe_route(const MoeRouteArgs& a, cudaStream_t stream) {
-    const int64_t blocks = ceil_div(a.tokens, kRouteWarps);
-    if (!grid_fits(blocks)) return cudaErrorInvalidConfiguration;
+    // One launch per 2^31 - 1 blocks of tokens (a grid holds no more): one for any real batch.
+    constexpr int64_t kLaunchTokens = int64_t(INT32_MAX) * kRouteWarps;
     return dispatch_float_dtype(a.dtype, [&](auto tag) {
         using T = decltype(tag);
-        moe_route_kernel<T><<<unsigned(blocks), kRouteWarps * 32, 0, stream>>>(
-            static_cast<const T*>(a.logits), a.tokens, int(a.experts), int(a.top_k), a.renormalize,
-            a.ids, a.weights);
-        return cudaGetLastError();
+        for (int64_t first = 0; first < a.tokens; first += kLaunchTokens) {
+            const int64_t blocks = ceil_div(std::min(kLaunchTokens, a.tokens - first), kRouteWarps);
+            moe_route_kernel<T><<<unsigned(blocks), kRouteWarps * 32, 0, stream>>>(
+                static_cast<const T*>(a.logits), first, a.tokens, int(a.experts), int(a.top_k),
+                a.renormalize, a.ids, a.weights);
+            if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
+        }
+        return cudaSuccess;
     });
 }
 

@@ -6,11 +6,18 @@
 #   make demo            quantize a weight matrix on the GPU and report the error of each format
 #   make sanitize        GPU tests under compute-sanitizer memcheck, racecheck and initcheck
 #   make fuzz            the long robustness runs: the ABI fuzzer, the GPU shape sweep, memcheck
-#   make install PREFIX=/usr/local   header, library and pkg-config file
+#   make install PREFIX=/usr/local   header, library, pkg-config file and CMake package
+#   make plots           charts of the committed benchmark results -> benchmarks/results/*.png
 #   make clean
 #
 # Variables: ARCHS (SM versions, default "75 80 86 89 90"), CUDA_HOME, PYTHON, PREFIX,
-# FUZZ_EXAMPLES and FUZZ_SHAPES (make fuzz).
+# FUZZ_EXAMPLES and FUZZ_SHAPES (make fuzz), PLOT_RESULTS and PLOT_PYTHON (make plots).
+#
+# Every core builds at once unless the command line says -j; a make run by another make keeps
+# its parent's job server, and `make clean ...` stays serial so that clean ends before the rest.
+ifeq ($(MAKELEVEL)$(filter clean,$(MAKECMDGOALS))$(filter -j%,$(MAKEFLAGS)),0)
+MAKEFLAGS += -j$(shell nproc)
+endif
 
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc))
 NVCC      ?= $(CUDA_HOME)/bin/nvcc
@@ -45,7 +52,7 @@ HEADERS     := cuda_kernels.h $(wildcard kernels/*/*.cuh)
 # otherwise a private virtual environment built from requirements.txt.
 PYTHON ?= $(shell python3 -c 'import numpy, pytest, hypothesis' >/dev/null 2>&1 && echo python3 || echo .venv/bin/python)
 
-.PHONY: all test bench demo sanitize fuzz install clean FORCE
+.PHONY: all test bench demo sanitize fuzz install plots clean FORCE
 all: $(LIB)
 
 $(BUILD)/cuda_kernels.o: cuda_kernels.cu $(HEADERS) | $(BUILD)/kernels
@@ -132,11 +139,33 @@ fuzz: $(LIB) $(PYDEPS)
 cuda_kernels.pc: cuda_kernels.pc.in cuda_kernels.h FORCE
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' -e 's|@CUDA_HOME@|$(CUDA_HOME)|g' $< > $@
 
-install: $(LIB) cuda_kernels.pc
-	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig
+# The CMake package (find_package(cuda_kernels) -> cuda_kernels::cuda_kernels) finds the prefix
+# from its own place, so only its version file is written for this install.
+CMAKE_PKG_DIR := $(DESTDIR)$(PREFIX)/lib/cmake/cuda_kernels
+
+install: $(LIB) cuda_kernels.pc cmake/cuda_kernels-config.cmake cmake/cuda_kernels-config-version.cmake.in
+	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig $(CMAKE_PKG_DIR)
 	install -m 644 cuda_kernels.h $(DESTDIR)$(PREFIX)/include/
 	install -m 755 $(LIB) $(DESTDIR)$(PREFIX)/lib/
 	install -m 644 cuda_kernels.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/
+	install -m 644 cmake/cuda_kernels-config.cmake $(CMAKE_PKG_DIR)/
+	sed 's|@VERSION@|$(VERSION)|g' cmake/cuda_kernels-config-version.cmake.in \
+	  > $(CMAKE_PKG_DIR)/cuda_kernels-config-version.cmake
+
+# Charts of the committed results for the README (benchmarks/plot.py says what each shows).
+# matplotlib lives in its own environment under build/ so that make test never needs it;
+# PLOT_PYTHON=python3 uses an interpreter that already has it.
+PLOT_RESULTS ?= benchmarks/results/nvidia-h100-80gb-hbm3.json benchmarks/results/moe-h100-2026-11-25.md
+PLOT_VENV    := $(BUILD)/venv-plots
+PLOT_PYTHON  ?= $(PLOT_VENV)/bin/python
+
+$(PLOT_VENV)/bin/python: benchmarks/requirements-plots.txt
+	python3 -m venv $(PLOT_VENV)
+	$@ -m pip install --quiet --disable-pip-version-check -r $<
+	touch $@
+
+plots: $(filter $(PLOT_VENV)/bin/python,$(PLOT_PYTHON))
+	$(PLOT_PYTHON) benchmarks/plot.py --out benchmarks/results $(PLOT_RESULTS)
 
 clean:
 	rm -rf $(BUILD) $(LIB) cuda_kernels.pc .pytest_cache

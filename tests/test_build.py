@@ -263,6 +263,7 @@ def test_make_install_into_destdir(tmp_path, library):
     for name in ("Makefile", "cuda_kernels.h", "cuda_kernels.map", "cuda_kernels.pc.in",
                  "libcuda_kernels.so"):
         shutil.copy2(os.path.join(REPO_ROOT, name), work / name)
+    shutil.copytree(os.path.join(REPO_ROOT, "cmake"), work / "cmake")
     destdir, prefix = tmp_path / "root", "/opt/ck"
     # -o: the library is taken as it is, never rebuilt.
     run([need_tool("make"), "-C", str(work), "-o", "libcuda_kernels.so", "install",

@@ -828,3 +828,664 @@ def moe_prepack(w_packed, scales, zeros, k, group_size, gate_up):
     w, s, z = zip(*parts)
     return (np.concatenate(w), np.concatenate(s),
             None if zeros is None else np.concatenate(z))
+
+
+# ---------------------------------------------------------------------------------------------
+# Block-quantized 4-bit formats: NF4, MXFP4, NVFP4
+# ---------------------------------------------------------------------------------------------
+# Three published formats in which a block of consecutive elements of a row shares one scale and
+# every element is a 4-bit code. Each follows its publisher's definition; where the sources are
+# silent or disagree, the choice made is stated where it is made.
+#
+#   NF4    bitsandbytes' normal-float table (QLoRA): one float32 absmax per `blocksize` elements
+#          (64 by default); element 2i in the HIGH nibble of byte i, as bitsandbytes packs it.
+#   MXFP4  OCP Microscaling Formats (MX) v1.0: E2M1 elements, one E8M0 power-of-two scale per 32
+#          elements; element 2i in the LOW nibble (gpt-oss checkpoints, torch ao's pack_uint4).
+#   NVFP4  NVIDIA's two-level FP4: E2M1 elements, one FP8 E4M3 scale per 16 elements and one
+#          float32 scale per tensor; element 2i in the LOW nibble (TensorRT-LLM, ModelOpt,
+#          compressed-tensors and vLLM all pack it so).
+#
+# Interchange layout of all three (what the quantizers return and the dequantizers take): packed
+# uint8 [rows, (cols + 1) // 2] and scales [rows, ceil(cols / block)]. Blocks run along a row;
+# the last block of a row may be partial, its scale taken from the elements it has (the zero
+# padding changes no absmax). When cols is odd, the unused nibble of each row's last byte holds
+# the code of 0.0 (NF4: what its zero padding quantizes to, as in bitsandbytes). A 1-D tensor is
+# one row [1, n]: bitsandbytes blocks its flattened tensor so.
+#
+# NumPy has no 4- or 8-bit floats, so E2M1 (FP4), E4M3 (the 'fn' variant: no infinities, NaN =
+# S.1111.111, max 448) and E8M0 (an unsigned power-of-two exponent) are implemented bit by bit.
+# The dequantized values are float32 products, then rounded to the output dtype (to_dtype).
+
+# ---- E2M1 (FP4) -------------------------------------------------------------------------------
+E2M1_MAX = 6.0
+# The value of each code S.EE.M: bit 3 the sign, a 2-bit exponent (bias 1) and 1 mantissa bit;
+# exponent 0 is subnormal (0 and 0.5). No infinity, no NaN.
+E2M1_VALUES = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6,
+                        -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], dtype=np.float32)
+# The midpoints between consecutive magnitudes. Magnitude code c (0..7) of |x| is the number of
+# midpoints it passes; a tie goes to the even code, so the k-th midpoint is passed at |x| > m_k
+# when k is even (its lower neighbour has the even code) and at |x| >= m_k when k is odd.
+_E2M1_MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+
+
+def e2m1_encode(x):
+    """float32 values -> E2M1 codes (uint8, 0..15): round to nearest, ties to even, saturating.
+
+    The sign bit is x's sign bit (-0.0, and a negative value that rounds to zero, give 8: -0);
+    |x| rounds to the nearest of 0, 0.5, 1, 1.5, 2, 3, 4, 6, a tie to the even code, which is the
+    even mantissa (values 0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4,
+    5 -> 4); |x| > 5 and +-inf saturate to 6 (PTX cvt.rn.satfinite.e2m1x2.f32 rounds and
+    saturates the same way).
+    NaN encodes as 0 (+0.0): E2M1 has no NaN.
+    """
+    x = np.asarray(x, dtype=np.float32)
+    mag = np.abs(x)
+    codes = np.zeros(x.shape, dtype=np.uint8)
+    for k, midpoint in enumerate(_E2M1_MIDPOINTS):
+        codes += (mag >= midpoint) if k % 2 else (mag > midpoint)
+    codes |= np.signbit(x).astype(np.uint8) << 3
+    return np.where(np.isnan(x), np.uint8(0), codes).astype(np.uint8)
+
+
+def e2m1_decode(codes):
+    """E2M1 codes (uint8, 0..15) -> their float32 values (exact)."""
+    codes = _require_dtype(np.asarray(codes), np.uint8, "e2m1 codes")
+    if codes.size and codes.max() > 15:
+        raise ValueError("e2m1 codes must lie in [0, 15]")
+    return E2M1_VALUES[codes]
+
+
+# ---- FP8 E4M3 ('fn') --------------------------------------------------------------------------
+E4M3_MAX = 448.0
+E4M3_NAN = 0x7F             # the canonical NaN this encoder writes (0xFF is NaN too)
+_E4M3_MANTISSA_BITS = 3
+_E4M3_MIN_EXP = -6          # of the smallest normal, 2**-6; the subnormal quantum is 2**-9
+
+
+def e4m3_encode(x):
+    """float32 values -> FP8 E4M3 bit patterns (uint8): round to nearest, ties to even, saturating.
+
+    E4M3 'fn': bias 7, 3 mantissa bits, no infinities, S.1111.111 is NaN, so the largest finite
+    value is 448 (0x7E). |x| is rounded to a multiple of its quantum, 2**(floor(log2|x|) - 3) for
+    |x| >= 2**-6 and 2**-9 below (the subnormals), ties to even; a magnitude that rounds above 448
+    (|x| > 464, and +-inf) saturates to 448, as PTX cvt.rn.satfinite.e4m3x2.f32 does. The sign bit
+    is x's (a negative value that rounds to zero gives 0x80, -0). NaN encodes as 0x7F.
+    """
+    x = np.asarray(x, dtype=np.float32)
+    finite = np.isfinite(x)
+    mag = np.abs(np.where(finite, x, 0)).astype(np.float64)  # exact, as is everything below
+    _, e = np.frexp(mag)                       # mag = f * 2**e, f in [0.5, 1): floor(log2) = e - 1
+    quantum = np.ldexp(1.0, np.maximum(e - 1, _E4M3_MIN_EXP) - _E4M3_MANTISSA_BITS)
+    rounded = np.rint(mag / quantum) * quantum  # np.rint: half to even
+    rounded = np.where(finite, np.minimum(rounded, E4M3_MAX), E4M3_MAX)
+    bits = _e4m3_magnitude_bits(rounded) | (np.signbit(x).astype(np.uint8) << 7)
+    return np.where(np.isnan(x), np.uint8(E4M3_NAN), bits).astype(np.uint8)
+
+
+def _e4m3_magnitude_bits(mag):
+    """Representable E4M3 magnitudes (float64, <= 448) -> their 7-bit patterns (uint8)."""
+    _, e = np.frexp(mag)
+    normal = mag >= 2.0 ** _E4M3_MIN_EXP
+    exponent = np.where(normal, e - 1, _E4M3_MIN_EXP)
+    significand = (mag / np.ldexp(1.0, exponent - _E4M3_MANTISSA_BITS)).astype(np.int64)
+    # A normal significand is 8 + mantissa (the implicit one), a subnormal one the mantissa.
+    biased = np.where(normal, exponent + 7, 0)
+    mantissa = np.where(normal, significand - 8, significand)
+    return ((biased << _E4M3_MANTISSA_BITS) | mantissa).astype(np.uint8)
+
+
+def e4m3_decode(bits):
+    """FP8 E4M3 bit patterns (uint8) -> float32 values (exact; 0x7F and 0xFF are NaN)."""
+    bits = _require_dtype(np.asarray(bits), np.uint8, "e4m3 bits")
+    biased = ((bits >> 3) & 0xF).astype(np.int64)
+    mantissa = (bits & 0x7).astype(np.float64)
+    mag = np.where(biased == 0, np.ldexp(mantissa, -9),
+                   np.ldexp(8.0 + mantissa, biased - 7 - _E4M3_MANTISSA_BITS))
+    value = np.where(bits & 0x80, -mag, mag)
+    return np.where((bits & 0x7F) == 0x7F, np.nan, value).astype(np.float32)
+
+
+# ---- E8M0 (power-of-two scale) ----------------------------------------------------------------
+E8M0_BIAS = 127
+E8M0_NAN = 0xFF
+E8M0_EXP_RANGE = (-127, 127)
+
+
+def e8m0_encode(x):
+    """float32 values -> E8M0 scales (uint8): the largest power of two 2**k <= x, stored as
+    k + 127, with k clamped to [-127, 127].
+
+    E8M0 has no sign, no zero and no infinity: +-0 and 0 < x < 2**-127 give 0x00 (2**-127), and
+    NaN, +-inf and negative values give 0xFF (NaN). Every value 2**-127 .. 2**127 round trips.
+    """
+    x = np.asarray(x, dtype=np.float32)
+    positive = np.isfinite(x) & (x > 0)
+    _, e = np.frexp(np.where(positive, x, 1).astype(np.float64))  # floor(log2 x) = e - 1
+    k = np.where(positive, np.clip(e - 1, *E8M0_EXP_RANGE), E8M0_EXP_RANGE[0])
+    bits = (k + E8M0_BIAS).astype(np.uint8)
+    invalid = np.isnan(x) | np.isinf(x) | (x < 0)
+    return np.where(invalid, np.uint8(E8M0_NAN), bits).astype(np.uint8)
+
+
+def e8m0_decode(bits):
+    """E8M0 scales (uint8) -> float32 2**(bits - 127) (exact: 0x00 is the float32 subnormal
+    2**-127), NaN for 0xFF."""
+    bits = _require_dtype(np.asarray(bits), np.uint8, "e8m0 scales")
+    value = np.ldexp(1.0, bits.astype(np.int64) - E8M0_BIAS)
+    return np.where(bits == E8M0_NAN, np.nan, value).astype(np.float32)
+
+
+# ---- Nibble packing and blocks ----------------------------------------------------------------
+def _pack_nibbles(codes, first_high, pad):
+    """4-bit codes [rows, cols] -> uint8 [rows, (cols + 1) // 2], element 2i in the high
+    (first_high) or the low nibble of byte i; an odd row is completed with the code `pad`."""
+    codes = _matrix(np.asarray(codes))
+    rows, cols = codes.shape
+    if codes.size and (codes.min() < 0 or codes.max() > 15):
+        raise ValueError("4-bit codes must lie in [0, 15]")
+    nibbles = np.full((rows, cols + cols % 2), pad, dtype=np.uint8)
+    nibbles[:, :cols] = codes
+    first, second = nibbles[:, 0::2], nibbles[:, 1::2]
+    return (first << 4) | second if first_high else first | (second << 4)
+
+
+def _unpack_nibbles(packed, cols, first_high):
+    """Inverse of _pack_nibbles: packed uint8 [rows, (cols + 1) // 2] -> codes [rows, cols]."""
+    packed = _matrix(_require_dtype(np.asarray(packed), np.uint8, "packed 4-bit codes"))
+    rows, nbytes = packed.shape
+    if nbytes != (cols + 1) // 2:
+        raise ValueError(f"{cols} columns pack into {(cols + 1) // 2} bytes per row, not {nbytes}")
+    high, low = packed >> 4, packed & 0xF
+    codes = np.empty((rows, 2 * nbytes), dtype=np.uint8)
+    codes[:, 0::2], codes[:, 1::2] = (high, low) if first_high else (low, high)
+    return np.ascontiguousarray(codes[:, :cols])
+
+
+def block_count(cols, block):
+    """Blocks in a row of `cols` elements: ceil(cols / block) (the last one may be partial)."""
+    return -(-cols // block)
+
+
+def _blocked(xf, block):
+    """float32 [rows, cols] -> [rows, blocks, block], the last block completed with zeros."""
+    rows, cols = xf.shape
+    padded = np.zeros((rows, block_count(cols, block) * block), dtype=np.float32)
+    padded[:, :cols] = xf
+    return padded.reshape(rows, -1, block)
+
+
+def _block_of_col(cols, block):
+    return np.arange(cols) // block
+
+
+def _check_block_scales(scales, rows, cols, block, what):
+    want = (rows, block_count(cols, block))
+    if scales.shape != want:
+        raise ValueError(f"{what} must be {list(want)}, got {list(scales.shape)}")
+
+
+# ---- NF4 (bitsandbytes) -----------------------------------------------------------------------
+# bitsandbytes' NF4 table (functional.get_4bit_type('nf4'); the same floats as the kernels'
+# nf4_dequantization_lut): quantiles of N(0, 1) scaled to [-1, 1], 0 exact, 8 positive levels.
+# Each literal is a float32 value printed in full, so np.float32 reads it exactly.
+NF4_TABLE = np.array([
+    -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
+    -0.28444138169288635, -0.18477343022823334, -0.09105003625154495, 0.0,
+    0.07958029955625534, 0.16093020141124725, 0.24611230194568634, 0.33791524171829224,
+    0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0], dtype=np.float32)
+NF4_ZERO_CODE = 7
+# The float32 thresholds of dQuantizeNF4, bitsandbytes' CUDA decision tree (csrc/kernels.cu):
+# float literals (on the right, as written there), each the float64 midpoint of two neighbouring
+# table values; the compiler reads each as the float32 nearest to the decimal, here in hex. For
+# i = 0, 1, 3, 4, 5, 8, 10, 12 and 14 that differs from the exact midpoint (which needs one more
+# bit than float32 has), below it or above it; the quantizer's ties follow from that (nf4_encode).
+NF4_THRESHOLDS = np.array([float.fromhex(h) for h in (
+    "-0x1.b239b2p-1",   # -0.8480964004993439
+    "-0x1.38a4e0p-1",   # -0.6106329262256622
+    "-0x1.d70900p-2",   # -0.4599952697753906
+    "-0x1.5bd4ecp-2",   # -0.33967943489551544
+    "-0x1.e079d8p-3",   # -0.23460740596055984
+    "-0x1.1a7178p-3",   # -0.13791173323988914
+    "-0x1.74f0e2p-5",   # -0.045525018125772476
+    "0x1.45f5fep-5",    # 0.03979014977812767
+    "0x1.ec90c6p-4",    # 0.1202552504837513
+    "0x1.a0cfc0p-3",    # 0.2035212516784668
+    "0x1.2b05a8p-2",    # 0.2920137718319893
+    "0x1.8ea7f2p-2",    # 0.3893125355243683
+    "0x1.00da06p-1",    # 0.5016634166240692
+    "0x1.491b5ep-1",    # 0.6427869200706482
+    "0x1.b913b2p-1",    # 0.8614784181118011
+)], dtype=np.float32)
+NF4_BLOCK_SIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)  # bitsandbytes' (32: not on ROCm)
+NF4_DEFAULT_BLOCK_SIZE = 64
+
+
+def nf4_encode(y):
+    """float32 quotients y = x * (1 / absmax) -> NF4 codes (uint8, 0..15), exactly as
+    bitsandbytes' dQuantizeNF4 decides: the code is the number of NF4_THRESHOLDS t with y > t
+    (its decision tree is a binary search on them, one `y > t` per level).
+
+    That is the nearest table value for every float32 y except y == t exactly, which takes the
+    lower code: a true tie where t is the exact midpoint (thresholds 2, 6, 7, 9, 11, 13), and for
+    thresholds 1, 3, 4 and 8, which lie above the exact midpoint (by 2**-25, 2**-26, 2**-27 and
+    2**-28), the farther code; thresholds 0, 5, 10, 12, 14 lie just below theirs, which no float32
+    separates from them, so there the nearest code is always taken. NaN passes no threshold:
+    code 0 (-1.0), as in the CUDA tree, where every comparison with NaN is false.
+    """
+    y = np.asarray(y, dtype=np.float32)
+    codes = np.zeros(y.shape, dtype=np.uint8)
+    for threshold in NF4_THRESHOLDS:
+        codes += y > threshold
+    return codes
+
+
+def pack_nf4(codes):
+    """NF4 codes [rows, cols] -> packed uint8 [rows, (cols + 1) // 2]: element 2i in the HIGH
+    nibble of byte i, 2i+1 in the low one (bitsandbytes' order). An odd row's last low nibble is
+    NF4_ZERO_CODE (quantize_nf4 writes there the code of its zero padding, as bitsandbytes does).
+    """
+    return _pack_nibbles(codes, first_high=True, pad=NF4_ZERO_CODE)
+
+
+def unpack_nf4(packed, cols):
+    """packed uint8 [rows, (cols + 1) // 2] -> NF4 codes uint8 [rows, cols] (pack_nf4 undone)."""
+    return _unpack_nibbles(packed, cols, first_high=True)
+
+
+def _check_nf4_blocksize(blocksize):
+    if blocksize not in NF4_BLOCK_SIZES:
+        raise ValueError(f"NF4 blocksize={blocksize} is not one of {NF4_BLOCK_SIZES}")
+
+
+def quantize_nf4(x, dtype, blocksize=NF4_DEFAULT_BLOCK_SIZE):
+    """x [rows, cols] in `dtype`'s representation -> (packed uint8 [rows, (cols + 1) // 2],
+    absmax float32 [rows, ceil(cols / blocksize)]): bitsandbytes' quantize_4bit, quant_type 'nf4'.
+
+    Per block of `blocksize` consecutive elements of a row (the last one may be partial):
+    absmax = max |x| in float32, NaN ignored; inv = 1 / absmax (float32, inf for absmax 0);
+    y = (float)x * inv (float32); code = nf4_encode(y). This is bitsandbytes' CUDA kernel
+    (kQuantizeBlockwise, NF4) operation for operation, so a row [1, n] gives its bytes and absmax
+    for the flattened tensor, the last low nibble of an odd n included: the code of its zero
+    padding, 0 * inv (7, or 0 in a block of zeros).
+    The edges are bitsandbytes' own: an all-zero block stores absmax 0 and code 0 everywhere
+    (0 * inf is NaN), which dequantizes to -0.0; a NaN element gets code 0 (-absmax); an infinite
+    element makes absmax inf, and its block dequantizes to NaN (0 * inf) and -inf. One difference:
+    bitsandbytes' max starts at -FLT_MAX, so it would store -FLT_MAX for a block of NaN only;
+    here NaN counts as 0 and that absmax is 0.
+    """
+    _check_nf4_blocksize(blocksize)
+    xf = _matrix(to_f32(x, dtype))
+    absmax = np.max(np.abs(_blocked(_nan_to_zero(xf), blocksize)), axis=2)
+    cols = xf.shape[1]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        inv = _F32_ONE / absmax
+        y = xf * inv[:, _block_of_col(cols, blocksize)]
+        if cols % 2:  # the padding element, quantized as bitsandbytes' kernel quantizes it
+            y = np.concatenate([y, np.float32(0) * inv[:, -1:]], axis=1)
+    return pack_nf4(nf4_encode(y)), absmax
+
+
+def dequantize_nf4(packed, absmax, cols, blocksize, out_dtype):
+    """packed NF4 [rows, (cols + 1) // 2] and float32 absmax [rows, ceil(cols / blocksize)] ->
+    values [rows, cols] in out_dtype's representation: NF4_TABLE[code] * absmax in float32 (one
+    rounding), then rounded to out_dtype (bitsandbytes' kDequantizeBlockwise, NF4)."""
+    _check_nf4_blocksize(blocksize)
+    codes = unpack_nf4(packed, cols)
+    absmax = _matrix(_require_dtype(np.asarray(absmax), np.float32, "nf4 absmax"))
+    _check_block_scales(absmax, codes.shape[0], cols, blocksize, "nf4 absmax")
+    with np.errstate(invalid="ignore"):  # 0 * inf where absmax is inf
+        return to_dtype(NF4_TABLE[codes] * absmax[:, _block_of_col(cols, blocksize)], out_dtype)
+
+
+# ---- NF4 double quantization (bitsandbytes compress_statistics) -------------------------------
+# bitsandbytes quantizes the float32 absmax values themselves: offset = mean(absmax), and
+# absmax - offset goes through its 8-bit blockwise quantizer (blocks of 256, the "dynamic" map).
+# A checkpoint stores the 8-bit codes (`absmax`), the second-level float32 absmax
+# (`nested_absmax`), the 256-value map (`nested_quant_map`) and the offset (`nested_offset`).
+NF4_NESTED_BLOCK_SIZE = 256
+
+
+def _torch_linspace_f32(start, end, steps):
+    """torch.linspace(start, end, steps) in float32, by the formula of its CPU kernel:
+    step = (end - start) / (steps - 1); element i = start + step * i for i < steps // 2 and
+    end - step * (steps - 1 - i) above, every operation in float32."""
+    start, end = np.float32(start), np.float32(end)
+    step = (end - start) / np.float32(steps - 1)
+    i = np.arange(steps)
+    low = start + step * i.astype(np.float32)
+    high = end - step * (steps - 1 - i).astype(np.float32)
+    return np.where(i < steps // 2, low, high).astype(np.float32)
+
+
+def bnb_dynamic_map():
+    """bitsandbytes' signed 8-bit dynamic map (functional.create_dynamic_map(signed=True)):
+    float32 [256], sorted, code[127] = 0 and code[255] = 1.
+
+    For i = 0 .. 6: b = linspace(0.1, 1, 2**i + 1) (float32), the 2**i means (b[j] + b[j+1]) / 2
+    (float32), times 10**(i - 6) (the Python float rounded to float32, then a float32 product),
+    and their negatives; then 0 and 1. torch vectorizes linspace on longer vectors, which can move
+    a few of its values by an ulp from the formula used here (_torch_linspace_f32), differently
+    on different CPUs: a checkpoint's stored map (`nested_quant_map`) is therefore the one its
+    absmax codes are decoded with (import_bnb_nf4); this one serves the quantizer.
+    """
+    data = [np.float32(0), np.float32(1)]
+    for i in range(7):
+        b = _torch_linspace_f32(0.1, 1.0, 2 ** i + 1)
+        means = (b[:-1] + b[1:]) / np.float32(2)
+        scaled = np.float32(10.0 ** (i - 6)) * means
+        data += list(scaled) + list(-scaled)
+    return np.sort(np.array(data, dtype=np.float32))
+
+
+def _dynamic_code_search(code, y):
+    """bitsandbytes' dQuantize<0> (csrc/kernels.cu) on float32 y: a 7-step binary search of the
+    sorted 256-value `code` from index 127 that keeps the last indices and values below and above,
+    then the nearer of the final pivot and that neighbour, judged against the float32 midpoint
+    (a + b) * 0.5 (a tie keeps the pivot). NaN ends at index 0."""
+    y = np.asarray(y, dtype=np.float32)
+    pivot = np.full(y.shape, 127, dtype=np.int64)
+    lower_pivot = np.zeros(y.shape, dtype=np.int64)
+    upper_pivot = np.full(y.shape, 255, dtype=np.int64)
+    lower = np.full(y.shape, -1.0, dtype=np.float32)
+    upper = np.full(y.shape, 1.0, dtype=np.float32)
+    val = code[pivot]
+    for step in (64, 32, 16, 8, 4, 2, 1):
+        above = y > val
+        lower_pivot = np.where(above, pivot, lower_pivot)
+        lower = np.where(above, val, lower)
+        upper_pivot = np.where(above, upper_pivot, pivot)
+        upper = np.where(above, upper, val)
+        pivot = np.where(above, pivot + step, pivot - step)
+        val = code[pivot]
+    upper = np.where(upper_pivot == 255, code[255], upper)
+    lower = np.where(lower_pivot == 0, code[0], lower)
+    above = y > val
+    up = (upper + val) * np.float32(0.5)
+    down = (lower + val) * np.float32(0.5)
+    q = np.where(above, np.where(y > up, upper_pivot, pivot),
+                 np.where(y < down, lower_pivot, pivot))
+    return q.astype(np.uint8)
+
+
+def quantize_blockwise_8bit(a, code, blocksize=NF4_NESTED_BLOCK_SIZE):
+    """float32 a [n] -> (q uint8 [n], absmax float32 [ceil(n / blocksize)]): bitsandbytes'
+    quantize_blockwise with an 8-bit map (kQuantizeBlockwise, General8bit): per block absmax =
+    max |a| (float32), inv = 1 / absmax, q = _dynamic_code_search(code, a * inv). A block of
+    zeros gives absmax 0, a * inv = NaN and q = 0 (bitsandbytes' own result)."""
+    a = _require_dtype(np.asarray(a), np.float32, "blockwise input").reshape(1, -1)
+    code = _require_dtype(np.asarray(code), np.float32, "8-bit map").reshape(-1)
+    if code.size != 256:
+        raise ValueError(f"an 8-bit map has 256 values, got {code.size}")
+    absmax = np.max(np.abs(_blocked(a, blocksize)), axis=2)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        y = a * (_F32_ONE / absmax)[:, _block_of_col(a.shape[1], blocksize)]
+    return _dynamic_code_search(code, y).reshape(-1), absmax.reshape(-1)
+
+
+def dequantize_blockwise_8bit(q, absmax, code, blocksize=NF4_NESTED_BLOCK_SIZE):
+    """q uint8 [n], absmax float32 [ceil(n / blocksize)] -> float32 [n]: code[q] * absmax in
+    float32 (bitsandbytes' kDequantizeBlockwise, General8bit)."""
+    q = _require_dtype(np.asarray(q), np.uint8, "8-bit codes").reshape(-1)
+    absmax = _require_dtype(np.asarray(absmax), np.float32, "8-bit absmax").reshape(-1)
+    code = _require_dtype(np.asarray(code), np.float32, "8-bit map").reshape(-1)
+    if absmax.size != block_count(q.size, blocksize) or code.size != 256:
+        raise ValueError(f"{q.size} codes need {block_count(q.size, blocksize)} absmax values and "
+                         f"a 256-value map, got {absmax.size} and {code.size}")
+    return code[q] * absmax[np.arange(q.size) // blocksize]
+
+
+def nf4_double_quantize(absmax, code=None, offset=None):
+    """NF4 absmax (float32, any shape, taken row-major) -> (q uint8 [n], absmax2 float32
+    [ceil(n / 256)], offset float32): bitsandbytes' compress_statistics.
+
+    offset = the mean of absmax; bitsandbytes takes torch's float32 mean, whose summation order is
+    torch's own, so here it is the float64 mean rounded to float32 unless `offset` is given (pass
+    a checkpoint's to reproduce it). Then c = absmax - offset (float32) and
+    (q, absmax2) = quantize_blockwise_8bit(c, code, 256), code = bnb_dynamic_map() by default.
+    """
+    absmax = _require_dtype(np.asarray(absmax), np.float32, "nf4 absmax").reshape(-1)
+    code = bnb_dynamic_map() if code is None else code
+    offset = np.float32(np.mean(absmax, dtype=np.float64) if offset is None else offset)
+    q, absmax2 = quantize_blockwise_8bit(absmax - offset, code, NF4_NESTED_BLOCK_SIZE)
+    return q, absmax2, offset
+
+
+def nf4_double_dequantize(q, absmax2, code, offset, blocksize=NF4_NESTED_BLOCK_SIZE):
+    """The NF4 absmax of a double-quantized state: float32 [n] =
+    (code[q] * absmax2[i // blocksize]) + offset, each operation in float32, in bitsandbytes'
+    order (dequantize_4bit: dequantize_blockwise, then += offset)."""
+    return dequantize_blockwise_8bit(q, absmax2, code, blocksize) + np.float32(offset)
+
+
+def import_bnb_nf4(weight, absmax, shape, blocksize, quant_map=None, nested_absmax=None,
+                   nested_quant_map=None, nested_offset=None,
+                   nested_blocksize=NF4_NESTED_BLOCK_SIZE):
+    """A bitsandbytes Params4bit NF4 weight -> (packed uint8 [N, (K + 1) // 2], absmax float32
+    [N, ceil(K / blocksize)]) in the layout of quantize_nf4.
+
+    The checkpoint, as QuantState.as_dict(packed=True) saves it next to `weight`: `weight` uint8
+    [(n + 1) // 2, 1], the codes of the flattened tensor of `shape` ([N, K], n = N K; [n] is one
+    row), two per byte, element 2i in the high nibble; `absmax` float32 [ceil(n / blocksize)], or
+    with double quantization the uint8 codes of it, with `nested_absmax` float32, the 256-value
+    `nested_quant_map`, `nested_offset` (a float in the quant_state JSON, the exact float32 mean)
+    and `nested_blocksize` (256); blocksize and shape come from that JSON. `quant_map` (`weight
+    .quant_map`, 16 values), when given, must be NF4_TABLE: bitsandbytes' 'fp4' type is another
+    format. bitsandbytes' blocks run over the flattened tensor, so a block must not cross rows:
+    K % blocksize == 0 unless N == 1. A weight saved with another quant_storage holds the same
+    bytes: pass them viewed as uint8.
+    """
+    _check_nf4_blocksize(blocksize)
+    rows, cols = (1, shape[0]) if len(shape) == 1 else tuple(shape)
+    if len(shape) > 2 or (rows > 1 and cols % blocksize):
+        raise ValueError(f"shape {tuple(shape)}: bitsandbytes' blocks of {blocksize} cross rows "
+                         "(the library's NF4 blocks run along a row)")
+    if quant_map is not None and not np.array_equal(
+            np.asarray(quant_map, dtype=np.float32).view(np.uint32), NF4_TABLE.view(np.uint32)):
+        raise ValueError("quant_map is not bitsandbytes' NF4 table")
+    n = rows * cols
+    weight = _require_dtype(np.asarray(weight), np.uint8, "bitsandbytes weight").reshape(-1)
+    if weight.size != (n + 1) // 2:
+        raise ValueError(f"{n} codes pack into {(n + 1) // 2} bytes, got {weight.size}")
+    blocks = block_count(n, blocksize)
+    if nested_absmax is None:
+        absmax = _require_dtype(np.asarray(absmax), np.float32, "bitsandbytes absmax").reshape(-1)
+    else:
+        absmax = nf4_double_dequantize(
+            _require_dtype(np.asarray(absmax), np.uint8, "nested absmax codes").reshape(-1),
+            nested_absmax, nested_quant_map, nested_offset, nested_blocksize)
+    if absmax.size != blocks:
+        raise ValueError(f"{n} elements in blocks of {blocksize} need {blocks} absmax values, "
+                         f"got {absmax.size}")
+    return weight.reshape(rows, (cols + 1) // 2).copy(), absmax.reshape(rows, -1).copy()
+
+
+# ---- MXFP4 (OCP Microscaling Formats v1.0) ----------------------------------------------------
+MXFP4_BLOCK = 32
+MXFP4_ELEM_EMAX = 2  # the exponent of E2M1's largest normal value, 6 = 1.5 * 2**2
+
+
+def pack_fp4(codes):
+    """E2M1 codes [rows, cols] -> packed uint8 [rows, (cols + 1) // 2]: element 2i in the LOW
+    nibble of byte i, 2i+1 in the high one (MXFP4 and NVFP4 checkpoints); an odd row's last high
+    nibble is 0 (+0.0)."""
+    return _pack_nibbles(codes, first_high=False, pad=0)
+
+
+def unpack_fp4(packed, cols):
+    """packed uint8 [rows, (cols + 1) // 2] -> E2M1 codes uint8 [rows, cols] (pack_fp4 undone)."""
+    return _unpack_nibbles(packed, cols, first_high=False)
+
+
+def quantize_mxfp4(x, dtype):
+    """x [rows, cols] in `dtype`'s representation -> (packed uint8 [rows, (cols + 1) // 2],
+    scales uint8 E8M0 [rows, ceil(cols / 32)]).
+
+    The spec's conversion (section 6.3) per block of 32 elements of a row (the last block may be
+    partial: the spec's blocks are whole, and the missing elements count as zeros, which change
+    no maximum): shared_exp = floor(log2(max |x|)) - 2 (2 = E2M1's emax), clamped to E8M0's
+    [-127, 127] (only the lower bound can bind for 16- and 32-bit inputs: a block of zeros and a
+    max below 2**-125 get -127, as in torch ao and Microsoft's microxcaling); X = 2**shared_exp;
+    each element is (float)x * 2**-shared_exp in float32 (exact but for float32 underflow, far
+    below E2M1's resolution), rounded to E2M1 by e2m1_encode (ties to even, saturating at +-6:
+    the spec clamps normal values). The scale byte is shared_exp + 127.
+    NaN and infinity: E8M0 and E2M1 have no infinity, and the spec decodes a block whose scale is
+    NaN as all NaN; a block holding a NaN or +-inf gets scale 0xFF (NaN), as torch ao's to_mx and
+    microxcaling give it (max |x| is NaN, or its exponent overflows E8M0), and element codes 0.
+    """
+    xf = _matrix(to_f32(x, dtype))
+    amax = np.max(np.abs(_blocked(xf, MXFP4_BLOCK)), axis=2)
+    special = ~np.isfinite(amax)
+    _, e = np.frexp(np.where(special, 0, amax).astype(np.float64))  # floor(log2 amax) = e - 1
+    shared = np.where(amax > 0, e - 1 - MXFP4_ELEM_EMAX, E8M0_EXP_RANGE[0])
+    shared = np.clip(np.where(special, 0, shared), *E8M0_EXP_RANGE)
+    scales = np.where(special, np.uint8(E8M0_NAN), (shared + E8M0_BIAS).astype(np.uint8))
+    inv = np.ldexp(np.float32(1), -shared).astype(np.float32)   # 2**-shared: exact in float32
+    cols_block = _block_of_col(xf.shape[1], MXFP4_BLOCK)
+    codes = e2m1_encode(xf * inv[:, cols_block])
+    codes[special[:, cols_block]] = 0
+    return pack_fp4(codes), scales.astype(np.uint8)
+
+
+def dequantize_mxfp4(packed, scales, cols, out_dtype):
+    """packed MXFP4 [rows, (cols + 1) // 2] and E8M0 scales [rows, ceil(cols / 32)] -> values
+    [rows, cols] in out_dtype's representation: e2m1_value * 2**(scale - 127) in float32 (exact,
+    NaN for scale 0xFF; a product above the float32 range, only possible for scales a quantizer
+    of 16- or 32-bit data never writes, is inf), then rounded to out_dtype."""
+    codes = unpack_fp4(packed, cols)
+    scales = _matrix(_require_dtype(np.asarray(scales), np.uint8, "mxfp4 scales"))
+    _check_block_scales(scales, codes.shape[0], cols, MXFP4_BLOCK, "mxfp4 scales")
+    with np.errstate(over="ignore"):
+        values = E2M1_VALUES[codes] * e8m0_decode(scales)[:, _block_of_col(cols, MXFP4_BLOCK)]
+    return to_dtype(values, out_dtype)
+
+
+def import_gpt_oss_mxfp4(blocks, scales):
+    """gpt-oss MXFP4 tensors -> (packed uint8 [R, 16 G], scales uint8 E8M0 [R, G]) in the layout
+    of quantize_mxfp4.
+
+    `<name>_blocks` uint8 [..., G, 16] and `<name>_scales` uint8 [..., G] (e.g. an expert's
+    gate_up_proj: [E, 2I, H / 32, 16] and [E, 2I, H / 32]): the weight is [..., N, K] with the
+    K = 32 G input features along the last two axes, block g holding k = 32 g .. 32 g + 31,
+    element 2j of a block in the low nibble of byte j (transformers' convert_moe_packed_tensors:
+    lut[blk & 0x0F] goes to the even positions) and scales[..., g] the biased exponent; the R rows
+    are the leading axes flattened (E N for experts). That is the library's [N, K] layout byte
+    for byte. (transformers dequantizes with ldexp(value, scale - 127), so it reads 0xFF as 2**128
+    where the spec and this library read NaN.)
+    """
+    blocks = _require_dtype(np.asarray(blocks), np.uint8, "mxfp4 blocks")
+    scales = _require_dtype(np.asarray(scales), np.uint8, "mxfp4 scales")
+    if blocks.ndim < 2 or blocks.shape[-1] != MXFP4_BLOCK // 2 or blocks.shape[:-1] != scales.shape:
+        raise ValueError(f"blocks {blocks.shape} and scales {scales.shape} must be [..., G, 16] "
+                         "and [..., G]")
+    groups = scales.shape[-1]
+    return (blocks.reshape(-1, groups * MXFP4_BLOCK // 2).copy(),
+            scales.reshape(-1, groups).copy())
+
+
+# ---- NVFP4 (two-level: E4M3 per 16 elements, float32 per tensor) ------------------------------
+NVFP4_BLOCK = 16
+NVFP4_SCALE_RANGE = np.float32(E4M3_MAX * E2M1_MAX)   # 2688: global_scale = 2688 / amax
+_F32_SIXTH = _F32_ONE / np.float32(E2M1_MAX)           # float32(1/6), as the kernels multiply
+
+
+def nvfp4_global_scale(x, dtype):
+    """The per-tensor scale of x in `dtype`'s representation: float32 [1] =
+    2688 / amax(|x|) (448 * 6: E4M3's max times E2M1's max, in float32; NaN ignored), the
+    quantization-direction scale that TensorRT-LLM's kernels take (SFScaleVal) and that
+    compressed-tensors stores as weight_global_scale; the block with the tensor's amax then gets
+    the E4M3 scale 448. Where that is not a positive finite number (amax 0, amax so small that the
+    quotient overflows, amax inf), 1, as compressed-tensors' generate_gparam falls back."""
+    amax = np.max(np.abs(_nan_to_zero(_matrix(to_f32(x, dtype)))), initial=np.float32(0))
+    with np.errstate(divide="ignore", over="ignore"):
+        scale = NVFP4_SCALE_RANGE / amax
+    return np.array([scale if np.isfinite(scale) and scale > 0 else _F32_ONE], dtype=np.float32)
+
+
+def quantize_nvfp4(x, dtype, global_scale=None):
+    """x [rows, cols] in `dtype`'s representation -> (packed uint8 [rows, (cols + 1) // 2],
+    scales uint8 E4M3 [rows, ceil(cols / 16)], global_scale float32 [1]).
+
+    g = global_scale (float32, positive and finite: a calibrated activation scale) or
+    nvfp4_global_scale(x). Per block of 16 elements of a row (the last may be partial), every
+    operation in float32, in the order of TensorRT-LLM's cvt_warp_fp16_to_fp4 and vLLM's
+    ref_nvfp4_quant (with IEEE divisions where the kernels use approximate reciprocals):
+        amax_b = max |x| over the block (NaN ignored)
+        s      = g * (amax_b * float32(1/6))
+        s8     = e4m3_encode(s)             (ties to even, saturating at 448)
+        out    = 1 / (e4m3(s8) * (1 / g)),  or 0 where e4m3(s8) == 0
+        code   = e2m1_encode((float)x * out) (ties to even, saturating at +-6)
+    A block whose s rounds to 0 (s <= 2**-10, amax_b up to about 2**-10 * 6 / g) is all zeros, as
+    in the kernels. NaN elements encode as 0; +-inf makes its block's scale 448 and saturates to +-6.
+    ModelOpt's own quantizer orders the operations otherwise (s = amax_b / (6 * amax / 2688),
+    x / (s8 * amax / 2688)), which can move a rounding: its checkpoints are imported as stored.
+    """
+    xf = _matrix(to_f32(x, dtype))
+    if global_scale is None:
+        g = nvfp4_global_scale(xf, "fp32")[0]
+    else:
+        g = _require_dtype(np.asarray(global_scale), np.float32, "global_scale").reshape(-1)
+        if g.size != 1 or not (np.isfinite(g[0]) and g[0] > 0):
+            raise ValueError(f"global_scale must be one positive finite float32, got {g}")
+        g = g[0]
+    amax = np.max(np.abs(_blocked(_nan_to_zero(xf), NVFP4_BLOCK)), axis=2)
+    scales = e4m3_encode(g * (amax * _F32_SIXTH))
+    scale_f32 = e4m3_decode(scales)
+    with np.errstate(divide="ignore"):
+        out = np.where(scale_f32 == 0, np.float32(0), _F32_ONE / (scale_f32 * (_F32_ONE / g)))
+    codes = e2m1_encode(xf * out.astype(np.float32)[:, _block_of_col(xf.shape[1], NVFP4_BLOCK)])
+    return pack_fp4(codes), scales, np.array([g], dtype=np.float32)
+
+
+def dequantize_nvfp4(packed, scales, global_scale, cols, out_dtype):
+    """packed NVFP4 [rows, (cols + 1) // 2], E4M3 scales [rows, ceil(cols / 16)] and the float32
+    global_scale [1] -> values [rows, cols] in out_dtype's representation:
+        block_scale = e4m3(scale) / global_scale   (float32)
+        value       = e2m1_value * block_scale     (float32), then rounded to out_dtype
+    the order of compressed-tensors' dequantization (scale / global_scale, then times the value)
+    and of vLLM's reference, and the one a kernel uses: one division per block. (It is within
+    1.5 float32 ulps of the exact e2m1 * e4m3 / g.)"""
+    codes = unpack_fp4(packed, cols)
+    scales = _matrix(_require_dtype(np.asarray(scales), np.uint8, "nvfp4 scales"))
+    _check_block_scales(scales, codes.shape[0], cols, NVFP4_BLOCK, "nvfp4 scales")
+    g = _require_dtype(np.asarray(global_scale), np.float32, "global_scale").reshape(-1)
+    if g.size != 1:
+        raise ValueError(f"global_scale is one float32, got {g.size} values")
+    block_scale = e4m3_decode(scales) / g[0]
+    return to_dtype(E2M1_VALUES[codes] * block_scale[:, _block_of_col(cols, NVFP4_BLOCK)],
+                    out_dtype)
+
+
+def _nvfp4_checkpoint(weight, weight_scale, what):
+    weight = _matrix(_require_dtype(np.asarray(weight), np.uint8, what))
+    weight_scale = _matrix(_require_dtype(np.asarray(weight_scale), np.uint8,
+                                          "weight_scale (float8_e4m3fn viewed as uint8)"))
+    cols = 2 * weight.shape[1]
+    _check_block_scales(weight_scale, weight.shape[0], cols, NVFP4_BLOCK, "weight_scale")
+    return weight.copy(), weight_scale.copy()
+
+
+def import_nvfp4_compressed_tensors(weight_packed, weight_scale, weight_global_scale):
+    """A compressed-tensors 'nvfp4-pack-quantized' weight -> (packed, scales, global_scale) in
+    the layout of quantize_nvfp4, unchanged: `weight_packed` uint8 [N, K / 2] (element 2i in the
+    low nibble, E2M1 codes), `weight_scale` float8_e4m3fn [N, K / 16] (pass its bytes as uint8)
+    and `weight_global_scale` float32 [1], 2688 / amax, the quantization-direction scale that
+    dequantize_nvfp4 divides by."""
+    packed, scales = _nvfp4_checkpoint(weight_packed, weight_scale, "weight_packed")
+    g = _require_dtype(np.asarray(weight_global_scale), np.float32, "weight_global_scale")
+    if g.size != 1:
+        raise ValueError(f"weight_global_scale is one float32, got {g.size} values")
+    return packed, scales, g.reshape(1).copy()
+
+
+def import_nvfp4_modelopt(weight, weight_scale, weight_scale_2):
+    """A ModelOpt (TensorRT Model Optimizer) NVFP4 weight -> (packed, scales, global_scale):
+    `weight` uint8 [N, K / 2] and `weight_scale` float8_e4m3fn [N, K / 16] as compressed-tensors
+    lays them out, but `weight_scale_2` float32 = amax / 2688, the dequantization-direction scale
+    (ModelOpt multiplies by it). global_scale = 1 / weight_scale_2 in float32: that reciprocal is
+    rounded, so dequantize_nvfp4 of the import is within 3 float32 roundings (a relative 2**-22)
+    of ModelOpt's value * e4m3 * weight_scale_2, not bitwise equal to it."""
+    packed, scales = _nvfp4_checkpoint(weight, weight_scale, "weight")
+    s2 = _require_dtype(np.asarray(weight_scale_2), np.float32, "weight_scale_2").reshape(-1)
+    if s2.size != 1 or not (np.isfinite(s2[0]) and s2[0] > 0):
+        raise ValueError(f"weight_scale_2 must be one positive finite float32, got {s2}")
+    return packed, scales, (_F32_ONE / s2).astype(np.float32)

@@ -11,7 +11,7 @@
 #   make clean
 #
 # Variables: ARCHS (SM versions, default "75 80 86 89 90"), CUDA_HOME, PYTHON, PREFIX,
-# FUZZ_EXAMPLES and FUZZ_SHAPES (make fuzz), PLOT_RESULTS and PLOT_PYTHON (make plots).
+# FUZZ_EXAMPLES, FUZZ_SHAPES and FUZZ_JOBS (make fuzz), PLOT_RESULTS and PLOT_PYTHON (make plots).
 #
 # Every core builds at once unless the command line says -j; a make run by another make keeps
 # its parent's job server, and `make clean ...` stays serial so that clean ends before the rest.
@@ -52,7 +52,7 @@ HEADERS     := cuda_kernels.h $(wildcard kernels/*/*.cuh)
 # otherwise a private virtual environment built from requirements.txt.
 PYTHON ?= $(shell python3 -c 'import numpy, pytest, hypothesis' >/dev/null 2>&1 && echo python3 || echo .venv/bin/python)
 
-.PHONY: all test bench demo sanitize fuzz install plots clean FORCE
+.PHONY: all test bench demo sanitize fuzz fuzz-memcheck install plots clean FORCE
 all: $(LIB)
 
 $(BUILD)/cuda_kernels.o: cuda_kernels.cu $(HEADERS) | $(BUILD)/kernels
@@ -116,9 +116,14 @@ sanitize: $(LIB) $(PYDEPS)
 # with Hypothesis' "long" profile, FUZZ_EXAMPLES calls per export, where no device is visible
 # (its valid calls would launch on fake addresses); the GPU shape sweep, FUZZ_SHAPES cases per
 # kernel family plus the tensors past 2^31 elements; the same sweep under compute-sanitizer
-# memcheck (with CK_SANITIZE=1's smaller shapes), where there is a GPU and a sanitizer.
+# memcheck (with CK_SANITIZE=1's smaller shapes), where there is a GPU and a sanitizer: one
+# process per test function, FUZZ_JOBS at once (memcheck is CPU-bound; one GPU serves them all),
+# each logging to build/fuzz-memcheck/<test>.log (`make fuzz-memcheck` runs this part alone). A
+# function whose tests are all deselected (the cuda_api_error ones) exits with pytest's 5.
 FUZZ_EXAMPLES ?= 5000
 FUZZ_SHAPES   ?= 500
+FUZZ_JOBS     ?= $(shell nproc)
+FUZZ_TESTS    := $(shell sed -n 's/^def \(test_[a-z0-9_]*\).*/\1/p' tests/test_fuzz_gpu.py)
 fuzz: $(LIB) $(PYDEPS)
 	CUDA_VISIBLE_DEVICES= CK_FUZZ_PROFILE=long CK_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) \
 	  $(PYTHON) -m pytest tests/test_fuzz_abi.py -q -rs -p no:cacheprovider
@@ -129,11 +134,19 @@ fuzz: $(LIB) $(PYDEPS)
 	elif [ ! -x $(SANITIZER) ]; then \
 	  echo "== $(SANITIZER) not found: cannot run the memcheck run"; exit 1; \
 	else \
-	  echo "== compute-sanitizer --tool memcheck (tests/test_fuzz_gpu.py, $(FUZZ_SHAPES) shapes)"; \
-	  CK_SANITIZE=1 CK_FUZZ_SHAPES=$(FUZZ_SHAPES) $(SANITIZER) --tool memcheck --error-exitcode 1 \
-	    --target-processes all $(PYTHON) -m pytest tests/test_fuzz_gpu.py -q \
-	    -m "gpu and not cuda_api_error" -x -p no:cacheprovider; \
+	  $(MAKE) --no-print-directory fuzz-memcheck; \
 	fi
+
+fuzz-memcheck: $(LIB) $(PYDEPS)
+	@mkdir -p $(BUILD)/fuzz-memcheck
+	@echo "== compute-sanitizer --tool memcheck (tests/test_fuzz_gpu.py, $(FUZZ_SHAPES) shapes, $(FUZZ_JOBS) at once)"
+	@printf '%s\n' $(FUZZ_TESTS) | xargs -P $(FUZZ_JOBS) -I{} sh -c '\
+	  log=$(BUILD)/fuzz-memcheck/{}.log; \
+	  CK_SANITIZE=1 CK_FUZZ_SHAPES=$(FUZZ_SHAPES) $(SANITIZER) --tool memcheck --error-exitcode 1 \
+	    --target-processes all $(PYTHON) -m pytest "tests/test_fuzz_gpu.py::{}" -q \
+	    -m "gpu and not cuda_api_error" -p no:cacheprovider > $$log 2>&1; rc=$$?; \
+	  if [ $$rc = 0 ] || [ $$rc = 5 ]; then echo "{}: $$(tail -n 1 $$log)"; \
+	  else echo "{}: FAILED, see $$log"; exit 1; fi'
 
 # Regenerated on every install, so that it always carries this PREFIX.
 cuda_kernels.pc: cuda_kernels.pc.in cuda_kernels.h FORCE

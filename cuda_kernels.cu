@@ -191,6 +191,19 @@ Args int4_conversion(const void* scales, ck_dtype_t dtype, int64_t n, int64_t k,
     return args;
 }
 
+// What both prepacks (ck_w4a16_prepack, ck_moe_prepack) check first: the pointers, the mode with
+// its zero points in and out, the dtype.
+ck_status_t check_prepack_pointers(const Check& check, const uint8_t* w_packed, const void* scales,
+                                   const uint8_t* zeros, ck_dtype_t dtype, ck_int4_mode_t mode,
+                                   const uint8_t* w_prepacked, const void* scales_prepacked,
+                                   const uint8_t* zeros_prepacked) {
+    CK_TRY(check.not_null({{w_packed, "w_packed"}, {scales, "scales"}, {w_prepacked, "w_prepacked"},
+                           {scales_prepacked, "scales_prepacked"}}));
+    CK_TRY(check.int4_mode(mode, zeros));
+    CK_TRY(check.zero_points(mode, zeros_prepacked, "zeros_prepacked"));
+    return check.half_dtype(dtype, "dtype");
+}
+
 // N and K within the prepacked layout's limit, and the bytes and values of `experts` prepacked
 // [n, k] weights representable in int64_t (ck_w4a16_prepack: one weight, not stacked).
 ck_status_t check_prepacked_size(const Check& check, bool stacked, int64_t experts, int64_t n,
@@ -609,11 +622,8 @@ ck_status_t ck_w4a16_prepack(const uint8_t* w_packed, const void* scales, const 
                              ck_int4_mode_t mode, uint8_t* w_prepacked, void* scales_prepacked,
                              uint8_t* zeros_prepacked, ck_stream_t stream) {
     const Check check("ck_w4a16_prepack");
-    CK_TRY(check.not_null({{w_packed, "w_packed"}, {scales, "scales"}, {w_prepacked, "w_prepacked"},
-                           {scales_prepacked, "scales_prepacked"}}));
-    CK_TRY(check.int4_mode(mode, zeros));
-    CK_TRY(check.zero_points(mode, zeros_prepacked, "zeros_prepacked"));
-    CK_TRY(check.half_dtype(dtype, "dtype"));
+    CK_TRY(check_prepack_pointers(check, w_packed, scales, zeros, dtype, mode, w_prepacked,
+                                  scales_prepacked, zeros_prepacked));
     CK_TRY(check.gemm_shape(1, n, k, 2));
     CK_TRY(check.multiple_of(k, 32, "k", "a lane dequantizes 32 weights of a row from 16 bytes"));
     CK_TRY(check.group_size(group_size));
@@ -761,11 +771,8 @@ ck_status_t ck_moe_prepack(const uint8_t* w_packed, const void* scales, const ui
                            uint8_t* w_prepacked, void* scales_prepacked, uint8_t* zeros_prepacked,
                            ck_stream_t stream) {
     const Check check("ck_moe_prepack");
-    CK_TRY(check.not_null({{w_packed, "w_packed"}, {scales, "scales"}, {w_prepacked, "w_prepacked"},
-                           {scales_prepacked, "scales_prepacked"}}));
-    CK_TRY(check.int4_mode(mode, zeros));
-    CK_TRY(check.zero_points(mode, zeros_prepacked, "zeros_prepacked"));
-    CK_TRY(check.half_dtype(dtype, "dtype"));
+    CK_TRY(check_prepack_pointers(check, w_packed, scales, zeros, dtype, mode, w_prepacked,
+                                  scales_prepacked, zeros_prepacked));
     if (experts < 1 || experts > ck::kMoeMaxExperts)
         return check.fail(CK_STATUS_INVALID_VALUE, "experts=%lld must be in [1, %lld]",
                           (long long)experts, (long long)ck::kMoeMaxExperts);

@@ -1704,6 +1704,23 @@ def gemm_int4_scaled(a_packed, b_packed, scale_a, scale_b, bias=None, activation
         return call.finish(o)
 
 
+def _layer_host_cast(a, dtype):
+    """Host data for a layer of `dtype`: float32 NumPy data for an fp16 layer becomes fp16 (bf16
+    data must come as uint16); anything else as it is."""
+    if not _is_device(a) and dtype == DType.FP16 and np.asarray(a).dtype == np.float32:
+        return np.asarray(a).astype(np.float16)
+    return a
+
+
+def _layer_host_result(y, out):
+    """A layer's NumPy result of its device result y: downloaded, into `out` when given."""
+    result = y.to_numpy()
+    if out is None:
+        return result
+    out[...] = result.reshape(out.shape)
+    return out
+
+
 class QuantizedLinear:
     """A W4A16 linear layer whose weight lives on the GPU, prepacked: y = act(x @ w'.T + bias).
 
@@ -1726,7 +1743,8 @@ class QuantizedLinear:
         self.activation = _activation(activation)
         self.weight = w_packed, scales, zeros   # the interchange format (dequantize_int4 reads it)
         self.prepacked = w4a16_prepack(w_packed, scales, zeros, group_size, dtype=self.dtype)
-        self.bias = None if bias is None else _to_device(self._host_cast(bias), self.dtype)
+        self.bias = None if bias is None else _to_device(_layer_host_cast(bias, self.dtype),
+                                                         self.dtype)
         self.perm = None if perm is None else _to_device(perm, None)
 
     @classmethod
@@ -1767,26 +1785,14 @@ class QuantizedLinear:
     def __call__(self, x, out=None, stream=None):
         """x [M, in_features] (or [in_features]) in the layer's dtype -> [M, out_features]."""
         on_host = not _is_device(x)
-        xd = _to_device(self._host_cast(x), self.dtype) if on_host else x
+        xd = _to_device(_layer_host_cast(x, self.dtype), self.dtype) if on_host else x
         if self.perm is not None:
             xd = permute_columns(xd, self.perm, dtype=self.dtype, stream=stream)
         w, s, z = self.prepacked
         y = gemm_w4a16_prepacked(xd, w, s, z, n=self.out_features, group_size=self.group_size,
                                  bias=self.bias, activation=self.activation,
                                  out=None if on_host else out, dtype=self.dtype, stream=stream)
-        if not on_host:
-            return y
-        result = y.to_numpy()
-        if out is not None:
-            out[...] = result.reshape(out.shape)
-            return out
-        return result
-
-    def _host_cast(self, a):
-        """float32 NumPy data for an fp16 layer becomes fp16 (bf16 data must come as uint16)."""
-        if not _is_device(a) and self.dtype == DType.FP16 and np.asarray(a).dtype == np.float32:
-            return np.asarray(a).astype(np.float16)
-        return a
+        return _layer_host_result(y, out) if on_host else y
 
     def __repr__(self):
         return ("QuantizedLinear(in_features=%d, out_features=%d, group_size=%d, dtype=%s%s)"
@@ -2053,7 +2059,7 @@ class QuantizedMoE:
         logits [T, E] (top_k and renormalize default to the layer's), or topk_ids int32
         [T, k] with topk_weights float32 [T, k]. workspace: see :func:`moe_forward`."""
         on_host = not _is_device(x)
-        xd = _to_device(self._host_cast(x), self.dtype) if on_host else x
+        xd = _to_device(_layer_host_cast(x, self.dtype), self.dtype) if on_host else x
         if router_logits is not None:
             top_k = self.top_k if top_k is None else top_k
         renormalize = self.renormalize if renormalize is None else renormalize
@@ -2063,25 +2069,13 @@ class QuantizedMoE:
                         topk_ids=topk_ids, topk_weights=topk_weights, router_dtype=router_dtype,
                         dtype=self.dtype, workspace=workspace, out=None if on_host else out,
                         stream=stream)
-        if not on_host:
-            return y
-        result = y.to_numpy()
-        if out is not None:
-            out[...] = result.reshape(out.shape)
-            return out
-        return result
+        return _layer_host_result(y, out) if on_host else y
 
     def workspace_size(self, tokens, top_k=None):
         """The workspace bytes a call on `tokens` tokens needs (:func:`moe_workspace_size`)."""
         return moe_workspace_size(tokens, self.hidden, self.intermediate, self.experts,
                                   self.top_k if top_k is None else top_k, self.dtype,
                                   self.group_size)
-
-    def _host_cast(self, a):
-        """float32 NumPy data for an fp16 layer becomes fp16 (bf16 data must come as uint16)."""
-        if not _is_device(a) and self.dtype == DType.FP16 and np.asarray(a).dtype == np.float32:
-            return np.asarray(a).astype(np.float16)
-        return a
 
     def __repr__(self):
         return ("QuantizedMoE(experts=%d, hidden=%d, intermediate=%d, top_k=%d, group_size=%d, "

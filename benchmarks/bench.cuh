@@ -215,7 +215,8 @@ constexpr int kFillThreads = 256;
 constexpr int kFillMaxBlocks = 4096;  // grid-stride beyond this: enough to fill any GPU
 
 // splitmix64's finalizer: a good 64-bit mix, so hash(seed, i) looks independent across i.
-__device__ inline uint64_t mix64(uint64_t x) {
+// Host code draws the same values (host-side inputs such as the MoE router logits).
+__host__ __device__ inline uint64_t mix64(uint64_t x) {
     x ^= x >> 30;
     x *= 0xbf58476d1ce4e5b9ull;
     x ^= x >> 27;
@@ -225,7 +226,7 @@ __device__ inline uint64_t mix64(uint64_t x) {
 }
 
 // Uniform in [0, 1) from the top 24 bits (a float's mantissa holds exactly 24).
-__device__ inline float uniform01(uint64_t seed, int64_t i) {
+__host__ __device__ inline float uniform01(uint64_t seed, int64_t i) {
     uint64_t h = mix64(seed * 0x9e3779b97f4a7c15ull + uint64_t(i));
     return float(h >> 40) * (1.0f / 16777216.0f);
 }

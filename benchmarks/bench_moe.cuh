@@ -94,18 +94,8 @@ constexpr int64_t kMaxGridRows = 65535;
 // Host-side random logits and routing (the same arithmetic as ck_moe_route's contract: float32
 // softmax, the k largest probabilities with ties to the lower expert, optional renormalization).
 // ------------------------------------------------------------------------------------------------
-inline uint64_t host_mix64(uint64_t x) {  // splitmix64's finalizer, as bench_detail::mix64
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebull;
-    x ^= x >> 31;
-    return x;
-}
-
 inline float host_uniform(uint64_t seed, int64_t i, float lo, float hi) {
-    const uint64_t h = host_mix64(seed * 0x9e3779b97f4a7c15ull + uint64_t(i));
-    return lo + (hi - lo) * (float(h >> 40) * (1.0f / 16777216.0f));
+    return lo + (hi - lo) * bench_detail::uniform01(seed, i);
 }
 
 // The routing of one problem and its pairs (t, j) grouped by expert: what the dense baselines

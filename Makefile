@@ -2,7 +2,9 @@
 #
 #   make                 build libcuda_kernels.so (fat binary for $(ARCHS), PTX for newer GPUs)
 #   make test            CPU tests always; GPU tests where a GPU is present (they skip otherwise)
-#   make bench           benchmark every kernel against the copy roofline -> benchmarks/results/
+#   make bench           a first look: representative rows of every family beside cuBLAS and
+#                        the roofline (ck_bench --sample) -> benchmarks/results/<gpu>-sample.*
+#   make bench-full      the whole sweep, every family at every shape -> benchmarks/results/
 #   make demo            quantize a weight matrix on the GPU and report the error of each format
 #   make sanitize        GPU tests under compute-sanitizer memcheck, racecheck and initcheck
 #   make fuzz            the long robustness runs: the ABI fuzzer, the GPU shape sweep, memcheck
@@ -39,7 +41,9 @@ comma     := ,
 GENCODE_SM90A := $(subst arch=compute_90$(comma)code=sm_90,arch=compute_90a$(comma)code=sm_90a,$(GENCODE))
 SM90A_DEF := $(if $(filter 90,$(ARCHS)),-DCK_BUILD_SM90A)
 NVCCFLAGS ?= -O3 -std=c++17 -lineinfo --expt-relaxed-constexpr -Xcompiler -fPIC,-fvisibility=hidden,-Wall
-NVCC_ALL  := $(NVCCFLAGS) $(GENCODE) -I.
+# nvcc compiles the architectures of one file in parallel (the largest file bounds the build).
+NVCC_THREADS := $(if $(word 2,$(ARCHS)),--threads 0)
+NVCC_ALL  := $(NVCCFLAGS) $(NVCC_THREADS) $(GENCODE) -I.
 LDFLAGS   := -shared -cudart shared -lcublasLt -lcublas \
              -Xlinker --version-script=$(CURDIR)/cuda_kernels.map -Xlinker -rpath=$(CUDA_HOME)/lib64
 
@@ -52,7 +56,7 @@ HEADERS     := cuda_kernels.h $(wildcard kernels/*/*.cuh)
 # otherwise a private virtual environment built from requirements.txt.
 PYTHON ?= $(shell python3 -c 'import numpy, pytest, hypothesis' >/dev/null 2>&1 && echo python3 || echo .venv/bin/python)
 
-.PHONY: all test bench demo sanitize fuzz fuzz-memcheck install plots clean FORCE
+.PHONY: all test bench bench-full demo sanitize fuzz fuzz-memcheck install plots clean FORCE
 all: $(LIB)
 
 $(BUILD)/cuda_kernels.o: cuda_kernels.cu $(HEADERS) | $(BUILD)/kernels
@@ -81,7 +85,7 @@ $(BUILD)/c_smoke: tests/c/smoke.c cuda_kernels.h $(LIB) | $(BUILD)/kernels
 	  -Wl,-rpath,'$$ORIGIN/..' -Wl,-rpath,$(CUDA_HOME)/lib64 -o $@
 
 $(BUILD)/ck_bench: benchmarks/bench.cu benchmarks/*.cuh cuda_kernels.h $(LIB) | $(BUILD)/kernels
-	$(NVCC) $(NVCCFLAGS) $(GENCODE) -I. $< -L. -lcuda_kernels -lcublasLt -lcublas -Xlinker -rpath='$$ORIGIN/..' -o $@
+	$(NVCC) $(NVCC_ALL) $< -L. -lcuda_kernels -lcublasLt -lcublas -Xlinker -rpath='$$ORIGIN/..' -o $@
 
 .venv/bin/python: requirements.txt
 	python3 -m venv .venv
@@ -94,6 +98,9 @@ test: $(LIB) $(BUILD)/c_smoke $(PYDEPS)
 	$(PYTHON) -m pytest tests -q -rs
 
 bench: $(BUILD)/ck_bench
+	$(BUILD)/ck_bench --sample --out benchmarks/results
+
+bench-full: $(BUILD)/ck_bench
 	$(BUILD)/ck_bench --out benchmarks/results
 
 demo: $(LIB) $(PYDEPS)

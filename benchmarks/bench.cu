@@ -1,7 +1,9 @@
 // benchmarks/bench.cu - ck_bench: every kernel of libcuda_kernels against its roofline (and, for
 // GEMMs and the MoE layer, beside cuBLAS) on one GPU; writes benchmarks/results/<gpu>.{json,md}.
 //
-//   make bench                     builds build/ck_bench and runs it with --out benchmarks/results
+//   make bench                     builds build/ck_bench and runs it with --sample (a first look)
+//   make bench-full                the whole sweep, --out benchmarks/results (what results/ keeps)
+//   build/ck_bench --sample        representative rows only (kSampleFilters), fully measured
 //   build/ck_bench --quick         a smoke test: small sizes, few reps (writes <gpu>-quick.*)
 //   build/ck_bench --filter int4   only rows whose "family/kernel/dtype/shape" contains "int4"
 //
@@ -299,13 +301,27 @@ static const Family kFamilies[] = {
     {"moe", bench_moe},
 };
 
+// --sample: a first look in a minute or two, measured as the full sweep measures: every quantizer
+// on the main fp16 tensor, every GEMM row (beside cuBLAS) at one weight shape for a decode and a
+// prefill batch, and the MoE layer (beside its fp16 baselines) at the same two regimes.
+static const char* const kSampleFilters[] = {
+    "/fp16/8192x8192$",
+    "/M=1 K=4096 N=4096$",
+    "/M=256 K=4096 N=4096$",
+    "/mixtral T=16$",
+    "/mixtral T=1024$",
+};
+
 static void print_usage(FILE* to) {
     std::fprintf(to,
-                 "usage: ck_bench [--out DIR] [--filter SUBSTR[,SUBSTR...]] [--quick] [--size N]\n"
-                 "                [--reps N] [--warmup N]\n"
+                 "usage: ck_bench [--out DIR] [--filter SUBSTR[,SUBSTR...]] [--sample] [--quick]\n"
+                 "                [--size N] [--reps N] [--warmup N]\n"
                  "  --out DIR      results directory (default benchmarks/results): DIR/<gpu>.json, .md\n"
                  "  --filter S     run only rows whose key family/kernel/dtype/shape contains S\n"
-                 "                 (repeatable; commas separate alternatives), e.g. /dequantize_int4\n"
+                 "                 (repeatable; commas separate alternatives; a trailing $ anchors S\n"
+                 "                 at the key's end), e.g. /dequantize_int4 or '/M=1 K=4096 N=4096$'\n"
+                 "  --sample       representative rows only (one shape per family, two batch sizes),\n"
+                 "                 fully measured; writes DIR/<gpu>-sample.*\n"
                  "  --quick        smoke test: %lldM elements, %d reps; writes DIR/<gpu>-quick.*\n"
                  "  --size N       elements of memory-bound problems (K/M/G suffixes; default %lldM)\n"
                  "  --reps N       timed runs per row (default %d)\n"
@@ -365,6 +381,8 @@ static Options parse_options(int argc, char** argv) {
             std::stringstream alternatives(value());
             for (std::string f; std::getline(alternatives, f, ',');)
                 if (!f.empty()) options.filters.push_back(f);
+        } else if (arg == "--sample") {
+            options.sample = true;
         } else if (arg == "--quick") {
             options.quick = true;
         } else if (arg == "--size") {
@@ -379,6 +397,12 @@ static Options parse_options(int argc, char** argv) {
         } else {
             usage_error("unknown option '" + arg + "'");
         }
+    }
+    if (options.sample) {
+        if (options.quick || size_given || !options.filters.empty())
+            usage_error("--sample takes no --quick, --size or --filter");
+        options.filters.insert(options.filters.end(), std::begin(kSampleFilters),
+                               std::end(kSampleFilters));
     }
     if (options.quick) {
         if (!size_given) options.size = kQuickSize;
@@ -401,7 +425,10 @@ int main(int argc, char** argv) {
     CK_BENCH_CHECK(status);
 
     Bench bench(options, /*ordinal=*/0);
-    std::printf("ck_bench%s\n%s", options.quick ? " (--quick: a smoke test, not a measurement)" : "",
+    std::printf("ck_bench%s\n%s",
+                options.quick    ? " (--quick: a smoke test, not a measurement)"
+                : options.sample ? " (--sample: representative rows; make bench-full runs them all)"
+                                 : "",
                 bench.header_lines("  ").c_str());
     std::fflush(stdout);
 

@@ -411,8 +411,10 @@ inline DeviceInfo query_device(int ordinal) {
 // ------------------------------------------------------------------------------------------------
 struct Options {
     std::string out_dir = "benchmarks/results";
-    std::vector<std::string> filters;  // a row runs if its key contains any of them (none: all)
+    std::vector<std::string> filters;  // a row runs if its key contains any of them (none: all);
+                                       // a filter ending in '$' must end the key
     bool quick = false;                // fewer reps, smaller sizes: a smoke test
+    bool sample = false;               // --sample: kSampleFilters' rows, measured as usual
     int64_t size = kDefaultSize;       // elements of the memory-bound problems
     int warmup = kDefaultWarmup;
     int reps = kDefaultReps;
@@ -612,8 +614,14 @@ class Bench {
     bool wants(const RowSpec& spec) const {
         if (options_.filters.empty()) return true;
         const std::string key = spec.key();
-        for (const auto& f : options_.filters)
-            if (key.find(f) != std::string::npos) return true;
+        for (const auto& f : options_.filters) {
+            const bool anchored = !f.empty() && f.back() == '$';
+            const std::string text = anchored ? f.substr(0, f.size() - 1) : f;
+            if (anchored ? key.size() >= text.size() &&
+                               key.compare(key.size() - text.size(), text.size(), text) == 0
+                         : key.find(text) != std::string::npos)
+                return true;
+        }
         return false;
     }
 
@@ -716,12 +724,14 @@ class Bench {
         std::fflush(stdout);
     }
 
-    // Writes <out>/<gpu>.json and <out>/<gpu>.md (with a "-quick" suffix in --quick mode, so that a
-    // smoke test never overwrites real results). Returns the path without extension.
+    // Writes <out>/<gpu>.json and <out>/<gpu>.md (with a "-quick" suffix in --quick mode and
+    // "-sample" in --sample mode, so that neither overwrites the full sweep's results). Returns
+    // the path without extension.
     std::string write_results() const {
         std::filesystem::create_directories(options_.out_dir);
         std::string base = options_.out_dir + "/" + sanitize_name(device_.name);
         if (options_.quick) base += "-quick";
+        if (options_.sample) base += "-sample";
         write_file(base + ".json", json());
         write_file(base + ".md", markdown());
         return base;
@@ -850,6 +860,7 @@ class Bench {
         s << "  \"date_utc\": " << json_string(utc_now()) << ",\n";
         s << "  \"command\": " << json_string(options_.command_line) << ",\n";
         s << "  \"quick\": " << (options_.quick ? "true" : "false") << ",\n";
+        s << "  \"sample\": " << (options_.sample ? "true" : "false") << ",\n";
         s << "  \"filters\": [";
         for (size_t i = 0; i < options_.filters.size(); ++i)
             s << (i ? ", " : "") << json_string(options_.filters[i]);

@@ -12,16 +12,28 @@ Three levels, from convenient to exact:
   :class:`QuantizedLinear`, the Mixture-of-experts layer (:func:`moe_route`,
   :func:`moe_prepack`, :func:`moe_forward`, :class:`QuantizedMoE`), and the seed API
   :func:`quantize_tensor` /
-  :func:`dequantize_tensor` / :func:`int8_matmul`. NumPy inputs are copied to the GPU and the
-  results come back as NumPy arrays. Objects with ``__cuda_array_interface__`` (torch, cupy,
-  numba, :class:`DeviceArray`) are used in place, zero-copy; their results are
-  :class:`DeviceArray` objects (or go into ``out=``).
+  :func:`dequantize_tensor` / :func:`int8_matmul`. Results come in the kind of the first
+  array: torch CUDA tensors give torch tensors (allocated by torch, the call on torch's
+  current stream of their device), CuPy arrays CuPy arrays (CuPy's allocator and current
+  stream), other ``__cuda_array_interface__`` objects (numba, :class:`DeviceArray`)
+  DeviceArrays (on the stream their interface names); device inputs are used in place,
+  zero-copy. NumPy inputs are copied to the GPU and the results come back as NumPy arrays
+  (torch CPU tensors as CPU tensors). ``out=`` arrays are written in place; ``stream=`` picks
+  the stream. Nothing on a device call's path calls cudaMalloc, cudaFree or synchronizes once
+  the allocators are warm: outputs and scratch memory come from the framework's allocator or
+  from the pool of DeviceArray memory (host data in a DeviceArray call, a Python scale say, is
+  copied up with cudaMemcpyAsync; torch and CuPy write a Python scalar with a fill kernel).
+  No framework is imported here: one is recognized when its arrays arrive.
 * :data:`raw`: one function per C entry point, taking ints for device pointers and streams.
-* :data:`cuda`: a small libcudart binding (malloc, memcpy, streams, CUDA graph capture) and
-  :class:`DeviceArray`, a typed device buffer.
+* :data:`cuda`: a small libcudart binding (malloc, memcpy, streams, events, CUDA graph
+  capture, the pool's memory_stats / empty_cache) and :class:`DeviceArray`, a typed device
+  buffer.
+* :func:`torch_ops`: the torch custom operators of QuantizedLinear and moe_forward, for
+  torch.compile and CUDA graphs.
 
 bfloat16 data is held as ``np.uint16`` bit patterns; ``dtype="bf16"`` (inputs),
-``out_dtype="bf16"`` (outputs) or ``DeviceArray.ck_dtype == DType.BF16`` says so.
+``out_dtype="bf16"`` (outputs) or ``DeviceArray.ck_dtype == DType.BF16`` says so; torch
+bfloat16 tensors say it themselves (and bf16 results on torch are torch.bfloat16).
 Every library failure raises :class:`CKError` (``.status`` is a :class:`Status`, ``.message``
 the library's own words); a failing CUDA runtime call made here raises :class:`CUDAError`.
 
@@ -43,7 +55,10 @@ Example::
     y2 = ck.linear(x, w.astype(np.float32), bias=None)      # float32 [16, 4096]
     y3 = ck.gemm_w4a16(x.astype(np.float16), packed, s, z, group_size=128)  # float16 [16, 4096]
 
-    xd = ck.DeviceArray.from_numpy(x)                        # or a torch/cupy CUDA tensor
+    xt = torch.randn(16, 4096, device="cuda", dtype=torch.bfloat16)    # where torch is used
+    qt, st = ck.quantize_int8(xt, granularity="row")         # torch tensors, current stream
+
+    xd = ck.DeviceArray.from_numpy(x)                        # any __cuda_array_interface__
     qd, sd = ck.quantize_int8(xd, granularity="row")         # DeviceArrays, nothing copied
     stream = ck.cuda.stream_create()
     with ck.cuda.graph_capture(stream) as graph:             # every entry point is capturable
@@ -65,6 +80,7 @@ import inspect
 import math
 import numbers
 import os
+import sys
 import threading
 
 import numpy as np
@@ -80,7 +96,7 @@ __all__ = [
     "gemm_w4a16_prepacked", "import_gptq", "import_awq", "permute_columns", "gemm_int4",
     "gemm_int4_scaled", "QuantizedLinear", "MoeParams", "moe_route", "moe_prepack",
     "moe_workspace_size", "moe_forward", "QuantizedMoE",
-    "quantize_tensor", "dequantize_tensor", "int8_matmul",
+    "quantize_tensor", "dequantize_tensor", "int8_matmul", "torch_ops",
 ]
 
 LIBRARY_NAME = "libcuda_kernels.so"
@@ -472,6 +488,7 @@ def _pass_through(name, restype, params):
         for param in params])
     count = len(params)
     returns_status = restype is _STATUS
+    function = []   # the ctypes function, looked up on the first call (the library loads then)
 
     def call(*args, **kwargs):
         if kwargs or len(args) != count:
@@ -481,7 +498,9 @@ def _pass_through(name, restype, params):
                 raise TypeError("raw.%s%s: %s" % (call.__name__, signature, e)) from None
             bound.apply_defaults()
             args = bound.args
-        result = getattr(load_library(), name)(*args)
+        if not function:
+            function.append(getattr(load_library(), name))
+        result = function[0](*args)
         return None if returns_status else result
 
     renamed = ["%s is its %s" % (param[0], param[2]) for param in params if len(param) > 2]
@@ -509,6 +528,9 @@ raw = _Raw()
 _MEMCPY_HTOD, _MEMCPY_DTOH, _MEMCPY_DTOD = 1, 2, 3          # cudaMemcpyKind
 _CAPTURE_MODES = {"global": 0, "thread_local": 1, "relaxed": 2}  # cudaStreamCaptureMode
 _STREAM_NON_BLOCKING = 0x01                                 # cudaStreamNonBlocking
+_EVENT_DISABLE_TIMING = 0x02                                # cudaEventDisableTiming
+_ERROR_MEMORY_ALLOCATION = 2                                # cudaErrorMemoryAllocation
+_ERROR_NOT_READY = 600                                      # cudaErrorNotReady
 _ATTR_CC_MAJOR, _ATTR_CC_MINOR = 75, 76     # cudaDevAttrComputeCapabilityMajor / Minor
 
 _PVOIDP = ctypes.POINTER(ctypes.c_void_p)
@@ -534,9 +556,14 @@ _CUDART_DECLARATIONS = {
     "cudaGraphLaunch": (ctypes.c_int, (_VOIDP, _VOIDP)),
     "cudaGraphExecDestroy": (ctypes.c_int, (_VOIDP,)),
     "cudaGraphDestroy": (ctypes.c_int, (_VOIDP,)),
+    "cudaEventCreateWithFlags": (ctypes.c_int, (_PVOIDP, ctypes.c_uint)),
+    "cudaEventDestroy": (ctypes.c_int, (_VOIDP,)),
+    "cudaEventRecord": (ctypes.c_int, (_VOIDP, _VOIDP)),
+    "cudaEventQuery": (ctypes.c_int, (_VOIDP,)),
 }
 
-# Frees that arrive while a stream capture forbids cudaFree wait here until it ends.
+# Frees that arrive while a stream capture forbids cudaFree wait here until it ends (the pool
+# keeps its own list of the blocks released during a capture).
 _capture_local = threading.local()
 _capture_global = [0]
 _deferred_frees = []
@@ -607,6 +634,12 @@ class _CudaRuntime:
         err = getattr(self._load(), fname)(*args)
         if err != 0:
             raise CUDAError(err, fname, self.error_string(err))
+
+    def current_device(self):
+        """cudaGetDevice(): the calling thread's current device."""
+        device = ctypes.c_int(0)
+        self._call("cudaGetDevice", ctypes.byref(device))
+        return device.value
 
     def error_string(self, code):
         """cudaGetErrorString(code)."""
@@ -694,6 +727,51 @@ class _CudaRuntime:
 
     def device_synchronize(self):
         self._call("cudaDeviceSynchronize")
+
+    # -- events (what the DeviceArray pool orders reuse with) -------------------------------
+    def event_create(self):
+        """A new event without timing (cudaEventDisableTiming), on the current device."""
+        e = ctypes.c_void_p()
+        self._call("cudaEventCreateWithFlags", ctypes.byref(e), _EVENT_DISABLE_TIMING)
+        return e.value
+
+    def event_destroy(self, event):
+        self._call("cudaEventDestroy", event)
+
+    def event_record(self, event, stream=0):
+        """cudaEventRecord(event, stream): the event completes once the work enqueued on
+        `stream` so far has."""
+        self._call("cudaEventRecord", event, stream)
+
+    def event_done(self, event):
+        """True once the event's work has completed (cudaEventQuery; never waits)."""
+        err = self._load().cudaEventQuery(event)
+        if err == 0:
+            return True
+        if err != _ERROR_NOT_READY:
+            raise CUDAError(err, "cudaEventQuery", self.error_string(err))
+        return False
+
+    # -- the DeviceArray pool ----------------------------------------------------------------
+    def memory_stats(self):
+        """The counters of the pool that DeviceArray memory comes from (see _BlockPool): mallocs
+        and frees (cudaMalloc / cudaFree calls), reuses (allocations served from the pool),
+        releases, deferred (releases that waited for a stream capture to end), in_use and
+        cached (blocks, and their bytes: in_use_bytes, cached_bytes)."""
+        return _pool.stats()
+
+    def empty_cache(self):
+        """cudaFree's the pool's cached blocks, giving their memory back to CUDA (cudaFree waits
+        for the device: not for a hot path, nor during a stream capture). Returns the number of
+        blocks freed."""
+        return _pool.trim()
+
+    def set_pool_limit(self, nbytes):
+        """The most bytes of released blocks the pool keeps cached (default 2 GiB, or
+        $CK_POOL_CACHE_BYTES); past it, the next cudaMalloc first gives back the least recently
+        released ones. Returns the previous limit."""
+        previous, _pool.limit = _pool.limit, int(nbytes)
+        return previous
 
     # -- device properties -------------------------------------------------------------------
     def compute_capability(self, device=None):
@@ -791,6 +869,318 @@ def _flush_deferred_frees():
             cuda.free(ptr)
         except CUDAError:
             pass
+    _pool.flush()
+
+
+_torch_capture_query = [None]   # torch's C query of its current stream's capture, once bound
+
+
+def _foreign_capture():
+    """True while torch captures a CUDA graph on its current stream of this thread (its
+    torch.cuda.graph runs in the global capture mode, where a cudaMalloc or an event record on
+    the legacy stream, from any thread, would invalidate the capture). Cheap: the torch query is
+    bound once torch's CUDA is initialized (one C call afterwards; a dict lookup before torch is
+    imported)."""
+    query = _torch_capture_query[0]
+    if query is None:
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return False
+        try:
+            if not torch.cuda.is_initialized():
+                return False
+            query = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) or \
+                torch.cuda.is_current_stream_capturing
+        except Exception:  # noqa: BLE001 - a torch without CUDA, or one still importing
+            return False
+        _torch_capture_query[0] = query
+    try:
+        return bool(query())
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _any_capture():
+    return _capture_in_progress() or _foreign_capture()
+
+
+# ------------------------------------------------------------------------------------------------
+# The DeviceArray pool
+# ------------------------------------------------------------------------------------------------
+# Size classes: powers of two from 512 bytes to 1 MiB, then multiples of 2 MiB (at most 2 MiB
+# or 2x of slack per block). 512 keeps cudaMalloc's 256-byte alignment for every block.
+_POOL_MIN_BLOCK = 512
+_POOL_POWER_OF_TWO_UP_TO = 1 << 20
+_POOL_LARGE_ROUND = 2 << 20
+# The most bytes of released blocks the pool keeps: past it, a cudaMalloc first gives the least
+# recently released blocks back to CUDA (CK_POOL_CACHE_BYTES overrides; cuda.set_pool_limit).
+_POOL_CACHE_BYTES = int(os.environ.get("CK_POOL_CACHE_BYTES") or (2 << 30))
+# At most this many cached blocks of a size class are asked (cudaEventQuery) per allocation.
+_POOL_MAX_QUERIES = 4
+
+
+def _size_class(nbytes):
+    """The block size that serves an allocation of nbytes (> 0) bytes."""
+    if nbytes <= _POOL_MIN_BLOCK:
+        return _POOL_MIN_BLOCK
+    if nbytes <= _POOL_POWER_OF_TWO_UP_TO:
+        return 1 << (nbytes - 1).bit_length()
+    return -(-nbytes // _POOL_LARGE_ROUND) * _POOL_LARGE_ROUND
+
+
+def _stream_key(stream):
+    """One int per stream: None (not known) and cudaStreamLegacy (1) are the legacy stream, 0."""
+    stream = int(stream or 0)
+    return 0 if stream == 1 else stream
+
+
+class _Block:
+    """A cudaMalloc'd block of the pool, with its own event.
+
+    `stream`: None while no work is known to use the block (idle); else the stream where
+    `event` was recorded at its last use (by a call, when the call was enqueued: the stream was
+    alive then). `extra`: None, or {stream: event} of the other streams whose calls used it
+    since. `untracked`: its address went where the pool cannot follow (a layer's weights read by
+    the framework fast path, a torch view): on release it is cudaFree'd (which waits for the
+    whole device), not cached."""
+
+    __slots__ = ("ptr", "size", "device", "event", "stream", "extra", "untracked")
+
+    def __init__(self, ptr, size, device, event):
+        self.ptr, self.size, self.device, self.event = ptr, size, device, event
+        self.stream, self.extra, self.untracked = None, None, False
+
+
+class _BlockPool:
+    """The device memory of DeviceArray.empty: blocks that free() returns are kept, binned by
+    device and size class, and handed out again, so that once the pool is warm a call costs no
+    cudaMalloc or cudaFree (both of which synchronize the device).
+
+    Reuse never overtakes the work of a call that used a block. When a call is enqueued, the
+    event of every pool block it uses (inputs, outputs, temporaries, workspace) is recorded on
+    the call's stream (record(): the stream is alive then); release (free, garbage collection)
+    is pure bookkeeping and makes no CUDA call, so it is safe after the stream is destroyed. An
+    allocation on the stream of a block's last use takes it at once (stream order puts the new
+    work after the old), one on another stream (or on streams not known) only once the event has
+    completed (cudaEventQuery, a few blocks per allocation: the pool never waits). A block that
+    calls on other streams also used has an event on each of them, and is reused only once all
+    have completed (or, on one of its streams, once the others have). A block never used by a
+    call since it was allocated (or one whose work is known done: the NumPy path ends with a
+    download that waits for its stream) is idle: any stream takes it. Work that the pool does
+    not see (raw calls on .ptr) must be finished before free(), or reported with
+    DeviceArray.record_stream.
+    While a stream capture is in progress, releases wait in a list until it ends, allocations
+    take idle blocks only (what a captured graph replays must not depend on work outside it),
+    and nothing is recorded. Released blocks are kept up to a cap in bytes (limit): past it, a
+    cudaMalloc first cudaFree's the least recently released blocks; a cudaMalloc that runs out
+    of memory frees every cached block (trim) and tries once more.
+
+    runtime: what it calls (current_device, malloc, free, event_create, event_destroy,
+    event_record, event_done: the _CudaRuntime methods); capturing: () -> True while a capture
+    is in progress.
+    """
+
+    def __init__(self, runtime, capturing, limit=None):
+        self._rt = runtime
+        self._capturing = capturing
+        self.limit = _POOL_CACHE_BYTES if limit is None else int(limit)
+        self._lock = threading.Lock()
+        self._cached = {}      # (device, size) -> [_Block], the most recently released last
+        self._lru = {}         # ptr -> _Block of every cached block, least recently released first
+        self._cached_bytes = 0
+        self._deferred = []    # blocks released during a capture
+        self._spare = {}       # device -> [events] for the streams of `extra`
+        self._counts = dict(mallocs=0, frees=0, reuses=0, releases=0, deferred=0, records=0,
+                            queries=0, evictions=0)
+        self._in_use = [0, 0]  # blocks, bytes
+
+    # -- allocation ---------------------------------------------------------------------------
+    def allocate(self, nbytes, stream=None):
+        """A _Block of at least nbytes (> 0) on the current device, for work on `stream`
+        (None: on streams not known, so only a block whose work is done will do)."""
+        size = _size_class(nbytes)
+        stream = None if stream is None else _stream_key(stream)
+        capturing = self._capturing()
+        if self._deferred and not capturing:
+            self.flush()
+        device = self._rt.current_device()
+        with self._lock:
+            blocks = self._cached.get((device, size))
+            block = self._take(blocks, stream, capturing) if blocks else None
+            if block is not None:
+                self._counts["reuses"] += 1
+                self._in_use[0] += 1
+                self._in_use[1] += size
+                return block
+        if not capturing and self._cached_bytes + size > self.limit:
+            self.trim(max(self.limit - size, 0))
+        block = self._malloc(size, device)
+        with self._lock:
+            self._in_use[0] += 1
+            self._in_use[1] += size
+        return block
+
+    def _take(self, blocks, stream, capturing):
+        for i in range(len(blocks) - 1, -1, -1):   # the most recently released first
+            block = blocks[i]
+            if block.stream is None or (block.stream == stream and block.extra is None and
+                                        not capturing):
+                return self._handed_out(blocks.pop(i), stream)
+        if capturing:   # an event query is one of the calls a global-mode capture forbids
+            return None
+        asked = 0
+        for i, block in enumerate(blocks):   # the oldest first: the likeliest to be done
+            if asked >= _POOL_MAX_QUERIES:
+                break
+            asked += 1
+            if self._done(block, skip=stream):
+                return self._handed_out(blocks.pop(i), stream)
+        return None
+
+    def _done(self, block, skip=None):
+        """True when every event of the block has completed, but the one on `skip` (stream
+        order covers it)."""
+        self._counts["queries"] += 1
+        if block.stream != skip and not self._rt.event_done(block.event):
+            return False
+        if block.extra:
+            for other, event in block.extra.items():
+                if other != skip and not self._rt.event_done(event):
+                    return False
+        return True
+
+    def _handed_out(self, block, stream):
+        del self._lru[block.ptr]
+        self._cached_bytes -= block.size
+        if block.extra:
+            self._spare.setdefault(block.device, []).extend(block.extra.values())
+            block.extra = None
+        if block.stream != stream:
+            # Taken because its work is done (or idle): nothing of it is pending any more. On
+            # its own stream it keeps the event, still ordered before the new work.
+            block.stream = None
+        return block
+
+    def _malloc(self, size, device):
+        try:
+            ptr = self._rt.malloc(size)
+        except CUDAError as e:
+            if e.code != _ERROR_MEMORY_ALLOCATION or self._capturing():
+                raise
+            self.trim()
+            ptr = self._rt.malloc(size)
+        try:
+            event = self._rt.event_create()
+        except CUDAError:
+            self._rt.free(ptr)
+            raise
+        with self._lock:
+            self._counts["mallocs"] += 1
+        return _Block(ptr, size, device, event)
+
+    # -- use and release ----------------------------------------------------------------------
+    def record(self, block, stream):
+        """Notes that work just enqueued on `stream` (alive now) uses the block: its event
+        there is recorded. Not during a capture (the caller checks)."""
+        stream = _stream_key(stream)
+        try:
+            if block.stream is None or block.stream == stream:
+                self._rt.event_record(block.event, stream)
+                block.stream = stream
+            else:
+                extra = block.extra
+                if extra is None:
+                    extra = block.extra = {}
+                event = extra.get(stream)
+                if event is None:
+                    with self._lock:
+                        spare = self._spare.get(block.device)
+                        event = spare.pop() if spare else None
+                    if event is None:
+                        event = self._rt.event_create()
+                    extra[stream] = event
+                self._rt.event_record(event, stream)
+            self._counts["records"] += 1
+        except CUDAError:
+            block.untracked = True   # (a stream of another device): freed, not reused
+
+    def release(self, block, idle=False):
+        """Returns a block: bookkeeping only (no CUDA call; an untracked block is cudaFree'd).
+        idle: the work that used it is known to be done."""
+        if self._capturing():
+            with self._lock:
+                self._deferred.append((block, idle))
+                self._counts["deferred"] += 1
+            return
+        self._release(block, idle)
+
+    def _release(self, block, idle):
+        if block.untracked:
+            self._free_blocks([block])
+            with self._lock:
+                self._counts["releases"] += 1
+                self._in_use[0] -= 1
+                self._in_use[1] -= block.size
+            return
+        with self._lock:
+            if idle:
+                if block.extra:
+                    self._spare.setdefault(block.device, []).extend(block.extra.values())
+                block.stream, block.extra = None, None
+            self._cached.setdefault((block.device, block.size), []).append(block)
+            self._lru[block.ptr] = block
+            self._cached_bytes += block.size
+            self._counts["releases"] += 1
+            self._in_use[0] -= 1
+            self._in_use[1] -= block.size
+
+    def flush(self):
+        """Releases the blocks that waited for a capture to end."""
+        with self._lock:
+            deferred, self._deferred = self._deferred, []
+        for block, idle in deferred:
+            self._release(block, idle)
+
+    def _free_blocks(self, blocks):
+        for block in blocks:
+            for event in [block.event] + list((block.extra or {}).values()):
+                self._rt.event_destroy(event)
+            self._rt.free(block.ptr)
+        with self._lock:
+            self._counts["frees"] += len(blocks)
+
+    def trim(self, keep=0):
+        """cudaFree's the least recently released cached blocks until at most `keep` bytes stay
+        cached (all of them by default; cudaFree waits for the device's work, so no block is
+        freed under work that still uses it). Returns the number of blocks freed."""
+        with self._lock:
+            blocks = []
+            for ptr, block in list(self._lru.items()):
+                if self._cached_bytes <= keep:
+                    break
+                del self._lru[ptr]
+                self._cached[(block.device, block.size)].remove(block)
+                self._cached_bytes -= block.size
+                blocks.append(block)
+            spare = []
+            if not self._lru:
+                spare = [e for events in self._spare.values() for e in events]
+                self._cached, self._spare = {}, {}
+            if keep:
+                self._counts["evictions"] += len(blocks)
+        for event in spare:
+            self._rt.event_destroy(event)
+        self._free_blocks(blocks)
+        return len(blocks)
+
+    def stats(self):
+        with self._lock:
+            return dict(self._counts, in_use=self._in_use[0], in_use_bytes=self._in_use[1],
+                        cached=len(self._lru), cached_bytes=self._cached_bytes,
+                        limit=self.limit)
+
+
+_pool = _BlockPool(cuda, _any_capture)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -836,18 +1226,24 @@ class DeviceArray:
         self.stream = stream     # the stream the data was last written on, if known
         self._owner = owner
         self._base = base        # keeps what this array depends on alive
+        self._block = None       # the pool block of an array made by empty()
 
     @classmethod
-    def empty(cls, shape, dtype, ck_dtype=None):
-        """An uninitialized array (cudaMalloc)."""
+    def empty(cls, shape, dtype, ck_dtype=None, stream=None):
+        """An uninitialized array from the pool (cudaMalloc only when it has no free block of
+        the size). stream: the stream the array is written on, which may take memory whose
+        earlier work was enqueued there (None: not known; only memory whose work is done).
+        Calls of this module that use the array record that use (see free)."""
         if isinstance(shape, numbers.Integral):
             shape = (shape,)
         shape = tuple(int(s) for s in shape)
         if any(s < 0 for s in shape):
             raise ValueError("negative dimension in shape %s" % (shape,))
         nbytes = math.prod(shape) * np.dtype(dtype).itemsize
-        arr = cls(0, shape, dtype, ck_dtype)   # validates dtype/ck_dtype before allocating
-        arr.ptr = cuda.malloc(nbytes)
+        arr = cls(0, shape, dtype, ck_dtype, stream=stream)   # validates dtype/ck_dtype first
+        if nbytes:
+            arr._block = _pool.allocate(nbytes, stream)
+            arr.ptr = arr._block.ptr
         arr._owner = True
         return arr
 
@@ -898,8 +1294,18 @@ class DeviceArray:
         return None if self.stream in (None, 0, 1) else self.stream
 
     def fill_byte(self, byte):
-        """Sets every byte to `byte` (cudaMemset), e.g. to poison an output."""
+        """Sets every byte to `byte` (cudaMemset, on the legacy stream), e.g. to poison an
+        output."""
         cuda.memset(self.ptr, byte, self.nbytes)
+        _record_use(self, 0)
+        return self
+
+    def record_stream(self, stream=None):
+        """Tells the pool that work enqueued on `stream` (default: the array's stream; it must
+        be alive now) uses the memory, so that free() does not hand it to another stream before
+        that work is done: what a raw call on .ptr needs when the array may be freed before the
+        stream is synchronized. Returns self."""
+        _record_use(self, self.stream if stream is None else _stream_handle(stream))
         return self
 
     def reshape(self, *shape):
@@ -912,13 +1318,25 @@ class DeviceArray:
                            stream=self.stream, base=self)
 
     def free(self):
-        """Releases the memory of an owning array (idempotent; deferred while a stream capture
-        forbids cudaFree)."""
-        ptr, owner = self.ptr, self._owner
-        self.ptr, self._owner, self._base = 0, False, None
+        """Releases the memory of an owning array (idempotent; no CUDA call, so it is safe after
+        the array's stream was destroyed). Memory from empty() goes back to the pool, reused
+        after the work of the calls of this module that used it (each records an event on its
+        stream when it is enqueued): at once on the stream of the last use, elsewhere once that
+        work is done. Work the pool does not see (raw calls on .ptr, other libraries) must be
+        finished first (synchronize its stream), or reported with record_stream(stream) before
+        the array is dropped. Other owned memory is cudaFree'd (deferred while a stream capture
+        forbids it)."""
+        self._free(idle=False)
+
+    def _free(self, idle):
+        # idle: the caller knows that the work using the memory is done.
+        ptr, owner, block = self.ptr, self._owner, self._block
+        self.ptr, self._owner, self._base, self._block = 0, False, None, None
         if not (owner and ptr) or _shutting_down[0]:
             return
-        if _capture_in_progress():
+        if block is not None:
+            _pool.release(block, idle)
+        elif _capture_in_progress():
             _deferred_frees.append(ptr)
         else:
             cuda.free(ptr)
@@ -948,6 +1366,239 @@ class DeviceArray:
             self.shape, self.dtype, ck, self.ptr, "" if self._owner else ", view")
 
 
+def _owner_block(array):
+    """The pool block under a DeviceArray (or a view of one), or None."""
+    owner = array
+    while owner._block is None:
+        owner = owner._base
+        if not isinstance(owner, DeviceArray):
+            return None
+    return owner._block
+
+
+def _record_use(array, stream):
+    """Records that work just enqueued on `stream` uses the DeviceArray's pool memory."""
+    block = _owner_block(array)
+    if block is not None and not _any_capture():
+        _pool.record(block, stream)
+
+
+def _untrack(array):
+    """The DeviceArray's memory goes where the pool cannot follow its use: on release it is
+    cudaFree'd (which waits for the device) rather than cached."""
+    if isinstance(array, DeviceArray):
+        block = _owner_block(array)
+        if block is not None:
+            block.untracked = True
+
+
+# ------------------------------------------------------------------------------------------------
+# Array kinds: torch and CuPy arrays are read directly and get results made by their framework
+# ------------------------------------------------------------------------------------------------
+class _TorchKind:
+    """torch tensors. A CUDA tensor is read through data_ptr(), shape and dtype (no
+    __cuda_array_interface__ dict, which torch builds slowly and refuses for bfloat16); the
+    results of a call on one are torch.empty tensors on its device (torch's caching allocator),
+    and the call runs on torch's current stream of that device. A CPU tensor is host data."""
+
+    name = "torch"
+
+    def __init__(self, torch):
+        self.torch = torch
+        # The NumPy storage of each torch dtype (bfloat16 as its bits, as everywhere here).
+        pairs = [("float32", np.float32), ("float16", np.float16), ("bfloat16", np.uint16),
+                 ("int8", np.int8), ("uint8", np.uint8), ("int16", np.int16),
+                 ("uint16", np.uint16), ("int32", np.int32), ("int64", np.int64),
+                 ("float64", np.float64), ("bool", np.bool_)]
+        self.numpy_of = {getattr(torch, name): np.dtype(np_type) for name, np_type in pairs
+                         if hasattr(torch, name)}
+        self.torch_of = {np.dtype(np_type): getattr(torch, name) for name, np_type in pairs
+                         if name not in ("bfloat16", "uint16") and hasattr(torch, name)}
+        self.bfloat16 = torch.bfloat16
+        # The raw cudaStream_t of the current stream without a torch.cuda.Stream object (what
+        # torch's own compiled code calls), and the current device without the Python layer.
+        self._raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        self._get_device = getattr(torch._C, "_cuda_getDevice", None)
+        # The custom operators are registered now, outside any torch.compile trace (which
+        # cannot register them); torch_ops() raises what fails here when asked.
+        try:
+            torch_ops()
+        except Exception:  # noqa: BLE001 - optional: eager calls do not need them
+            pass
+
+    @staticmethod
+    def on_device(t):
+        return t.is_cuda
+
+    @staticmethod
+    def device_index(t):
+        return t.get_device()
+
+    def current_device(self):
+        return self._get_device() if self._get_device else self.torch.cuda.current_device()
+
+    def view(self, t, name):
+        """(ptr, shape, NumPy dtype) of a CUDA tensor."""
+        np_dtype = self.numpy_of.get(t.dtype)
+        if np_dtype is None:
+            raise TypeError("%s has dtype %s, which the library does not take" % (name, t.dtype))
+        if not t.is_contiguous():
+            raise ValueError("%s must be C-contiguous (shape %s, strides %s): use .contiguous()"
+                             % (name, tuple(t.shape), tuple(t.stride())))
+        return t.data_ptr(), tuple(t.shape), np_dtype
+
+    def stream(self, index):
+        """The raw cudaStream_t of torch's current stream on device `index`."""
+        if self._raw_stream is not None:
+            return self._raw_stream(index)
+        return self.torch.cuda.current_stream(index).cuda_stream
+
+    def dtype(self, np_dtype, ck_dtype):
+        return self.bfloat16 if ck_dtype == DType.BF16 else self.torch_of[np.dtype(np_dtype)]
+
+    def empty(self, shape, np_dtype, ck_dtype, like):
+        """(tensor, its address): uninitialized, on the device of `like`."""
+        t = self.torch.empty(shape, dtype=self.dtype(np_dtype, ck_dtype), device=like.device)
+        return t, t.data_ptr()
+
+    def fill(self, value, np_dtype, like):
+        """(tensor, its address) of one value, written by a fill kernel on the current stream
+        (no host copy, so a CUDA graph can capture it)."""
+        t = self.torch.full((1,), value, dtype=self.torch_of[np.dtype(np_dtype)],
+                            device=like.device)
+        return t, t.data_ptr()
+
+    def prepare(self, call, stream):
+        """Makes the call's device current and, for a stream= other than torch's current one,
+        that stream torch's current stream for the call (so that its allocations are ordered
+        on it); returns the call's stream."""
+        torch = self.torch
+        if self.current_device() != call.index:
+            call.enter(torch.cuda.device(call.index))
+        current = self.stream(call.index)
+        if stream is None or int(stream) == current:
+            return current
+        stream = int(stream)
+        if stream in (0, 1):   # the legacy default stream (0, or cudaStreamLegacy)
+            target = torch.cuda.default_stream(call.index)
+        else:
+            target = torch.cuda.ExternalStream(stream, device=torch.device("cuda", call.index))
+        call.enter(torch.cuda.stream(target))
+        # The caller's tensors were allocated for their own stream: record this one on them,
+        # so that torch does not hand their memory out again before this call's work is done.
+        call.record = target
+        return stream
+
+    def host_array(self, t, name):
+        """A NumPy view of a CPU tensor (bfloat16 as uint16 bits)."""
+        if t.device.type != "cpu":
+            raise TypeError("%s is a torch tensor on %s: CUDA or CPU tensors only"
+                            % (name, t.device))
+        t = t.detach()
+        if t.dtype == self.bfloat16:
+            return t.view(self.torch.int16).numpy().view(np.uint16)
+        return t.numpy()
+
+    def host_empty(self, shape, np_dtype, ck_dtype):
+        """(CPU tensor, its NumPy view)."""
+        t = self.torch.empty(shape, dtype=self.dtype(np_dtype, ck_dtype))
+        return t, self.host_array(t, "out")
+
+    def from_host(self, a, ck_dtype):
+        """A CPU tensor holding the NumPy array a (bf16 bits as bfloat16)."""
+        if ck_dtype == DType.BF16:
+            return self.torch.from_numpy(a.view(np.int16)).view(self.bfloat16)
+        return self.torch.from_numpy(a)
+
+
+class _CupyKind:
+    """CuPy arrays: read through .data.ptr, shape and dtype; the results of a call on one are
+    cupy.empty arrays (CuPy's memory pool) on its device, and the call runs on CuPy's current
+    stream. bfloat16 data is uint16 with dtype="bf16" (CuPy has no bfloat16)."""
+
+    name = "cupy"
+
+    def __init__(self, cupy):
+        self.cupy = cupy
+
+    @staticmethod
+    def on_device(a):
+        return True
+
+    @staticmethod
+    def device_index(a):
+        return a.data.device_id
+
+    def current_device(self):
+        return self.cupy.cuda.runtime.getDevice()
+
+    @staticmethod
+    def view(a, name):
+        if not a.flags.c_contiguous:
+            raise ValueError("%s must be C-contiguous (shape %s, strides %s): use "
+                             "cupy.ascontiguousarray" % (name, a.shape, a.strides))
+        return a.data.ptr, a.shape, a.dtype
+
+    def stream(self, index):
+        """The raw cudaStream_t of CuPy's current stream (of the current device, `index`)."""
+        return self.cupy.cuda.get_current_stream().ptr
+
+    def empty(self, shape, np_dtype, ck_dtype, like):
+        a = self.cupy.empty(shape, np_dtype)
+        return a, a.data.ptr
+
+    def fill(self, value, np_dtype, like):
+        a = self.cupy.full((1,), value, np_dtype)
+        return a, a.data.ptr
+
+    def prepare(self, call, stream):
+        cupy = self.cupy
+        if self.current_device() != call.index:
+            call.enter(cupy.cuda.Device(call.index))
+        current = self.stream(call.index)
+        if stream is None or int(stream) == current:
+            return current
+        stream = int(stream)
+        call.enter(cupy.cuda.Stream.null if stream == 0 else cupy.cuda.ExternalStream(stream))
+        return stream
+
+
+_KIND_OF_TYPE = {}   # type -> its kind (_TorchKind, _CupyKind) or None: decided once per type
+_KINDS = {}          # "torch" / "cupy" -> its kind, made when the first of its arrays is seen
+_FRAMEWORKS = (("torch", "Tensor", _TorchKind), ("cupy", "ndarray", _CupyKind))
+
+
+def _kind(obj):
+    """The kind of obj: a _TorchKind or _CupyKind, or None for everything else (NumPy, other
+    __cuda_array_interface__ objects, DeviceArray). A framework is looked for only where it is
+    already imported (sys.modules): none is ever imported here."""
+    cls = type(obj)
+    try:
+        return _KIND_OF_TYPE[cls]
+    except KeyError:
+        pass
+    kind = None
+    for module_name, base_name, make in _FRAMEWORKS:
+        module = sys.modules.get(module_name)
+        base = getattr(module, base_name, None) if module is not None else None
+        if isinstance(base, type) and issubclass(cls, base):
+            kind = _KINDS.get(module_name)
+            if kind is None:
+                kind = _KINDS.setdefault(module_name, make(module))
+            break
+    _KIND_OF_TYPE[cls] = kind
+    return kind
+
+
+def _torch_compiling():
+    """True while torch.compile traces the caller (which must then call the custom ops)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+    return is_compiling is not None and is_compiling()
+
+
 # ------------------------------------------------------------------------------------------------
 # NumPy / __cuda_array_interface__ level
 # ------------------------------------------------------------------------------------------------
@@ -965,9 +1616,14 @@ class _Arg:
 
 
 def _is_device(obj):
+    kind = _kind(obj)
+    if kind is not None:
+        return kind.on_device(obj)
+    if type(obj) is np.ndarray:
+        return False
     try:
         return hasattr(obj, "__cuda_array_interface__")
-    except Exception:  # noqa: BLE001 - it has one but will not give it (torch bf16): _cai says
+    except Exception:  # noqa: BLE001 - it has one but will not give it: _cai says why
         return True
 
 
@@ -981,12 +1637,21 @@ def _c_contiguous(shape, strides, itemsize):
 
 
 def _cai(obj, name):
-    """(ptr, shape, dtype, readonly, stream) of an object with __cuda_array_interface__."""
+    """(ptr, shape, dtype, readonly, stream) of a CUDA array: a DeviceArray, a torch or CuPy
+    array (read directly), or any object with __cuda_array_interface__."""
+    if type(obj) is DeviceArray:
+        if obj.dtype.byteorder == ">":
+            raise ValueError("%s must be little-endian" % name)
+        stream = obj.stream
+        return obj.ptr, obj.shape, obj.dtype, False, (1 if stream == 0 else stream)
+    kind = _kind(obj)
+    if kind is not None and kind.on_device(obj):
+        ptr, shape, dtype = kind.view(obj, name)
+        return ptr, shape, dtype, False, None
     try:
         cai = obj.__cuda_array_interface__
-    except TypeError as e:   # torch has no typestr for bfloat16
-        raise TypeError("%s: %s (pass bfloat16 tensors as x.view(torch.int16) with dtype='bf16')"
-                        % (name, e)) from e
+    except TypeError as e:
+        raise TypeError("%s: %s" % (name, e)) from e
     shape = tuple(int(s) for s in cai["shape"])
     dtype = np.dtype(cai["typestr"])
     ptr, readonly = cai["data"]
@@ -1001,9 +1666,14 @@ def _cai(obj, name):
     return int(ptr or 0), shape, dtype, bool(readonly), cai.get("stream")
 
 
+def _is_torch_bfloat16(obj):
+    kind = _kind(obj)
+    return kind is not None and kind.name == "torch" and obj.dtype == kind.bfloat16
+
+
 def _ck_dtype(obj, dtype, override, name):
-    """The library dtype of an argument: the explicit override, a DeviceArray's ck_dtype, or
-    the NumPy dtype (uint16 only with an explicit bf16)."""
+    """The library dtype of an argument: the explicit override, a DeviceArray's ck_dtype, a
+    torch bfloat16 tensor's, or the NumPy dtype (uint16 only with an explicit bf16)."""
     if override == DType.BF16:
         if dtype.itemsize != 2 or dtype.kind not in "uiV":
             raise TypeError("%s has dtype %s: bf16 data is held as uint16 bit patterns"
@@ -1011,15 +1681,15 @@ def _ck_dtype(obj, dtype, override, name):
         return override
     if override is not None:
         if dtype != _NUMPY_OF[override]:
-            raise TypeError("%s has dtype %s, not %s" % (name, dtype, override.name.lower()))
+            raise TypeError("%s has dtype %s, not %s" % (
+                name, "bfloat16" if _is_torch_bfloat16(obj) else dtype, override.name.lower()))
         return override
     if isinstance(obj, DeviceArray) and obj.ck_dtype is not None:
         return obj.ck_dtype
-    if dtype.name == "bfloat16":   # ml_dtypes.bfloat16
-        return DType.BF16
-    if dtype.kind == "V" and dtype.itemsize == 2 and str(getattr(obj, "dtype", "")) == \
-            "torch.bfloat16":   # torch exports bfloat16 as the opaque typestr "|V2"
-        return DType.BF16
+    if dtype.itemsize == 2 and dtype.kind in "uV":
+        # ml_dtypes.bfloat16 (dtype.name is slow: asked only here), or a torch bfloat16 tensor
+        if (dtype.kind == "V" and dtype.name == "bfloat16") or _is_torch_bfloat16(obj):
+            return DType.BF16
     return _DTYPE_OF.get(dtype)
 
 
@@ -1060,40 +1730,114 @@ def _split_out(out, count, names):
     return [out] + [None] * (count - 1)
 
 
+def _stream_handle(stream):
+    """The cudaStream_t (an int) of a stream= argument: an int, a torch.cuda.Stream
+    (.cuda_stream) or a CuPy stream (.ptr)."""
+    for attribute in ("cuda_stream", "ptr"):
+        handle = getattr(stream, attribute, None)
+        if isinstance(handle, int):
+            return handle
+    try:
+        return int(stream)
+    except (TypeError, ValueError):
+        raise TypeError("stream=%r: an int (a cudaStream_t), a torch.cuda.Stream or a CuPy "
+                        "stream" % (stream,)) from None
+
+
 class _Call:
     """Resolves the arrays of one convenience call to device pointers, allocates the outputs,
-    and after the launch returns results in the caller's kind: NumPy in, NumPy out (copies);
-    __cuda_array_interface__ in, DeviceArray out (or out=, in place)."""
+    and after the launch returns results in the caller's kind, the kind of the first array:
+
+    * a torch CUDA tensor: torch tensors (torch.empty on its device), the call on torch's
+      current stream there; a CuPy array: CuPy arrays (cupy.empty), on CuPy's current stream.
+      Their temporaries come from the same allocator and are dropped after the launch: both
+      allocators reuse memory in the order of the stream it was allocated for.
+    * another __cuda_array_interface__ object: DeviceArrays (the pool), on the stream its
+      interface names (else the legacy stream).
+    * NumPy (or a torch CPU tensor): copies up, results copied back (NumPy, or CPU tensors).
+
+    stream= overrides the stream (an int, or a torch or CuPy stream object); torch and CuPy
+    then allocate for it (it is made their current stream for the call), and torch tensors of
+    the caller are recorded on it (Tensor.record_stream). out= arrays are used as they are."""
 
     def __init__(self, primary, stream):
-        self.device = _is_device(primary)
-        if stream is None and self.device:
-            stream = _cai(primary, "the first array")[4]
+        self.like = primary       # what device results are made like
+        self.kind = None          # the framework of device results (None: DeviceArray)
+        self.host_kind = None     # the framework of host results (None: NumPy)
+        self.record = None        # torch: the stream= to record the caller's tensors on
+        self._contexts = []       # framework contexts entered for the call (device, stream)
+        self._temps = []          # pool buffers made here that no result owns
+        self._blocks = {}         # id -> pool block the call uses: its event is recorded after
+        self._keep = []           # framework buffers made here, alive until the launch
+        self._downloads = []      # (device buffer, host array)
+        if stream is not None and not isinstance(stream, int):
+            stream = _stream_handle(stream)
+        kind = _kind(primary)
+        if kind is None:
+            self.device = _is_device(primary)
+            if stream is None and self.device:
+                stream = _cai(primary, "the first array")[4]
+        elif kind.on_device(primary):
+            self.device = True
+            self.kind = kind
+            self.index = kind.device_index(primary)
+            try:
+                stream = kind.prepare(self, stream)
+            except BaseException:
+                self._leave()
+                raise
+        else:
+            self.device = False
+            self.host_kind = kind
         self.stream = int(stream or 0)
-        self._temps = []       # device buffers made here that no result owns
-        self._downloads = []   # (device buffer, host array)
-        self._launched = False
+
+    def enter(self, context):
+        """Enters a framework context (a device or a stream) for the rest of the call."""
+        context.__enter__()
+        self._contexts.append(context)
+
+    def _leave(self):
+        while self._contexts:
+            self._contexts.pop().__exit__(None, None, None)
 
     def __enter__(self):
         return self
 
     def __exit__(self, exc_type, *rest):
         if exc_type is not None:
-            self._release(sync=bool(self._temps))
+            self._record()   # an upload may have been enqueued before the failure
+            self._release(idle=False)
+        self._keep = []
+        if self._contexts:
+            self._leave()
         return False
 
     def input(self, obj, name, dtype=None, scalar_dtype=None, matrix=False, need=None):
         """An input array; host data is uploaded on the call's stream. matrix: must be a
         non-empty 1-D or 2-D array; need: its NumPy dtype, or _FLOAT_INPUT."""
         override = _as_dtype_enum(dtype, name + " dtype") if dtype is not None else None
-        if _is_device(obj):
+        kind = _kind(obj)
+        if kind is not None and kind.on_device(obj):
+            ptr, shape, np_dtype = kind.view(obj, name)
+            ck = _ck_dtype(obj, np_dtype, override, name)
+            _check_input(shape, np_dtype, ck, name, matrix, need)
+            if kind is self.kind:
+                self._same_device(obj, name)
+            return _Arg(ptr, shape, np_dtype, ck, obj)
+        if kind is None and _is_device(obj):
             ptr, shape, np_dtype, _, stream = _cai(obj, name)
             ck = _ck_dtype(obj, np_dtype, override, name)
             _check_input(shape, np_dtype, ck, name, matrix, need)
+            if isinstance(obj, DeviceArray):
+                self._use(obj)
             return _Arg(ptr, shape, np_dtype, ck, obj, stream)
-        if scalar_dtype is not None and isinstance(obj, numbers.Real) \
+        scalar = False
+        if kind is not None:
+            a = kind.host_array(obj, name)
+        elif scalar_dtype is not None and isinstance(obj, numbers.Real) \
                 and not isinstance(obj, (bool, np.ndarray)):
             a = np.array([obj], dtype=scalar_dtype)   # a Python float becomes one float32
+            scalar = True
         elif isinstance(obj, np.ndarray):
             a = obj
         else:
@@ -1104,14 +1848,52 @@ class _Call:
             raise ValueError("%s must be in native byte order" % name)
         ck = _ck_dtype(obj, a.dtype, override, name)
         _check_input(a.shape, a.dtype, ck, name, matrix, need)
-        if a.dtype.name == "bfloat16":
+        if a.dtype.kind == "V" and a.dtype.name == "bfloat16":
             a = a.view(np.uint16)
-        dev = DeviceArray.empty(a.shape, a.dtype, ck if ck == DType.BF16 else None)
+        if self.kind is not None:   # in the framework's memory: returned as it is (scales)
+            if scalar:
+                buffer, ptr = self.kind.fill(obj, a.dtype, self.like)
+            else:
+                buffer, ptr = self.kind.empty(a.shape, a.dtype, ck, self.like)
+                cuda.memcpy_htod(ptr, a, stream=self.stream)
+            return _Arg(ptr, a.shape, a.dtype, ck, buffer)
+        dev = DeviceArray.empty(a.shape, a.dtype, ck if ck == DType.BF16 else None,
+                                stream=self.stream)
         self._temps.append(dev)
+        self._use(dev)
         cuda.memcpy_htod(dev.ptr, a, stream=self.stream)
         if self.device:   # returned (static scales): hand back the uploaded copy
             return _Arg(dev.ptr, a.shape, a.dtype, ck, dev)
-        return _Arg(dev.ptr, a.shape, a.dtype, ck, a)
+        return _Arg(dev.ptr, a.shape, a.dtype, ck, obj if kind is not None else a)
+
+    def _use(self, array):
+        """A pool DeviceArray (or a view of one) used by the call: its block's event is
+        recorded on the call's stream after the launch (once per block)."""
+        block = array._block
+        if block is None:
+            block = _owner_block(array)
+            if block is None:
+                return
+        self._blocks[id(block)] = block
+
+    def _record(self):
+        """After the launch (the stream is alive): records each used block's event there."""
+        blocks = self._blocks
+        if blocks:
+            self._blocks = {}
+            if not _any_capture():
+                record, stream = _pool.record, self.stream
+                for block in blocks.values():
+                    record(block, stream)
+
+    def _same_device(self, obj, name):
+        """A framework array of the call's kind must be on the call's device; torch tensors
+        of the caller are recorded on a stream= that is not their current stream."""
+        if self.kind.device_index(obj) != self.index:
+            raise ValueError("%s is on device %d, the call's first array on device %d"
+                             % (name, self.kind.device_index(obj), self.index))
+        if self.record is not None:
+            obj.record_stream(self.record)
 
     def optional_input(self, obj, name, size, dtype=None, need=None):
         """The device address of an optional input of `size` values (a bias, zero points): 0 for
@@ -1124,8 +1906,8 @@ class _Call:
 
     def workspace(self, given, nbytes):
         """(device address, bytes) of scratch memory for the launch: `given` (a CUDA array of at
-        least nbytes bytes), or a new buffer that lives as long as the temporaries do (until the
-        call's work is done)."""
+        least nbytes bytes), or a new buffer for the call (from the call's allocator, reused
+        only after the call's work)."""
         if given is not None:
             ptr, shape, dtype, readonly, _ = _cai(given, "workspace")
             have = math.prod(shape) * dtype.itemsize
@@ -1133,39 +1915,65 @@ class _Call:
                 raise ValueError("workspace has %d bytes; the call needs %d" % (have, nbytes))
             if readonly:
                 raise ValueError("workspace is read-only")
+            if self.kind is not None and _kind(given) is self.kind:
+                self._same_device(given, "workspace")
+            elif isinstance(given, DeviceArray):
+                self._use(given)
             return ptr, have
-        dev = DeviceArray.empty((max(nbytes, 1),), np.uint8)   # cudaMalloc: 256-byte aligned
+        # Both the pool's blocks and torch's and CuPy's allocations are 256-byte aligned.
+        if self.kind is not None:
+            buffer, ptr = self.kind.empty((max(nbytes, 1),), np.uint8, None, self.like)
+            self._keep.append(buffer)
+            return ptr, nbytes
+        dev = DeviceArray.empty((max(nbytes, 1),), np.uint8, stream=self.stream)
         self._temps.append(dev)
+        self._use(dev)
         return dev.ptr, nbytes
 
     def output(self, shape, np_dtype, ck_dtype, out, name):
-        """An output: out= if given (checked), else a new DeviceArray or NumPy array."""
+        """An output: out= if given (checked), else a new array of the call's kind."""
         np_dtype = np.dtype(np_dtype)
-        want_ck = ck_dtype if ck_dtype == DType.BF16 else None
         if out is None:
+            if self.kind is not None:
+                result, ptr = self.kind.empty(shape, np_dtype, ck_dtype, self.like)
+                return _Arg(ptr, shape, np_dtype, ck_dtype, result)
+            want_ck = ck_dtype if ck_dtype == DType.BF16 else None
             if self.device:
-                dev = DeviceArray.empty(shape, np_dtype, want_ck)
-                dev.stream = self.stream
+                dev = DeviceArray.empty(shape, np_dtype, want_ck, stream=self.stream)
+                self._use(dev)
                 return _Arg(dev.ptr, shape, np_dtype, ck_dtype, dev)
-            host = np.empty(shape, np_dtype)
+            if self.host_kind is not None:
+                result, host = self.host_kind.host_empty(shape, np_dtype, ck_dtype)
+            else:
+                result = host = np.empty(shape, np_dtype)
         elif _is_device(out):
             ptr, oshape, odtype, readonly, _ = _cai(out, "out " + name)
             self._check_out(name, oshape, odtype, shape, np_dtype)
             if readonly:
                 raise ValueError("out %s is read-only" % name)
+            if self.kind is not None and _kind(out) is self.kind:
+                self._same_device(out, "out " + name)
+            elif isinstance(out, DeviceArray):
+                self._use(out)
             return _Arg(ptr, shape, np_dtype, ck_dtype, out)
         else:
-            host = out
-            if not isinstance(host, np.ndarray):
+            result = out
+            out_kind = _kind(out)
+            if out_kind is not None:
+                host = out_kind.host_array(out, "out " + name)
+            elif isinstance(out, np.ndarray):
+                host = out
+            else:
                 raise TypeError("out %s must be a numpy.ndarray or a CUDA array, not %s"
                                 % (name, type(out).__name__))
             self._check_out(name, host.shape, host.dtype, shape, np_dtype)
             if not host.flags.c_contiguous or not host.flags.writeable:
                 raise ValueError("out %s must be C-contiguous and writeable" % name)
-        dev = DeviceArray.empty(shape, np_dtype, want_ck)
+        dev = DeviceArray.empty(shape, np_dtype, ck_dtype if ck_dtype == DType.BF16 else None,
+                                stream=self.stream)
         self._temps.append(dev)
         self._downloads.append((dev, host))
-        return _Arg(dev.ptr, shape, np_dtype, ck_dtype, host)
+        return _Arg(dev.ptr, shape, np_dtype, ck_dtype, result)
 
     @staticmethod
     def _check_out(name, shape, dtype, want_shape, want_dtype):
@@ -1175,33 +1983,33 @@ class _Call:
             raise ValueError("out %s has shape %s, needs %s" % (name, shape, want_shape))
 
     def finish(self, *args):
-        """Downloads host results, releases temporaries, returns each argument's result."""
-        for dev, host in self._downloads:
-            cuda.memcpy_dtoh(host, dev.ptr, stream=self.stream)
+        """Records the use of pool blocks (or, after downloads, which wait for the stream,
+        nothing), downloads host results, releases temporaries, returns each argument's
+        result."""
+        if self._downloads:
+            self._blocks = {}   # memcpy_dtoh waits for the stream: their work will be done
+            for dev, host in self._downloads:
+                cuda.memcpy_dtoh(host, dev.ptr, stream=self.stream)
+        elif self._blocks:
+            self._record()
         results = [a.result if a is not None else None for a in args]
-        returned = [t for t in self._temps if any(t is r for r in results)]
-        self._temps = [t for t in self._temps if not any(t is r for r in returned)]
-        keeper = next((r for r in results if isinstance(r, DeviceArray) and r._owner), None)
-        if self._downloads or keeper is None:
-            self._release(sync=bool(self._temps) and not self._downloads)
-        else:
-            # Device results: the work may still be in flight, so what it reads lives as long
-            # as the first result does.
-            extra = self._temps + [r for r in returned if r is not keeper]
-            if extra:
-                keeper._base = (keeper._base, extra)
-            self._temps = []
+        if self._temps:
+            self._temps = [t for t in self._temps if not any(t is r for r in results)]
+            keeper = next((r for r in results if isinstance(r, DeviceArray) and r._owner), None)
+            if self._temps and keeper is not None and _any_capture():
+                # A captured graph reads them at every replay: they live as long as the result.
+                keeper._base = (keeper._base, self._temps)
+                self._temps = []
+            else:
+                # After a download the stream's work is done: the buffers are idle at once.
+                # Otherwise the pool reuses them in the stream's order.
+                self._release(idle=bool(self._downloads))
         return results[0] if len(results) == 1 else tuple(results)
 
-    def _release(self, sync):
-        if sync:
-            try:
-                cuda.stream_synchronize(self.stream)
-            except CUDAError:
-                pass
+    def _release(self, idle):
         temps, self._temps = self._temps, []
         for dev in temps:
-            dev.free()
+            dev._free(idle)
 
 
 def _granularity(value, scales_size=None, rows=None):
@@ -1707,18 +2515,24 @@ def gemm_int4_scaled(a_packed, b_packed, scale_a, scale_b, bias=None, activation
 def _layer_host_cast(a, dtype):
     """Host data for a layer of `dtype`: float32 NumPy data for an fp16 layer becomes fp16 (bf16
     data must come as uint16); anything else as it is."""
-    if not _is_device(a) and dtype == DType.FP16 and np.asarray(a).dtype == np.float32:
-        return np.asarray(a).astype(np.float16)
+    if not _is_device(a) and dtype == DType.FP16:
+        a = _host_data(a, "x")
+        if a.dtype == np.float32:
+            return a.astype(np.float16)
     return a
 
 
-def _layer_host_result(y, out):
-    """A layer's NumPy result of its device result y: downloaded, into `out` when given."""
+def _layer_host_result(y, out, host_kind=None):
+    """A layer's host result of its device result y: downloaded into `out` when given (NumPy or
+    a CPU tensor), else a NumPy array, or a CPU array of host_kind's framework when the input
+    was one."""
     result = y.to_numpy()
-    if out is None:
-        return result
-    out[...] = result.reshape(out.shape)
-    return out
+    if out is not None:
+        out_kind = _kind(out)
+        host_out = out_kind.host_array(out, "out") if out_kind is not None else out
+        host_out[...] = result.reshape(host_out.shape)
+        return out
+    return host_kind.from_host(result, y.ck_dtype) if host_kind is not None else result
 
 
 class QuantizedLinear:
@@ -1726,14 +2540,19 @@ class QuantizedLinear:
 
     Build it from a float weight (:meth:`from_float`, quantized on the device with
     :func:`quantize_int4`) or from checkpoint tensors (:meth:`from_gptq`, :meth:`from_awq`);
-    call it on NumPy arrays (NumPy out) or CUDA arrays (DeviceArray out). dtype is the layer's
-    activation dtype, fp16 or bf16; in_features must be a multiple of 32.
+    the layer's arrays are of the kind of the weight given (torch tensors for torch tensors,
+    DeviceArrays for NumPy data). Call it on NumPy arrays (NumPy out), torch or CuPy arrays
+    (a tensor or array of theirs out, on their current stream) or other CUDA arrays
+    (DeviceArray out). dtype is the layer's activation dtype, fp16 or bf16; in_features must be
+    a multiple of 32. Under torch.compile a call is the custom operator
+    cuda_kernels::w4a16_linear (:func:`torch_ops`).
     """
 
     def __init__(self, w_packed, scales, zeros, group_size, dtype, bias=None, activation=None,
                  perm=None):
         """From an interchange-format weight already on the device (DeviceArrays or CUDA
-        arrays): w_packed [N, K / 2], scales [N, groups], zeros or None; perm from GPTQ."""
+        arrays): w_packed [N, K / 2], scales [N, groups], zeros or None; perm from GPTQ. A host
+        bias or perm is uploaded into an array of the weight's kind."""
         self.dtype = _as_dtype_enum(dtype, "dtype")
         if self.dtype not in (DType.FP16, DType.BF16):
             raise TypeError("QuantizedLinear runs in fp16 or bf16, not %s" % self.dtype.name)
@@ -1743,9 +2562,14 @@ class QuantizedLinear:
         self.activation = _activation(activation)
         self.weight = w_packed, scales, zeros   # the interchange format (dequantize_int4 reads it)
         self.prepacked = w4a16_prepack(w_packed, scales, zeros, group_size, dtype=self.dtype)
+        like = self.prepacked[0]
         self.bias = None if bias is None else _to_device(_layer_host_cast(bias, self.dtype),
-                                                         self.dtype)
-        self.perm = None if perm is None else _to_device(perm, None)
+                                                         self.dtype, like)
+        self.perm = None if perm is None else _to_device(perm, None, like)
+        self._launch = None          # what every call passes the library (_launch_arguments)
+        self._torch_tensors = None   # the custom operator and its tensors (_torch_arguments)
+        if getattr(_kind(like), "name", None) == "torch":
+            self._torch_arguments()
 
     @classmethod
     def from_float(cls, weight, bias=None, group_size=128, symmetric=True, dtype=None,
@@ -1753,10 +2577,12 @@ class QuantizedLinear:
         """weight [out_features, in_features] (nn.Linear layout) in fp16 or bf16 (uint16 bit
         patterns with dtype="bf16"); float32 NumPy weights are converted to fp16 first. bias:
         None or out_features values."""
-        if not _is_device(weight) and np.asarray(weight).dtype == np.float32 and dtype is None:
-            weight = np.asarray(weight).astype(np.float16)
+        if not _is_device(weight):
+            weight = _host_data(weight, "weight")
+            if weight.dtype == np.float32 and dtype is None:
+                weight = weight.astype(np.float16)
         wd = _to_device(weight, dtype)
-        layer_dtype = wd.ck_dtype
+        layer_dtype = _device_ck_dtype(wd, dtype, "weight")
         w, s, z = quantize_int4(wd, group_size=group_size, symmetric=symmetric,
                                 dtype=layer_dtype)
         return cls(w, s, z, group_size, layer_dtype, bias=bias, activation=activation)
@@ -1766,24 +2592,43 @@ class QuantizedLinear:
                   dtype=None, activation=None):
         """From GPTQ tensors (see :func:`import_gptq`); an act-order g_idx is honoured by
         gathering the input columns before each product."""
-        dev = [_to_device(a, None) for a in (qweight, qzeros)]
-        sd = _to_device(scales, dtype)
-        gd = None if g_idx is None else np.asarray(g_idx) if not _is_device(g_idx) else g_idx
-        w, s, z, perm = import_gptq(dev[0], dev[1], sd, g_idx=gd, group_size=group_size)
-        return cls(w, s, z, group_size, sd.ck_dtype, bias=bias, activation=activation,
-                   perm=perm)
+        like = next((a for a in (qweight, qzeros, scales) if _is_device(a)), None)
+        dev = [_to_device(a, None, like) for a in (qweight, qzeros)]
+        sd = _to_device(scales, dtype, like)
+        gd = None if g_idx is None else _host_data(g_idx, "g_idx") if not _is_device(g_idx) \
+            else g_idx
+        w, s, z, perm = import_gptq(dev[0], dev[1], sd, g_idx=gd, group_size=group_size,
+                                    dtype=dtype)
+        return cls(w, s, z, group_size, _device_ck_dtype(sd, dtype, "scales"), bias=bias,
+                   activation=activation, perm=perm)
 
     @classmethod
     def from_awq(cls, qweight, qzeros, scales, bias=None, group_size=128, dtype=None,
                  activation=None):
         """From AWQ tensors (see :func:`import_awq`)."""
-        dev = [_to_device(a, None) for a in (qweight, qzeros)]
-        sd = _to_device(scales, dtype)
-        w, s, z = import_awq(dev[0], dev[1], sd, group_size=group_size)
-        return cls(w, s, z, group_size, sd.ck_dtype, bias=bias, activation=activation)
+        like = next((a for a in (qweight, qzeros, scales) if _is_device(a)), None)
+        dev = [_to_device(a, None, like) for a in (qweight, qzeros)]
+        sd = _to_device(scales, dtype, like)
+        w, s, z = import_awq(dev[0], dev[1], sd, group_size=group_size, dtype=dtype)
+        return cls(w, s, z, group_size, _device_ck_dtype(sd, dtype, "scales"), bias=bias,
+                   activation=activation)
 
     def __call__(self, x, out=None, stream=None):
         """x [M, in_features] (or [in_features]) in the layer's dtype -> [M, out_features]."""
+        if _torch_compiling():
+            return self._torch_call(x, out, stream)
+        kind = _kind(x)
+        host_kind = None
+        if kind is not None:
+            if kind.on_device(x):
+                if self._torch_tensors is None and kind.name == "torch":
+                    self._torch_arguments()
+                if out is None and stream is None:
+                    y = self._fast_call(kind, x)
+                    if y is not None:
+                        return y
+            else:   # a CPU tensor: its data goes the NumPy way, the result comes back a tensor
+                host_kind, x = kind, kind.host_array(x, "x")
         on_host = not _is_device(x)
         xd = _to_device(_layer_host_cast(x, self.dtype), self.dtype) if on_host else x
         if self.perm is not None:
@@ -1792,7 +2637,85 @@ class QuantizedLinear:
         y = gemm_w4a16_prepacked(xd, w, s, z, n=self.out_features, group_size=self.group_size,
                                  bias=self.bias, activation=self.activation,
                                  out=None if on_host else out, dtype=self.dtype, stream=stream)
-        return _layer_host_result(y, out) if on_host else y
+        return _layer_host_result(y, out, host_kind) if on_host else y
+
+    def _launch_arguments(self):
+        """(the arrays they were read from, device of the weight or None when not known, and
+        the addresses of w, scales, zeros, bias and perm (0: none), the int4 mode): what every
+        call passes the library, read once (again only if an attribute is replaced)."""
+        w, s, z = self.prepacked
+        arrays = (self.prepacked, self.bias, self.perm)
+        ptrs = tuple(0 if a is None else _cai(a, name)[0] for a, name in (
+            (w, "w_prepacked"), (s, "scales_prepacked"), (z, "zeros_prepacked"),
+            (self.bias, "bias"), (self.perm, "perm")))
+        mode = INT4_SYMMETRIC if z is None else INT4_ASYMMETRIC
+        for a in (w, s, z, self.bias, self.perm):   # read by _fast_call, which records nothing
+            _untrack(a)
+        self._launch = (arrays, _device_of(w)) + ptrs + (mode,)
+        return self._launch
+
+    def _fast_call(self, kind, x):
+        """The common call without _Call: a C-contiguous CUDA array of the layer's dtype with
+        in_features columns, on the weight's device (the current device), on its framework's
+        current stream; the result (and a permuted copy of x) from its framework. None where
+        any of that does not hold: the general path takes the call (and says what is wrong)."""
+        launch = self._launch
+        if launch is None or launch[0][0] is not self.prepacked or \
+                launch[0][1] is not self.bias or launch[0][2] is not self.perm:
+            launch = self._launch_arguments()
+        _, device, w, s, z, bias, perm, mode = launch
+        try:
+            ptr, shape, np_dtype = kind.view(x, "x")
+            _ck_dtype(x, np_dtype, self.dtype, "x")
+        except (TypeError, ValueError):
+            return None
+        k, n = self.in_features, self.out_features
+        if len(shape) == 2:
+            m, out_shape = shape[0], (shape[0], n)
+        elif len(shape) == 1:
+            m, out_shape = 1, (n,)
+        else:
+            return None
+        index = kind.device_index(x)
+        if shape[-1] != k or m == 0 or (device is not None and index != device) or \
+                kind.current_device() != index:
+            return None
+        stream = kind.stream(index)
+        lib = load_library()
+        y, y_ptr = kind.empty(out_shape, np_dtype, self.dtype, x)
+        if perm:
+            permuted, permuted_ptr = kind.empty(shape, np_dtype, self.dtype, x)
+            lib.ck_permute_columns(ptr, self.dtype, m, k, perm, permuted_ptr, stream)
+            ptr = permuted_ptr
+        lib.ck_gemm_w4a16_prepacked(ptr, self.dtype, w, s, z, self.group_size, mode, bias,
+                                    self.activation, m, n, k, y_ptr, stream)
+        return y
+
+    def _torch_arguments(self):
+        """Sets _torch_tensors to (the custom operator, w, scales, zeros, bias, perm as torch
+        tensors): what a call under torch.compile passes cuda_kernels::w4a16_linear. Made
+        outside the trace: when the layer is built from torch tensors, or at its first call on
+        one (False where this torch has no custom operators, or cannot view the arrays)."""
+        w, s, z = self.prepacked
+        try:
+            self._torch_tensors = (torch_ops().w4a16_linear,) + tuple(
+                None if a is None else
+                _as_torch(a, self.dtype if a is s or a is self.bias else None)
+                for a in (w, s, z, self.bias, self.perm))
+        except (RuntimeError, TypeError, ValueError):   # eager calls do not need them
+            self._torch_tensors = False
+
+    def _torch_call(self, x, out, stream):
+        """A call while torch.compile traces: the custom operator, one node of the graph."""
+        if out is not None or stream is not None:
+            raise ValueError("QuantizedLinear under torch.compile takes no out= or stream= "
+                             "(the operator returns a new tensor on the current stream)")
+        if not self._torch_tensors:
+            raise RuntimeError("QuantizedLinear under torch.compile needs its weights as torch "
+                               "tensors and torch 2.4 or later: build the layer from torch "
+                               "tensors, or call it once on a torch tensor before compiling")
+        op, w, s, z, bias, perm = self._torch_tensors
+        return op(x, w, s, z, bias, perm, self.out_features, self.group_size, self.activation)
 
     def __repr__(self):
         return ("QuantizedLinear(in_features=%d, out_features=%d, group_size=%d, dtype=%s%s)"
@@ -1800,15 +2723,162 @@ class QuantizedLinear:
                    self.dtype.name.lower(), ", act-order" if self.perm is not None else ""))
 
 
-def _to_device(a, dtype):
-    """A CUDA array as it is, or a NumPy array uploaded to a DeviceArray (ck dtype `dtype`)."""
+def _host_data(a, name):
+    """Host data as NumPy: a torch CPU tensor's (bfloat16 as uint16 bits), or np.asarray."""
+    kind = _kind(a)
+    return kind.host_array(a, name) if kind is not None else np.asarray(a)
+
+
+def _device_of(a):
+    """The device index of a CUDA array where it is known (framework arrays, pool arrays)."""
+    kind = _kind(a)
+    if kind is not None:
+        return kind.device_index(a)
+    block = getattr(a, "_block", None)
+    return block.device if isinstance(block, _Block) else None
+
+
+def _device_ck_dtype(a, dtype, name):
+    """The library dtype of a CUDA array (dtype: the override given, if any)."""
+    override = _as_dtype_enum(dtype, "dtype") if dtype is not None else None
+    return _ck_dtype(a, _cai(a, name)[2], override, name)
+
+
+def _to_device(a, dtype, like=None):
+    """A CUDA array as it is; host data (NumPy, a torch CPU tensor) uploaded with ck dtype
+    `dtype`: into an array of the kind of `like` (a torch or CuPy array: on its device, on its
+    framework's current stream) when one is given, else into a DeviceArray."""
     if _is_device(a):
         return a
-    a = np.ascontiguousarray(a)
+    a = np.ascontiguousarray(_host_data(a, "data"))
     ck_dtype = _as_dtype_enum(dtype, "dtype") if dtype is not None else None
     if ck_dtype == DType.BF16 and a.dtype != np.uint16:
         raise TypeError("bf16 data is held as uint16 bit patterns, not %s" % a.dtype)
+    kind = _kind(like) if like is not None else None
+    if kind is not None and kind.on_device(like):
+        buffer, ptr = kind.empty(a.shape, a.dtype, ck_dtype, like)
+        cuda.memcpy_htod(ptr, a, stream=kind.stream(kind.device_index(like)))
+        return buffer
     return DeviceArray.from_numpy(a, ck_dtype=ck_dtype)
+
+
+def _as_torch(a, ck_dtype):
+    """A torch CUDA tensor of the device array a (itself if it is one; else a view of its
+    memory that keeps it alive); bf16 data (ck_dtype BF16, or a DeviceArray's) as bfloat16."""
+    kind = _kind(a)
+    if kind is not None and kind.name == "torch":
+        return a
+    torch = _torch_module()
+    ptr, shape, dtype, _, _ = _cai(a, "array")
+    _untrack(a)   # torch uses it on its streams, which the pool does not see
+    bf16 = ck_dtype == DType.BF16 or getattr(a, "ck_dtype", None) == DType.BF16
+    # torch reads every integer typestr of the interface; bfloat16 travels as int16 bits.
+    view = _InterfaceView(ptr, shape, np.dtype(np.int16) if bf16 else dtype, a)
+    t = torch.as_tensor(view)   # on the device that holds the memory
+    return t.view(torch.bfloat16) if bf16 else t
+
+
+class _InterfaceView:
+    """A bare __cuda_array_interface__ over another array's memory (owner: kept alive)."""
+
+    def __init__(self, ptr, shape, dtype, owner):
+        self.__cuda_array_interface__ = dict(shape=tuple(shape), typestr=dtype.str,
+                                             data=(ptr, False), strides=None, version=2)
+        self.owner = owner
+
+
+# ------------------------------------------------------------------------------------------------
+# torch custom operators (torch.compile, CUDA graphs)
+# ------------------------------------------------------------------------------------------------
+_TORCH_OPS = []   # torch.ops.cuda_kernels, once registered
+
+
+def _torch_module():
+    """torch (imported here only on a path that asked for torch)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        import torch  # noqa: PLC0415 - never at import: torch is no dependency of this module
+    return torch
+
+
+def torch_ops():
+    """Registers (once) the library's layers as torch custom operators and returns their
+    namespace, torch.ops.cuda_kernels. torch.compile traces each as one node, with the output
+    shape from its fake implementation, and CUDA graphs (torch.cuda.graph, mode="reduce-
+    overhead") capture it: the operators allocate through torch on the current stream.
+
+    * w4a16_linear(x, w_prepacked, scales_prepacked, zeros_prepacked, bias, perm, n,
+      group_size, activation) -> Tensor: QuantizedLinear's forward (perm: a GPTQ act-order
+      gather of x's columns, or None; activation: ACTIVATION_NONE / ACTIVATION_RELU).
+    * moe_forward(x, w13, w13_scales, w13_zeros, w2, w2_scales, w2_zeros, experts,
+      intermediate, group_size, router_logits, top_k, renormalize, topk_ids, topk_weights)
+      -> Tensor: :func:`moe_forward` (w13, w2: the moe_prepack triples, spelled out).
+
+    QuantizedLinear and moe_forward call them by themselves while torch.compile traces them.
+    They are registered the first time a torch tensor reaches this module, or here; this
+    imports torch (nothing else in the module does). Needs torch 2.4 or later.
+    """
+    if _TORCH_OPS:
+        return _TORCH_OPS[0]
+    torch = _torch_module()
+    with _lib_lock:
+        if not _TORCH_OPS:
+            if not hasattr(torch.library, "custom_op"):
+                raise RuntimeError("torch %s has no torch.library.custom_op: the operators "
+                                   "need torch 2.4 or later" % torch.__version__)
+            try:   # registered already by another copy of this module (a reload)
+                torch.ops.cuda_kernels.w4a16_linear
+                torch.ops.cuda_kernels.moe_forward
+            except (AttributeError, RuntimeError):
+                _register_torch_ops(torch)
+            _TORCH_OPS.append(torch.ops.cuda_kernels)
+    return _TORCH_OPS[0]
+
+
+def _register_torch_ops(torch):
+    import typing  # noqa: PLC0415 - the operators' annotations are their schemas
+
+    Tensor, Optional = torch.Tensor, typing.Optional
+
+    @torch.library.custom_op("cuda_kernels::w4a16_linear", mutates_args=())
+    def w4a16_linear(x: Tensor, w_prepacked: Tensor, scales_prepacked: Tensor,
+                     zeros_prepacked: Optional[Tensor], bias: Optional[Tensor],
+                     perm: Optional[Tensor], n: int, group_size: int,
+                     activation: int) -> Tensor:
+        if perm is not None:
+            x = permute_columns(x, perm)
+        return gemm_w4a16_prepacked(x, w_prepacked, scales_prepacked, zeros_prepacked, n=n,
+                                    group_size=group_size, bias=bias, activation=activation)
+
+    @w4a16_linear.register_fake
+    def _(x, w_prepacked, scales_prepacked, zeros_prepacked, bias, perm, n, group_size,
+          activation):
+        return x.new_empty(tuple(x.shape[:-1]) + (n,))
+
+    @torch.library.custom_op("cuda_kernels::moe_forward", mutates_args=())
+    def moe(x: Tensor, w13: Tensor, w13_scales: Tensor, w13_zeros: Optional[Tensor],
+            w2: Tensor, w2_scales: Tensor, w2_zeros: Optional[Tensor], experts: int,
+            intermediate: int, group_size: int, router_logits: Optional[Tensor],
+            top_k: Optional[int], renormalize: bool, topk_ids: Optional[Tensor],
+            topk_weights: Optional[Tensor]) -> Tensor:
+        return moe_forward(x, (w13, w13_scales, w13_zeros), (w2, w2_scales, w2_zeros), experts,
+                           intermediate, group_size=group_size, router_logits=router_logits,
+                           top_k=top_k, renormalize=renormalize, topk_ids=topk_ids,
+                           topk_weights=topk_weights)
+
+    @moe.register_fake
+    def _(x, w13, w13_scales, w13_zeros, w2, w2_scales, w2_zeros, experts, intermediate,
+          group_size, router_logits, top_k, renormalize, topk_ids, topk_weights):
+        return x.new_empty(x.shape)
+
+
+def _registered_op(name):
+    """torch.ops.cuda_kernels.<name>, for a call while torch.compile traces (registration
+    itself must happen before: it cannot be traced)."""
+    if not _TORCH_OPS:
+        raise RuntimeError("the cuda_kernels torch operators are not registered: call "
+                           "cuda_wrapper.torch_ops() before torch.compile")
+    return getattr(_TORCH_OPS[0], name)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1929,11 +2999,20 @@ def moe_forward(x, w13, w2, experts, intermediate, group_size=128, router_logits
     bit patterns) with top_k and renormalize, routed on the device as :func:`moe_route` does;
     or topk_ids int32 [T, k] and topk_weights float32 [T, k] (an id outside [0, E) is a
     pair that contributes nothing).
-    workspace: None allocates :func:`moe_workspace_size` bytes for the call (kept until its
-    work is done); a CUDA array of at least that many bytes, 256-byte aligned (as cudaMalloc
-    returns), is used instead (no allocation: what CUDA graph capture needs).
-    Returns [T, H] (or [H]) in the dtype of x.
+    workspace: None allocates :func:`moe_workspace_size` bytes for the call, from the
+    allocator of x's kind (torch's, CuPy's or the DeviceArray pool: reused only after the
+    call's work); a CUDA array of at least that many bytes, 256-byte aligned (as cudaMalloc
+    returns), is used instead (no allocation: what a capture by cuda.graph_capture needs).
+    Returns [T, H] (or [H]) in the dtype of x. Under torch.compile a call is the custom
+    operator cuda_kernels::moe_forward (:func:`torch_ops`).
     """
+    if _torch_compiling():
+        if workspace is not None or out is not None or stream is not None:
+            raise ValueError("moe_forward under torch.compile takes no workspace=, out= or "
+                             "stream= (the operator allocates through torch)")
+        return _registered_op("moe_forward")(
+            x, w13[0], w13[1], w13[2], w2[0], w2[1], w2[2], int(experts), int(intermediate),
+            int(group_size), router_logits, top_k, bool(renormalize), topk_ids, topk_weights)
     if (router_logits is None) == (topk_ids is None and topk_weights is None):
         raise ValueError("give router_logits (with top_k), or topk_ids and topk_weights: "
                          "exactly one routing")
@@ -1999,16 +3078,212 @@ def _stacked(a, name, dtype):
     return view, shape
 
 
+# The projections of one expert, by the names checkpoints give them: Hugging Face's
+# (experts.<e>.gate_proj / up_proj / down_proj: Qwen-MoE, DeepSeek, OLMoE) or Mixtral's
+# (experts.<e>.w1 the gate, w3 the up, w2 the down projection).
+_MOE_PROJECTIONS = (("gate_proj", "w1"), ("up_proj", "w3"), ("down_proj", "w2"))
+_CHECKPOINT_TENSORS = {"gptq": ("qweight", "qzeros", "scales", "g_idx"),
+                       "awq": ("qweight", "qzeros", "scales")}
+
+
+def _checkpoint_projection(tensors, fmt, where):
+    """(qweight, qzeros, scales, g_idx or None) of one projection's checkpoint tensors: a
+    mapping by the checkpoint's names (g_idx optional) or a sequence in that order."""
+    names = _CHECKPOINT_TENSORS[fmt]
+    if hasattr(tensors, "keys"):
+        # Strict: a tensor the layer would leave out (a bias, AWQ with a g_idx) is an error.
+        unknown = [str(key) for key in tensors.keys() if key not in names]
+        if unknown:
+            raise ValueError("%s: unexpected %s (a %s projection holds %s)"
+                             % (where, ", ".join(unknown), fmt.upper(), ", ".join(names)))
+        missing = [name for name in names[:3] if name not in tensors]
+        if missing:
+            raise ValueError("%s has no %s" % (where, ", ".join(missing)))
+        found = [tensors.get(name) for name in names]
+    elif isinstance(tensors, (tuple, list)) and len(tensors) in (3, len(names)):
+        found = list(tensors)
+    else:
+        raise TypeError("%s must map %s to the checkpoint's tensors, or hold them in that order"
+                        % (where, ", ".join(names)))
+    return tuple(found) + (None,) * (4 - len(found))
+
+
+def _checkpoint_expert(expert, fmt, e):
+    """The (gate, up, down) projections of expert e: from a mapping by projection name
+    (_MOE_PROJECTIONS) or a (gate, up, down) sequence."""
+    where = "expert %d" % e
+    if hasattr(expert, "keys"):
+        known = {name for names in _MOE_PROJECTIONS for name in names}
+        unknown = [str(key) for key in expert.keys() if key not in known]
+        if unknown:
+            raise ValueError("%s: unexpected %s (an expert holds gate_proj, up_proj and "
+                             "down_proj, or Mixtral's w1, w3 and w2)"
+                             % (where, ", ".join(unknown)))
+        projections = []
+        for names in _MOE_PROJECTIONS:
+            present = [name for name in names if name in expert]
+            if len(present) != 1:
+                raise ValueError("%s needs exactly one of %s" % (where, " / ".join(names)))
+            projections.append((present[0], expert[present[0]]))
+    elif isinstance(expert, (tuple, list)) and len(expert) == 3:
+        projections = [(names[0], p) for names, p in zip(_MOE_PROJECTIONS, expert)]
+    else:
+        raise TypeError("%s must map gate_proj, up_proj and down_proj to their checkpoint "
+                        "tensors, or be a (gate, up, down) sequence" % where)
+    return [(where + " " + name, _checkpoint_projection(p, fmt, where + " " + name))
+            for name, p in projections]
+
+
+def _checkpoint_kn(qweight, fmt, where):
+    """(K, N) of a projection from its qweight's shape: GPTQ's [K / 8, N], AWQ's [K, N / 8]."""
+    shape = tuple(_cai(qweight, where + " qweight")[1] if _is_device(qweight)
+                  else np.shape(qweight))
+    if len(shape) != 2 or 0 in shape:
+        raise ValueError("%s qweight must be a non-empty int32 matrix, not of shape %s"
+                         % (where, shape))
+    return (8 * shape[0], shape[1]) if fmt == "gptq" else (shape[0], 8 * shape[1])
+
+
+def _scales_dtype(scales, dtype, where):
+    """The library dtype the importer will see in a projection's scales (None: not a float)."""
+    name = where + " scales"
+    override = _as_dtype_enum(dtype, "dtype") if dtype is not None else None
+    np_dtype = _cai(scales, name)[2] if _is_device(scales) else np.asarray(scales).dtype
+    return _ck_dtype(scales, np_dtype, override, name)
+
+
+def _host_copy(a, name):
+    """A NumPy copy of a host or device array (a small one: it is read on the host)."""
+    if isinstance(a, DeviceArray):
+        return a.to_numpy()
+    if _is_device(a):
+        ptr, shape, dtype, _, stream = _cai(a, name)
+        return DeviceArray(ptr, shape, dtype, stream=stream, base=a).to_numpy()
+    return np.asarray(a)
+
+
+def _check_trivial_g_idx(g_idx, k, group_size, where):
+    """A GPTQ g_idx the fused layer can take: the groups of consecutive rows (k // group_size)
+    that GPTQ stores without act-order, which says nothing the group size does not."""
+    _groups(k, group_size)   # a valid group size
+    g = _host_copy(g_idx, where + " g_idx").reshape(-1)
+    if g.size != k:
+        raise ValueError("%s g_idx has %d entries, needs K=%d" % (where, g.size, k))
+    width = k if group_size == GROUP_ROW else int(group_size)
+    if np.array_equal(g, np.arange(k) // width):
+        return
+    if g[0] == 0 and (np.diff(g) >= 0).all():   # consecutive rows, another group size
+        raise ValueError("%s g_idx groups the rows in runs of %d, not group_size=%r: pass the "
+                         "checkpoint's group_size" % (where, int((g == 0).sum()), group_size))
+    raise ValueError(
+        "%s has an act-order g_idx (GPTQ desc_act: its groups are not runs of consecutive "
+        "rows). QuantizedMoE cannot take it: the importer would give that expert a permutation "
+        "of its input (x, or h for down_proj) that the fused layer, whose experts share one "
+        "input, cannot apply. Use a checkpoint quantized without desc_act, or that expert's "
+        "projections as QuantizedLinear.from_gptq layers" % where)
+
+
+def _expert_stack(a, experts, rows):
+    """An uninitialized DeviceArray [experts, rows, ...] for E experts' copies of a [n, ...]."""
+    return DeviceArray.empty((experts, rows) + a.shape[1:], a.dtype,
+                             a.ck_dtype if a.ck_dtype == DType.BF16 else None)
+
+
+def _copy_into(dst, offset, src):
+    """Copies the whole device array src into dst's bytes from `offset` on (device to device,
+    on the stream that wrote src)."""
+    if offset < 0 or offset + src.nbytes > dst.nbytes:
+        raise ValueError("%d bytes at offset %d do not fit in %d" % (src.nbytes, offset,
+                                                                    dst.nbytes))
+    cuda.memcpy_dtod(dst.ptr + offset, src.ptr, src.nbytes, stream=src.stream or None)
+    for array in (dst, src):
+        _record_use(array, src.stream)
+
+
+def _device_view(a, dtype):
+    """A DeviceArray of a: host data uploaded, a DeviceArray itself, any other CUDA array a
+    view of its memory that keeps it alive."""
+    a = _to_device(a, dtype)
+    if type(a) is DeviceArray:
+        return a
+    ptr, shape, np_dtype, _, _ = _cai(a, "checkpoint tensor")
+    override = _as_dtype_enum(dtype, "dtype") if dtype is not None else None
+    ck_dtype = _ck_dtype(a, np_dtype, override, "checkpoint tensor")
+    return DeviceArray(ptr, shape, np_dtype, ck_dtype, base=a)
+
+
+def _moe_from_checkpoint(experts, fmt, group_size, dtype):
+    """(w13 triple, w2 triple): the stacked interchange tensors of E experts' GPTQ or AWQ
+    tensors (see QuantizedMoE.from_gptq), imported expert by expert and copied on the device
+    into one allocation per tensor."""
+    if hasattr(experts, "keys") or isinstance(experts, (str, bytes)):
+        raise TypeError("experts must be a sequence of E experts (entry e: expert e)")
+    parsed = [_checkpoint_expert(expert, fmt, e) for e, expert in enumerate(experts)]
+    if not parsed:
+        raise ValueError("experts is empty: a layer needs at least one expert")
+    # Everything the host can check is checked before anything is uploaded or launched.
+    first, first_tensors = parsed[0][0]
+    hidden, inter = _checkpoint_kn(first_tensors[0], fmt, first)
+    layer_dtype = _scales_dtype(first_tensors[2], dtype, first)
+    wanted = ((hidden, inter), (hidden, inter), (inter, hidden))   # (K, N) of gate, up, down
+    for projections in parsed:
+        for (where, tensors), (k, n) in zip(projections, wanted):
+            got = _checkpoint_kn(tensors[0], fmt, where)
+            if got != (k, n):
+                raise ValueError("%s is a [N=%d, K=%d] weight; expert 0's gate_proj makes the "
+                                 "layer H=%d, I=%d, so it must be [N=%d, K=%d] (every expert "
+                                 "of one shape: gate_proj and up_proj [I, H], down_proj [H, I])"
+                                 % (where, got[1], got[0], hidden, inter, n, k))
+            scales_dtype = _scales_dtype(tensors[2], dtype, where)
+            if scales_dtype != layer_dtype:
+                raise TypeError("%s has %s scales, %s %s: the layer has one dtype" % (
+                    where, getattr(scales_dtype, "name", "non-float"), first,
+                    getattr(layer_dtype, "name", "non-float")))
+            if tensors[3] is not None:
+                _check_trivial_g_idx(tensors[3], k, group_size, where)
+    count = len(parsed)
+    w13 = w2 = None
+    cuda.device_synchronize()   # the checkpoint's device tensors were written on any stream
+    for e, projections in enumerate(parsed):
+        uploaded, imported = [], []
+        for _, (qweight, qzeros, scales, _) in projections:
+            # DeviceArray views of framework tensors: the import and the stacking stay in
+            # DeviceArrays (a layer's weights), whatever framework the checkpoint came in.
+            qw, qz, sd = _device_view(qweight, None), _device_view(qzeros, None), \
+                _device_view(scales, dtype)
+            uploaded += [qw, qz, sd]
+            # A trivial g_idx (checked above) imports as no g_idx: the same groups, no perm.
+            imported.append(import_gptq(qw, qz, sd, group_size=group_size, dtype=dtype)[:3]
+                            if fmt == "gptq" else
+                            import_awq(qw, qz, sd, group_size=group_size, dtype=dtype))
+        if w13 is None:   # [E, rows, ...] of each interchange tensor, in its dtype
+            w13 = [_expert_stack(a, count, 2 * inter) for a in imported[0]]
+            w2 = [_expert_stack(a, count, hidden) for a in imported[2]]
+        gate, up, down = imported
+        for j in range(3):   # w_packed, scales, zeros: per expert, the gate rows, then the up
+            block = w13[j].nbytes // count
+            _copy_into(w13[j], e * block, gate[j])
+            _copy_into(w13[j], e * block + gate[j].nbytes, up[j])
+            _copy_into(w2[j], e * (w2[j].nbytes // count), down[j])
+        # The next iteration frees this expert's uploads and imports: their work must be done.
+        for stream in {a.stream or 0 for triple in imported for a in triple}:
+            cuda.stream_synchronize(stream)
+    return tuple(w13), tuple(w2)
+
+
 class QuantizedMoE:
     """A Mixture-of-experts feed-forward layer (Mixtral / Qwen-MoE / DeepSeek style) whose INT4
     experts live on the GPU, prepacked: out[t] = sum over the top_k experts e of token t of
     w[t, e] * (silu(x W1_e^T) * (x W3_e^T)) W2_e^T (:func:`moe_forward`).
 
     Build it from float weights (:meth:`from_float`, quantized on the device with
-    :func:`quantize_int4`) or from interchange-format weights on the device; call it on NumPy
-    arrays (NumPy out) or CUDA arrays (DeviceArray out) with router logits or with the caller's
-    expert ids and weights. dtype is the layer's activation dtype, fp16 or bf16; hidden and
-    intermediate sizes must be multiples of 32.
+    :func:`quantize_int4`), from each expert's GPTQ or AWQ checkpoint tensors
+    (:meth:`from_gptq`, :meth:`from_awq`, imported on the device and stacked there) or from
+    interchange-format weights on the device; call it on NumPy arrays (NumPy out) or CUDA
+    arrays (DeviceArray out) with router logits or with the caller's expert ids and weights.
+    dtype is the layer's activation dtype, fp16 or bf16; hidden and intermediate sizes must be
+    multiples of 32. Checkpoint layers are asymmetric (zero points from the checkpoint), and
+    GPTQ act-order checkpoints are refused (see :meth:`from_gptq`).
     """
 
     def __init__(self, w13_packed, w13_scales, w13_zeros, w2_packed, w2_scales, w2_zeros,
@@ -2053,6 +3328,59 @@ class QuantizedMoE:
         layer_dtype = quantized[1].ck_dtype   # w13's scales: the dtype of its weights
         return cls(*quantized, group_size, layer_dtype, top_k=top_k, renormalize=renormalize)
 
+    @classmethod
+    def from_gptq(cls, experts, group_size=128, dtype=None, top_k=2, renormalize=False):
+        """From E experts' 4-bit GPTQ tensors (:func:`import_gptq`), as a checkpoint holds
+        them under ``mlp.experts.<e>``.
+
+        experts: a sequence, entry e for expert e, each a mapping from projection name to its
+        tensors, ``{"gate_proj": ..., "up_proj": ..., "down_proj": ...}`` (Mixtral's names
+        ``w1`` gate, ``w3`` up, ``w2`` down are accepted too), or a (gate, up, down) sequence.
+        A projection's tensors: a mapping ``{"qweight", "qzeros", "scales"}`` with an optional
+        ``"g_idx"``, or a (qweight, qzeros, scales[, g_idx]) sequence; NumPy arrays or CUDA
+        arrays. gate_proj and up_proj are [I, H] weights (qweight int32 [H / 8, I]), down_proj
+        an [H, I] one (qweight [I / 8, H]); every expert has the same shapes, scales of one
+        dtype (fp16, or bf16: uint16 NumPy bit patterns with dtype="bf16"), which is the
+        layer's. For example, from a state dict ``sd`` and a layer prefix ``p``::
+
+            experts = [{proj: {t: sd[f"{p}.experts.{e}.{proj}.{t}"]
+                               for t in ("qweight", "qzeros", "scales")}
+                        for proj in ("gate_proj", "up_proj", "down_proj")}
+                       for e in range(num_experts)]
+
+        Zero points follow :func:`import_gptq`: GPTQ's v1 convention (AutoGPTQ,
+        GPTQ-for-LLaMa), stored minus one and imported as stored + 1, in 1 .. 16. A symmetric
+        checkpoint (sym=True) stores 7 everywhere, zero point 8; it imports like any other, so
+        the layer is always asymmetric (zeros given), with exactly the checkpoint's values
+        w = (q - zero) * scale. (A checkpoint in the v2 convention, zeros stored as they are,
+        must be converted to v1 first.)
+
+        g_idx: None, or the trivial k // group_size that GPTQ stores without act-order (then
+        the same groups: it is not needed). An act-order g_idx (desc_act) raises ValueError:
+        it makes the importer permute that expert's input (x for gate/up, h for down), which
+        the fused layer, whose experts share one input, cannot apply. Everything checkable on
+        the host (the shapes, g_idx) is checked before anything is uploaded.
+
+        Each expert is imported on the device, then copied device to device into one [E, ...]
+        allocation per interchange tensor (w13: per expert the gate rows, then the up rows),
+        which :meth:`__init__` prepacks.
+        """
+        w13, w2 = _moe_from_checkpoint(experts, "gptq", group_size, dtype)
+        return cls(*w13, *w2, group_size, w13[1].ck_dtype, top_k=top_k,
+                   renormalize=renormalize)
+
+    @classmethod
+    def from_awq(cls, experts, group_size=128, dtype=None, top_k=2, renormalize=False):
+        """From E experts' 4-bit AWQ tensors, GEMM layout (:func:`import_awq`): the same
+        calling convention as :meth:`from_gptq`, with the tensors qweight int32 [K, N / 8],
+        qzeros and scales (no g_idx: AWQ's groups are always consecutive rows). gate_proj and
+        up_proj have qweight [H, I / 8], down_proj [I, H / 8]. AWQ stores the zero points
+        themselves (0 .. 15); the layer is asymmetric.
+        """
+        w13, w2 = _moe_from_checkpoint(experts, "awq", group_size, dtype)
+        return cls(*w13, *w2, group_size, w13[1].ck_dtype, top_k=top_k,
+                   renormalize=renormalize)
+
     def __call__(self, x, router_logits=None, topk_ids=None, topk_weights=None, top_k=None,
                  renormalize=None, router_dtype=None, workspace=None, out=None, stream=None):
         """x [T, hidden] (or [hidden]) in the layer's dtype -> [T, hidden]. Routing: router
@@ -2089,9 +3417,7 @@ def quantize_tensor(x):
     q, scales = quantize_int8(x, granularity="tensor")
     if isinstance(scales, DeviceArray):
         scales = scales.to_numpy()
-    elif _is_device(scales):
-        raise TypeError("unexpected scales type %s" % type(scales).__name__)
-    return q, float(scales[0])
+    return q, float(scales[0])   # a torch or CuPy scale: read after the stream's work
 
 
 def dequantize_tensor(q, scale):
@@ -2123,9 +3449,13 @@ def int8_matmul(A, B, scale_a=1.0, scale_b=1.0, scale_c=None, stream=None):
     if on_host:   # one upload each, then both calls work on device memory
         A, B = (b if _is_device(b) else DeviceArray.from_numpy(_host_int8(b, name))
                 for b, name in ((A, "A"), (B, "B")))
+    # C may be freed while the quantization still reads it: its memory (the pool's, torch's or
+    # CuPy's) is reused only after the work on the stream. A DeviceArray q keeps it all the
+    # same, for a CUDA graph that captured the two calls and reads C at every replay.
     c = gemm_int8_scaled(A, B, scale_a, scale_b, out_dtype="fp32", layout="kn", stream=stream)
     q, _ = quantize_int8(c, granularity="tensor", scales=scale_c, stream=stream)
-    q._base = (q._base, c)   # C is read by work that may still be in flight
+    if isinstance(q, DeviceArray):
+        q._base = (q._base, c)
     return q.to_numpy() if on_host else q
 
 

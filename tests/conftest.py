@@ -28,6 +28,8 @@ def pytest_configure(config):
                                        "(compute-sanitizer reports it; make sanitize leaves it out)")
     config.addinivalue_line("markers", "cublas: runs cuBLAS/cuBLASLt kernels (make sanitize checks "
                                        "them with memcheck only)")
+    config.addinivalue_line("markers", "slow: takes tens of seconds (torch.compile with Inductor); "
+                                       "-m 'not slow' leaves it out")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -16,6 +16,11 @@ against tests/reference.py.
   run whatever the workspace held, and on every CUDA graph replay; a workspace below the query
   is refused; the least alignment the header asks for.
 - The wrapper: moe_route, moe_prepack, moe_forward and QuantizedMoE give the raw calls' bits.
+- QuantizedMoE.from_gptq / from_awq on random per-expert checkpoints (checkpoint_formats; GPTQ
+  without g_idx, with the trivial one, symmetric; every calling convention, NumPy and device
+  tensors): the stacked interchange tensors bit for bit each expert's import, the output the
+  raw layer's bits on them (within the float64 bound) and those of QuantizedMoE built from
+  them; act-order g_idx, experts of mismatched shapes and malformed experts are refused.
 
 Every output and the workspace are poisoned and sit between guard regions
 (gpu_support.GuardedBuffer): an unwritten element or a write out of bounds fails. The tests skip
@@ -27,12 +32,14 @@ import math
 import numpy as np
 import pytest
 
+import checkpoint_formats as cf
 import cuda_wrapper as ck
 import reference as ref
 from gpu_support import (
     CK_DTYPE, CK_INT4_MODE, GROUP_IDS, POISON, SANITIZE, SANITIZE_MAX_MACS, SECOND_ORDER_SLACK,
     U32, GuardedBuffer, KernelCall, assert_bitwise_equal, assert_graph_replays, assert_within,
     compute_capability, dtype_arg, output_tolerance, ptr_or_null, random_normal, synchronize,
+    to_device,
 )
 
 pytestmark = pytest.mark.gpu
@@ -916,3 +923,273 @@ def test_quantized_moe_from_float(dtype, symmetric, sm80, seed):
     value, error = call.expected()
     assert_meets_reference(ref.to_f32(row, dtype).astype(np.float64), value[4], error[4], dtype,
                            f"1-D x, seed={seed}")
+
+
+# ---------------------------------------------------------------------------------------------
+# QuantizedMoE from GPTQ / AWQ checkpoints
+# ---------------------------------------------------------------------------------------------
+PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+MIXTRAL_NAMES = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
+
+
+def projection_kn(hidden, inter):
+    """(K, N) of each projection of an expert: nn.Linear(K -> N)."""
+    return {"gate_proj": (hidden, inter), "up_proj": (hidden, inter),
+            "down_proj": (inter, hidden)}
+
+
+def random_projection(rng, fmt, k, n, group_size, dtype, variant="none"):
+    """One projection's checkpoint tensors {qweight, qzeros, scales[, g_idx]} (NumPy), built by
+    checkpoint_formats. GPTQ variants: 'none', 'trivial', 'act_order' (the g_idx kinds of
+    cf.random_gptq_checkpoint; random zero points 1 .. 16) and 'sym' (zero point 8 everywhere,
+    stored as 7: what GPTQ writes for a symmetric checkpoint). AWQ: random zero points."""
+    if fmt == "awq":
+        qweight, qzeros, scales = cf.random_awq_checkpoint(rng, k, n, group_size, dtype)
+        return dict(qweight=qweight, qzeros=qzeros, scales=scales)
+    if variant == "sym":
+        groups = ref.int4_groups_per_row(k, group_size)
+        qweight, qzeros, scales, _ = cf.gptq_pack(
+            cf.random_nibbles(rng, (k, n)), np.full((groups, n), 8),
+            cf.random_scales(rng, groups, n, k, dtype), group_size=group_size)
+        assert (qzeros.view(np.uint32) == 0x77777777).all()
+        g_idx = None
+    else:
+        qweight, qzeros, scales, g_idx = cf.random_gptq_checkpoint(rng, k, n, group_size, dtype,
+                                                                   variant)
+    tensors = dict(qweight=qweight, qzeros=qzeros, scales=scales)
+    if g_idx is not None:
+        tensors["g_idx"] = g_idx
+    return tensors
+
+
+def random_moe_checkpoint(rng, fmt, experts, hidden, inter, group_size, dtype, variant="none"):
+    """E experts' checkpoint tensors in from_gptq / from_awq's convention: a list of
+    {projection: tensors}, gate_proj and up_proj [I, H] weights, down_proj [H, I]. The scales
+    (cf.random_scales) keep each projection's outputs ~ N(0, 1) for N(0, 1) inputs."""
+    kn = projection_kn(hidden, inter)
+    return [{name: random_projection(rng, fmt, *kn[name], group_size, dtype, variant)
+             for name in PROJECTIONS} for _ in range(experts)]
+
+
+def projection_interchange(fmt, tensors, group_size):
+    """(w_packed [N, K / 2], scales [N, groups], zeros [N, groups]) the importer writes."""
+    if fmt == "gptq":
+        return cf.library_from_gptq(tensors["qweight"], tensors["qzeros"], tensors["scales"],
+                                    tensors.get("g_idx"), group_size)[:3]
+    return cf.library_from_awq(tensors["qweight"], tensors["qzeros"], tensors["scales"],
+                               group_size)
+
+
+def moe_interchange(fmt, checkpoint, group_size):
+    """The (w13, w2) interchange triples of the layer: each projection imported, w13 [E, 2I, ..]
+    with each expert's gate rows, then its up rows; w2 [E, H, ..]."""
+    per_expert = [[projection_interchange(fmt, expert[name], group_size) for name in PROJECTIONS]
+                  for expert in checkpoint]
+    w13 = tuple(np.stack([np.concatenate([gate[i], up[i]]) for gate, up, _ in per_expert])
+                for i in range(3))
+    w2 = tuple(np.stack([down[i] for _, _, down in per_expert]) for i in range(3))
+    return w13, w2
+
+
+def moe_checkpoint_weights(fmt, checkpoint, group_size, dtype):
+    """The checkpoint's own dequantization (cf.gptq_unpack / cf.awq_unpack of each projection,
+    [K, N], transposed to nn.Linear's [N, K]) in the layer's layout: w13 [E, 2I, H], w2
+    [E, H, I], in dtype's representation."""
+    def weight(tensors):
+        if fmt == "gptq":
+            k = 8 * tensors["qweight"].shape[0]
+            g_idx = tensors.get("g_idx")
+            g_idx = cf.gptq_groups_g_idx(k, group_size) if g_idx is None else g_idx
+            w = cf.gptq_unpack(tensors["qweight"], tensors["qzeros"], tensors["scales"], g_idx,
+                               dtype)
+        else:
+            w = cf.awq_unpack(tensors["qweight"], tensors["qzeros"], tensors["scales"],
+                              group_size, dtype)
+        return w.T
+    w13 = np.stack([np.concatenate([weight(e["gate_proj"]), weight(e["up_proj"])])
+                    for e in checkpoint])
+    w2 = np.stack([weight(e["down_proj"]) for e in checkpoint])
+    return w13, w2
+
+
+def checkpoint_argument(checkpoint, convention, dtype):
+    """(experts, dtype=) of the checkpoint in one of from_gptq / from_awq's conventions:
+    'dicts' (NumPy, Hugging Face's projection names), 'mixtral' (NumPy, w1 / w3 / w2),
+    'tuples' ((gate, up, down) of (qweight, qzeros, scales[, g_idx])), 'device' (dicts of
+    DeviceArrays: the scales carry their dtype, g_idx is read back from the device)."""
+    host_dtype = dtype_arg(dtype)
+    if convention == "dicts":
+        return checkpoint, host_dtype
+    if convention == "mixtral":
+        return [{MIXTRAL_NAMES[name]: tensors for name, tensors in expert.items()}
+                for expert in checkpoint], host_dtype
+    if convention == "tuples":
+        order = ("qweight", "qzeros", "scales", "g_idx")
+        return [tuple(tuple(expert[name][key] for key in order if key in expert[name])
+                      for name in PROJECTIONS) for expert in checkpoint], host_dtype
+    assert convention == "device"
+    return [{name: {key: to_device(a, dtype if key == "scales" else None)
+                    for key, a in tensors.items()} for name, tensors in expert.items()}
+            for expert in checkpoint], None
+
+
+def from_checkpoint(fmt):
+    return ck.QuantizedMoE.from_gptq if fmt == "gptq" else ck.QuantizedMoE.from_awq
+
+
+# (format, variant, group size, calling convention): every variant, group size and convention
+# once, GPTQ's zero points 1 .. 16 (16: one past ck_quantize_int4's range) and 8 (symmetric).
+CHECKPOINT_CASES = [
+    ("gptq", "none", 128, "dicts"), ("gptq", "trivial", 32, "device"),
+    ("gptq", "sym", 64, "tuples"), ("gptq", "trivial", ref.GROUP_ROW, "mixtral"),
+    ("awq", "none", 128, "device"), ("awq", "none", 64, "mixtral"),
+    ("awq", "none", 32, "tuples"),
+]
+
+
+@pytest.mark.parametrize("fmt, variant, group_size, convention", [
+    pytest.param(*case, id=f"{case[0]}-{case[1]}-{GROUP_IDS[case[2]]}-{case[3]}")
+    for case in CHECKPOINT_CASES])
+@pytest.mark.parametrize("dtype", ref.MOE_DTYPES)
+def test_quantized_moe_from_checkpoint(dtype, fmt, variant, group_size, convention, sm80, seed):
+    """QuantizedMoE.from_gptq / from_awq hold, bit for bit, each expert's import
+    (cf.library_from_gptq / _awq) stacked with the gate rows before the up rows, which
+    dequantizes to the checkpoint's own weights; the layer (asymmetric, in the scales' dtype)
+    gives the bits of the raw layer on those weights, itself within the float64 reference's
+    bound, and of a QuantizedMoE built from the same interchange tensors."""
+    rng = np.random.default_rng(seed)
+    tokens, hidden, inter, experts, top_k = 13, 256, 128, 8, 2
+    ctx = f"{fmt}-{variant}-{GROUP_IDS[group_size]}-{convention}, seed={seed}"
+    checkpoint = random_moe_checkpoint(rng, fmt, experts, hidden, inter, group_size, dtype,
+                                       variant)
+    w13, w2 = moe_interchange(fmt, checkpoint, group_size)
+    want13, want2 = moe_checkpoint_weights(fmt, checkpoint, group_size, dtype)
+    assert_bitwise_equal(ref.moe_dequantize(*w13, hidden, group_size, dtype), want13,
+                         f"w13 vs the checkpoint's weights, {ctx}")
+    assert_bitwise_equal(ref.moe_dequantize(*w2, inter, group_size, dtype), want2,
+                         f"w2 vs the checkpoint's weights, {ctx}")
+    if variant == "sym":
+        assert (w13[2] == 8).all() and (w2[2] == 8).all()
+
+    arg, dtype_kw = checkpoint_argument(checkpoint, convention, dtype)
+    layer = from_checkpoint(fmt)(arg, group_size=group_size, dtype=dtype_kw, top_k=top_k,
+                                 renormalize=True)
+    assert (layer.experts, layer.hidden, layer.intermediate) == (experts, hidden, inter)
+    assert layer.dtype == CK_DTYPE[dtype] and layer.group_size == group_size
+    assert "asymmetric" in repr(layer), repr(layer)
+    for name, got, want in (("w13", layer.w13, w13), ("w2", layer.w2, w2)):
+        for part, a, b in zip(("packed", "scales", "zeros"), got, want):
+            assert isinstance(a, ck.DeviceArray), f"{name} {part}"
+            assert_bitwise_equal(a.to_numpy(), b, f"{name} {part}, {ctx}")
+
+    call = MoECall(rng, (tokens, hidden, inter, experts, top_k), dtype, "asym", group_size,
+                   "fp32", renormalize=True)
+    call.use_weights(w13, w2)
+    call.launch()
+    want = call.check(f"raw, {ctx}")
+    assert_bitwise_equal(layer(call.x_host, router_logits=call.route_host), want,
+                         f"from_{fmt}, {ctx}")
+    device = [[to_device(a, dtype if i == 1 else None) for i, a in enumerate(w)]
+              for w in (w13, w2)]
+    twin = ck.QuantizedMoE(*device[0], *device[1], group_size, CK_DTYPE[dtype], top_k=top_k,
+                           renormalize=True)
+    assert_bitwise_equal(twin(call.x_host, router_logits=call.route_host), want,
+                         f"QuantizedMoE of the interchange tensors, {ctx}")
+
+
+@pytest.mark.parametrize("on_device", [False, True], ids=["numpy", "device"])
+@pytest.mark.parametrize("projection", PROJECTIONS)
+def test_quantized_moe_from_gptq_refuses_act_order(projection, on_device, seed):
+    """An act-order g_idx on one projection of one expert: ValueError naming it (the fused
+    layer cannot permute one expert's input), whether g_idx is NumPy or on the device; the
+    trivial g_idx of the other experts is accepted (the check passes them)."""
+    rng = np.random.default_rng(seed)
+    hidden, inter, experts, group_size = 128, 96, 4, 32
+    checkpoint = random_moe_checkpoint(rng, "gptq", experts, hidden, inter, group_size, "fp16",
+                                       "trivial")
+    e = int(rng.integers(experts))
+    k, n = projection_kn(hidden, inter)[projection]
+    checkpoint[e][projection] = random_projection(rng, "gptq", k, n, group_size, "fp16",
+                                                  "act_order")
+    assert not np.array_equal(checkpoint[e][projection]["g_idx"],
+                              cf.gptq_groups_g_idx(k, group_size))
+    if on_device:
+        checkpoint, _ = checkpoint_argument(checkpoint, "device", "fp16")
+    with pytest.raises(ValueError, match="act-order") as info:
+        ck.QuantizedMoE.from_gptq(checkpoint, group_size=group_size)
+    assert f"expert {e} {projection}" in str(info.value), f"{info.value}, seed={seed}"
+
+
+def test_quantized_moe_from_gptq_refuses_a_g_idx_of_another_group_size(seed):
+    """A g_idx of consecutive groups of 64 rows with group_size=32: ValueError (not taken for
+    act-order, and not imported with the wrong groups)."""
+    rng = np.random.default_rng(seed)
+    checkpoint = random_moe_checkpoint(rng, "gptq", 2, 128, 64, 64, "fp16", "trivial")
+    with pytest.raises(ValueError, match="group_size"):
+        ck.QuantizedMoE.from_gptq(checkpoint, group_size=32)
+
+
+# How an expert is made to disagree with expert 0 (H = 128, I = 96): another I in its up_proj,
+# another H out of (or I into) its down_proj, all of its projections of another H, its up_proj
+# and down_proj swapped.
+MISMATCHES = ("up_proj_i", "down_proj_h", "down_proj_i", "expert_h", "swapped")
+
+
+@pytest.mark.parametrize("mismatch", MISMATCHES)
+@pytest.mark.parametrize("fmt", ["gptq", "awq"])
+def test_quantized_moe_from_checkpoint_refuses_mismatched_experts(fmt, mismatch, seed):
+    """Experts whose shapes disagree: ValueError naming the expert and projection."""
+    rng = np.random.default_rng(seed)
+    hidden, inter, experts, group_size = 128, 96, 4, 32
+    checkpoint = random_moe_checkpoint(rng, fmt, experts, hidden, inter, group_size, "fp16")
+    e = int(rng.integers(1, experts))
+    expert = checkpoint[e]
+    if mismatch == "up_proj_i":
+        expert["up_proj"] = random_projection(rng, fmt, hidden, inter + 32, group_size, "fp16")
+    elif mismatch == "down_proj_h":
+        expert["down_proj"] = random_projection(rng, fmt, inter, hidden + 32, group_size, "fp16")
+    elif mismatch == "down_proj_i":
+        expert["down_proj"] = random_projection(rng, fmt, inter + 32, hidden, group_size, "fp16")
+    elif mismatch == "expert_h":
+        kn = projection_kn(hidden + 32, inter)
+        checkpoint[e] = {name: random_projection(rng, fmt, *kn[name], group_size, "fp16")
+                         for name in PROJECTIONS}
+    else:
+        expert["up_proj"], expert["down_proj"] = expert["down_proj"], expert["up_proj"]
+    with pytest.raises(ValueError) as info:
+        from_checkpoint(fmt)(checkpoint, group_size=group_size)
+    assert f"expert {e} " in str(info.value), f"{info.value}, seed={seed}"
+
+
+@pytest.mark.parametrize("fmt", ["gptq", "awq"])
+def test_quantized_moe_from_checkpoint_refuses_malformed_experts(fmt, seed):
+    """No experts, a missing projection or tensor, a tensor the layer would leave out (a bias;
+    a g_idx in AWQ), scales of two dtypes: ValueError or TypeError, naming the expert."""
+    rng = np.random.default_rng(seed)
+    checkpoint = random_moe_checkpoint(rng, fmt, 3, 128, 64, 32, "fp16")
+    build = from_checkpoint(fmt)
+    with pytest.raises(ValueError, match="empty"):
+        build([], group_size=32)
+
+    def changed(e, edit):
+        copy = [{name: dict(tensors) for name, tensors in expert.items()}
+                for expert in checkpoint]
+        edit(copy[e])
+        return copy
+
+    e = int(rng.integers(3))
+    cases = [
+        (ValueError, lambda x: x.pop("down_proj")),
+        (ValueError, lambda x: x["gate_proj"].pop("qzeros")),
+        (ValueError, lambda x: x["up_proj"].__setitem__("bias", np.ones(64, np.float16))),
+        (ValueError, lambda x: x.__setitem__("w1", x["gate_proj"])),   # gate_proj twice
+        (TypeError, lambda x: x["down_proj"].__setitem__(
+            "scales", x["down_proj"]["scales"].astype(np.float32))),
+    ]
+    if fmt == "awq":
+        cases.append((ValueError, lambda x: x["gate_proj"].__setitem__(
+            "g_idx", cf.gptq_groups_g_idx(128, 32))))
+    for error, edit in cases:
+        with pytest.raises(error) as info:
+            build(changed(e, edit), group_size=32)
+        assert f"expert {e}" in str(info.value), f"{info.value}, seed={seed}"

@@ -173,24 +173,28 @@ def test_wrapper_uses_foreign_cuda_arrays_in_place():
 
 
 def test_wrapper_torch_interop():
+    """torch tensors in, torch tensors out (tests/test_frameworks_gpu.py has the rest)."""
     torch = pytest.importorskip("torch")
     x = torch.randn(8, 256, device="cuda", dtype=torch.float16)
     q, s = ck.quantize_int8(x, granularity="row")
-    qt = torch.as_tensor(q, device="cuda")
-    assert qt.dtype == torch.int8 and tuple(qt.shape) == (8, 256)
+    assert isinstance(q, torch.Tensor) and q.dtype == torch.int8 and tuple(q.shape) == (8, 256)
+    assert q.device == x.device and s.dtype == torch.float32
     want_q, _ = raw_quantize_int8(x.cpu().numpy(), DType.FP16, ck.PER_ROW)
-    assert np.array_equal(qt.cpu().numpy(), want_q)
-    # bfloat16 tensors (CAI typestr "|V2"), directly or as their int16 bits with dtype="bf16".
+    assert np.array_equal(q.cpu().numpy(), want_q)
+    # bfloat16 tensors, directly or as their int16 bits with dtype="bf16".
     xb = x.to(torch.bfloat16)
     bits = xb.view(torch.int16).cpu().numpy().view(np.uint16)
     want_qb = raw_quantize_int8(bits, DType.BF16, ck.PER_ROW)[0]
     for tensor, dtype in ((xb, None), (xb.view(torch.int16), "bf16")):
         qb, _ = ck.quantize_int8(tensor, granularity="row", dtype=dtype)
-        assert np.array_equal(torch.as_tensor(qb, device="cuda").cpu().numpy(), want_qb)
+        assert np.array_equal(qb.cpu().numpy(), want_qb)
     packed, scales, zeros = ck.quantize_int4(xb, group_size=64, symmetric=False)
-    assert scales.dtype == np.uint16 and scales.ck_dtype == DType.BF16
+    assert scales.dtype == torch.bfloat16 and packed.dtype == torch.uint8
     back = ck.dequantize_int4(packed, scales, zeros, cols=256, group_size=64)
-    assert back.ck_dtype == DType.BF16 and back.shape == (8, 256)
+    assert back.dtype == torch.bfloat16 and tuple(back.shape) == (8, 256)
+    # Through the interface, torch reads a DeviceArray in place.
+    qd, _ = ck.quantize_int8(ck.DeviceArray.from_numpy(x.cpu().numpy()), granularity="row")
+    assert np.array_equal(torch.as_tensor(qd, device="cuda").cpu().numpy(), want_q)
 
 
 def test_graph_capture_defers_frees_and_replays():

@@ -12,6 +12,7 @@
 #include "kernels/gemm/gemm_w4a16.cuh"
 #include "kernels/gemm/linear.cuh"
 #include "kernels/moe/moe.cuh"
+#include "kernels/quantize/block4.cuh"
 #include "kernels/quantize/int4_import.cuh"
 #include "kernels/quantize/quantize.cuh"
 
@@ -32,6 +33,35 @@ template <class Args> bool mma_serves(const Args&, int cc) { return cc >= kMmaMi
 
 template <class Args> bool small_m_serves(const Args& args, int cc) {
     return cc >= kMmaMinArch && args.m <= kSmallMMax;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Block 4-bit formats (NF4, MXFP4, NVFP4)
+// ---------------------------------------------------------------------------------------------
+// The element matrix of a block 4-bit call: its dtype (one of fp32, fp16, bf16) and its shape
+// (the byte counts of x or out, and so of the packed codes, fit in int64_t).
+ck_status_t check_block4_matrix(const Check& check, ck_dtype_t dtype, const char* dtype_arg,
+                                int64_t rows, int64_t cols) {
+    CK_TRY(check.float_dtype(dtype, dtype_arg));
+    return check.matrix(rows, cols, dtype_size(dtype));
+}
+
+// NF4's block size (bitsandbytes' sizes), and the byte count of its float32 absmax
+// [rows, ceil(cols / blocksize)], which a [rows, 1] matrix of 2-byte elements does not bound.
+ck_status_t check_nf4_blocks(const Check& check, int64_t rows, int64_t cols, int64_t blocksize) {
+    if (!ck::nf4_blocksize_ok(blocksize))
+        return check.fail(CK_STATUS_UNSUPPORTED,
+                          "blocksize=%lld is not supported (use 32, 64, 128, 256, 512, 1024, "
+                          "2048 or 4096)",
+                          (long long)blocksize);
+    const int64_t blocks = cols / blocksize + (cols % blocksize != 0);
+    int64_t bytes;
+    if (__builtin_mul_overflow(rows, blocks, &bytes) ||
+        __builtin_mul_overflow(bytes, int64_t(sizeof(float)), &bytes))
+        return check.fail(CK_STATUS_INVALID_VALUE,
+                          "rows=%lld x %lld blocks of float32 absmax overflow a 64-bit byte count",
+                          (long long)rows, (long long)blocks);
+    return CK_STATUS_SUCCESS;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -566,6 +596,83 @@ ck_status_t ck_dequantize_int4(const uint8_t* q_packed, const void* scales, cons
     return check.launch([&] {
         return ck::dequantize_int4(q_packed, scales, zeros, rows, cols, group_size, mode, out,
                                    out_dtype, stream);
+    });
+}
+
+ck_status_t ck_quantize_nf4(const void* x, ck_dtype_t x_dtype, int64_t rows, int64_t cols,
+                            int64_t blocksize, uint8_t* packed, float* absmax, ck_stream_t stream) {
+    const Check check("ck_quantize_nf4");
+    CK_TRY(check.not_null({{x, "x"}, {packed, "packed"}, {absmax, "absmax"}}));
+    CK_TRY(check_block4_matrix(check, x_dtype, "x_dtype", rows, cols));
+    CK_TRY(check_nf4_blocks(check, rows, cols, blocksize));
+    CK_TRY(check.element_aligned({{x, x_dtype, "x"}, {absmax, CK_DTYPE_FP32, "absmax"}}));
+    return check.launch([&] {
+        return ck::quantize_nf4(x, x_dtype, rows, cols, blocksize, packed, absmax, stream);
+    });
+}
+
+ck_status_t ck_dequantize_nf4(const uint8_t* packed, const float* absmax, int64_t rows,
+                              int64_t cols, int64_t blocksize, void* out, ck_dtype_t out_dtype,
+                              ck_stream_t stream) {
+    const Check check("ck_dequantize_nf4");
+    CK_TRY(check.not_null({{packed, "packed"}, {absmax, "absmax"}, {out, "out"}}));
+    CK_TRY(check_block4_matrix(check, out_dtype, "out_dtype", rows, cols));
+    CK_TRY(check_nf4_blocks(check, rows, cols, blocksize));
+    CK_TRY(check.element_aligned({{absmax, CK_DTYPE_FP32, "absmax"}, {out, out_dtype, "out"}}));
+    return check.launch([&] {
+        return ck::dequantize_nf4(packed, absmax, rows, cols, blocksize, out, out_dtype, stream);
+    });
+}
+
+ck_status_t ck_quantize_mxfp4(const void* x, ck_dtype_t x_dtype, int64_t rows, int64_t cols,
+                              uint8_t* packed, uint8_t* scales, ck_stream_t stream) {
+    const Check check("ck_quantize_mxfp4");
+    CK_TRY(check.not_null({{x, "x"}, {packed, "packed"}, {scales, "scales"}}));
+    CK_TRY(check_block4_matrix(check, x_dtype, "x_dtype", rows, cols));
+    CK_TRY(check.element_aligned(x, x_dtype, "x"));
+    return check.launch([&] {
+        return ck::quantize_mxfp4(x, x_dtype, rows, cols, packed, scales, stream);
+    });
+}
+
+ck_status_t ck_dequantize_mxfp4(const uint8_t* packed, const uint8_t* scales, int64_t rows,
+                                int64_t cols, void* out, ck_dtype_t out_dtype, ck_stream_t stream) {
+    const Check check("ck_dequantize_mxfp4");
+    CK_TRY(check.not_null({{packed, "packed"}, {scales, "scales"}, {out, "out"}}));
+    CK_TRY(check_block4_matrix(check, out_dtype, "out_dtype", rows, cols));
+    CK_TRY(check.element_aligned(out, out_dtype, "out"));
+    return check.launch([&] {
+        return ck::dequantize_mxfp4(packed, scales, rows, cols, out, out_dtype, stream);
+    });
+}
+
+ck_status_t ck_quantize_nvfp4(const void* x, ck_dtype_t x_dtype, int64_t rows, int64_t cols,
+                              ck_scale_mode_t scale_mode, float* global_scale, uint8_t* packed,
+                              uint8_t* scales, ck_stream_t stream) {
+    const Check check("ck_quantize_nvfp4");
+    CK_TRY(check.not_null(
+        {{x, "x"}, {global_scale, "global_scale"}, {packed, "packed"}, {scales, "scales"}}));
+    CK_TRY(check.enum_value(scale_mode, 2, "scale_mode", "ck_scale_mode_t"));
+    CK_TRY(check_block4_matrix(check, x_dtype, "x_dtype", rows, cols));
+    CK_TRY(check.element_aligned({{x, x_dtype, "x"}, {global_scale, CK_DTYPE_FP32, "global_scale"}}));
+    return check.launch([&] {
+        return ck::quantize_nvfp4(x, x_dtype, rows, cols, scale_mode == CK_SCALE_DYNAMIC,
+                                  global_scale, packed, scales, stream);
+    });
+}
+
+ck_status_t ck_dequantize_nvfp4(const uint8_t* packed, const uint8_t* scales,
+                                const float* global_scale, int64_t rows, int64_t cols, void* out,
+                                ck_dtype_t out_dtype, ck_stream_t stream) {
+    const Check check("ck_dequantize_nvfp4");
+    CK_TRY(check.not_null(
+        {{packed, "packed"}, {scales, "scales"}, {global_scale, "global_scale"}, {out, "out"}}));
+    CK_TRY(check_block4_matrix(check, out_dtype, "out_dtype", rows, cols));
+    CK_TRY(check.element_aligned(
+        {{global_scale, CK_DTYPE_FP32, "global_scale"}, {out, out_dtype, "out"}}));
+    return check.launch([&] {
+        return ck::dequantize_nvfp4(packed, scales, global_scale, rows, cols, out, out_dtype,
+                                    stream);
     });
 }
 

@@ -18,7 +18,8 @@
  *     16-byte alignment and a column count divisible by 8 select the vectorized fast path.
  *   - Non-finite inputs: NaN encodes as 0 and is ignored when computing absmax/min/max. An
  *     infinite input makes its scale infinite and every code of its segment 0: inputs are
- *     expected to be finite.
+ *     expected to be finite. (The block 4-bit formats follow their publishers instead; their
+ *     section says how.)
  *   - Outputs must not overlap inputs (no entry point works in place); each function says so.
  *     A call given overlapping buffers writes nothing outside its outputs and none of its other
  *     inputs, but the values it writes are unspecified (ck_moe_forward rejects the overlaps it
@@ -212,6 +213,99 @@ CK_API ck_status_t ck_dequantize_int4(const uint8_t* q_packed, const void* scale
                                       const uint8_t* zeros, int64_t rows, int64_t cols,
                                       int64_t group_size, ck_int4_mode_t mode, void* out,
                                       ck_dtype_t out_dtype, ck_stream_t stream);
+
+/* ---------------------------------------------------------------------------------------------
+ * Block 4-bit formats: NF4, MXFP4, NVFP4 (scales computed on the device)
+ *
+ * A block of consecutive elements of a row shares one scale; every element is a 4-bit code.
+ * Layout of all three: packed uint8 [rows, (cols + 1) / 2], two codes per byte along the row,
+ * and scales [rows, ceil(cols / block)]. The last block of a row may be partial: its scale
+ * comes from the elements it has. tests/reference.py implements each format exactly and the
+ * kernels match it bit for bit; arithmetic is float32 (IEEE division, no fused multiply-add),
+ * rounding half to even.
+ *
+ *   NF4 (bitsandbytes, QLoRA): block = blocksize (32, 64, 128, 256, 512, 1024, 2048 or 4096;
+ *       64 is bitsandbytes' default); scales are the float32 absmax of each block. Element 2i
+ *       goes to the HIGH nibble of byte i, 2i+1 to the low one (bitsandbytes' order).
+ *         absmax = max |x| (NaN ignored); inv = 1 / absmax (inf for a zero block);
+ *         code   = the number of bitsandbytes' 15 float32 thresholds t with (float)x * inv > t
+ *                  (its decision tree: NaN gives code 0);
+ *         x'     = NF4_TABLE[code] * absmax, rounded to the output dtype.
+ *       An odd row's last low nibble holds the code of 0 * inv, as bitsandbytes writes it
+ *       (7, or 0 in a zero block). An all-zero block stores absmax 0 and codes 0 (it
+ *       dequantizes to -0.0); an infinite element makes absmax inf (the block dequantizes to
+ *       NaN and -inf), as in bitsandbytes.
+ *   MXFP4 (OCP Microscaling Formats v1.0): blocks of 32 E2M1 elements (values 0, 0.5, 1, 1.5,
+ *       2, 3, 4, 6 and their negatives), scales uint8 E8M0 (2^(s - 127); 0xFF is NaN). Element
+ *       2i goes to the LOW nibble of byte i.
+ *         e      = clamp(floor(log2(max |x|)) - 2, -127, 127), -127 for a zero block;
+ *         scale  = e + 127; code = e2m1((float)x * 2^-e), ties to even, saturating at +-6;
+ *         x'     = e2m1_value * 2^(scale - 127), rounded to the output dtype.
+ *       A block holding a NaN or an infinity gets scale 0xFF and codes 0 (it dequantizes to
+ *       NaN). An odd row's last high nibble is 0.
+ *   NVFP4 (NVIDIA): blocks of 16 E2M1 elements, scales uint8 FP8 E4M3 ('fn': max 448, no
+ *       infinity, 0x7F / 0xFF NaN), and one float32 global scale g for the tensor, g = 2688 /
+ *       amax(|x|) (448 * 6; 1 where that is not a positive finite number) when computed.
+ *       Element 2i goes to the LOW nibble of byte i.
+ *         amax_b = max |x| over the block (NaN ignored);
+ *         scale  = e4m3(g * (amax_b * float32(1/6))), ties to even, saturating at 448;
+ *         out    = 1 / (e4m3_value(scale) * (1 / g)), or 0 where e4m3_value(scale) is 0;
+ *         code   = e2m1((float)x * out);
+ *         x'     = e2m1_value * (e4m3_value(scale) / g), rounded to the output dtype.
+ *       NaN elements encode as 0; an infinity gives its block the scale 448 and saturates to
+ *       +-6. An odd row's last high nibble is 0.
+ *
+ * Requirements (all six): rows, cols >= 1; x, out aligned to their element size; NF4's absmax
+ * and NVFP4's global_scale aligned to 4 bytes (packed and the uint8 scales: any address). With
+ * cols % 8 == 0, x (or out) 16-byte aligned and packed 4-byte aligned, the kernels take their
+ * vectorized path. Sizes: the byte counts of x (or out) and of the scales must fit in int64_t
+ * (CK_STATUS_INVALID_VALUE beyond). No output may overlap an input or another output.
+ * ------------------------------------------------------------------------------------------- */
+/* Quantizes x [rows, cols] (float32, float16 or bfloat16) to NF4: writes packed
+ * [rows, (cols + 1) / 2] and absmax float32 [rows, ceil(cols / blocksize)].
+ * blocksize: 32, 64, 128, 256, 512, 1024, 2048 or 4096 (else CK_STATUS_UNSUPPORTED).
+ * x, packed and absmax must not overlap. */
+CK_API ck_status_t ck_quantize_nf4(const void* x, ck_dtype_t x_dtype, int64_t rows, int64_t cols,
+                                   int64_t blocksize, uint8_t* packed, float* absmax,
+                                   ck_stream_t stream);
+
+/* Dequantizes NF4 packed [rows, (cols + 1) / 2] with absmax float32
+ * [rows, ceil(cols / blocksize)] into out [rows, cols] of out_dtype (float32, float16 or
+ * bfloat16). out must not overlap packed or absmax. */
+CK_API ck_status_t ck_dequantize_nf4(const uint8_t* packed, const float* absmax, int64_t rows,
+                                     int64_t cols, int64_t blocksize, void* out,
+                                     ck_dtype_t out_dtype, ck_stream_t stream);
+
+/* Quantizes x [rows, cols] (float32, float16 or bfloat16) to MXFP4: writes packed
+ * [rows, (cols + 1) / 2] and scales uint8 E8M0 [rows, ceil(cols / 32)].
+ * x, packed and scales must not overlap. */
+CK_API ck_status_t ck_quantize_mxfp4(const void* x, ck_dtype_t x_dtype, int64_t rows, int64_t cols,
+                                     uint8_t* packed, uint8_t* scales, ck_stream_t stream);
+
+/* Dequantizes MXFP4 packed [rows, (cols + 1) / 2] with scales uint8 E8M0 [rows, ceil(cols / 32)]
+ * into out [rows, cols] of out_dtype (float32, float16 or bfloat16). out must not overlap
+ * packed or scales. */
+CK_API ck_status_t ck_dequantize_mxfp4(const uint8_t* packed, const uint8_t* scales, int64_t rows,
+                                       int64_t cols, void* out, ck_dtype_t out_dtype,
+                                       ck_stream_t stream);
+
+/* Quantizes x [rows, cols] (float32, float16 or bfloat16) to NVFP4: writes packed
+ * [rows, (cols + 1) / 2] and scales uint8 E4M3 [rows, ceil(cols / 16)].
+ * global_scale: one float32 on the device. With CK_SCALE_STATIC it is read (a calibrated
+ * scale: it must be finite and > 0; device data is not checked); with CK_SCALE_DYNAMIC it is
+ * computed from x (2688 / amax, see above) and written, which reads x twice.
+ * x, packed, scales and global_scale must not overlap. */
+CK_API ck_status_t ck_quantize_nvfp4(const void* x, ck_dtype_t x_dtype, int64_t rows, int64_t cols,
+                                     ck_scale_mode_t scale_mode, float* global_scale,
+                                     uint8_t* packed, uint8_t* scales, ck_stream_t stream);
+
+/* Dequantizes NVFP4 packed [rows, (cols + 1) / 2] with scales uint8 E4M3 [rows, ceil(cols / 16)]
+ * and the float32 global_scale (one value on the device, the one the quantizer used) into
+ * out [rows, cols] of out_dtype (float32, float16 or bfloat16). out must not overlap packed,
+ * scales or global_scale. */
+CK_API ck_status_t ck_dequantize_nvfp4(const uint8_t* packed, const uint8_t* scales,
+                                       const float* global_scale, int64_t rows, int64_t cols,
+                                       void* out, ck_dtype_t out_dtype, ck_stream_t stream);
 
 /* ---------------------------------------------------------------------------------------------
  * Matrix products (GEMM): out[M, N] = A[M, K] x B

@@ -3,7 +3,9 @@
 Three levels, from convenient to exact:
 
 * NumPy / ``__cuda_array_interface__`` functions: :func:`quantize_int8`,
-  :func:`dequantize_int8`, :func:`quantize_int4`, :func:`dequantize_int4`, the matrix products
+  :func:`dequantize_int8`, :func:`quantize_int4`, :func:`dequantize_int4`, the block 4-bit
+  formats (:func:`quantize_nf4` / :func:`dequantize_nf4`, :func:`quantize_mxfp4` /
+  :func:`dequantize_mxfp4`, :func:`quantize_nvfp4` / :func:`dequantize_nvfp4`), the matrix products
   :func:`gemm_int8` (int32 out), :func:`gemm_int8_scaled` (W8A8 with a fused scale/bias/ReLU
   epilogue), :func:`linear` (fp32/fp16/bf16), :func:`gemm_w4a16` (fp16/bf16 activations
   times a packed INT4 weight, W4A16) with :func:`w4a16_prepack` / :func:`gemm_w4a16_prepacked`
@@ -92,6 +94,8 @@ __all__ = [
     "version", "device_count", "library_path", "load_library",
     "cuda", "CUDAGraph", "DeviceArray", "raw",
     "quantize_int8", "dequantize_int8", "quantize_int4", "dequantize_int4",
+    "NF4_BLOCK_SIZES", "MXFP4_BLOCK", "NVFP4_BLOCK", "quantize_nf4", "dequantize_nf4",
+    "quantize_mxfp4", "dequantize_mxfp4", "quantize_nvfp4", "dequantize_nvfp4",
     "gemm_int8", "gemm_int8_scaled", "linear", "gemm_w4a16", "w4a16_prepack",
     "gemm_w4a16_prepacked", "import_gptq", "import_awq", "permute_columns", "gemm_int4",
     "gemm_int4_scaled", "QuantizedLinear", "MoeParams", "moe_route", "moe_prepack",
@@ -291,6 +295,25 @@ DECLARATIONS = {
         ("q_ptr", _PTR, "q_packed"), ("scales_ptr", _PTR), ("zeros_ptr", _PTR), ("rows", _I64),
         ("cols", _I64), ("group_size", _I64), ("mode", _ENUM), ("out_ptr", _PTR),
         ("out_dtype", _ENUM), _STREAM)),
+    "ck_quantize_nf4": (_STATUS, (
+        ("x_ptr", _PTR), ("x_dtype", _ENUM), ("rows", _I64), ("cols", _I64),
+        ("blocksize", _I64), ("packed_ptr", _PTR), ("absmax_ptr", _PTR), _STREAM)),
+    "ck_dequantize_nf4": (_STATUS, (
+        ("packed_ptr", _PTR), ("absmax_ptr", _PTR), ("rows", _I64), ("cols", _I64),
+        ("blocksize", _I64), ("out_ptr", _PTR), ("out_dtype", _ENUM), _STREAM)),
+    "ck_quantize_mxfp4": (_STATUS, (
+        ("x_ptr", _PTR), ("x_dtype", _ENUM), ("rows", _I64), ("cols", _I64),
+        ("packed_ptr", _PTR), ("scales_ptr", _PTR), _STREAM)),
+    "ck_dequantize_mxfp4": (_STATUS, (
+        ("packed_ptr", _PTR), ("scales_ptr", _PTR), ("rows", _I64), ("cols", _I64),
+        ("out_ptr", _PTR), ("out_dtype", _ENUM), _STREAM)),
+    "ck_quantize_nvfp4": (_STATUS, (
+        ("x_ptr", _PTR), ("x_dtype", _ENUM), ("rows", _I64), ("cols", _I64),
+        ("scale_mode", _ENUM), ("global_scale_ptr", _PTR), ("packed_ptr", _PTR),
+        ("scales_ptr", _PTR), _STREAM)),
+    "ck_dequantize_nvfp4": (_STATUS, (
+        ("packed_ptr", _PTR), ("scales_ptr", _PTR), ("global_scale_ptr", _PTR), ("rows", _I64),
+        ("cols", _I64), ("out_ptr", _PTR), ("out_dtype", _ENUM), _STREAM)),
     "ck_gemm_int8": (_STATUS, (
         ("a_ptr", _PTR), ("b_ptr", _PTR), ("b_layout", _ENUM), ("m", _I64), ("n", _I64),
         ("k", _I64), ("c_ptr", _PTR), _STREAM)),
@@ -2151,6 +2174,143 @@ def dequantize_int4(packed, scales, zeros, cols, group_size=128, out_dtype=None,
         o = call.output(out_shape, _NUMPY_OF[ck_out], ck_out, out, "out")
         raw.dequantize_int4(pa.ptr, s.ptr, z_ptr, rows, cols, group_size, mode, o.ptr, ck_out,
                             call.stream)
+        return call.finish(o)
+
+
+# Block 4-bit formats (cuda_kernels.h: "Block 4-bit formats"): elements per block.
+NF4_BLOCK_SIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)
+MXFP4_BLOCK = 32
+NVFP4_BLOCK = 16
+
+
+def _block4_shapes(shape, rows, cols, block):
+    """(packed shape, scales shape) of a [rows, cols] block 4-bit tensor: a 1-D input (one row)
+    gives 1-D outputs."""
+    blocks = -(-cols // block)
+    if len(shape) == 1:
+        return ((cols + 1) // 2,), (blocks,)
+    return (rows, (cols + 1) // 2), (rows, blocks)
+
+
+def _nf4_blocksize(blocksize):
+    if blocksize not in NF4_BLOCK_SIZES:
+        raise ValueError("blocksize=%r is not an NF4 block size (cuda_kernels.h: %s)"
+                         % (blocksize, ", ".join(map(str, NF4_BLOCK_SIZES))))
+    return blocksize
+
+
+def _block4_quantize_input(call, x, dtype, block):
+    """x of a block 4-bit quantizer: (its _Arg, rows, cols, packed shape, scales shape)."""
+    xa = call.input(x, "x", dtype, matrix=True, need=_FLOAT_INPUT)
+    rows, cols = _matrix(xa.shape, "x")
+    return (xa, rows, cols) + _block4_shapes(xa.shape, rows, cols, block)
+
+
+def _block4_dequantize_inputs(call, packed, scales, scales_name, scales_dtype, cols, block,
+                              out_dtype, out):
+    """packed [rows, (cols + 1) // 2] uint8 and its scales [rows, blocks] of a block 4-bit
+    dequantizer, and its output: (packed _Arg, scales _Arg, rows, output _Arg, out dtype)."""
+    pa = call.input(packed, "packed", matrix=True, need=np.uint8)
+    rows, packed_cols = _matrix(pa.shape, "packed")
+    if cols < 1 or packed_cols != (cols + 1) // 2:
+        raise ValueError("packed has %d bytes per row; cols=%d needs %d"
+                         % (packed_cols, cols, (cols + 1) // 2))
+    sa = call.input(scales, scales_name, need=scales_dtype)
+    _check_array(sa, scales_name, scales_dtype, rows * -(-cols // block))
+    ck_out = _as_dtype_enum(out_dtype, "out_dtype")
+    out_shape = (cols,) if len(pa.shape) == 1 else (rows, cols)
+    o = call.output(out_shape, _NUMPY_OF[ck_out], ck_out, out, "out")
+    return pa, sa, rows, o, ck_out
+
+
+def quantize_nf4(x, blocksize=64, dtype=None, stream=None, out=None):
+    """NF4 (bitsandbytes) quantization of x [rows, cols] (fp32, fp16, or bf16 with dtype="bf16")
+    in blocks of `blocksize` (32 .. 4096, a power of two; 64 is bitsandbytes' default) along
+    each row. Returns (packed uint8 [rows, (cols + 1) // 2], element 2i in the high nibble,
+    absmax float32 [rows, ceil(cols / blocksize)]). out: packed or (packed, absmax)."""
+    block = _nf4_blocksize(blocksize)
+    with _Call(x, stream) as call:
+        xa, rows, cols, packed_shape, scales_shape = _block4_quantize_input(call, x, dtype, block)
+        p_out, s_out = _split_out(out, 2, ("packed", "absmax"))
+        p = call.output(packed_shape, np.uint8, DType.UINT8, p_out, "packed")
+        s = call.output(scales_shape, np.float32, DType.FP32, s_out, "absmax")
+        raw.quantize_nf4(xa.ptr, xa.ck_dtype, rows, cols, block, p.ptr, s.ptr, call.stream)
+        return call.finish(p, s)
+
+
+def dequantize_nf4(packed, absmax, cols, blocksize=64, out_dtype="fp32", stream=None, out=None):
+    """NF4 packed [rows, (cols + 1) // 2] with float32 absmax [rows, ceil(cols / blocksize)]
+    -> out [rows, cols] of out_dtype ("fp32", "fp16" or "bf16": uint16 bit patterns)."""
+    block = _nf4_blocksize(blocksize)
+    with _Call(packed, stream) as call:
+        pa, sa, rows, o, ck_out = _block4_dequantize_inputs(
+            call, packed, absmax, "absmax", np.float32, cols, block, out_dtype, out)
+        raw.dequantize_nf4(pa.ptr, sa.ptr, rows, cols, block, o.ptr, ck_out, call.stream)
+        return call.finish(o)
+
+
+def quantize_mxfp4(x, dtype=None, stream=None, out=None):
+    """MXFP4 (OCP Microscaling) quantization of x [rows, cols] (fp32, fp16, or bf16 with
+    dtype="bf16"): E2M1 codes in blocks of 32 along each row. Returns (packed uint8
+    [rows, (cols + 1) // 2], element 2i in the low nibble, scales uint8 E8M0
+    [rows, ceil(cols / 32)]). out: packed or (packed, scales)."""
+    with _Call(x, stream) as call:
+        xa, rows, cols, packed_shape, scales_shape = _block4_quantize_input(call, x, dtype,
+                                                                            MXFP4_BLOCK)
+        p_out, s_out = _split_out(out, 2, ("packed", "scales"))
+        p = call.output(packed_shape, np.uint8, DType.UINT8, p_out, "packed")
+        s = call.output(scales_shape, np.uint8, DType.UINT8, s_out, "scales")
+        raw.quantize_mxfp4(xa.ptr, xa.ck_dtype, rows, cols, p.ptr, s.ptr, call.stream)
+        return call.finish(p, s)
+
+
+def dequantize_mxfp4(packed, scales, cols, out_dtype="fp32", stream=None, out=None):
+    """MXFP4 packed [rows, (cols + 1) // 2] with E8M0 scales uint8 [rows, ceil(cols / 32)]
+    -> out [rows, cols] of out_dtype ("fp32", "fp16" or "bf16": uint16 bit patterns)."""
+    with _Call(packed, stream) as call:
+        pa, sa, rows, o, ck_out = _block4_dequantize_inputs(
+            call, packed, scales, "scales", np.uint8, cols, MXFP4_BLOCK, out_dtype, out)
+        raw.dequantize_mxfp4(pa.ptr, sa.ptr, rows, cols, o.ptr, ck_out, call.stream)
+        return call.finish(o)
+
+
+def quantize_nvfp4(x, global_scale=None, dtype=None, stream=None, out=None):
+    """NVFP4 quantization of x [rows, cols] (fp32, fp16, or bf16 with dtype="bf16"): E2M1 codes
+    in blocks of 16 along each row under E4M3 block scales and one float32 global scale.
+
+    global_scale: None computes it on the device (2688 / amax(|x|), dynamic); given (one
+    float32, or a Python float: a calibrated scale, positive and finite) it is used as it is
+    (static). Returns (packed uint8 [rows, (cols + 1) // 2], element 2i in the low nibble,
+    scales uint8 E4M3 [rows, ceil(cols / 16)], global_scale float32 (1,)). out: packed or a
+    tuple of three."""
+    with _Call(x, stream) as call:
+        xa, rows, cols, packed_shape, scales_shape = _block4_quantize_input(call, x, dtype,
+                                                                            NVFP4_BLOCK)
+        p_out, s_out, g_out = _split_out(out, 3, ("packed", "scales", "global_scale"))
+        p = call.output(packed_shape, np.uint8, DType.UINT8, p_out, "packed")
+        s = call.output(scales_shape, np.uint8, DType.UINT8, s_out, "scales")
+        if global_scale is None:
+            mode = DYNAMIC
+            g = call.output((1,), np.float32, DType.FP32, g_out, "global_scale")
+        else:
+            mode = STATIC
+            g = call.input(global_scale, "global_scale", scalar_dtype=np.float32)
+            _check_array(g, "global_scale", np.float32, 1)
+        raw.quantize_nvfp4(xa.ptr, xa.ck_dtype, rows, cols, mode, g.ptr, p.ptr, s.ptr,
+                           call.stream)
+        return call.finish(p, s, g)
+
+
+def dequantize_nvfp4(packed, scales, global_scale, cols, out_dtype="fp32", stream=None, out=None):
+    """NVFP4 packed [rows, (cols + 1) // 2] with E4M3 scales uint8 [rows, ceil(cols / 16)] and
+    the float32 global_scale (one value, or a Python float) -> out [rows, cols] of out_dtype
+    ("fp32", "fp16" or "bf16": uint16 bit patterns)."""
+    with _Call(packed, stream) as call:
+        pa, sa, rows, o, ck_out = _block4_dequantize_inputs(
+            call, packed, scales, "scales", np.uint8, cols, NVFP4_BLOCK, out_dtype, out)
+        g = call.input(global_scale, "global_scale", scalar_dtype=np.float32)
+        _check_array(g, "global_scale", np.float32, 1)
+        raw.dequantize_nvfp4(pa.ptr, sa.ptr, g.ptr, rows, cols, o.ptr, ck_out, call.stream)
         return call.finish(o)
 
 

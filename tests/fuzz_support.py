@@ -18,7 +18,8 @@ kind:
     Enum(count)          a C enum with the values 0 .. count - 1 (else CK_STATUS_INVALID_VALUE)
     DTypeArg(accepted)   a ck_dtype_t: not one (CK_STATUS_INVALID_VALUE), or one the export does
                          not take (CK_STATUS_UNSUPPORTED)
-    GroupSize()          32, 64, 128 or CK_GROUP_ROW (else CK_STATUS_UNSUPPORTED)
+    GroupSize(sizes)     one of `sizes`: 32, 64, 128 or CK_GROUP_ROW by default, NF4's block
+                         sizes for its blocksize (else CK_STATUS_UNSUPPORTED)
     Stream()             the stream: a handle, drawn among the ones CUDA defines (0, the legacy
                          and the per-thread default streams); never garbage, which a launch
                          would dereference
@@ -464,23 +465,30 @@ class DTypeArg(Kind):
 
 
 GROUP_SIZES = (32, 64, 128, ck.GROUP_ROW)
+NF4_BLOCK_SIZES = ck.NF4_BLOCK_SIZES   # ck_quantize_nf4's blocksize: bitsandbytes' sizes
 
 
 class GroupSize(Kind):
+    """A group or block size: one of `sizes` (the INT4 group sizes by default; else
+    CK_STATUS_UNSUPPORTED)."""
+
+    def __init__(self, sizes=GROUP_SIZES):
+        self.sizes = tuple(sizes)
+
     def example(self):
         return 128
 
     def valid(self):
-        return st.sampled_from(GROUP_SIZES)
+        return st.sampled_from(self.sizes)
 
     def any(self):
-        odd = (0, 1, 2, 16, 31, 33, 48, 96, 127, 129, 256, 4096, -2, -32, -128)
-        return st.one_of(st.sampled_from(odd + GROUP_SIZES), st.sampled_from(SPECIAL_SIZES),
+        odd = (0, 1, 2, 16, 31, 33, 48, 96, 127, 129, 256, 4096, 8192, -2, -32, -128)
+        return st.one_of(st.sampled_from(odd + self.sizes), st.sampled_from(SPECIAL_SIZES),
                          st.integers(INT64_MIN, INT64_MAX))
 
     def violations(self, name, label, args):
         value = args[name]
-        if value not in GROUP_SIZES:
+        if value not in self.sizes:
             return [Violation(Status.UNSUPPORTED, (label,), (value,))]
         return []
 
@@ -714,6 +722,20 @@ def linear_multiples(args):
         return []
     per_vector = 16 // _element_size(args["dtype"])
     return (multiple_of("k", per_vector)(args) + multiple_of("n", per_vector)(args))
+
+
+def nf4_absmax_bytes(args):
+    """ck_quantize_nf4 / ck_dequantize_nf4: the float32 absmax [rows, ceil(cols / blocksize)]
+    has a byte count that fits in int64_t (checked once the matrix and the block size pass)."""
+    rows, cols, blocksize = args["rows"], args["cols"], args["blocksize"]
+    dtype_arg = "x_dtype" if "x_dtype" in args else "out_dtype"
+    size = _element_size(args[dtype_arg])
+    if size is None or not _positive(args, "rows", "cols") or rows * cols * size > INT64_MAX \
+            or blocksize not in NF4_BLOCK_SIZES:
+        return []
+    if rows * -(-cols // blocksize) * 4 > INT64_MAX:
+        return [Violation(Status.INVALID_VALUE, ("rows",), (rows,))]
+    return []
 
 
 # ck_w4a16_prepacked_bytes returns 0 (and ck_w4a16_prepack refuses the call) beyond N or K of
@@ -1043,6 +1065,34 @@ DESCRIPTIONS = {
         {"q_ptr": Pointer(1), "scales_ptr": Pointer("out_dtype"), "zeros_ptr": ZeroPoints(),
          "rows": Size(), "cols": Size(), "group_size": GroupSize(), "mode": INT4_MODE,
          "out_ptr": Pointer("out_dtype"), "out_dtype": FLOATS, "stream": Stream()},
+        (matrix_bytes("rows", "cols", "out_dtype"),)),
+    "ck_quantize_nf4": Description(
+        {"x_ptr": Pointer("x_dtype"), "x_dtype": FLOATS, "rows": Size(), "cols": Size(),
+         "blocksize": GroupSize(NF4_BLOCK_SIZES), "packed_ptr": Pointer(1),
+         "absmax_ptr": Pointer(4), "stream": Stream()},
+        (matrix_bytes("rows", "cols", "x_dtype"), nf4_absmax_bytes)),
+    "ck_dequantize_nf4": Description(
+        {"packed_ptr": Pointer(1), "absmax_ptr": Pointer(4), "rows": Size(), "cols": Size(),
+         "blocksize": GroupSize(NF4_BLOCK_SIZES), "out_ptr": Pointer("out_dtype"),
+         "out_dtype": FLOATS, "stream": Stream()},
+        (matrix_bytes("rows", "cols", "out_dtype"), nf4_absmax_bytes)),
+    "ck_quantize_mxfp4": Description(
+        {"x_ptr": Pointer("x_dtype"), "x_dtype": FLOATS, "rows": Size(), "cols": Size(),
+         "packed_ptr": Pointer(1), "scales_ptr": Pointer(1), "stream": Stream()},
+        (matrix_bytes("rows", "cols", "x_dtype"),)),
+    "ck_dequantize_mxfp4": Description(
+        {"packed_ptr": Pointer(1), "scales_ptr": Pointer(1), "rows": Size(), "cols": Size(),
+         "out_ptr": Pointer("out_dtype"), "out_dtype": FLOATS, "stream": Stream()},
+        (matrix_bytes("rows", "cols", "out_dtype"),)),
+    "ck_quantize_nvfp4": Description(
+        {"x_ptr": Pointer("x_dtype"), "x_dtype": FLOATS, "rows": Size(), "cols": Size(),
+         "scale_mode": SCALE_MODE, "global_scale_ptr": Pointer(4), "packed_ptr": Pointer(1),
+         "scales_ptr": Pointer(1), "stream": Stream()},
+        (matrix_bytes("rows", "cols", "x_dtype"),)),
+    "ck_dequantize_nvfp4": Description(
+        {"packed_ptr": Pointer(1), "scales_ptr": Pointer(1), "global_scale_ptr": Pointer(4),
+         "rows": Size(), "cols": Size(), "out_ptr": Pointer("out_dtype"), "out_dtype": FLOATS,
+         "stream": Stream()},
         (matrix_bytes("rows", "cols", "out_dtype"),)),
     "ck_gemm_int8": Description(
         dict(_int8_gemm_shape(), c_ptr=Pointer(4), stream=Stream()),

@@ -435,6 +435,85 @@ DEQUANTIZE_INT4_CASES = (
        ("misaligned-out-fp32", dict(out_ptr=O + 2, out_dtype=DType.FP32), MISALIGNED, ["out"])]
 )
 
+# Block 4-bit formats: packed codes and uint8 scales take any address; NF4's absmax and NVFP4's
+# global_scale are float32 (4-byte aligned); x and out are aligned to their element size.
+# NF4's absmax [rows, ceil(cols / blocksize)] overflows a byte count where the [rows, 1]
+# matrix of 2-byte elements does not.
+GS = 0x7F0001500000   # NVFP4's global_scale
+BAD_NF4_BLOCK_SIZES = [16, 48, 0, -64, 96, 8192, 1, 4097]
+
+
+def block4_matrix_cases(dtype_arg, name, base):
+    """A block 4-bit call's rules of its elements: the dtype, the shape, and the alignment of
+    the element pointer `name` (x or out, at `base`)."""
+    ptr = name + "_ptr"
+    return (bad_dtypes(dtype_arg)
+            + rows_cols_cases((0, -1), (0, -9), **{dtype_arg: DType.FP32})
+            + [("misaligned-%s-fp32" % name, {ptr: base + 2, dtype_arg: DType.FP32},
+                MISALIGNED, [name]),
+               ("misaligned-%s-fp16" % name, {ptr: base + 1, dtype_arg: DType.FP16},
+                MISALIGNED, [name]),
+               ("misaligned-%s-bf16" % name, {ptr: base + 1, dtype_arg: DType.BF16},
+                MISALIGNED, [name])])
+
+
+def nf4_blocksize_cases():
+    return (bad("blocksize", BAD_NF4_BLOCK_SIZES, UNSUPPORTED)
+            + [("misaligned-absmax", dict(absmax_ptr=S + 2), MISALIGNED, ["absmax"]),
+               ("overflow-absmax-bytes", dict(rows=2**61, cols=1, blocksize=32), INVALID,
+                ["rows"])])
+
+
+QUANTIZE_NF4 = dict(x_ptr=X, x_dtype=DType.FP16, rows=4, cols=256, blocksize=64, packed_ptr=Q,
+                    absmax_ptr=S)
+QUANTIZE_NF4_CASES = (
+    null("x", "packed", "absmax")
+    + block4_matrix_cases("x_dtype", "x", X)
+    + nf4_blocksize_cases()
+)
+
+DEQUANTIZE_NF4 = dict(packed_ptr=Q, absmax_ptr=S, rows=4, cols=256, blocksize=64, out_ptr=O,
+                      out_dtype=DType.FP16)
+DEQUANTIZE_NF4_CASES = (
+    null("packed", "absmax", "out")
+    + block4_matrix_cases("out_dtype", "out", O)
+    + nf4_blocksize_cases()
+)
+
+QUANTIZE_MXFP4 = dict(x_ptr=X, x_dtype=DType.BF16, rows=4, cols=256, packed_ptr=Q, scales_ptr=S)
+QUANTIZE_MXFP4_CASES = (
+    null("x", "packed", "scales")
+    + block4_matrix_cases("x_dtype", "x", X)
+)
+
+DEQUANTIZE_MXFP4 = dict(packed_ptr=Q, scales_ptr=S, rows=4, cols=256, out_ptr=O,
+                        out_dtype=DType.BF16)
+DEQUANTIZE_MXFP4_CASES = (
+    null("packed", "scales", "out")
+    + block4_matrix_cases("out_dtype", "out", O)
+)
+
+QUANTIZE_NVFP4 = dict(x_ptr=X, x_dtype=DType.FP32, rows=4, cols=256, scale_mode=ck.DYNAMIC,
+                      global_scale_ptr=GS, packed_ptr=Q, scales_ptr=S)
+QUANTIZE_NVFP4_CASES = (
+    null("x", "global_scale", "packed", "scales")
+    + [("null-global_scale-static", dict(global_scale_ptr=0, scale_mode=ck.STATIC), INVALID,
+        ["global_scale"]),
+       ("misaligned-global_scale", dict(global_scale_ptr=GS + 2), MISALIGNED, ["global_scale"]),
+       ("misaligned-global_scale-static", dict(global_scale_ptr=GS + 1, scale_mode=ck.STATIC),
+        MISALIGNED, ["global_scale"])]
+    + bad("scale_mode", (2, -1, 99), INVALID)
+    + block4_matrix_cases("x_dtype", "x", X)
+)
+
+DEQUANTIZE_NVFP4 = dict(packed_ptr=Q, scales_ptr=S, global_scale_ptr=GS, rows=4, cols=256,
+                        out_ptr=O, out_dtype=DType.FP32)
+DEQUANTIZE_NVFP4_CASES = (
+    null("packed", "scales", "global_scale", "out")
+    + [("misaligned-global_scale", dict(global_scale_ptr=GS + 2), MISALIGNED, ["global_scale"])]
+    + block4_matrix_cases("out_dtype", "out", O)
+)
+
 # Matrix products. a, b (the weight), c/out, the two scale vectors and the bias get their own fake
 # addresses. Rules (cuda_kernels.h): K a multiple of 16 (and N for CK_LAYOUT_KN), a and b 16-byte
 # aligned, c 4-byte aligned, scales 4-byte aligned, bias and out aligned to out_dtype; ck_linear:
@@ -843,6 +922,8 @@ STRUCT_CALLS = {"ck_moe_workspace_size": moe_workspace_size, "ck_moe_forward": m
 ENTRY_POINTS = {
     "ck_" + table.lower(): (globals()[table], globals()[table + "_CASES"])
     for table in ("QUANTIZE_INT8", "DEQUANTIZE_INT8", "QUANTIZE_INT4", "DEQUANTIZE_INT4",
+                  "QUANTIZE_NF4", "DEQUANTIZE_NF4", "QUANTIZE_MXFP4", "DEQUANTIZE_MXFP4",
+                  "QUANTIZE_NVFP4", "DEQUANTIZE_NVFP4",
                   "GEMM_INT8", "GEMM_INT8_SCALED", "LINEAR", "GEMM_W4A16", "GEMM_W4A16_PREPACKED",
                   "W4A16_PREPACK", "IMPORT_GPTQ", "IMPORT_AWQ", "PERMUTE_COLUMNS", "GEMM_INT4",
                   "GEMM_INT4_SCALED", "MOE_ROUTE", "MOE_PREPACK", "MOE_WORKSPACE_SIZE",

@@ -24,6 +24,8 @@
 //   quantization adds one more read of x.
 #include "kernels/quantize/quantize.cuh"
 
+#include "kernels/quantize/chunk_map.cuh"
+
 namespace ck {
 namespace {
 
@@ -116,46 +118,6 @@ __device__ __forceinline__ void store_codes(code_t<Fmt>* row_q, int64_t c0, int 
 // Bytes of codes in one row.
 template <class Fmt> __device__ __forceinline__ int64_t code_row_bytes(int64_t cols) {
     return std::is_same<Fmt, Int8Sym>::value ? cols : (cols + 1) / 2;
-}
-
-// Elements of the chunk starting at column c0 that lie inside the row (0 past its end).
-__device__ __forceinline__ int chunk_count(int64_t cols, int64_t c0) {
-    return c0 >= cols ? 0 : cols - c0 < kChunk ? int(cols - c0) : kChunk;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Element-wise kernels: one generic walker over the 2-D chunk grid and one small op per job.
-// Each thread takes Op::kUnroll chunks per step (blockDim.x chunks apart, so warps stay
-// coalesced) and issues all their loads before storing any result. Encoders gain from 2 chunks
-// in flight, decoders lose (benchmarks/NOTES.md), so each op says.
-// ---------------------------------------------------------------------------------------------
-template <class Op>
-__global__ void __launch_bounds__(kBlockThreads) map_chunks_kernel(Op op, int64_t rows, int64_t cols) {
-    constexpr int kUnroll = Op::kUnroll;
-    const int64_t chunks = ceil_div(cols, kChunk);
-    const int64_t step = int64_t(gridDim.x) * blockDim.x * kUnroll;
-    for (int64_t r = blockIdx.y * int64_t(blockDim.y) + threadIdx.y; r < rows;
-         r += int64_t(gridDim.y) * blockDim.y) {
-        op.begin_row(r);
-        for (int64_t cb = blockIdx.x * int64_t(blockDim.x) * kUnroll + threadIdx.x; cb < chunks; cb += step) {
-            typename Op::Frag frag[kUnroll];
-            int n[kUnroll];
-#pragma unroll
-            for (int u = 0; u < kUnroll; ++u) {
-                n[u] = chunk_count(cols, (cb + u * int64_t(blockDim.x)) * kChunk);
-                if (n[u] > 0) op.load(r, (cb + u * int64_t(blockDim.x)) * kChunk, n[u], frag[u]);
-            }
-#pragma unroll
-            for (int u = 0; u < kUnroll; ++u)
-                if (n[u] > 0) op.store(r, (cb + u * int64_t(blockDim.x)) * kChunk, n[u], frag[u]);
-        }
-    }
-}
-
-template <class Op>
-void launch_map(const Op& op, int64_t rows, int64_t cols, cudaStream_t stream) {
-    const RowLaunch l = row_launch(rows, ceil_div(ceil_div(cols, kChunk), Op::kUnroll));
-    map_chunks_kernel<Op><<<l.grid, l.block, 0, stream>>>(op, rows, cols);
 }
 
 // Int8 encode with a known scale: static per tensor / per row, or per tensor from the absmax a
@@ -420,9 +382,15 @@ row_quantize_kernel(const T* __restrict__ x, code_t<Fmt>* __restrict__ q,
 // Blocks for grid-stride kernels that should not exceed one wave by much (reductions).
 int64_t resident_blocks() { return int64_t(std::max(sm_count(), 1)) * (2048 / kBlockThreads); }
 
-template <typename T>
-bool vector_ok(int64_t cols, const void* a, size_t a_align, const void* b, size_t b_align) {
-    return cols % kChunk == 0 && is_aligned(a, a_align) && is_aligned(b, b_align);
+// max |x| over the n elements of x (NaN ignored) into *absmax: zeroed, then one atomicMax per
+// block of absmax_kernel.
+template <typename T, bool kVec>
+cudaError_t launch_tensor_absmax(const T* x, int64_t n, float* absmax, cudaStream_t stream) {
+    const cudaError_t err = cudaMemsetAsync(absmax, 0, sizeof(float), stream);
+    if (err != cudaSuccess) return err;
+    const int64_t blocks = std::min(ceil_div(ceil_div(n, kChunk), kBlockThreads), resident_blocks());
+    absmax_kernel<T, kVec><<<unsigned(blocks), kBlockThreads, 0, stream>>>(x, n, absmax);
+    return cudaGetLastError();
 }
 
 // Per-row launch of row_quantize_kernel: a warp per row for short rows, a block for long ones.
@@ -456,10 +424,8 @@ cudaError_t launch_int8_quantize(const T* x, int64_t rows, int64_t cols, ck_gran
     // Per tensor: the rows do not matter, so the tensor is one long row.
     const int64_t n = rows * cols;
     if (mode == CK_SCALE_DYNAMIC) {
-        const cudaError_t err = cudaMemsetAsync(scales, 0, sizeof(float), stream);
+        const cudaError_t err = launch_tensor_absmax<T, kVec>(x, n, scales, stream);
         if (err != cudaSuccess) return err;
-        const int64_t blocks = std::min(ceil_div(ceil_div(n, kChunk), kBlockThreads), resident_blocks());
-        absmax_kernel<T, kVec><<<unsigned(blocks), kBlockThreads, 0, stream>>>(x, n, scales);
         launch_map(Int8EncodeOp<T, kVec, false, true>{x, scales, q, n}, 1, n, stream);
         absmax_to_scale_kernel<<<1, 1, 0, stream>>>(scales);
     } else {
@@ -496,7 +462,7 @@ cudaError_t quantize_int8(const void* x, ck_dtype_t dtype, int64_t rows, int64_t
     return dispatch_float_dtype(dtype, [&](auto tag) {
         using T = decltype(tag);
         const int64_t vec_cols = granularity == CK_PER_TENSOR ? rows * cols : cols;
-        return with_bool(vector_ok<T>(vec_cols, x, 16, q, 8), [&](auto vec) {
+        return with_bool(vector_ok(vec_cols, x, 16, q, 8), [&](auto vec) {
             return launch_int8_quantize<T, vec>(static_cast<const T*>(x), rows, cols, granularity,
                                                 mode, scales, q, stream);
         });
@@ -511,7 +477,7 @@ cudaError_t dequantize_int8(const int8_t* q, const float* scales, int64_t rows, 
     const int64_t r = per_row ? rows : 1, c = per_row ? cols : rows * cols;
     return dispatch_float_dtype(dtype, [&](auto tag) {
         using T = decltype(tag);
-        return with_bool(vector_ok<T>(c, q, 8, out, 16), [&](auto vec) {
+        return with_bool(vector_ok(c, q, 8, out, 16), [&](auto vec) {
             return with_bool(per_row, [&](auto row) {
                 launch_map(Int8DecodeOp<T, vec, row>{q, scales, static_cast<T*>(out), c}, r, c, stream);
                 return cudaGetLastError();
@@ -527,7 +493,7 @@ cudaError_t quantize_int4(const void* x, ck_dtype_t dtype, int64_t rows, int64_t
         using T = decltype(tag);
         const T* xt = static_cast<const T*>(x);
         T* st = static_cast<T*>(scales);
-        return with_bool(vector_ok<T>(cols, x, 16, q, 4), [&](auto vec) {
+        return with_bool(vector_ok(cols, x, 16, q, 4), [&](auto vec) {
             if (mode == CK_INT4_ASYMMETRIC)
                 launch_int4_quantize<T, vec, Int4Asym>(xt, rows, cols, group_size, q, st, zeros, stream);
             else
@@ -546,12 +512,22 @@ cudaError_t dequantize_int4(const uint8_t* q, const void* scales, const uint8_t*
     return dispatch_float_dtype(dtype, [&](auto tag) {
         using T = decltype(tag);
         const T* st = static_cast<const T*>(scales);
-        return with_bool(vector_ok<T>(cols, q, 4, out, 16), [&](auto vec) {
+        return with_bool(vector_ok(cols, q, 4, out, 16), [&](auto vec) {
             return with_bool(mode == CK_INT4_ASYMMETRIC, [&](auto asym) {
                 launch_map(Int4DecodeOp<T, vec, asym>{q, st, zeros, static_cast<T*>(out), cols, groups, shift},
                            rows, cols, stream);
                 return cudaGetLastError();
             });
+        });
+    });
+}
+
+cudaError_t tensor_absmax(const void* x, ck_dtype_t dtype, int64_t n, float* absmax,
+                          cudaStream_t stream) {
+    return dispatch_float_dtype(dtype, [&](auto tag) {
+        using T = decltype(tag);
+        return with_bool(n % kChunk == 0 && is_aligned(x, 16), [&](auto vec) {
+            return launch_tensor_absmax<T, vec>(static_cast<const T*>(x), n, absmax, stream);
         });
     });
 }

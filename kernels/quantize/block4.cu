@@ -276,17 +276,17 @@ block4_quantize_kernel(const T* __restrict__ x, uint8_t* __restrict__ packed,
         for (int64_t tb = blockIdx.x * int64_t(blockDim.x); tb < lanes; tb += int64_t(gridDim.x) * blockDim.x) {
             const int64_t b = (tb + threadIdx.x) / kTeam;  // this team's block
             const bool ok = r < rows && b < blocks;
-            // Column of chunk i of this lane; n[i] of its elements lie in the row.
+            // Column of chunk i of this lane (chunk_count says how many of its elements lie
+            // in the row).
             auto column = [&](int i) { return b * kBlock + (int64_t(i) * kTeam + lane) * kChunk; };
             float v[kCached ? kPer : 1][kChunk];
-            int n[kPer];
             BlockStats stats;
 #pragma unroll
             for (int i = 0; i < kPer; ++i) {
-                n[i] = ok ? chunk_count(cols, column(i)) : 0;
+                const int n = ok ? chunk_count(cols, column(i)) : 0;
                 float(&vi)[kChunk] = v[kCached ? i : 0];
-                if (n[i] > 0) {
-                    load_chunk<T, kVec>(x + r * cols + column(i), n[i], vi);
+                if (n > 0) {
+                    load_chunk<T, kVec>(x + r * cols + column(i), n, vi);
                     accumulate<Fmt>(stats, vi);
                 }
             }
@@ -298,13 +298,14 @@ block4_quantize_kernel(const T* __restrict__ x, uint8_t* __restrict__ packed,
             if (lane == 0) scales[r * blocks + b] = stored;
 #pragma unroll
             for (int i = 0; i < kPer; ++i) {
-                if (n[i] <= 0) continue;
+                const int n = chunk_count(cols, column(i));
+                if (n <= 0) continue;
                 float(&vi)[kChunk] = v[kCached ? i : 0];
-                if (!kCached) load_chunk<T, kVec>(x + r * cols + column(i), n[i], vi);
+                if (!kCached) load_chunk<T, kVec>(x + r * cols + column(i), n, vi);
                 int codes[kChunk];
 #pragma unroll
                 for (int k = 0; k < kChunk; ++k) codes[k] = Fmt::encode(vi[k], p);
-                store_codes<Fmt, kVec>(packed + r * row_bytes + column(i) / 2, n[i], codes);
+                store_codes<Fmt, kVec>(packed + r * row_bytes + column(i) / 2, n, codes);
             }
         }
     }

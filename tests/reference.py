@@ -1428,11 +1428,15 @@ def quantize_nvfp4(x, dtype, global_scale=None):
             raise ValueError(f"global_scale must be one positive finite float32, got {g}")
         g = g[0]
     amax = np.max(np.abs(_blocked(_nan_to_zero(xf), NVFP4_BLOCK)), axis=2)
-    scales = e4m3_encode(g * (amax * _F32_SIXTH))
+    # A huge given scale overflows these float32 products to inf, as on the device: E4M3 and
+    # E2M1 saturate.
+    with np.errstate(over="ignore"):
+        scales = e4m3_encode(g * (amax * _F32_SIXTH))
     scale_f32 = e4m3_decode(scales)
     with np.errstate(divide="ignore"):
         out = np.where(scale_f32 == 0, np.float32(0), _F32_ONE / (scale_f32 * (_F32_ONE / g)))
-    codes = e2m1_encode(xf * out.astype(np.float32)[:, _block_of_col(xf.shape[1], NVFP4_BLOCK)])
+    with np.errstate(over="ignore"):
+        codes = e2m1_encode(xf * out.astype(np.float32)[:, _block_of_col(xf.shape[1], NVFP4_BLOCK)])
     return pack_fp4(codes), scales, np.array([g], dtype=np.float32)
 
 

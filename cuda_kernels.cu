@@ -275,7 +275,8 @@ ck_status_t prepack_operands(const Check& check, const uint8_t* w_packed, const 
 
 // ---------------------------------------------------------------------------------------------
 // W4A16 GEMMs: operands and variants. "small_m" streams the weight once in either layout;
-// "tc" runs tensor-core tiles on a prepacked weight; the reference kernel reads both layouts.
+// "tc" runs tensor-core tiles on a prepacked weight, "wgmma" Hopper's (forced only, for now);
+// the reference kernel reads both layouts.
 // ---------------------------------------------------------------------------------------------
 std::string w4a16_facts(const ck::GemmW4A16Args& args) {
     return ck::formatted("m=%lld, n=%lld, %s weight", (long long)args.m, (long long)args.n,
@@ -284,6 +285,14 @@ std::string w4a16_facts(const ck::GemmW4A16Args& args) {
 
 bool w4a16_tc_serves(const ck::GemmW4A16Args& args, int cc) {
     return cc >= kMmaMinArch && args.prepacked;
+}
+
+// The Hopper kernel: large M on a prepacked weight, 32-bit TMA coordinates (m, k, n8 tiles).
+constexpr int64_t kWgmmaW4A16MinM = 64;  // it serves m > 64 (128-row tiles)
+static_assert(kWgmmaW4A16MinM == 64, "update the wgmma row's needs text");
+bool w4a16_wgmma_serves(const ck::GemmW4A16Args& args, int) {
+    return args.prepacked && args.m > kWgmmaW4A16MinM && args.m <= INT32_MAX &&
+           args.k <= INT32_MAX && args.tiles8 <= INT32_MAX && ck::gemm_w4a16_wgmma_available();
 }
 
 // On a prepacked weight, "small_m" is that layout's streaming kernel (a deeper pipeline).
@@ -297,6 +306,12 @@ const ck::Variant<ck::GemmW4A16Args> kGemmW4A16Rows[] = {
      "m <= 16 and compute capability 8.0 or newer"},
     {"tc", ck::gemm_w4a16_prepacked_tc, w4a16_tc_serves,
      "a prepacked weight (ck_gemm_w4a16_prepacked) and compute capability 8.0 or newer"},
+    // After "tc" on purpose: tc serves every call that wgmma serves, so "auto" never picks
+    // wgmma; it runs only when CK_GEMM_W4A16_KERNEL=wgmma forces it, until it is measured
+    // against tc on the GPU (then it moves above tc for the shapes where it wins).
+    {"wgmma", ck::gemm_w4a16_prepacked_wgmma, w4a16_wgmma_serves,
+     "a prepacked weight (ck_gemm_w4a16_prepacked), m > 64, m, k and n / 8 below 2^31, a "
+     "compute capability 9.0 GPU and a build with sm_90a"},
     {"reference", ck::gemm_w4a16_reference, ck::any_call, "nothing"},
 };
 const auto kGemmW4A16 = ck::variant_table("CK_GEMM_W4A16_KERNEL", kGemmW4A16Rows, w4a16_facts);

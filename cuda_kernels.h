@@ -377,7 +377,7 @@ CK_API ck_status_t ck_gemm_int8_scaled(const int8_t* a, const int8_t* b, ck_layo
  * prepacked entry point was faster at M <= 16 on every benchmarked shape (symmetric g128, H100)
  * and has the tensor-core path for M > 16.
  * CK_GEMM_W4A16_KERNEL forces a variant: "small_m" (M <= 16, sm_80+), "reference" or "auto"
- * ("tc" needs the prepacked layout: CK_STATUS_UNSUPPORTED here).
+ * ("tc" and "wgmma" need the prepacked layout: CK_STATUS_UNSUPPORTED here).
  * Requirements: M, N >= 1; K >= 32 and a multiple of 32; group_size 32, 64, 128 or
  * CK_GROUP_ROW; x and w_packed 16-byte aligned; scales, bias and out aligned to `dtype`. */
 CK_API ck_status_t ck_gemm_w4a16(const void* x, ck_dtype_t dtype, const uint8_t* w_packed,
@@ -429,7 +429,9 @@ CK_API ck_status_t ck_w4a16_prepack(const uint8_t* w_packed, const void* scales,
  * mode): out[M, N] = act(x[M, K] w'[N, K]^T + bias[N]). For M <= 16 a weight-streaming kernel
  * keeps a deep pipeline of weight bytes in flight; larger M runs tensor-core tiles (sm_80+).
  * CK_GEMM_W4A16_KERNEL forces a variant: "small_m" (M <= 16, sm_80+), "tc" (sm_80+),
- * "reference" or "auto" (a variant that cannot serve the call returns CK_STATUS_UNSUPPORTED).
+ * "wgmma" (M > 64 on a compute capability 9.0 GPU, M and K below 2^31: wgmma fed by TMA; not
+ * chosen by "auto" yet), "reference" or "auto" (a variant that cannot serve the call returns
+ * CK_STATUS_UNSUPPORTED).
  * Requirements: as ck_gemm_w4a16; w_prepacked, scales_prepacked and zeros_prepacked 16-byte
  * aligned. out must not overlap x, the weight, its scales and zeros or the bias. */
 CK_API ck_status_t ck_gemm_w4a16_prepacked(const void* x, ck_dtype_t dtype,

@@ -1087,7 +1087,7 @@ KERNEL_OVERRIDES = [
             ("no-bias", dict(bias_ptr=0, activation=ck.ACTIVATION_NONE)),
             ("per-tensor", dict(a_granularity=ck.PER_TENSOR, b_granularity=ck.PER_TENSOR))]]),
     KernelOverride(
-        "CK_GEMM_W4A16_KERNEL", W4A16_GEMMS, ("auto", "reference", "small_m", "tc"),
+        "CK_GEMM_W4A16_KERNEL", W4A16_GEMMS, ("auto", "reference", "small_m", "tc", "wgmma"),
         # Any M and N, K a multiple of 32, any supported group size (K need not be a multiple
         # of it), bias NULL.
         [(case_id, changes, W4A16_GEMMS) for case_id, changes in [

@@ -172,9 +172,16 @@ def int4_variant(rng, m):
     return pick(rng, ["auto", "reference", "mma"] + (["small_m"] if m <= SMALL_M_MAX else []))
 
 
+WGMMA_W4A16_MIN_M = 65  # the W4A16 wgmma kernel serves m > 64 on a prepacked weight
+
+
 def w4a16_variant(rng, m, prepacked):
     served = ["auto", "reference"] + (["small_m"] if m <= SMALL_M_MAX else [])
-    return pick(rng, served + (["tc"] if prepacked else []))
+    if prepacked:
+        served.append("tc")
+        if m >= WGMMA_W4A16_MIN_M:
+            served.append("wgmma")
+    return pick(rng, served)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -7,9 +7,10 @@
   dequantized exactly as ck_dequantize_int4 does, rounded to dtype) under a tolerance derived
   from float32 accumulation plus half an ulp of the output dtype; ||err|| / ||ref|| is printed.
 - dtype fp16/bf16 x mode sym/asym x group 32/64/128/row x kernel variant (CK_GEMM_W4A16_KERNEL =
-  reference, small_m for M <= 16, auto) x shapes with partial tiles in M, N and K (and partial
-  last groups), bias or not, ReLU or not; one full-size layer on small_m; small_m and reference
-  agree on the same data; a forced variant that cannot serve is CK_STATUS_UNSUPPORTED.
+  reference, small_m for M <= 16, tc, wgmma for M > 64 on compute capability 9.0, auto) x shapes
+  with partial tiles in M, N and K (and partial last groups), bias or not, ReLU or not; full-size
+  layers; small_m and reference agree on the same data; a forced variant that cannot serve is
+  CK_STATUS_UNSUPPORTED; auto does not pick wgmma yet.
 - Every output is poisoned and sits between guard regions (gpu_support.GuardedBuffer):
   an unwritten element or an out-of-bounds write fails. CUDA graph capture and replay. The
   wrapper's ck.gemm_w4a16 (NumPy in/out, DeviceArray in/out, out=) against the raw call.
@@ -39,9 +40,11 @@ KERNEL_ENV = "CK_GEMM_W4A16_KERNEL"
 # Each variant is (entry point, CK_GEMM_W4A16_KERNEL): "plain" is ck_gemm_w4a16 on the
 # interchange layout, "packed" ck_gemm_w4a16_prepacked on what ck_w4a16_prepack made of it.
 VARIANTS = (("plain", "reference"), ("plain", "small_m"), ("plain", "auto"),
-            ("packed", "reference"), ("packed", "small_m"), ("packed", "tc"), ("packed", "auto"))
+            ("packed", "reference"), ("packed", "small_m"), ("packed", "tc"), ("packed", "wgmma"),
+            ("packed", "auto"))
 FORCED = {v for v in VARIANTS if v[1] != "auto"}
 SMALL_M_MAX = 16  # the small_m kernel serves m <= 16 (compute capability 8.0+)
+WGMMA_MIN_M = 65  # the wgmma kernel serves m > 64 (compute capability 9.0, prepacked weights)
 
 
 def variant_id(variant):
@@ -98,6 +101,7 @@ def use_variant(monkeypatch, variant, m):
     or an (entry point, kernel) pair; returns whether it is prepacked."""
     entry, kernel = variant if isinstance(variant, tuple) else ("plain", variant)
     assert kernel != "small_m" or m <= SMALL_M_MAX, "small_m serves m <= 16"
+    assert kernel != "wgmma" or m >= WGMMA_MIN_M, "wgmma serves m > 64"
     force_variant(monkeypatch, KERNEL_ENV, kernel)
     return entry == "packed"
 
@@ -230,15 +234,16 @@ def make_call(rng, shape, dtype, mode, group_size, source="quantized", bias=True
 # ---------------------------------------------------------------------------------------------
 # Every variant, dtype and mode over shapes with partial tiles
 # ---------------------------------------------------------------------------------------------
-# (M, N, K): M in {1, 2, 5, 8, 9, 16, 17, 33, 100}, N in {1, 7, 8, 9, 64, 100, 1000, 4096},
-# K in {32, 64, 96, 160, 1024, 4096}, each value several times, paired so that tiles are partial
-# in every dimension and the last group of a row is partial (K = 96 with groups of 64, K = 160
-# with groups of 64 and 128). M <= 16 runs on small_m as well as on the reference kernel.
+# (M, N, K): M in {1, 2, 5, 8, 9, 16, 17, 33, 65, 100, 129, 257}, N in {1, 7, 8, 9, 64, 100,
+# 136, 1000, 4096}, K in {32, 64, 96, 160, 1024, 4096}, each value several times, paired so that
+# tiles are partial in every dimension and the last group of a row is partial (K = 96 with
+# groups of 64, K = 160 with groups of 64 and 128). M <= 16 runs on small_m as well as on the
+# reference kernel, M > 64 on wgmma (128 x 128 tiles: 65, 129 and 257 leave one row over).
 SHAPES = [
     (1, 1, 32), (1, 4096, 1024), (1, 100, 4096), (2, 7, 64), (2, 1000, 160), (5, 9, 96),
     (5, 64, 4096), (8, 8, 32), (8, 100, 1024), (9, 1000, 64), (9, 7, 4096), (16, 4096, 96),
     (16, 9, 160), (17, 64, 1024), (17, 1, 32), (33, 100, 160), (33, 4096, 64), (100, 8, 96),
-    (100, 1000, 1024),
+    (100, 1000, 1024), (65, 7, 160), (129, 136, 1024), (257, 4096, 96), (65, 1000, 4096),
 ]
 # Each shape gets one group size, one weight source, bias or not and ReLU or not, rotated so
 # that every value meets every variant, dtype and mode (test_gemm_w4a16_group_sizes crosses the
@@ -255,6 +260,8 @@ DTYPE_MODES = [(dtype, mode) for dtype in ref.W4A16_DTYPES for mode in ref.INT4_
 
 
 def variant_serves(variant, m):
+    if variant[1] == "wgmma":
+        return m >= WGMMA_MIN_M
     return variant[1] != "small_m" or m <= SMALL_M_MAX
 
 
@@ -291,16 +298,18 @@ def test_gemm_w4a16(variant, dtype, mode, shape, group_size, source, bias, activ
 
 
 # K = 160: a partial last group of 64 and of 128; K = 4096: many groups. The two alternate
-# over the group sizes.
+# over the group sizes. wgmma (M > 64) takes the same N and K with more rows.
 GROUP_SHAPES = [(9, 100, 160), (3, 72, 4096)]
+GROUP_SHAPES_LARGE_M = [(137, 100, 160), (67, 72, 4096)]
 
 
 def group_cases():
     for variant in (("plain", "reference"), ("plain", "small_m"), ("packed", "small_m"),
-                    ("packed", "tc")):
+                    ("packed", "tc"), ("packed", "wgmma")):
+        shapes = GROUP_SHAPES_LARGE_M if variant[1] == "wgmma" else GROUP_SHAPES
         for dtype, mode in DTYPE_MODES:
             for i, group in enumerate(ref.INT4_GROUP_SIZES):
-                shape = GROUP_SHAPES[(i + len(mode)) % len(GROUP_SHAPES)]
+                shape = shapes[(i + len(mode)) % len(shapes)]
                 yield pytest.param(variant, dtype, mode, group, shape,
                                    id=f"{variant_id(variant)}-{dtype}-{mode}-"
                                       f"{GROUP_IDS[group]}-{shape_id(shape)}")
@@ -321,7 +330,8 @@ def test_gemm_w4a16_group_sizes(variant, dtype, mode, group_size, shape, monkeyp
 LARGE = [(("plain", "small_m"), (16, 14336, 4096)), (("plain", "auto"), (1, 14336, 4096)),
          (("plain", "reference"), (64, 4096, 4096)), (("packed", "small_m"), (16, 14336, 4096)),
          (("packed", "auto"), (1, 4096, 14336)), (("packed", "tc"), (256, 14336, 4096)),
-         (("packed", "auto"), (1000, 4096, 4096))]
+         (("packed", "auto"), (1000, 4096, 4096)), (("packed", "wgmma"), (256, 14336, 4096)),
+         (("packed", "wgmma"), (1000, 4096, 4096))]
 
 
 @pytest.mark.parametrize("variant, shape", [
@@ -342,12 +352,16 @@ def test_gemm_w4a16_large(variant, shape, dtype, monkeypatch, seed):
 @pytest.mark.parametrize("mode", ref.INT4_MODES)
 def test_gemm_w4a16_element_aligned_pointers(dtype, mode, monkeypatch, seed):
     """x and w_packed 16-byte aligned (not 256), scales, bias and out only element aligned,
-    zeros at an odd address: the least the header requires, on both kernels."""
+    zeros at an odd address: the least the header requires, on every kernel (wgmma with 70
+    rows, the others with 7)."""
     rng = np.random.default_rng(seed)
     for variant in (("plain", "reference"), ("plain", "small_m"), ("packed", "small_m"),
-                    ("packed", "tc")):
-        prepacked = use_variant(monkeypatch, variant, 7)
-        call = make_call(rng, (7, 73, 224), dtype, mode, 64, "quantized",
+                    ("packed", "tc"), ("packed", "wgmma")):
+        m = 70 if variant[1] == "wgmma" else 7
+        if variant[1] == "wgmma" and compute_capability() != (9, 0):
+            continue  # use_variant would skip the whole test
+        prepacked = use_variant(monkeypatch, variant, m)
+        call = make_call(rng, (m, 73, 224), dtype, mode, 64, "quantized",
                          misalign=(16, 48, 2, 6, 2), prepacked=prepacked)
         call.launch()
         call.check(f"{variant_id(variant)}, seed={seed}")
@@ -404,7 +418,7 @@ def test_cuda_graph_replay(variant, dtype, monkeypatch, seed):
     """Capture records the launch without running it; each replay reads the new contents of
     the same buffers and writes the whole output."""
     rng = np.random.default_rng(seed)
-    m = 9 if variant[1] in ("small_m", "auto") else 40
+    m = {"small_m": 9, "auto": 9, "wgmma": 72}.get(variant[1], 40)
     prepacked = use_variant(monkeypatch, variant, m)
     call = make_call(rng, (m, 136, 288), dtype, "asym", 32, prepacked=prepacked)
     assert_graph_replays(call, rng, seed)
@@ -486,11 +500,39 @@ def test_prepacked_and_plain_agree(dtype, shape, monkeypatch, seed):
                   f"prepacked auto vs plain reference, seed={seed}")
 
 
-def test_forced_tc_on_the_plain_layout_is_unsupported(monkeypatch, seed):
-    """tc reads only the prepacked layout: forced on ck_gemm_w4a16, CK_STATUS_UNSUPPORTED."""
-    monkeypatch.setenv(KERNEL_ENV, "tc")
-    call = make_call(np.random.default_rng(seed), (40, 64, 64), "fp16", "sym", 32)
-    assert_forced_variant_unsupported(call, KERNEL_ENV, "tc", must_say="prepacked")
+@pytest.mark.parametrize("kernel, m", [("tc", 40), ("wgmma", 100)])
+def test_forced_tc_on_the_plain_layout_is_unsupported(kernel, m, monkeypatch, seed):
+    """tc and wgmma read only the prepacked layout: forced on ck_gemm_w4a16,
+    CK_STATUS_UNSUPPORTED (on any GPU)."""
+    monkeypatch.setenv(KERNEL_ENV, kernel)
+    call = make_call(np.random.default_rng(seed), (m, 64, 64), "fp16", "sym", 32)
+    assert_forced_variant_unsupported(call, KERNEL_ENV, kernel, must_say="prepacked")
+
+
+@pytest.mark.parametrize("m", [1, 16, 64])
+def test_forced_wgmma_up_to_64_rows_is_unsupported(m, monkeypatch, seed):
+    """wgmma serves m > 64 only: forced on a prepacked weight with fewer rows,
+    CK_STATUS_UNSUPPORTED, nothing written (on any GPU: elsewhere it serves nothing)."""
+    monkeypatch.setenv(KERNEL_ENV, "wgmma")
+    call = make_call(np.random.default_rng(seed), (m, 64, 64), "bf16", "asym", 32,
+                     prepacked=True)
+    assert_forced_variant_unsupported(call, KERNEL_ENV, "wgmma", must_say="m > 64")
+
+
+def test_auto_does_not_choose_wgmma_yet(monkeypatch, seed):
+    """Until wgmma is measured, auto keeps tc for large M on a prepacked weight: the same bits
+    as forced tc (the two kernels sum in different orders, so equality shows which one ran)."""
+    if compute_capability() < (8, 0):
+        pytest.skip("tc needs compute capability 8.0+")
+    rng = np.random.default_rng(seed)
+    call = make_call(rng, (200, 136, 1024), "fp16", "asym", 128, "codes", prepacked=True)
+    results = {}
+    for kernel in ("tc", "auto"):
+        monkeypatch.setenv(KERNEL_ENV, kernel)
+        call.poison_outputs()
+        call.launch()
+        results[kernel] = call.check(f"{kernel}, seed={seed}")[2]
+    assert_bitwise_equal(results["auto"], results["tc"], f"auto vs tc, seed={seed}")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -94,6 +94,20 @@ __device__ __forceinline__ void dequant_int4_word<__nv_bfloat16>(uint32_t q, uin
     }
 }
 
+// One pair alone: nibbles 0 and 4 of q (bits 0..3 and 16..19) -> (w of nibble 0, w of nibble 4)
+// packed as T, the bits of pair 0 of dequant_int4_word<T> (the same exact u - zero, the same one
+// rounding by the scale). Callers shift q right by 4j for pair j: for a kernel that needs one
+// pair of a word rather than all four (the wgmma kernel, whose A fragment takes k 2t, 2t + 1).
+template <typename T>
+__device__ __forceinline__ uint32_t dequant_int4_pair(uint32_t q, uint32_t zero, uint32_t scale2) {
+    static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>, "fp16 or bf16");
+    // 1024 + u (fp16) or 128 + u (bf16): u sits in the mantissa's lowest bits, exactly.
+    constexpr uint32_t kMagic = std::is_same_v<T, __half> ? 0x6400u : 0x4300u;
+    const typename Pair<T>::V sub = as_pair<T>((kMagic | zero) * 0x10001u);  // magic + zero
+    const typename Pair<T>::V v = __hsub2(as_pair<T>(and_or(q, kNibbleLo, kMagic * 0x10001u)), sub);
+    return pair_bits(__hmul2_rn(v, as_pair<T>(scale2)));
+}
+
 // ---------------------------------------------------------------------------------------------
 // The formats.
 // ---------------------------------------------------------------------------------------------
@@ -112,6 +126,10 @@ template <typename T> struct Dequant<Int4Zp, T> {
     };
     __device__ __forceinline__ static void word(uint32_t q, const Block& b, uint32_t (&p)[4]) {
         dequant_int4_word<T>(q, b.zero, b.scale2, p);
+    }
+    // Pair 0 of q (nibbles 0 and 4), as word() computes it: shift q by 4j for pair j.
+    __device__ __forceinline__ static uint32_t pair(uint32_t q, const Block& b) {
+        return dequant_int4_pair<T>(q, b.zero, b.scale2);
     }
 };
 

@@ -93,6 +93,25 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, u
         : "memory");
 }
 
+// cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes: the same for a 3-D
+// tensor map, the box at (x, y, z) (x the innermost coordinate).
+__device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, uint64_t* bar,
+                                            int x, int y, int z) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%3, %4, %5}], [%2];" ::"r"(shared_address(dst)),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(shared_address(bar)), "r"(x), "r"(y), "r"(z)
+        : "memory");
+}
+
+// cp.async.mbarrier.arrive.noinc.shared::cta.b64: one arrival on `bar` once every cp.async this
+// thread issued before it has landed (noinc: the arrival counts against the barrier's expected
+// count, which must include it). The copies' data is then visible to the barrier's waiters.
+__device__ __forceinline__ void cp_async_mbarrier_arrive_noinc(uint64_t* bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(shared_address(bar))
+                 : "memory");
+}
+
 // prefetch.tensormap: pulls a tensor map (a __grid_constant__ kernel parameter) into the cache
 // before its first copy needs it.
 __device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
@@ -134,6 +153,14 @@ template <int kRegs> __device__ __forceinline__ void setmaxnreg_inc() {
 // and A fragments) before the wgmmas that follow read them.
 __device__ __forceinline__ void wgmma_fence() {
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+
+// An empty asm that "modifies" each accumulator: the compiler may not move their reads, writes
+// or copies across it. Placed around a stage's wgmmas, it keeps register copies of accumulators
+// that are in flight out of the wgmma pipeline (which ptxas would otherwise serialize, C7514).
+template <int kN> __device__ __forceinline__ void wgmma_fence_operands(float (&d)[kN]) {
+#pragma unroll
+    for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
 // wgmma.commit_group.sync.aligned: closes the group of wgmmas issued since the last commit.
@@ -211,6 +238,36 @@ __device__ __forceinline__ void wgmma_m64n128k32_s8(int32_t (&d)[64], uint64_t d
 __device__ __forceinline__ void wgmma_m64n256k32_s8(int32_t (&d)[128], uint64_t desc_a,
                                                     uint64_t desc_b, int accumulate) {
     CK_WGMMA_SS("m64n256k32.s32.s8.s8", CK_WGMMA_ACC_128, "+r", "128", "129", "130", "");
+}
+
+// wgmma.mma_async.sync.aligned.m64n128k16.f32.{f16,bf16}.{f16,bf16} with A from registers: d
+// (64 x 128 float32 accumulators, 64 per thread, in the layout of wgmma_m64n128k32_s8) += A (64
+// x 16, a[0..3]) x B^T (B: 128 x 16, K-major in shared memory, desc_b). A's fragment is the
+// mma.sync m16n8k16 A fragment of each warp's 16 rows: warp w of the warpgroup holds rows
+// 16 w .. 16 w + 15; with g = lane / 4, t = lane % 4 (lower k in the low half of a register):
+//   a[0]: A[16w + g][2t, 2t + 1]        a[1]: A[16w + g + 8][2t, 2t + 1]
+//   a[2]: A[16w + g][2t + 8, 2t + 9]    a[3]: A[16w + g + 8][2t + 8, 2t + 9]
+// The registers of a are read asynchronously: they must not change until a wgmma_wait covers
+// this wgmma, and a wgmma_fence must separate their writes from it. accumulate = 0 overwrites d.
+#define CK_WGMMA_RS_128(kind)                                                                     \
+    asm volatile("{\n.reg .pred p;\n"                                                             \
+                 "setp.ne.b32 p, %69, 0;\n"                                                      \
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." kind                              \
+                 " {%0" CK_WGMMA_ACC_64(CK_WGMMA_NAME, "+f") "}, "                                \
+                 "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"                                    \
+                 : "+f"(d[0]) CK_WGMMA_ACC_64(CK_WGMMA_OPERAND, "+f")                             \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate))
+
+template <typename T>
+__device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32_t (&a)[4],
+                                                    uint64_t desc_b, int accumulate) {
+    static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>,
+                  "16-bit float operands");
+    if constexpr (std::is_same_v<T, __half>) {
+        CK_WGMMA_RS_128("f16.f16");
+    } else {
+        CK_WGMMA_RS_128("bf16.bf16");
+    }
 }
 #endif  // CK_SM90A_DEVICE
 

@@ -36,4 +36,20 @@ cudaError_t make_tensor_map_2d(CUtensorMap* map, CUtensorMapDataType dtype, cons
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
+cudaError_t make_tensor_map_3d(CUtensorMap* map, CUtensorMapDataType dtype, const void* base,
+                               const int64_t (&dims)[3], const int64_t (&strides_bytes)[2],
+                               const int (&box)[3], CUtensorMapSwizzle swizzle) {
+    const auto encode = tensor_map_encoder();
+    if (!encode) return cudaErrorNotSupported;
+    const cuuint64_t sizes[3] = {cuuint64_t(dims[0]), cuuint64_t(dims[1]), cuuint64_t(dims[2])};
+    const cuuint64_t strides[2] = {cuuint64_t(strides_bytes[0]), cuuint64_t(strides_bytes[1])};
+    const cuuint32_t boxes[3] = {cuuint32_t(box[0]), cuuint32_t(box[1]), cuuint32_t(box[2])};
+    const cuuint32_t element_strides[3] = {1, 1, 1};
+    const CUresult r =
+        encode(map, dtype, 3, const_cast<void*>(base), sizes, strides, boxes, element_strides,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
 }  // namespace ck

@@ -35,4 +35,12 @@ cudaError_t make_tensor_map_2d(CUtensorMap* map, CUtensorMapDataType dtype, cons
                                int64_t rows, int64_t row_length, int64_t row_stride_bytes,
                                int box_rows, int box_length, CUtensorMapSwizzle swizzle);
 
+// A 3-D tensor map: dims[0] elements along the innermost dimension (contiguous), dims[1] and
+// dims[2] along the outer ones, strides_bytes[0] and strides_bytes[1] apart (multiples of 16);
+// one copy moves a box[0] x box[1] x box[2] box, laid out innermost first and swizzled as above.
+// The same rules and errors as make_tensor_map_2d.
+cudaError_t make_tensor_map_3d(CUtensorMap* map, CUtensorMapDataType dtype, const void* base,
+                               const int64_t (&dims)[3], const int64_t (&strides_bytes)[2],
+                               const int (&box)[3], CUtensorMapSwizzle swizzle);
+
 }  // namespace ck

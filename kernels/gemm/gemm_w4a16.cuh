@@ -1,7 +1,7 @@
 // gemm_w4a16.cuh - launchers of the weight-only INT4 GEMM (gemm_w4a16.cu for the interchange
-// layout and the prepack, gemm_w4a16_prepacked_stream.cu and gemm_w4a16_prepacked_tc.cu for the
-// prepacked layout of w4a16_prepacked.cuh), called by the entry points after they validated
-// every argument.
+// layout and the prepack, gemm_w4a16_prepacked_stream.cu, gemm_w4a16_prepacked_tc.cu and
+// gemm_w4a16_prepacked_wgmma_sm90.cu for the prepacked layout of w4a16_prepacked.cuh), called
+// by the entry points after they validated every argument.
 #pragma once
 
 #include "kernels/core/common.cuh"
@@ -67,6 +67,13 @@ cudaError_t gemm_w4a16_reference(const GemmW4A16Args& args, cudaStream_t stream)
 // pipeline of weight bytes per warp. tc: any m, mma.sync tiles fed from shared memory.
 cudaError_t gemm_w4a16_prepacked_stream(const GemmW4A16Args& args, cudaStream_t stream);
 cudaError_t gemm_w4a16_prepacked_tc(const GemmW4A16Args& args, cudaStream_t stream);
+
+// Prepacked layout on Hopper (gemm_w4a16_prepacked_wgmma_sm90.cu): wgmma fed by TMA, for large M.
+// Serves m, k and the n8 tile count below 2^31 (TMA coordinates are 32-bit); available where
+// the GPU has compute capability 9.0, the library was built with sm_90a and the driver encodes
+// tensor maps (cudaErrorNotSupported otherwise).
+bool gemm_w4a16_wgmma_available();
+cudaError_t gemm_w4a16_prepacked_wgmma(const GemmW4A16Args& args, cudaStream_t stream);
 
 // Expert-grouped calls (the MoE layer, moe/moe.cuh). The rows are the (token, expert) pairs
 // sorted by expert and padded per expert to blocks of kMoeBlockRows rows; block b of rows

@@ -1,0 +1,419 @@
+// gemm_w4a16_prepacked_wgmma_sm90.cu - the W4A16 GEMM on Hopper tensor cores for large M: wgmma
+// with the dequantized weight in registers, x by TMA, warp-specialized (the "wgmma" variant of
+// ck_gemm_w4a16_prepacked; forced through CK_GEMM_W4A16_KERNEL, never chosen by "auto" yet).
+//
+// What it computes (the same value as the tc kernel, gemm_w4a16_prepacked_tc.cu):
+//   w'[n][k] = round_to_dtype(float(q - zero) * float(scale[n][group(k)]))
+//   out[m][n] = round_to_dtype(act(sum_k float(x[m][k]) * float(w'[n][k]) + float(bias[n])))
+// fp16 or bf16 operands, float32 accumulators (the sum in an order of its own), w' rounded
+// exactly as ck_dequantize_int4 rounds it (dequant_int4_pair, core/dequant.cuh), one rounding
+// of the output in the shared float epilogue's way (FloatEpilogue, core/epilogue.cuh).
+//
+// Layout: x [M, K] dtype row-major (16-byte aligned, K % 32 == 0); the weight prepacked
+// (w4a16_prepacked.cuh: 512-byte tiles of 8 rows x 128 k, scales and zeros [N8 / 8][groups][8],
+// 16-byte aligned); bias [N] dtype or nullptr; out [M, N] dtype (element aligned; rows and columns
+// outside [M, N) never written).
+//
+// Algorithm. The wgmma computes out^T, as the mma.sync kernels do: A (64 x 16, M of the
+// instruction) is the dequantized weight, from registers; B (16 x 128, N of the instruction) is
+// x^T, whose K-major form "N rows of K contiguous values" is exactly x's row-major rows, read
+// from shared memory through a descriptor. One CTA per 128 x 128 output tile (128 x rows by 128
+// weight rows, no persistence), K in 128-k chunks (one prepacked tile column) through a
+// kStages-deep ring of shared-memory stages, each guarded by a "full" and an "empty" mbarrier:
+//   - warp 8, the producer: lane 0 issues per stage two TMA copies of x (128 rows x 64 k each:
+//     one 128-byte swizzle row per x row) and one 3-D TMA copy of the block's 16 weight tiles
+//     (8 KB), all completing their bytes on the stage's full barrier; every lane copies up to
+//     two (tile, group) units of scales (16 bytes) and zeros (8 bytes) with cp.async, and
+//     cp.async.mbarrier.arrive.noinc makes each lane's copies one more arrival on that barrier
+//     (the zeros' global rows are 8 * groups bytes apart, which TMA's 16-byte stride rule cannot
+//     describe; the scales ride along the same way).
+//   - warps 0-3 and 4-7, two consumer warpgroups: warpgroup c owns weight rows 64 c .. 64 c + 63
+//     of the tile and all 128 x rows: per stage 8 wgmma m64n128k16, their 64 accumulators per
+//     thread in registers. Before each wgmma, each thread dequantizes its four A registers from
+//     the stage's weight tiles (one pair of codes per 32-bit word, see "A fragments"). At the end
+//     bias, activation and one rounding go straight from the registers to global memory.
+//   - TMA zero-fills x rows past M and k past K and weight tiles past N8; cp.async zero-fills
+//     the scales (zeros) of groups past the last and of tiles past N8: partial tiles need no
+//     masking in the main loop (a zero-filled code dequantizes to (0 - 0) * 0 = 0).
+//
+// Floors: bytes = M*K*2 + N*K/2 + N*groups*(2 [+1 with zeros]) + M*N*2; flops = 2*M*N*K. H100
+// SXM dense fp16/bf16 peak ~989 TFLOP/s: (K, N) = (4096, 14336), M = 4096 -> 481 GFLOP ->
+// 486 us; the weight (29.4 MB) -> 9.8 us at 3.0 TB/s: large M is compute-bound, the reason for
+// wgmma (mma.sync reaches ~2/3 of the peak).
+//
+// The Hopper primitives (mbarrier, TMA, wgmma) are in kernels/core/ptx_sm90.cuh, the tensor
+// maps in kernels/core/tma.cuh. Kernel bodies exist in the sm_90a pass only (CK_SM90A_DEVICE);
+// the host never launches the empty ones of other targets (gemm_w4a16_wgmma_available()).
+#include <atomic>
+
+#include "kernels/core/dequant.cuh"
+#include "kernels/core/epilogue.cuh"
+#include "kernels/core/ptx_sm90.cuh"
+#include "kernels/core/tma.cuh"
+#include "kernels/gemm/gemm_w4a16.cuh"
+
+namespace ck {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Tile shapes. ([[maybe_unused]]: the kernel body, their only user, exists in the sm_90a pass.)
+// ---------------------------------------------------------------------------------------------
+constexpr int kConsumers = 2;                         // consumer warpgroups
+constexpr int kWarpgroupThreads = 128;
+constexpr int kProducerWarp = 4 * kConsumers;         // warp 8, after the consumers: each
+                                                      // warpgroup starts at a warp index % 4 == 0
+constexpr int kThreads = kConsumers * kWarpgroupThreads + 32;  // 288
+constexpr int kWgmmaM = 64, kWgmmaN = 128, kWgmmaK = 16;
+constexpr int kBN = kConsumers * kWgmmaM;             // 128 weight rows (output columns)
+constexpr int kBM = kWgmmaN;                          // 128 x rows (output rows)
+constexpr int kStages = 4;  // 41.5 KB each: 3 chunks in flight while one is multiplied
+constexpr int kChunkK = kPackK;                       // 128 k per stage: one prepacked tile column
+constexpr int kSteps = kChunkK / kWgmmaK;             // 8 wgmma per stage and warpgroup
+constexpr int kSwizzleBytes = 128;                    // TMA / wgmma 128-byte swizzle rows
+constexpr int kSwizzleK = kSwizzleBytes / 2;          // 64 16-bit x values per swizzle row
+constexpr int kXBoxes = kChunkK / kSwizzleK;          // 2 x boxes per stage
+constexpr int kXBoxBytes = kBM * kSwizzleBytes;       // 16 KB
+constexpr int kXStageBytes = kXBoxes * kXBoxBytes;    // 32 KB
+constexpr int kTiles = kBN / kPackRows;               // 16 weight tiles per stage
+constexpr int kTileRows128 = kPackTileBytes / kSwizzleBytes;  // 4 swizzle rows per weight tile
+constexpr int kWStageBytes = kTiles * kPackTileBytes;  // 8 KB
+constexpr int kGroupUnits = kPackK / 32;              // 4: groups a chunk can touch (size 32)
+constexpr int kScaleUnitBytes = kPackRows * 2;        // a tile's 8 scales of one group
+constexpr int kZeroUnitBytes = kPackRows;             // a tile's 8 zero points of one group
+constexpr int kSlots = kTiles * kGroupUnits;          // 64 (tile, group) units per stage
+constexpr int kSStageBytes = kSlots * kScaleUnitBytes;  // 1 KB
+constexpr int kZStageBytes = kSlots * kZeroUnitBytes;   // 512 B
+[[maybe_unused]] constexpr int kTxBytes = kXStageBytes + kWStageBytes;   // TMA bytes per stage
+[[maybe_unused]] constexpr int kFullArrivals = 1 + 32;  // the producer's expect_tx + one cp.async arrival per lane
+[[maybe_unused]] constexpr int kEmptyArrivals = 4 * kConsumers;        // one per consumer warp
+[[maybe_unused]] constexpr int kGroupM = 8;                            // tile rows per rasterization group
+// The 1024 bytes of slack align the tiles to the 128-byte swizzle's period; the barriers last.
+constexpr int kSmemBytes = 1024 + kStages * (kXStageBytes + kWStageBytes + kSStageBytes + kZStageBytes) +
+                           2 * kStages * 8;
+
+static_assert(kThreads == 288 && kProducerWarp % 4 == 0, "two consumer warpgroups, then one warp");
+static_assert(kWgmmaM == 4 * 2 * kPackRows, "a consumer warp owns two weight tiles (16 rows)");
+static_assert(kSteps == 2 * (kPackK / kPackSliceK), "two wgmma k16 steps per 32-k lane slice");
+static_assert(kSlots <= 2 * 32, "every producer lane copies at most two scale (zero) units");
+static_assert(kXBoxBytes % 1024 == 0 && kWStageBytes % 1024 == 0,
+              "swizzled tiles keep the 1024-byte alignment of the swizzle period");
+static_assert(kTileRows128 == 4 && kTiles == 16, "the weight map's box is 128 x 4 x 16 bytes");
+static_assert(kSmemBytes <= 227 * 1024, "one CTA per SM");
+
+// ---------------------------------------------------------------------------------------------
+// Shared memory, and why.
+//
+// x stage: two boxes [128 x rows][64 k] (128-byte rows), written by TMA with the 128-byte
+//   swizzle and read by wgmma through descriptors with the same swizzle (the layout of the INT8
+//   kernel, gemm_int8_sm90.cu: K-major, 8-row groups 1024 bytes apart). wgmma k16 step q of the
+//   chunk reads k 16 q .. 16 q + 15: box q / 4, bytes 32 (q % 4) of every row; stepping inside
+//   a swizzled row is a start-address offset, the hardware applies the XOR to the final address.
+//
+// weight stage: the block's 16 prepacked tiles (16 x 512 bytes), each tile seen as 4 rows of 128
+//   bytes: the 3-D tensor map (128 bytes, 4 rows per chunk and tile, tiles) with the 128-byte
+//   swizzle. Logical byte (4 g + s) * 16 of tile T (row g, k slice s, w4a16_prepacked.cuh) is in
+//   row R = 4 T + g / 2 at 16-byte unit u = 4 (g % 2) + s; TMA stores unit u of row R at unit
+//   u ^ (R % 8) (the swizzle XORs address bits 4-6 with bits 7-9; the stage is 1024-aligned).
+//   Why: a warp reads one 16-byte vector per lane and tile, the same slice s for all of its 8
+//   rows g (the 4 lanes of a quad share it: a broadcast). Unswizzled, units 4 (g % 2) + s fall on
+//   2 bank groups: 4-way conflicts. Swizzled, with T even (4 T % 8 = 0; T odd adds 4 to R % 8):
+//   unit = (4 (g % 2) + s) ^ (g / 2) [^ 4]: bit 2 is g % 2 (flipped for odd T), bits 0-1 are
+//   s ^ (g / 2): 8 distinct bank groups, conflict-free.
+//
+// scales (zeros): [16 tiles][4 group units][8 rows] dtype (uint8), as in global memory: unit u
+//   of a chunk is its group chunk * step + u (step = groups per chunk; 0 when a row is one group).
+// ---------------------------------------------------------------------------------------------
+
+// ---------------------------------------------------------------------------------------------
+// A fragments: the derivation.
+//
+// wgmma m64nNk16's A fragment (ptx_sm90.cuh, wgmma_m64n128k16_rs): warp w, lane (g, t) holds
+//   a[0] = A[16w + g][2t, 2t + 1], a[1] = A[16w + g + 8][2t, 2t + 1], a[2] and a[3] the same at
+//   k 2t + 8, 2t + 9 (lower k in the low half). A's rows are the weight rows (the instruction's M):
+//   warp w of warpgroup c owns tile rows 64 c + 16 w + g, i.e. rows g of the stage's weight tiles
+//   T0 = 8 c + 2 w (even) and T1 = T0 + 1.
+// B's k order is fixed by memory: a k16 step covers 16 consecutive k of x (two runs of 8: k 0-7
+//   and 8-15 of the step), so A must follow k's natural order too (the tc kernel's k permutation
+//   is not available: it permutes x in registers, and here the tensor cores read x themselves).
+// The prepacked word i of slice s (lane 4 g + s's vector in the layout) holds k 32 s + 8 i ..
+//   + 7 of row g: nibble e holds k 2e (e < 4) or 2 (e - 4) + 1 (e >= 4). So k 8 i + 2t and
+//   8 i + 2t + 1 of the slice are nibbles t and t + 4, the pair dequant_int4_pair takes from
+//   q >> 4t: low half k 2t, high half k 2t + 1, exactly a register's order.
+// Step q = 2 s + h of the chunk (k 16 q .. 16 q + 15 = slice s, words 2h and 2h + 1):
+//   a[0] = pair t of word 2h     of (T0, row g, slice s)      k 16q + 2t, + 1       row g
+//   a[1] = pair t of word 2h     of (T1, row g, slice s)      k 16q + 2t, + 1       row g + 8
+//   a[2] = pair t of word 2h + 1 of (T0, row g, slice s)      k 16q + 8 + 2t, + 1   row g
+//   a[3] = pair t of word 2h + 1 of (T1, row g, slice s)      k 16q + 8 + 2t, + 1   row g + 8
+// A lane thus reads the whole 16-byte vector of its row and slice in both tiles (one ld.shared
+// .v4 each per two steps) and uses a quarter of it: the four lanes of a quad read the same vector
+// and take pairs t = 0..3. The scale (zero) of a step is that of row g of T0 (T1) in group unit
+// s >> slice_shift of the chunk (16 k of a step never straddle a group: groups are >= 32 k).
+//
+// Accumulators (out^T): warp w, lane (g, t) holds, for each 8-column block j of the 128 x rows,
+//   acc[4j], acc[4j + 1] = out^T[weight row 64c + 16w + g][x rows 8j + 2t, 2t + 1] and acc[4j + 2],
+//   acc[4j + 3] the same for weight row + 8: the tc kernel's c0 .. c3 (out rows 2t, 2t + 1 of
+//   output columns g and g + 8), stored the same way (one shuffle makes pairs of columns).
+// ---------------------------------------------------------------------------------------------
+
+// The group layout of a call, from the one encoding (group_shift): step groups per 128-k chunk (4,
+// 2, 1 for groups of 32, 64, 128; 0 when a row is one group), units scale units a chunk uses,
+// and slice s's unit s >> slice_shift.
+struct WgmmaGroups {
+    int step, units, slice_shift;
+};
+inline WgmmaGroups wgmma_groups(int group_shift) {
+    if (group_shift > 7) return {0, 1, 2};  // one group per row: every chunk reads group 0
+    return {kPackK >> group_shift, kPackK >> group_shift, group_shift - 5};
+}
+
+// Byte offset, in a weight stage, of the 16-byte vector (tile T, row g, slice s), swizzled as TMA
+// wrote it (see the layout comment).
+[[maybe_unused]] __host__ __device__ constexpr int weight_vector_offset(int tile, int g, int s) {
+    const int row = kTileRows128 * tile + g / 2;
+    return row * kSwizzleBytes + 16 * ((4 * (g % 2) + s) ^ (row % 8));
+}
+
+template <typename T, bool kAsym>
+__global__ void __launch_bounds__(kThreads, 1)
+gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
+                        const __grid_constant__ CUtensorMap map_w, const GemmW4A16Args args,
+                        const WgmmaGroups grp) {
+#ifdef CK_SM90A_DEVICE
+    extern __shared__ __align__(1024) uint8_t smem_raw[];
+    // Dynamic shared memory is only guaranteed 16-byte aligned: round up to the swizzle period.
+    uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
+                                               ~uintptr_t(1023));
+    uint8_t* x_stages = smem;                                  // [kStages][2][128][128 B]
+    uint8_t* w_stages = x_stages + kStages * kXStageBytes;     // [kStages][16 tiles][512 B]
+    uint8_t* s_stages = w_stages + kStages * kWStageBytes;     // [kStages][16][4][8] dtype
+    uint8_t* z_stages = s_stages + kStages * kSStageBytes;     // [kStages][16][4][8] uint8
+    uint64_t* full = reinterpret_cast<uint64_t*>(z_stages + kStages * kZStageBytes);
+    uint64_t* empty = full + kStages;
+
+    const TileOrigin tile = grouped_tile(blockIdx.x, args.m, args.n, kBM, kBN, kGroupM);
+    const int64_t m0 = tile.m0, n0 = tile.n0;
+    const int chunks = int(args.chunks);  // the launcher checks it fits
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < kStages; ++s) {
+            mbar_init(&full[s], kFullArrivals);
+            mbar_init(&empty[s], kEmptyArrivals);
+        }
+        fence_mbarrier_init();       // the inits are visible to the other threads ...
+        fence_proxy_async_shared();  // ... and to the TMA that completes on the barriers
+    }
+    __syncthreads();
+
+    if (warp == kProducerWarp) {
+        // ---- Producer ----
+        if (lane == 0) {
+            prefetch_tensor_map(&map_x);
+            prefetch_tensor_map(&map_w);
+        }
+        const int64_t tile0 = n0 / kPackRows;  // the block's first weight tile
+        const int64_t groups = args.groups;
+        const uint16_t* scales = static_cast<const uint16_t*>(args.scales);
+        const uint8_t* zeros = args.zeros;
+        int stage = 0;
+        uint32_t round = 0;
+        for (int kc = 0; kc < chunks; ++kc) {
+            mbar_wait(&empty[stage], (round & 1) ^ 1);  // the first round finds it free
+            if (lane == 0) {
+                mbar_arrive_expect_tx(&full[stage], kTxBytes);
+                uint8_t* xs = x_stages + stage * kXStageBytes;
+#pragma unroll
+                for (int b = 0; b < kXBoxes; ++b)
+                    tma_load_2d(xs + b * kXBoxBytes, &map_x, &full[stage],
+                                kc * kChunkK + b * kSwizzleK, int(m0));
+                tma_load_3d(w_stages + stage * kWStageBytes, &map_w, &full[stage], 0,
+                            kTileRows128 * kc, int(tile0));
+            }
+            // Slot i = (tile i / 4, group unit i % 4); units past the chunk's are never read.
+#pragma unroll
+            for (int h = 0; h < kSlots / 32; ++h) {
+                const int slot = lane + 32 * h, t = slot / kGroupUnits, u = slot % kGroupUnits;
+                if (u >= grp.units) continue;
+                const int64_t group = int64_t(kc) * grp.step + u;
+                const bool ok = tile0 + t < args.tiles8 && group < groups;
+                const int64_t idx = ((tile0 + t) * groups + group) * kPackRows;
+                cp_async_16_zfill(shared_address(s_stages + stage * kSStageBytes + slot * kScaleUnitBytes),
+                                  ok ? static_cast<const void*>(scales + idx) : scales, ok);
+                if constexpr (kAsym)
+                    cp_async_ca_zfill<8>(
+                        shared_address(z_stages + stage * kZStageBytes + slot * kZeroUnitBytes),
+                        ok ? static_cast<const void*>(zeros + idx) : zeros, ok);
+            }
+            cp_async_mbarrier_arrive_noinc(&full[stage]);
+            if (++stage == kStages) {
+                stage = 0;
+                ++round;
+            }
+        }
+        // Leave no copy in flight behind an exited thread.
+        cp_async_commit();
+        cp_async_wait<0>();
+        return;
+    }
+
+    // ---- Consumers: warpgroup c, warp w of it, lane (g, t) ----
+    const int c = warp / 4, w = warp % 4;
+    const int g = lane / 4, t = lane % 4;
+    const int tile_a = 8 * c + 2 * w;  // T0; T1 = T0 + 1 (see "A fragments")
+    const uint32_t shift = 4 * t;      // pair t of a word: nibbles t and t + 4
+    const int s_off0 = (tile_a * kGroupUnits) * kScaleUnitBytes + 2 * g;
+    const int z_off0 = (tile_a * kGroupUnits) * kZeroUnitBytes + g;
+
+    float acc[kWgmmaN / 2];  // 64 x 128 float32 over the warpgroup
+#pragma unroll
+    for (int i = 0; i < kWgmmaN / 2; ++i) acc[i] = 0.f;
+
+    int stage = 0;
+    uint32_t round = 0;
+    int prev_stage = -1;
+    for (int kc = 0; kc < chunks; ++kc) {
+        mbar_wait(&full[stage], round & 1);
+        // The previous stage's wgmmas are done: their A registers may be written again and their
+        // x tiles refilled (one stage of wgmmas in flight at a time per warpgroup; the other
+        // warpgroup fills the tensor cores while this one dequantizes).
+        wgmma_wait<0>();
+        if (prev_stage >= 0) {
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&empty[prev_stage]);
+        }
+        const uint8_t* xs = x_stages + stage * kXStageBytes;
+        const uint8_t* ws = w_stages + stage * kWStageBytes;
+        const uint8_t* ss = s_stages + stage * kSStageBytes;
+        const uint8_t* zs = z_stages + stage * kZStageBytes;
+        wgmma_fence_operands(acc);
+#pragma unroll
+        for (int s = 0; s < kPackK / kPackSliceK; ++s) {
+            const uint4 v0 = *reinterpret_cast<const uint4*>(ws + weight_vector_offset(tile_a, g, s));
+            const uint4 v1 = *reinterpret_cast<const uint4*>(ws + weight_vector_offset(tile_a + 1, g, s));
+            const int unit = s >> grp.slice_shift;
+            const uint32_t sc0 = *reinterpret_cast<const uint16_t*>(ss + s_off0 + unit * kScaleUnitBytes);
+            const uint32_t sc1 = *reinterpret_cast<const uint16_t*>(
+                ss + s_off0 + (kGroupUnits + unit) * kScaleUnitBytes);
+            const typename Dequant<Int4Zp, T>::Block b0{
+                kAsym ? uint32_t(zs[z_off0 + unit * kZeroUnitBytes]) : kSymmetricZero, sc0 * 0x10001u};
+            const typename Dequant<Int4Zp, T>::Block b1{
+                kAsym ? uint32_t(zs[z_off0 + (kGroupUnits + unit) * kZeroUnitBytes]) : kSymmetricZero,
+                sc1 * 0x10001u};
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int q = 2 * s + h;
+                const uint32_t a[4] = {
+                    Dequant<Int4Zp, T>::pair(word(v0, 2 * h) >> shift, b0),
+                    Dequant<Int4Zp, T>::pair(word(v1, 2 * h) >> shift, b1),
+                    Dequant<Int4Zp, T>::pair(word(v0, 2 * h + 1) >> shift, b0),
+                    Dequant<Int4Zp, T>::pair(word(v1, 2 * h + 1) >> shift, b1),
+                };
+                // The A registers were just written: fence them before the wgmma reads them.
+                wgmma_fence();
+                wgmma_m64n128k16_rs<T>(
+                    acc, a,
+                    wgmma_descriptor(xs + (q / 4) * kXBoxBytes + (q % 4) * (kWgmmaK * 2)), 1);
+            }
+        }
+        wgmma_commit();
+        wgmma_fence_operands(acc);
+        prev_stage = stage;
+        if (++stage == kStages) {
+            stage = 0;
+            ++round;
+        }
+    }
+    wgmma_wait<0>();
+    wgmma_fence_operands(acc);
+
+    // ---- Epilogue (as the tc kernel's). Lane (g, t) holds out[rows 2t, 2t + 1] of column g
+    // (acc[4j], acc[4j + 1]) and column g + 8 (acc[4j + 2], acc[4j + 3]) of each 8-row block j.
+    // Even g trades its row-2t + 1 values for the odd neighbour's row-2t values (shfl.xor 4 =
+    // g ^ 1): then even g stores row 2t, columns (g, g + 1) and (g + 8, g + 9), odd g row
+    // 2t + 1, columns (g - 1, g) and (g + 7, g + 8). ----
+    const FloatEpilogue<T> ep = args.epilogue<T>();
+    const int64_t m = args.m, n = args.n;
+    const bool odd = g & 1;
+    const int64_t col = n0 + c * kWgmmaM + w * 2 * kPackRows + (g & ~1);  // the pairs' first
+    float bv[4];  // the bias of columns col, col + 1, col + 8, col + 9
+#pragma unroll
+    for (int i = 0; i < 4; ++i) bv[i] = ep.bias_at(col + (i & 1) + 8 * (i >> 1));
+#pragma unroll
+    for (int j = 0; j < kWgmmaN / 8; ++j) {
+        const float* d = acc + 4 * j;
+        const int64_t row = m0 + 8 * j + 2 * t + (odd ? 1 : 0);
+        const float r0 = __shfl_xor_sync(0xffffffffu, odd ? d[0] : d[1], 4);
+        const float r1 = __shfl_xor_sync(0xffffffffu, odd ? d[2] : d[3], 4);
+        const float v0 = odd ? r0 : d[0], v1 = odd ? d[1] : r0;  // columns col, col + 1
+        const float v2 = odd ? r1 : d[2], v3 = odd ? d[3] : r1;  // columns col + 8, col + 9
+        if (row >= m) continue;
+        if (col < n) ep.store_pair(row, col, v0 + bv[0], v1 + bv[1]);
+        if (col + 8 < n) ep.store_pair(row, col + 8, v2 + bv[2], v3 + bv[3]);
+    }
+#endif  // CK_SM90A_DEVICE
+}
+
+// ---------------------------------------------------------------------------------------------
+// Launch
+// ---------------------------------------------------------------------------------------------
+template <typename T, bool kAsym>
+cudaError_t launch_wgmma(const GemmW4A16Args& a, const CUtensorMap& map_x,
+                         const CUtensorMap& map_w, int64_t blocks, cudaStream_t stream) {
+    auto kernel = gemm_w4a16_wgmma_kernel<T, kAsym>;
+    static std::atomic<uint64_t> opted_in{0};
+    const cudaError_t e = allow_dynamic_smem_once(kernel, kSmemBytes, opted_in);
+    if (e != cudaSuccess) return e;
+    kernel<<<unsigned(blocks), kThreads, kSmemBytes, stream>>>(map_x, map_w, a,
+                                                                wgmma_groups(a.group_shift));
+    return cudaGetLastError();
+}
+
+}  // namespace
+
+bool gemm_w4a16_wgmma_available() {
+#ifdef CK_BUILD_SM90A
+    return compute_capability() == 90 && tensor_map_encoder() != nullptr;
+#else
+    return false;
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------
+// Launcher (arguments validated by cuda_kernels.cu; the variant's predicate also asks m, k and
+// tiles8 below 2^31, which TMA's 32-bit coordinates need, and checked again here).
+// ptxas (CUDA 13, sm_90a): see the commit that added this file and benchmarks/NOTES.md once
+// measured.
+// ---------------------------------------------------------------------------------------------
+cudaError_t gemm_w4a16_prepacked_wgmma(const GemmW4A16Args& args, cudaStream_t stream) {
+    if (args.m < 1 || !args.prepacked || !gemm_w4a16_wgmma_available()) return cudaErrorNotSupported;
+    if (args.m > INT32_MAX || args.k > INT32_MAX || args.tiles8 > INT32_MAX ||
+        args.chunks > INT32_MAX / kTileRows128)
+        return cudaErrorNotSupported;
+    const int64_t blocks = ceil_div(args.m, kBM) * ceil_div(args.n, kBN);
+    if (!grid_fits(blocks)) return cudaErrorInvalidConfiguration;
+
+    // x: [m rows][k] 16-bit values, boxes of 128 rows x 64 k (one 128-byte swizzle row each).
+    CUtensorMap map_x, map_w;
+    cudaError_t err = make_tensor_map_2d(&map_x, CU_TENSOR_MAP_DATA_TYPE_UINT16, args.x, args.m,
+                                         args.k, args.k * 2, kBM, kSwizzleK,
+                                         CU_TENSOR_MAP_SWIZZLE_128B);
+    if (err != cudaSuccess) return err;
+    // The prepacked weight as bytes: (128 bytes, 4 rows per tile and chunk along a tile row's
+    // chunks, tiles8 tiles) with strides 128 and chunks * 512; a box is one chunk of 16 tiles.
+    const int64_t dims[3] = {kSwizzleBytes, kTileRows128 * args.chunks, args.tiles8};
+    const int64_t strides[2] = {kSwizzleBytes, args.chunks * kPackTileBytes};
+    const int box[3] = {kSwizzleBytes, kTileRows128, kTiles};
+    err = make_tensor_map_3d(&map_w, CU_TENSOR_MAP_DATA_TYPE_UINT8, args.w, dims, strides, box,
+                             CU_TENSOR_MAP_SWIZZLE_128B);
+    if (err != cudaSuccess) return err;
+
+    const bool asym = args.zeros != nullptr;
+    return dispatch_half_dtype(args.dtype, [&](auto tag) {
+        using T = decltype(tag);
+        return with_bool(asym, [&](auto asym_tag) {
+            return launch_wgmma<T, decltype(asym_tag)::value>(args, map_x, map_w, blocks, stream);
+        });
+    });
+}
+
+}  // namespace ck

@@ -104,14 +104,6 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, u
         : "memory");
 }
 
-// cp.async.mbarrier.arrive.noinc.shared::cta.b64: one arrival on `bar` once every cp.async this
-// thread issued before it has landed (noinc: the arrival counts against the barrier's expected
-// count, which must include it). The copies' data is then visible to the barrier's waiters.
-__device__ __forceinline__ void cp_async_mbarrier_arrive_noinc(uint64_t* bar) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(shared_address(bar))
-                 : "memory");
-}
-
 // prefetch.tensormap: pulls a tensor map (a __grid_constant__ kernel parameter) into the cache
 // before its first copy needs it.
 __device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {

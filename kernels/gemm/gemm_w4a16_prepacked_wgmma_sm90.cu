@@ -23,10 +23,10 @@
 //   - warp 8, the producer: lane 0 issues per stage two TMA copies of x (128 rows x 64 k each:
 //     one 128-byte swizzle row per x row) and one 3-D TMA copy of the block's 16 weight tiles
 //     (8 KB), all completing their bytes on the stage's full barrier; every lane copies up to
-//     two (tile, group) units of scales (16 bytes) and zeros (8 bytes) with cp.async, and
-//     cp.async.mbarrier.arrive.noinc makes each lane's copies one more arrival on that barrier
-//     (the zeros' global rows are 8 * groups bytes apart, which TMA's 16-byte stride rule cannot
-//     describe; the scales ride along the same way).
+//     two (tile, group) units of scales (16 bytes) and zeros (8 bytes) with cp.async, waits for
+//     them one stage later and then arrives on that barrier (32 more arrivals). (The zeros'
+//     global rows are 8 * groups bytes apart, which TMA's 16-byte stride rule cannot describe;
+//     the scales ride along the same way.)
 //   - warps 0-3 and 4-7, two consumer warpgroups: warpgroup c owns weight rows 64 c .. 64 c + 63
 //     of the tile and all 128 x rows: per stage 8 wgmma m64n128k16, their 64 accumulators per
 //     thread in registers. Before each wgmma, each thread dequantizes its four A registers from
@@ -84,7 +84,7 @@ constexpr int kSlots = kTiles * kGroupUnits;          // 64 (tile, group) units 
 constexpr int kSStageBytes = kSlots * kScaleUnitBytes;  // 1 KB
 constexpr int kZStageBytes = kSlots * kZeroUnitBytes;   // 512 B
 [[maybe_unused]] constexpr int kTxBytes = kXStageBytes + kWStageBytes;   // TMA bytes per stage
-[[maybe_unused]] constexpr int kFullArrivals = 1 + 32;  // the producer's expect_tx + one cp.async arrival per lane
+[[maybe_unused]] constexpr int kFullArrivals = 1 + 32;  // the producer's expect_tx + one arrival per lane
 [[maybe_unused]] constexpr int kEmptyArrivals = 4 * kConsumers;        // one per consumer warp
 [[maybe_unused]] constexpr int kGroupM = 8;                            // tile rows per rasterization group
 // The 1024 bytes of slack align the tiles to the 128-byte swizzle's period; the barriers last.
@@ -215,7 +215,7 @@ gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
         const int64_t groups = args.groups;
         const uint16_t* scales = static_cast<const uint16_t*>(args.scales);
         const uint8_t* zeros = args.zeros;
-        int stage = 0;
+        int stage = 0, prev_stage = -1;
         uint32_t round = 0;
         for (int kc = 0; kc < chunks; ++kc) {
             mbar_wait(&empty[stage], (round & 1) ^ 1);  // the first round finds it free
@@ -244,15 +244,25 @@ gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
                         shared_address(z_stages + stage * kZStageBytes + slot * kZeroUnitBytes),
                         ok ? static_cast<const void*>(zeros + idx) : zeros, ok);
             }
-            cp_async_mbarrier_arrive_noinc(&full[stage]);
+            // Each lane's copies of a stage are one group; the lane arrives on that stage's full
+            // barrier once the group has landed, one stage later (so that the next stage's
+            // copies are in flight meanwhile): a wait and a plain arrive, which order the
+            // copies before the consumers' reads for every tool that checks the barrier protocol.
+            cp_async_commit();
+            if (prev_stage >= 0) {
+                cp_async_wait<1>();
+                mbar_arrive(&full[prev_stage]);
+            }
+            prev_stage = stage;
             if (++stage == kStages) {
                 stage = 0;
                 ++round;
             }
         }
-        // Leave no copy in flight behind an exited thread.
-        cp_async_commit();
-        cp_async_wait<0>();
+        if (prev_stage >= 0) {
+            cp_async_wait<0>();
+            mbar_arrive(&full[prev_stage]);
+        }
         return;
     }
 

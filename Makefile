@@ -17,8 +17,10 @@
 #
 # Every core builds at once unless the command line says -j; a make run by another make keeps
 # its parent's job server, and `make clean ...` stays serial so that clean ends before the rest.
+# (GNU nproc obeys OMP_NUM_THREADS, which a shell for OpenMP programs often sets to 1: not here.)
+CORES := $(shell env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null || echo 1)
 ifeq ($(MAKELEVEL)$(filter clean,$(MAKECMDGOALS))$(filter -j%,$(MAKEFLAGS)),0)
-MAKEFLAGS += -j$(shell nproc)
+MAKEFLAGS += -j$(CORES)
 endif
 
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc))
@@ -129,7 +131,7 @@ sanitize: $(LIB) $(PYDEPS)
 # function whose tests are all deselected (the cuda_api_error ones) exits with pytest's 5.
 FUZZ_EXAMPLES ?= 5000
 FUZZ_SHAPES   ?= 500
-FUZZ_JOBS     ?= $(shell nproc)
+FUZZ_JOBS     ?= $(CORES)
 FUZZ_TESTS    := $(shell sed -n 's/^def \(test_[a-z0-9_]*\).*/\1/p' tests/test_fuzz_gpu.py)
 fuzz: $(LIB) $(PYDEPS)
 	CUDA_VISIBLE_DEVICES= CK_FUZZ_PROFILE=long CK_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) \

@@ -427,11 +427,11 @@ CK_API ck_status_t ck_w4a16_prepack(const uint8_t* w_packed, const void* scales,
 
 /* ck_gemm_w4a16 on a weight prepared by ck_w4a16_prepack (with the same n, k, group_size and
  * mode): out[M, N] = act(x[M, K] w'[N, K]^T + bias[N]). For M <= 16 a weight-streaming kernel
- * keeps a deep pipeline of weight bytes in flight; larger M runs tensor-core tiles (sm_80+).
+ * keeps a deep pipeline of weight bytes in flight; larger M runs tensor-core tiles (sm_80+:
+ * mma.sync; M > 64 on compute capability 9.0: wgmma fed by TMA).
  * CK_GEMM_W4A16_KERNEL forces a variant: "small_m" (M <= 16, sm_80+), "tc" (sm_80+),
- * "wgmma" (M > 64 on a compute capability 9.0 GPU, M and K below 2^31: wgmma fed by TMA; not
- * chosen by "auto" yet), "reference" or "auto" (a variant that cannot serve the call returns
- * CK_STATUS_UNSUPPORTED).
+ * "wgmma" (M > 64 on a compute capability 9.0 GPU, M and K below 2^31), "reference" or "auto"
+ * (a variant that cannot serve the call returns CK_STATUS_UNSUPPORTED).
  * Requirements: as ck_gemm_w4a16; w_prepacked, scales_prepacked and zeros_prepacked 16-byte
  * aligned. out must not overlap x, the weight, its scales and zeros or the bias. */
 CK_API ck_status_t ck_gemm_w4a16_prepacked(const void* x, ck_dtype_t dtype,

@@ -10,7 +10,7 @@
   reference, small_m for M <= 16, tc, wgmma for M > 64 on compute capability 9.0, auto) x shapes
   with partial tiles in M, N and K (and partial last groups), bias or not, ReLU or not; full-size
   layers; small_m and reference agree on the same data; a forced variant that cannot serve is
-  CK_STATUS_UNSUPPORTED; auto does not pick wgmma yet.
+  CK_STATUS_UNSUPPORTED; auto picks wgmma for M > 64 on compute capability 9.0, tc elsewhere.
 - Every output is poisoned and sits between guard regions (gpu_support.GuardedBuffer):
   an unwritten element or an out-of-bounds write fails. CUDA graph capture and replay. The
   wrapper's ck.gemm_w4a16 (NumPy in/out, DeviceArray in/out, out=) against the raw call.
@@ -519,20 +519,23 @@ def test_forced_wgmma_up_to_64_rows_is_unsupported(m, monkeypatch, seed):
     assert_forced_variant_unsupported(call, KERNEL_ENV, "wgmma", must_say="m > 64")
 
 
-def test_auto_does_not_choose_wgmma_yet(monkeypatch, seed):
-    """Until wgmma is measured, auto keeps tc for large M on a prepacked weight: the same bits
-    as forced tc (the two kernels sum in different orders, so equality shows which one ran)."""
+@pytest.mark.parametrize("m", [64, 65, 200])
+def test_auto_chooses_wgmma_past_64_rows_on_hopper(m, monkeypatch, seed):
+    """auto on a prepacked weight: wgmma for M > 64 on compute capability 9.0, tc otherwise
+    (M = 17 ... 64, or another GPU): the same bits as that variant forced (the kernels sum in
+    different orders, so equality shows which one ran)."""
     if compute_capability() < (8, 0):
         pytest.skip("tc needs compute capability 8.0+")
+    expected = "wgmma" if m > 64 and compute_capability() == (9, 0) else "tc"
     rng = np.random.default_rng(seed)
-    call = make_call(rng, (200, 136, 1024), "fp16", "asym", 128, "codes", prepacked=True)
+    call = make_call(rng, (m, 136, 1024), "fp16", "asym", 128, "codes", prepacked=True)
     results = {}
-    for kernel in ("tc", "auto"):
+    for kernel in (expected, "auto"):
         monkeypatch.setenv(KERNEL_ENV, kernel)
         call.poison_outputs()
         call.launch()
         results[kernel] = call.check(f"{kernel}, seed={seed}")[2]
-    assert_bitwise_equal(results["auto"], results["tc"], f"auto vs tc, seed={seed}")
+    assert_bitwise_equal(results["auto"], results[expected], f"auto vs {expected}, seed={seed}")
 
 
 # ---------------------------------------------------------------------------------------------

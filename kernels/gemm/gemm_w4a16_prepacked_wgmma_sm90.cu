@@ -1,6 +1,6 @@
 // gemm_w4a16_prepacked_wgmma_sm90.cu - the W4A16 GEMM on Hopper tensor cores for large M: wgmma
 // with the dequantized weight in registers, x by TMA, warp-specialized (the "wgmma" variant of
-// ck_gemm_w4a16_prepacked; forced through CK_GEMM_W4A16_KERNEL, never chosen by "auto" yet).
+// ck_gemm_w4a16_prepacked, which "auto" picks for M > 64 on compute capability 9.0).
 //
 // What it computes (the same value as the tc kernel, gemm_w4a16_prepacked_tc.cu):
 //   w'[n][k] = round_to_dtype(float(q - zero) * float(scale[n][group(k)]))
@@ -22,19 +22,18 @@
 // kStages-deep ring of shared-memory stages, each guarded by a "full" and an "empty" mbarrier:
 //   - warp 8, the producer: lane 0 issues per stage two TMA copies of x (128 rows x 64 k each:
 //     one 128-byte swizzle row per x row) and one 3-D TMA copy of the block's 16 weight tiles
-//     (8 KB), all completing their bytes on the stage's full barrier; every lane copies up to
-//     two (tile, group) units of scales (16 bytes) and zeros (8 bytes) with cp.async, waits for
-//     them one stage later and then arrives on that barrier (32 more arrivals). (The zeros'
-//     global rows are 8 * groups bytes apart, which TMA's 16-byte stride rule cannot describe;
-//     the scales ride along the same way.)
+//     (8 KB), all completing their bytes on the stage's full barrier. Scales and zero points
+//     are not staged (the zeros' global rows are 8 * groups bytes apart, which TMA's 16-byte
+//     stride rule cannot describe): each consumer lane reads its few from global memory one
+//     chunk ahead (ScaleReader), so shared memory holds only what TMA writes.
 //   - warps 0-3 and 4-7, two consumer warpgroups: warpgroup c owns weight rows 64 c .. 64 c + 63
 //     of the tile and all 128 x rows: per stage 8 wgmma m64n128k16, their 64 accumulators per
 //     thread in registers. Before each wgmma, each thread dequantizes its four A registers from
 //     the stage's weight tiles (one pair of codes per 32-bit word, see "A fragments"). At the end
 //     bias, activation and one rounding go straight from the registers to global memory.
-//   - TMA zero-fills x rows past M and k past K and weight tiles past N8; cp.async zero-fills
-//     the scales (zeros) of groups past the last and of tiles past N8: partial tiles need no
-//     masking in the main loop (a zero-filled code dequantizes to (0 - 0) * 0 = 0).
+//   - TMA zero-fills x rows past M and k past K and weight tiles past N8; the scale reader
+//     gives 0 for the scales (zeros) of groups past the last and of tiles past N8: partial tiles
+//     need no masking in the main loop (a zero-filled code dequantizes to (0 - 0) * 0 = 0).
 //
 // Floors: bytes = M*K*2 + N*K/2 + N*groups*(2 [+1 with zeros]) + M*N*2; flops = 2*M*N*K. H100
 // SXM dense fp16/bf16 peak ~989 TFLOP/s: (K, N) = (4096, 14336), M = 4096 -> 481 GFLOP ->
@@ -78,23 +77,17 @@ constexpr int kTiles = kBN / kPackRows;               // 16 weight tiles per sta
 constexpr int kTileRows128 = kPackTileBytes / kSwizzleBytes;  // 4 swizzle rows per weight tile
 constexpr int kWStageBytes = kTiles * kPackTileBytes;  // 8 KB
 constexpr int kGroupUnits = kPackK / 32;              // 4: groups a chunk can touch (size 32)
-constexpr int kScaleUnitBytes = kPackRows * 2;        // a tile's 8 scales of one group
-constexpr int kZeroUnitBytes = kPackRows;             // a tile's 8 zero points of one group
-constexpr int kSlots = kTiles * kGroupUnits;          // 64 (tile, group) units per stage
-constexpr int kSStageBytes = kSlots * kScaleUnitBytes;  // 1 KB
-constexpr int kZStageBytes = kSlots * kZeroUnitBytes;   // 512 B
 [[maybe_unused]] constexpr int kTxBytes = kXStageBytes + kWStageBytes;   // TMA bytes per stage
-[[maybe_unused]] constexpr int kFullArrivals = 1 + 32;  // the producer's expect_tx + one arrival per lane
+[[maybe_unused]] constexpr int kFullArrivals = 1;                        // the producer's expect_tx
 [[maybe_unused]] constexpr int kEmptyArrivals = 4 * kConsumers;        // one per consumer warp
 [[maybe_unused]] constexpr int kGroupM = 8;                            // tile rows per rasterization group
 // The 1024 bytes of slack align the tiles to the 128-byte swizzle's period; the barriers last.
-constexpr int kSmemBytes = 1024 + kStages * (kXStageBytes + kWStageBytes + kSStageBytes + kZStageBytes) +
-                           2 * kStages * 8;
+constexpr int kSmemBytes = 1024 + kStages * (kXStageBytes + kWStageBytes) + 2 * kStages * 8;
 
 static_assert(kThreads == 288 && kProducerWarp % 4 == 0, "two consumer warpgroups, then one warp");
 static_assert(kWgmmaM == 4 * 2 * kPackRows, "a consumer warp owns two weight tiles (16 rows)");
 static_assert(kSteps == 2 * (kPackK / kPackSliceK), "two wgmma k16 steps per 32-k lane slice");
-static_assert(kSlots <= 2 * 32, "every producer lane copies at most two scale (zero) units");
+static_assert(kGroupUnits == kPackK / kPackSliceK, "ChunkScales holds one entry per 32-k slice");
 static_assert(kXBoxBytes % 1024 == 0 && kWStageBytes % 1024 == 0,
               "swizzled tiles keep the 1024-byte alignment of the swizzle period");
 static_assert(kTileRows128 == 4 && kTiles == 16, "the weight map's box is 128 x 4 x 16 bytes");
@@ -120,8 +113,8 @@ static_assert(kSmemBytes <= 227 * 1024, "one CTA per SM");
 //   unit = (4 (g % 2) + s) ^ (g / 2) [^ 4]: bit 2 is g % 2 (flipped for odd T), bits 0-1 are
 //   s ^ (g / 2): 8 distinct bank groups, conflict-free.
 //
-// scales (zeros): [16 tiles][4 group units][8 rows] dtype (uint8), as in global memory: unit u
-//   of a chunk is its group chunk * step + u (step = groups per chunk; 0 when a row is one group).
+// Scales and zero points are not staged: each consumer lane reads the few it needs (rows g of
+// its two tiles, the chunk's group units) from global memory, one chunk ahead (ChunkScales).
 // ---------------------------------------------------------------------------------------------
 
 // ---------------------------------------------------------------------------------------------
@@ -173,6 +166,55 @@ inline WgmmaGroups wgmma_groups(int group_shift) {
     return row * kSwizzleBytes + 16 * ((4 * (g % 2) + s) ^ (row % 8));
 }
 
+// The scales (and zero points) a consumer lane uses in one 128-k chunk, per 32-k slice s (the
+// unit s >> slice_shift of the chunk's groups): rows g of its tiles T0 and T1 = T0 + 1,
+// scale[s] = T0's | T1's << 16, zero[s / 2] = (T0's | T1's << 8) << 16 (s % 2). 0 past the last
+// tile or group (the zero-filled codes there dequantize to 0 either way). Indexed by constants
+// only, inside the wgmma stage, so that they stay in registers and no select sits between wgmmas.
+template <bool kAsym> struct ChunkScales {
+    uint32_t scale[kGroupUnits];
+    uint32_t zero[kGroupUnits / 2];
+};
+
+// Where a consumer lane reads them: straight from global memory (a few bytes per chunk, the
+// four lanes of a quad on the same addresses), one chunk ahead of their use, so that no shared
+// memory hand-off is needed.
+template <bool kAsym> struct ScaleReader {
+    const uint16_t* scale_row[2];  // &scales[T][group 0][g]; nullptr past the last tile
+    const uint8_t* zero_row[2];
+    int64_t groups;
+    int step, slice_shift;
+
+    __device__ ScaleReader(const GemmW4A16Args& args, const WgmmaGroups& grp, int64_t t0, int g)
+        : groups(args.groups), step(grp.step), slice_shift(grp.slice_shift) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const bool ok = t0 + i < args.tiles8;
+            const int64_t first = ((t0 + i) * args.groups) * kPackRows + g;
+            scale_row[i] = ok ? static_cast<const uint16_t*>(args.scales) + first : nullptr;
+            zero_row[i] = ok && kAsym ? args.zeros + first : nullptr;
+        }
+    }
+
+    __device__ __forceinline__ void load(int kc, ChunkScales<kAsym>& out) const {
+#pragma unroll
+        for (int s = 0; s < kGroupUnits; ++s) {
+            const int64_t group = int64_t(kc) * step + (s >> slice_shift);
+            const int64_t at = group * kPackRows;
+            const bool in = group < groups;
+            const uint32_t s0 = in && scale_row[0] ? __ldg(scale_row[0] + at) : 0u;
+            const uint32_t s1 = in && scale_row[1] ? __ldg(scale_row[1] + at) : 0u;
+            out.scale[s] = s0 | (s1 << 16);
+            if constexpr (kAsym) {
+                const uint32_t z0 = in && zero_row[0] ? __ldg(zero_row[0] + at) : 0u;
+                const uint32_t z1 = in && zero_row[1] ? __ldg(zero_row[1] + at) : 0u;
+                const uint32_t pair = z0 | (z1 << 8);
+                out.zero[s / 2] = (s % 2) ? (out.zero[s / 2] | (pair << 16)) : pair;
+            }
+        }
+    }
+};
+
 template <typename T, bool kAsym>
 __global__ void __launch_bounds__(kThreads, 1)
 gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
@@ -185,9 +227,7 @@ gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
                                                ~uintptr_t(1023));
     uint8_t* x_stages = smem;                                  // [kStages][2][128][128 B]
     uint8_t* w_stages = x_stages + kStages * kXStageBytes;     // [kStages][16 tiles][512 B]
-    uint8_t* s_stages = w_stages + kStages * kWStageBytes;     // [kStages][16][4][8] dtype
-    uint8_t* z_stages = s_stages + kStages * kSStageBytes;     // [kStages][16][4][8] uint8
-    uint64_t* full = reinterpret_cast<uint64_t*>(z_stages + kStages * kZStageBytes);
+    uint64_t* full = reinterpret_cast<uint64_t*>(w_stages + kStages * kWStageBytes);
     uint64_t* empty = full + kStages;
 
     const TileOrigin tile = grouped_tile(blockIdx.x, args.m, args.n, kBM, kBN, kGroupM);
@@ -206,62 +246,27 @@ gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
     __syncthreads();
 
     if (warp == kProducerWarp) {
-        // ---- Producer ----
-        if (lane == 0) {
-            prefetch_tensor_map(&map_x);
-            prefetch_tensor_map(&map_w);
-        }
+        // ---- Producer: lane 0 issues every copy ----
+        if (lane != 0) return;
+        prefetch_tensor_map(&map_x);
+        prefetch_tensor_map(&map_w);
         const int64_t tile0 = n0 / kPackRows;  // the block's first weight tile
-        const int64_t groups = args.groups;
-        const uint16_t* scales = static_cast<const uint16_t*>(args.scales);
-        const uint8_t* zeros = args.zeros;
-        int stage = 0, prev_stage = -1;
+        int stage = 0;
         uint32_t round = 0;
         for (int kc = 0; kc < chunks; ++kc) {
             mbar_wait(&empty[stage], (round & 1) ^ 1);  // the first round finds it free
-            if (lane == 0) {
-                mbar_arrive_expect_tx(&full[stage], kTxBytes);
-                uint8_t* xs = x_stages + stage * kXStageBytes;
+            mbar_arrive_expect_tx(&full[stage], kTxBytes);
+            uint8_t* xs = x_stages + stage * kXStageBytes;
 #pragma unroll
-                for (int b = 0; b < kXBoxes; ++b)
-                    tma_load_2d(xs + b * kXBoxBytes, &map_x, &full[stage],
-                                kc * kChunkK + b * kSwizzleK, int(m0));
-                tma_load_3d(w_stages + stage * kWStageBytes, &map_w, &full[stage], 0,
-                            kTileRows128 * kc, int(tile0));
-            }
-            // Slot i = (tile i / 4, group unit i % 4); units past the chunk's are never read.
-#pragma unroll
-            for (int h = 0; h < kSlots / 32; ++h) {
-                const int slot = lane + 32 * h, t = slot / kGroupUnits, u = slot % kGroupUnits;
-                if (u >= grp.units) continue;
-                const int64_t group = int64_t(kc) * grp.step + u;
-                const bool ok = tile0 + t < args.tiles8 && group < groups;
-                const int64_t idx = ((tile0 + t) * groups + group) * kPackRows;
-                cp_async_16_zfill(shared_address(s_stages + stage * kSStageBytes + slot * kScaleUnitBytes),
-                                  ok ? static_cast<const void*>(scales + idx) : scales, ok);
-                if constexpr (kAsym)
-                    cp_async_ca_zfill<8>(
-                        shared_address(z_stages + stage * kZStageBytes + slot * kZeroUnitBytes),
-                        ok ? static_cast<const void*>(zeros + idx) : zeros, ok);
-            }
-            // Each lane's copies of a stage are one group; the lane arrives on that stage's full
-            // barrier once the group has landed, one stage later (so that the next stage's
-            // copies are in flight meanwhile): a wait and a plain arrive, which order the
-            // copies before the consumers' reads for every tool that checks the barrier protocol.
-            cp_async_commit();
-            if (prev_stage >= 0) {
-                cp_async_wait<1>();
-                mbar_arrive(&full[prev_stage]);
-            }
-            prev_stage = stage;
+            for (int b = 0; b < kXBoxes; ++b)
+                tma_load_2d(xs + b * kXBoxBytes, &map_x, &full[stage], kc * kChunkK + b * kSwizzleK,
+                            int(m0));
+            tma_load_3d(w_stages + stage * kWStageBytes, &map_w, &full[stage], 0,
+                        kTileRows128 * kc, int(tile0));
             if (++stage == kStages) {
                 stage = 0;
                 ++round;
             }
-        }
-        if (prev_stage >= 0) {
-            cp_async_wait<0>();
-            mbar_arrive(&full[prev_stage]);
         }
         return;
     }
@@ -271,8 +276,9 @@ gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
     const int g = lane / 4, t = lane % 4;
     const int tile_a = 8 * c + 2 * w;  // T0; T1 = T0 + 1 (see "A fragments")
     const uint32_t shift = 4 * t;      // pair t of a word: nibbles t and t + 4
-    const int s_off0 = (tile_a * kGroupUnits) * kScaleUnitBytes + 2 * g;
-    const int z_off0 = (tile_a * kGroupUnits) * kZeroUnitBytes + g;
+    const ScaleReader<kAsym> reader(args, grp, n0 / kPackRows + tile_a, g);
+    ChunkScales<kAsym> next;
+    reader.load(0, next);
 
     float acc[kWgmmaN / 2];  // 64 x 128 float32 over the warpgroup
 #pragma unroll
@@ -293,22 +299,18 @@ gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
         }
         const uint8_t* xs = x_stages + stage * kXStageBytes;
         const uint8_t* ws = w_stages + stage * kWStageBytes;
-        const uint8_t* ss = s_stages + stage * kSStageBytes;
-        const uint8_t* zs = z_stages + stage * kZStageBytes;
+        const ChunkScales<kAsym> cur = next;
         wgmma_fence_operands(acc);
 #pragma unroll
         for (int s = 0; s < kPackK / kPackSliceK; ++s) {
             const uint4 v0 = *reinterpret_cast<const uint4*>(ws + weight_vector_offset(tile_a, g, s));
             const uint4 v1 = *reinterpret_cast<const uint4*>(ws + weight_vector_offset(tile_a + 1, g, s));
-            const int unit = s >> grp.slice_shift;
-            const uint32_t sc0 = *reinterpret_cast<const uint16_t*>(ss + s_off0 + unit * kScaleUnitBytes);
-            const uint32_t sc1 = *reinterpret_cast<const uint16_t*>(
-                ss + s_off0 + (kGroupUnits + unit) * kScaleUnitBytes);
+            const uint32_t sc = cur.scale[s];                               // T0 low half, T1 high
+            const uint32_t zr = kAsym ? cur.zero[s / 2] >> (16 * (s % 2)) : 0u;  // T0, T1 bytes
             const typename Dequant<Int4Zp, T>::Block b0{
-                kAsym ? uint32_t(zs[z_off0 + unit * kZeroUnitBytes]) : kSymmetricZero, sc0 * 0x10001u};
+                kAsym ? (zr & 0xffu) : kSymmetricZero, (sc & 0xffffu) * 0x10001u};
             const typename Dequant<Int4Zp, T>::Block b1{
-                kAsym ? uint32_t(zs[z_off0 + (kGroupUnits + unit) * kZeroUnitBytes]) : kSymmetricZero,
-                sc1 * 0x10001u};
+                kAsym ? ((zr >> 8) & 0xffu) : kSymmetricZero, (sc >> 16) * 0x10001u};
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int q = 2 * s + h;
@@ -327,6 +329,7 @@ gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
         }
         wgmma_commit();
         wgmma_fence_operands(acc);
+        if (kc + 1 < chunks) reader.load(kc + 1, next);  // in flight during this chunk's wgmmas
         prev_stage = stage;
         if (++stage == kStages) {
             stage = 0;
@@ -391,9 +394,10 @@ bool gemm_w4a16_wgmma_available() {
 // ---------------------------------------------------------------------------------------------
 // Launcher (arguments validated by cuda_kernels.cu; the variant's predicate also asks m, k and
 // tiles8 below 2^31, which TMA's 32-bit coordinates need, and checked again here).
-// ptxas (CUDA 13.0, sm_90a, 288 threads: a cap of 224 registers): 158 registers symmetric, 151
+// ptxas (CUDA 13.0, sm_90a, 288 threads: a cap of 224 registers): 152 registers symmetric, 166
 // asymmetric, fp16 and bf16 alike, no spills, no wgmma serialization (C7514 appeared until the
-// accumulators were fenced around each stage, wgmma_fence_operands). Not yet timed.
+// accumulators were fenced around each stage, wgmma_fence_operands; C7513 while the scales'
+// slice-to-group selects sat between the wgmmas: ChunkScales keeps them per slice).
 // ---------------------------------------------------------------------------------------------
 cudaError_t gemm_w4a16_prepacked_wgmma(const GemmW4A16Args& args, cudaStream_t stream) {
     if (args.m < 1 || !args.prepacked || !gemm_w4a16_wgmma_available()) return cudaErrorNotSupported;

@@ -1118,7 +1118,7 @@ def quantize_nf4(x, dtype, blocksize=NF4_DEFAULT_BLOCK_SIZE):
     xf = _matrix(to_f32(x, dtype))
     absmax = np.max(np.abs(_blocked(_nan_to_zero(xf), blocksize)), axis=2)
     cols = xf.shape[1]
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # 1 / subnormal: inf
         inv = _F32_ONE / absmax
         y = xf * inv[:, _block_of_col(cols, blocksize)]
         if cols % 2:  # the padding element, quantized as bitsandbytes' kernel quantizes it

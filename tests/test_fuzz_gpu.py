@@ -12,7 +12,10 @@
   pointer offsets (the least alignment the header allows). Families: INT8 and INT4
   (de)quantization, INT8 GEMM (int32 and scaled), INT4 x INT4 GEMM (int32 and scaled),
   ck_linear, W4A16 on the interchange and the prepacked layout (and the prepack itself), the
-  GPTQ and AWQ importers, ck_permute_columns, and the Mixture-of-experts layer: ck_moe_route
+  GPTQ and AWQ importers, ck_permute_columns, the block 4-bit formats (NF4 at every blocksize,
+  MXFP4, NVFP4 with its global scale computed or given; inputs with NaN, inf, zeros and
+  subnormals; quantize bit for bit, dequantize value for value), and the Mixture-of-experts
+  layer: ck_moe_route
   (E up to 1024, k up to 32, logits spread or full of ties), ck_moe_prepack (E up to 257, odd
   N for w2) and ck_moe_forward (T from 1 to a few hundred, aimed at 1, 15/16/17, 63/64/65 and
   127/128/129 rows per expert, where the layer moves from the streaming to the tensor-core
@@ -69,6 +72,9 @@ from test_quantize_gpu import (
     random_int8_codes, random_int8_scales,
 )
 from test_w4a16_gpu import make_call as make_w4a16_call
+from test_block4_gpu import BLOCK as BLOCK4_BLOCK, FORMATS as BLOCK4_FORMATS, with_specials
+from test_block4_gpu import QuantizeCall as Block4QuantizeCall
+from test_block4_gpu import random_dequantize_call as random_block4_dequantize_call
 
 pytestmark = pytest.mark.gpu
 
@@ -471,6 +477,36 @@ def test_fuzz_permute_columns(shape, dtype, kind, misalign, seed):
     call = PermuteCall(np.random.default_rng(seed), *shape, dtype, kind, misalign)
     call.launch()
     call.check(f"seed={seed}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Block 4-bit formats: NF4 (every blocksize), MXFP4, NVFP4 (global scale computed or given)
+# ---------------------------------------------------------------------------------------------
+def block4_case(rng):
+    shape = draw_matrix(rng)
+    fmt, dtype = pick(rng, BLOCK4_FORMATS), pick(rng, ref.DTYPES)
+    blocksize = pick(rng, ref.NF4_BLOCK_SIZES) if fmt == "nf4" else BLOCK4_BLOCK[fmt]
+    given = fmt == "nvfp4" and bool(rng.integers(2))   # a given global scale, else computed
+    misalign = pick(rng, (0, 1))
+    return ((fmt, shape, dtype, blocksize, given, misalign),
+            f"{fmt}-{shape_id(shape)}-{dtype}-b{blocksize}{'-given' if given else ''}-m{misalign}")
+
+
+@pytest.mark.parametrize("fmt, shape, dtype, blocksize, given, misalign",
+                         fuzz_cases("quantize_block4", block4_case))
+def test_fuzz_quantize_block4(fmt, shape, dtype, blocksize, given, misalign, seed):
+    rng = np.random.default_rng(seed)
+    x = with_specials(rng, ref.random_input(rng, shape, dtype), dtype)
+    g = np.array([10.0 ** rng.uniform(-3, 3)], np.float32) if given else None
+    Block4QuantizeCall(fmt, x, dtype, blocksize, g, misalign).check_launch(f"seed={seed}")
+
+
+@pytest.mark.parametrize("fmt, shape, dtype, blocksize, given, misalign",
+                         fuzz_cases("dequantize_block4", block4_case))
+def test_fuzz_dequantize_block4(fmt, shape, dtype, blocksize, given, misalign, seed):
+    call = random_block4_dequantize_call(np.random.default_rng(seed), fmt, shape, blocksize,
+                                         dtype, misalign)
+    call.check_launch(f"seed={seed}")
 
 
 # ---------------------------------------------------------------------------------------------

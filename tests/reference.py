@@ -1494,3 +1494,575 @@ def import_nvfp4_modelopt(weight, weight_scale, weight_scale_2):
     if s2.size != 1 or not (np.isfinite(s2[0]) and s2[0] > 0):
         raise ValueError(f"weight_scale_2 must be one positive finite float32, got {s2}")
     return packed, scales, (_F32_ONE / s2).astype(np.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention (prefill, and split-KV decode over a contiguous or paged KV cache)
+# ---------------------------------------------------------------------------------------------
+# O = softmax(scale * q k^T, over the keys each query sees) v, per query head, in FlashAttention's
+# conventions:
+#   - q [total_q, Hq, D], k and v [total_k, Hkv, D] in the representation of 'fp16' or 'bf16',
+#     D in ATTENTION_HEAD_DIMS; Hq a multiple of Hkv (GQA; MQA is Hkv = 1): query head h reads
+#     kv head h // (Hq / Hkv).
+#   - A batch is packed along the token axis with cumulative offsets cu_seqlens_q and
+#     cu_seqlens_k (int32 [B + 1]: 0 first, non-decreasing, the token count last; sequence b
+#     holds tokens cu[b] .. cu[b + 1] - 1 and may be empty), or has equal lengths, given as 4-D
+#     q [B, Sq, Hq, D], k and v [B, Sk, Hkv, D]. No offsets and 3-D arrays: one sequence.
+#   - The scale multiplies q.k inside the softmax. The kernels receive it as a float32, so the
+#     references round it to float32 first; the default is 1 / sqrt(D), rounded so.
+#   - Causal: query i of a sequence of Sq queries and Sk keys sees key j iff j <= i + Sk - Sq.
+#     The mask's diagonal ends at the bottom right (FlashAttention >= 2.1): the queries are the
+#     last Sq positions of the sequence. Non-causal: every query sees every key of its sequence.
+#   - A query that sees no key (causal with i < Sq - Sk, or Sk = 0) has O = 0 and lse = -inf,
+#     exactly: the kernels write those values.
+#   - Outputs: O like q, the exact value (float64) rounded once to the dtype; lse [total_q, Hq]
+#     (token-major, like O; [B, Sq, Hq] for 4-D q) float32 = ln(sum_j exp(scale * q.k_j)) over
+#     the keys the query sees, the natural logarithm, computed as m + ln(sum_j exp(x_j - m)) with
+#     m the row's largest x_j = scale * q.k_j, so that logits of any magnitude stay finite.
+#
+# Decode: q [B, Sq_new, Hq, D], 1 <= Sq_new <= 16, the LAST Sq_new positions of each sequence
+# (their keys and values already in the cache), against
+#   - a contiguous cache k_cache, v_cache [B, max_len, Hkv, D] with seqlens_k int32 [B],
+#     0 <= seqlens_k[b] <= max_len: sequence b's keys are k_cache[b, :seqlens_k[b]]; or
+#   - a paged cache k_pages, v_pages [num_pages, page_size, Hkv, D] with block_table int32
+#     [B, max_pages_per_seq]: position t of sequence b lies at
+#     k_pages[block_table[b, t // page_size], t % page_size], seqlens_k[b] <= max_pages_per_seq
+#     * page_size. Only the entries of the ceil(seqlens_k[b] / page_size) pages a sequence uses
+#     are read, and must lie in [0, num_pages).
+# Nothing at or past position seqlens_k[b] is read (a cache may hold anything there, NaN too),
+# nor the block_table entries past a sequence's pages. Decode is prefill of the new queries
+# against the sequence's first seqlens_k[b] keys, causal (attention_decode_as_prefill); a
+# sequence shorter than Sq_new leaves its first Sq_new - seqlens_k[b] queries without keys.
+#
+# Split-KV decode (flash-decoding): each sequence's keys are cut into num_splits ranges
+# (attention_split_bounds); split s yields its normalized O_s and lse_s (lse_s = -inf for a
+# query that sees no key of the split, whose O_s the combine does not read; the reference writes
+# 0 there), and attention_combine merges them:
+#     M = max_s lse_s,  w_s = exp(lse_s - M),  O = sum_s w_s O_s / sum_s w_s,
+#     lse = M + ln(sum_s w_s),
+# which is the unsplit O and lse in exact arithmetic. That is the contract of the kernel's
+# workspace: float32 O_s [num_splits, B, Sq_new, Hq, D] and lse_s [num_splits, B, Sq_new, Hq].
+ATTENTION_DTYPES = ("fp16", "bf16")
+ATTENTION_HEAD_DIMS = (64, 96, 128, 256)
+ATTENTION_DECODE_MAX_QUERIES = 16   # Sq_new of a decode call: 1 .. 16
+
+
+def attention_cu_seqlens(lengths):
+    """Sequence lengths [B] -> their int32 cumulative offsets [B + 1] (0 first), the packed
+    layout's cu_seqlens."""
+    lengths = np.asarray(lengths, dtype=np.int64).reshape(-1)
+    if (lengths < 0).any():
+        raise ValueError(f"sequence lengths must be >= 0, got {lengths.tolist()}")
+    cu = np.concatenate([[0], np.cumsum(lengths)])
+    if cu[-1] > np.iinfo(np.int32).max:
+        raise ValueError(f"{cu[-1]} tokens do not fit int32 offsets")
+    return cu.astype(np.int32)
+
+
+def attention_mask(seqlen_q, seqlen_k, causal):
+    """bool [Sq, Sk]: True where query i may attend to key j: everywhere, or (causal)
+    j <= i + Sk - Sq, the diagonal aligned to the bottom right."""
+    return _attention_allowed(seqlen_q, seqlen_k, seqlen_k - seqlen_q if causal else None)
+
+
+def attention_forward_f64(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, softmax_scale=None,
+                          causal=False, dtype=None):
+    """The prefill attention in exact arithmetic (float64): (O float64 shaped like q, lse
+    float64 [total_q, Hq], or [B, Sq, Hq] for 4-D q).
+
+    q [total_q, Hq, D] and k, v [total_k, Hkv, D] with cu_seqlens_q, cu_seqlens_k (int32
+    [B + 1]; both None: one sequence), or q [B, Sq, Hq, D] and k, v [B, Sk, Hkv, D] (equal
+    lengths, no offsets), in dtype's representation ('fp16' or 'bf16'; None infers it from q).
+    softmax_scale: a float, rounded to float32 (None: 1 / sqrt(D), rounded so). For query i and
+    head h of a sequence, over the keys j it sees (attention_mask):
+        x_j = scale * q_i.k_j (kv head h // (Hq / Hkv)),  m = max_j x_j,
+        O = sum_j exp(x_j - m) v_j / sum_j exp(x_j - m),  lse = m + ln(sum_j exp(x_j - m));
+    O = 0 and lse = -inf for a query that sees no key.
+    """
+    dtype, qf, kf, vf, cu_q, cu_k, scale = _attention_prepare(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, dtype)
+    o, lse = np.zeros(qf.shape), np.full(qf.shape[:2], -np.inf)
+    for rows, keys, diagonal in _attention_sequences(cu_q, cu_k, causal):
+        o[rows], lse[rows] = _attention_sequence_f64(qf[rows], kf[keys], vf[keys], scale, diagonal)
+    shape = np.shape(q)
+    return o.reshape(shape), lse.reshape(shape[:-1])
+
+
+def attention_forward(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, softmax_scale=None,
+                      causal=False, dtype=None):
+    """The prefill attention the kernels compute, ideally: (O in dtype's representation, shaped
+    like q; lse float32 [total_q, Hq], or [B, Sq, Hq] for 4-D q): attention_forward_f64's values
+    rounded once (O to the dtype, lse to float32). The kernels' float32 arithmetic is within
+    attention_error_bound of the float64 values, not bitwise equal to these."""
+    dtype = dtype or dtype_of(q)
+    o, lse = attention_forward_f64(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal,
+                                   dtype)
+    return round_f64_to_dtype(o, dtype), lse.astype(np.float32)
+
+
+def attention_gather_paged_kv(pages, block_table, seqlens_k):
+    """A paged cache k_pages or v_pages [num_pages, page_size, Hkv, D] -> the contiguous cache
+    [B, max_pages_per_seq * page_size, Hkv, D] in the same representation.
+
+    Position t < seqlens_k[b] of sequence b is pages[block_table[b, t // page_size],
+    t % page_size]; positions at or past seqlens_k[b] are 0. Only the block_table entries of the
+    ceil(seqlens_k[b] / page_size) pages a sequence uses are read (they must lie in
+    [0, num_pages)), and of those pages only the positions below seqlens_k[b].
+    """
+    pages = np.asarray(pages)
+    if pages.ndim != 4:
+        raise ValueError(f"pages must be [num_pages, page_size, Hkv, D], got shape {pages.shape}")
+    num_pages, page_size = pages.shape[:2]
+    table = _require_dtype(np.asarray(block_table), np.int32, "block_table")
+    if table.ndim != 2:
+        raise ValueError(f"block_table must be [B, max_pages_per_seq], got shape {table.shape}")
+    batch, max_pages = table.shape
+    seqlens = _attention_seqlens(seqlens_k, batch, max_pages * page_size,
+                                 f"max_pages_per_seq * page_size = {max_pages} * {page_size}")
+    out = np.zeros((batch, max_pages * page_size) + pages.shape[2:], pages.dtype)
+    for b, n in enumerate(seqlens):
+        used = table[b, :block_count(n, page_size)]
+        bad = np.flatnonzero((used < 0) | (used >= num_pages))
+        if bad.size:
+            p = bad[0]
+            raise ValueError(f"block_table[{b}, {p}] = {used[p]} (a page of sequence {b}'s {n} "
+                             f"tokens) is outside [0, num_pages={num_pages})")
+        out[b, :n] = pages[used].reshape((-1,) + pages.shape[2:])[:n]
+    return out
+
+
+def attention_decode_as_prefill(q, k_cache, v_cache, seqlens_k, block_table=None):
+    """A decode call in the packed prefill layout: (q [B * Sq_new, Hq, D], k and v
+    [sum(seqlens_k), Hkv, D], cu_seqlens_q, cu_seqlens_k), in the inputs' representation.
+
+    q [B, Sq_new, Hq, D] (1 <= Sq_new <= 16); k_cache, v_cache [B, max_len, Hkv, D] with
+    seqlens_k int32 [B], or the pages [num_pages, page_size, Hkv, D] of a paged cache with
+    block_table int32 [B, max_pages_per_seq] (gathered by attention_gather_paged_kv). Sequence b
+    keeps its first seqlens_k[b] keys and values. The decode's O and lse are
+    attention_forward(_f64) of these with causal=True, reshaped to [B, Sq_new, ...].
+    """
+    q, k_cache, v_cache = np.asarray(q), np.asarray(k_cache), np.asarray(v_cache)
+    if q.ndim != 4 or k_cache.ndim != 4:
+        raise ValueError(f"decode takes q [B, Sq_new, Hq, D] and a cache [B, max_len, Hkv, D] "
+                         f"or pages [num_pages, page_size, Hkv, D]; got q {q.shape}, "
+                         f"k {k_cache.shape}")
+    _attention_dims(q.shape, k_cache.shape, v_cache.shape)
+    batch, sq_new = q.shape[:2]
+    if not 1 <= sq_new <= ATTENTION_DECODE_MAX_QUERIES:
+        raise ValueError(f"decode takes Sq_new = 1 .. {ATTENTION_DECODE_MAX_QUERIES} new queries "
+                         f"per sequence, got {sq_new}")
+    what = "the cache"
+    if block_table is not None:
+        k_cache = attention_gather_paged_kv(k_cache, block_table, seqlens_k)
+        v_cache = attention_gather_paged_kv(v_cache, block_table, seqlens_k)
+        what = "block_table"
+    if k_cache.shape[0] != batch:
+        raise ValueError(f"q has B = {batch} sequences, {what} {k_cache.shape[0]}")
+    seqlens = _attention_seqlens(seqlens_k, batch, k_cache.shape[1], "max_len")
+    kept = np.arange(k_cache.shape[1])[None, :] < seqlens[:, None]
+    return (q.reshape((batch * sq_new,) + q.shape[2:]), k_cache[kept], v_cache[kept],
+            attention_cu_seqlens(np.full(batch, sq_new)), attention_cu_seqlens(seqlens))
+
+
+def attention_decode_f64(q, k_cache, v_cache, seqlens_k, block_table=None, softmax_scale=None,
+                         dtype=None):
+    """The decode attention in exact arithmetic: (O float64 [B, Sq_new, Hq, D], lse float64
+    [B, Sq_new, Hq]): attention_forward_f64 of attention_decode_as_prefill's arrays, causal
+    (query t of sequence b sits at position seqlens_k[b] - Sq_new + t and sees the keys at
+    positions up to it). The cache is contiguous, or paged when block_table is given."""
+    q = np.asarray(q)
+    qp, kp, vp, cu_q, cu_k = attention_decode_as_prefill(q, k_cache, v_cache, seqlens_k,
+                                                         block_table)
+    o, lse = attention_forward_f64(qp, kp, vp, cu_q, cu_k, softmax_scale, True, dtype)
+    return o.reshape(q.shape), lse.reshape(q.shape[:3])
+
+
+def attention_decode(q, k_cache, v_cache, seqlens_k, block_table=None, softmax_scale=None,
+                     dtype=None):
+    """The decode attention the kernels compute, ideally: attention_decode_f64 rounded once
+    (O [B, Sq_new, Hq, D] to the dtype, lse [B, Sq_new, Hq] to float32)."""
+    dtype = dtype or dtype_of(q)
+    o, lse = attention_decode_f64(q, k_cache, v_cache, seqlens_k, block_table, softmax_scale,
+                                  dtype)
+    return round_f64_to_dtype(o, dtype), lse.astype(np.float32)
+
+
+def attention_split_bounds(seqlen, num_splits, block_n=1):
+    """int64 [num_splits + 1]: split s covers the key positions bounds[s] .. bounds[s + 1] - 1
+    of a sequence of seqlen keys. Splits deal whole blocks of block_n keys, as FlashAttention's
+    split-KV kernel does: each holds c = ceil(ceil(seqlen / block_n) / num_splits) * block_n
+    keys, in order, the last non-empty one the rest, and the splits after it are empty: all
+    of them for seqlen = 0, some whenever num_splits > ceil(seqlen / block_n), and sometimes
+    when not (9 blocks in 4 splits: 3, 3, 3 and 0 blocks)."""
+    _attention_check_splits(num_splits, block_n)
+    per_split = block_count(block_count(int(seqlen), block_n), num_splits) * block_n
+    return np.minimum(np.arange(num_splits + 1, dtype=np.int64) * per_split, int(seqlen))
+
+
+def attention_split_partials(q, k_cache, v_cache, seqlens_k, num_splits, block_table=None,
+                             softmax_scale=None, dtype=None, block_n=1):
+    """The split-KV decode's partial results in exact arithmetic: (O_s float64 [num_splits, B,
+    Sq_new, Hq, D], lse_s float64 [num_splits, B, Sq_new, Hq]).
+
+    Arguments as attention_decode_f64's. Split s of sequence b holds the keys at positions
+    attention_split_bounds(seqlens_k[b], num_splits, block_n)[s] .. [s + 1] - 1; O_s and lse_s
+    are the attention of the new queries to those keys alone, with the decode's causal mask
+    (absolute positions), normalized within the split: 0 and -inf for a query that sees none of
+    them (an empty split, or one wholly after the query). attention_combine of them is the
+    unsplit decode.
+    """
+    _attention_check_splits(num_splits, block_n)
+    q = np.asarray(q)
+    qp, kp, vp, cu_q, cu_k = attention_decode_as_prefill(q, k_cache, v_cache, seqlens_k,
+                                                         block_table)
+    _, qf, kf, vf, _, _, scale = _attention_prepare(qp, kp, vp, cu_q, cu_k, softmax_scale, dtype)
+    sq_new = q.shape[1]
+    o = np.zeros((num_splits,) + qf.shape)
+    lse = np.full((num_splits,) + qf.shape[:2], -np.inf)
+    for b in range(q.shape[0]):
+        rows = slice(b * sq_new, (b + 1) * sq_new)
+        seqlen = int(cu_k[b + 1] - cu_k[b])
+        bounds = attention_split_bounds(seqlen, num_splits, block_n) + cu_k[b]
+        for s in range(num_splits):
+            keys = slice(bounds[s], bounds[s + 1])
+            # Query t sits at position seqlen - Sq_new + t and sees key position lo + j iff
+            # j - t <= seqlen - Sq_new - lo.
+            diagonal = seqlen - sq_new - int(bounds[s] - cu_k[b])
+            o[s, rows], lse[s, rows] = _attention_sequence_f64(qf[rows], kf[keys], vf[keys],
+                                                               scale, diagonal)
+    return o.reshape((num_splits,) + q.shape), lse.reshape((num_splits,) + q.shape[:3])
+
+
+def attention_combine(partials_o, partials_lse):
+    """The split-KV combine: partials O_s [num_splits, ..., D] and lse_s [num_splits, ...] (any
+    float arrays: the float32 workspace or attention_split_partials' values) -> (O float64
+    [..., D], lse float64 [...]), in float64:
+        M = max_s lse_s,  w_s = exp(lse_s - M),  O = sum_s w_s O_s / sum_s w_s,
+        lse = M + ln(sum_s w_s).
+    A split with lse_s = -inf contributes nothing, whatever its O_s holds (a kernel need not
+    write it); where every split has lse_s = -inf, O = 0 and lse = -inf."""
+    o = np.asarray(partials_o, dtype=np.float64)
+    lse = np.asarray(partials_lse, dtype=np.float64)
+    if o.ndim < 2 or o.shape[0] < 1 or lse.shape != o.shape[:-1]:
+        raise ValueError(f"partials_o {o.shape} and partials_lse {lse.shape} must be "
+                         "[num_splits >= 1, ..., D] and [num_splits, ...]")
+    top = lse.max(axis=0)
+    seen = top > -np.inf
+    w = np.exp(lse - np.where(seen, top, 0))    # 0 for a split without keys
+    total = w.sum(axis=0)
+    out = np.zeros(o.shape[1:])
+    with np.errstate(invalid="ignore"):     # 0 * inf in a split that is left out
+        weighted = np.where(w[..., None] > 0, w[..., None] * o, 0).sum(axis=0)
+    out[seen] = weighted[seen] / total[seen][:, None]
+    out_lse = np.full(top.shape, -np.inf)
+    out_lse[seen] = top[seen] + np.log(total[seen])
+    return out, out_lse
+
+
+# ---- Work and traffic -------------------------------------------------------------------------
+def attention_allowed_pairs(seqlen_q, seqlen_k, causal):
+    """The (query, key) pairs one sequence computes: Sq * Sk, or causal
+    sum_i clamp(i + Sk - Sq + 1, 0, Sk) = 1 + 2 + ... + Sk less 1 + ... + (c0 - 1), where
+    c0 = max(1, Sk - Sq + 1) is the key count of the first query that sees a key. A Python int."""
+    sq, sk = int(seqlen_q), int(seqlen_k)
+    if sq < 0 or sk < 0:
+        raise ValueError(f"sequence lengths must be >= 0, got Sq={sq}, Sk={sk}")
+    if not causal:
+        return sq * sk
+    c0 = max(1, sk - sq + 1)
+    return (sk * (sk + 1) - (c0 - 1) * c0) // 2
+
+
+def attention_flops(seqlens_q, seqlens_k, num_heads_q, head_dim, causal):
+    """The floating-point operations of an attention forward: 4 * D * Hq * sum_b
+    attention_allowed_pairs(Sq_b, Sk_b, causal) (q.k and p * v: 2 D each per pair; the softmax
+    is not counted). Non-causal with equal lengths that is 4 B Hq Sq Sk D. Python int."""
+    seqlens_q = np.asarray(seqlens_q).reshape(-1)
+    seqlens_k = np.asarray(seqlens_k).reshape(-1)
+    if seqlens_q.shape != seqlens_k.shape:
+        raise ValueError(f"seqlens_q has {seqlens_q.size} lengths, seqlens_k {seqlens_k.size}")
+    pairs = sum(attention_allowed_pairs(sq, sk, causal) for sq, sk in zip(seqlens_q, seqlens_k))
+    return 4 * int(head_dim) * int(num_heads_q) * pairs
+
+
+def attention_decode_kv_bytes(seqlens_k, num_heads_kv, head_dim, dtype):
+    """The K and V bytes a decode call reads at least: sum_b seqlens_k[b] * Hkv * D * 2 (K and V)
+    * the dtype's size, the floor its memory bandwidth is measured against. A Python int."""
+    itemsize = np.dtype(_numpy_dtype(dtype)).itemsize
+    tokens = sum(int(n) for n in np.asarray(seqlens_k).reshape(-1))
+    return tokens * int(num_heads_kv) * int(head_dim) * 2 * itemsize
+
+
+# ---- Error bound of a kernel ------------------------------------------------------------------
+# The kernel model is FlashAttention-2's forward. Per query row, keys in blocks of block_n:
+# s = q.k on tensor cores (float32 sums of the exact fp16/bf16 products), x = scale * s, an
+# online softmax in float32 (running max m, p = exp(x - m), the row sum l and the accumulator
+# rescaled by exp(m_old - m_new) when m grows), P rounded to the dtype before P V on tensor
+# cores (float32 sums), l summed from the unrounded float32 p; at the end O = acc / l, rounded to
+# the dtype, and lse = m + ln(l). A split-KV kernel runs that per split and merges the float32
+# partials as attention_combine does. exp and ln may be the fast approximations (ex2.approx,
+# lg2.approx), and may flush results below FLT_MIN = 2^-126 to zero.
+#
+# Exact quantities of one row (a query and a head), over the keys j it sees: x_j = scale q.k_j,
+# a_j = |scale| sum_d |q_d k_jd|, X = max_j |x_j|, m = max_j x_j, p_j = exp(x_j - m), L = sum p_j,
+# w_j = p_j / L, O = sum_j w_j v_j; Sk = the sequence's key count. u = 2^-24 (float32),
+# u_mma = 2u (tensor cores may truncate: Fasi et al., "Numerical behavior of NVIDIA tensor
+# cores", 2021), gamma(n) = n u_mma / (1 - n u_mma) (Higham, "Accuracy and Stability of
+# Numerical Algorithms", Thm. 3.1); u_d = 2^-11 (fp16) or 2^-8 (bf16), tiny_d = 2^-14 or 2^-126
+# the dtype's smallest normal; E_exp = 2^-22 (2 float32 ulps), E_log = 2^-21 (absolute).
+#
+# 1. Exponents. The kernel's weight of key j is c p_j exp(e_j), c common to the row, with
+#        |e_j| <= tau_j = gamma(D) a_j + 24 u W + (nb + 1) E_exp  [+ gamma(n) + E_log with splits],
+#    W = X + ln(Sk) (>= |lse| and |x_j - m| / 2), nb = ceil(Sk / block_n) + num_splits (the
+#    exps: one per key, one per rescaling, one per split). gamma(D) a_j is the float32 dot
+#    product. 24 u W covers the roundings of the scaling, of x - m, of a multiplication by
+#    log2(e) and of that constant (6 u X at most); those of the rescalings, whose differences of
+#    maxima telescope to at most 2X (6 u X); with splits, those of lse_s and of lse_s - M
+#    (8 u W), whose sum l_s adds gamma(n) and its logarithm E_log. c cancels in O, so take the
+#    weights relative to the row's largest key t: p_j exp(eps_j) with eps_t = 0 and
+#    |eps_j| <= tau'_j = tau_j + tau_t for the others (tau'_t = 0).
+# 2. Softmax. O' = sum_j p_j e^{eps_j} v_j / sum_j p_j e^{eps_j} = O + sum_{j != t} p_j
+#    (e^{eps_j} - 1) (v_j - O) / sum_j p_j e^{eps_j}, hence with L_lo = sum_j p_j e^{-tau'_j}
+#    (>= p_t = 1):
+#        E_soft = sum_j p_j (e^{tau'_j} - 1) (|v_j| + |O|) / L_lo,
+#    which vanishes when the softmax is one-hot (large logits), however large tau_t is.
+# 3. P rounded to the dtype. In the kernel's frame p <= 1 (relative to the running maximum;
+#    later rescalings only shrink it), |fl_d(p) - p| <= u_d max(p, tiny_d), a flushed exp loses
+#    FLT_MIN at most, and the kernel's l >= 1 (its largest key contributes exp(0) = 1). The row
+#    sum l adds the unrounded p (as FlashAttention does): the mismatch is this term.
+#        E_P = u_d V_hi + (u_d tiny_d + FLT_MIN) sum_j |v_j|,
+#        V_hi = sum_j p_j e^{tau'_j} |v_j| / L_lo.
+# 4. float32 accumulation. Each product p v is exact; it goes through at most
+#    n = Sk + nb + num_splits roundings (additions, rescalings, the split's weight), as does l:
+#        E_acc = (2 gamma(n) + 4u) V_abs,
+#        V_abs = (1 + u_d) V_hi + (u_d tiny_d + FLT_MIN) sum_j |v_j|,
+#    4u for the division by l, the stored partial O_s, its weight and the final division.
+# Bound: |O_kernel - O| <= E + ulp_d(|O| + E) / 2 with E = SLACK (E_soft + E_P + E_acc) (the
+# kernel rounds its float32 O to the dtype once), and
+#        |lse_kernel - lse| <= SLACK (ln(sum_j w_j e^{tau_j}) + 2 gamma(n) + 2 E_log + 8 u W)
+# (c does not cancel in lse: the argument errors move ln(l) by at most ln(sum_j w_j e^{tau_j});
+# then the sums, ln, and the float32 roundings of m + ln(l) and of the combine). SLACK absorbs
+# the second-order terms. A worst case: measured errors are smaller (P's roundings and the
+# float32 sums partly cancel). For logits of order 1 the bound is a few ulps of the output for
+# fp16 and mainly P's rounding for bf16; a wrong mask or a wrong kv head moves O by far more.
+ATTENTION_F32_ROUNDOFF = 2.0**-24
+ATTENTION_MMA_ROUNDOFF = 2 * ATTENTION_F32_ROUNDOFF
+ATTENTION_EXP_ERROR = 2.0**-22
+ATTENTION_LOG_ERROR = 2.0**-21
+ATTENTION_ARGUMENT_ROUNDINGS = 24
+ATTENTION_SECOND_ORDER_SLACK = 1.01
+ATTENTION_FLT_MIN = 2.0**-126
+_ATTENTION_SMALLEST_NORMAL = {"fp16": 2.0**-14, "bf16": 2.0**-126}
+
+
+def attention_error_bound(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, softmax_scale=None,
+                          causal=False, dtype=None, block_n=64, num_splits=1):
+    """The bounds a kernel's outputs must meet (the derivation is in the comment above):
+    (o_tol float64 shaped like O, lse_tol float64 shaped like lse) with
+
+        |O_kernel - O| <= o_tol  and  |lse_kernel - lse| <= lse_tol  element by element,
+
+    O and lse those of attention_forward_f64 (the exact values, not the rounded ones; O_kernel
+    as the dtype's values). Arguments as attention_forward_f64's, plus block_n, the smallest key
+    block the kernel processes at once (a rescaling at most per block), and num_splits, the
+    splits of a split-KV kernel (1: a single pass). A decode kernel is checked on
+    attention_decode_as_prefill's arrays with causal=True. Where a query sees no key both bounds
+    are 0: the kernel must write O = 0 and lse = -inf exactly.
+    """
+    _attention_check_splits(num_splits, block_n)
+    dtype, qf, kf, vf, cu_q, cu_k, scale = _attention_prepare(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, dtype)
+    hq, hkv = qf.shape[1], kf.shape[1]
+    o_tol, lse_tol = np.zeros(qf.shape), np.zeros(qf.shape[:2])
+    for rows, keys, diagonal in _attention_sequences(cu_q, cu_k, causal):
+        allowed = _attention_allowed(rows.stop - rows.start, keys.stop - keys.start, diagonal)
+        for h in range(hq):
+            g = h // (hq // hkv)
+            o_tol[rows, h], lse_tol[rows, h] = _attention_head_bound(
+                qf[rows, h], kf[keys, g], vf[keys, g], scale, allowed, dtype, block_n,
+                num_splits)
+    shape = np.shape(q)
+    return o_tol.reshape(shape), lse_tol.reshape(shape[:-1])
+
+
+def _attention_gamma(n):
+    if n * ATTENTION_MMA_ROUNDOFF >= 1:
+        raise ValueError(f"no float32 error bound for sums of {n} terms")
+    return n * ATTENTION_MMA_ROUNDOFF / (1 - n * ATTENTION_MMA_ROUNDOFF)
+
+
+def _attention_head_bound(qh, kh, vh, scale, allowed, dtype, block_n, num_splits):
+    """attention_error_bound for one head of one sequence: q [Sq, D], k and v [Sk, D] (float64),
+    the mask [Sq, Sk] -> (o_tol [Sq, D], lse_tol [Sq])."""
+    sq, d = qh.shape
+    sk = kh.shape[0]
+    o_tol, lse_tol = np.zeros((sq, d)), np.zeros(sq)
+    x, m, p = _attention_logits(qh, kh, scale, allowed)
+    seen = m > -np.inf
+    if not seen.any():
+        return o_tol, lse_tol
+    x, m, p, allowed = x[seen], m[seen], p[seen], allowed[seen]
+    u, u_d = ATTENTION_F32_ROUNDOFF, 2.0**-_PRECISION[dtype][0]
+    blocks = block_count(sk, block_n) + num_splits
+    n = sk + blocks + num_splits
+    width = np.max(np.where(allowed, np.abs(x), 0), axis=1) + np.log(sk)
+    tau = (_attention_gamma(d) * abs(scale) * (np.abs(qh[seen]) @ np.abs(kh).T)
+           + (ATTENTION_ARGUMENT_ROUNDINGS * u * width)[:, None]
+           + (blocks + 1) * ATTENTION_EXP_ERROR)
+    if num_splits > 1:
+        tau += _attention_gamma(n) + ATTENTION_LOG_ERROR
+    rows, top = np.arange(x.shape[0]), np.argmax(x, axis=1)
+    tau_rel = tau + tau[rows, top][:, None]
+    tau_rel[rows, top] = 0                                # tau'
+    with np.errstate(over="ignore", invalid="ignore"):   # a huge tau: an infinite bound
+        hi = np.exp(x - m[:, None] + tau_rel)             # p_j e^{tau'_j}, 0 where masked
+        lo = np.exp(x - m[:, None] - tau_rel).sum(axis=1)     # L_lo
+        total = p.sum(axis=1)
+        o = p @ vh / total[:, None]
+        absv = np.abs(vh)
+        spread = hi - p                                   # p_j (e^{tau'_j} - 1)
+        e_soft = (spread @ absv + np.abs(o) * spread.sum(axis=1)[:, None]) / lo[:, None]
+        v_hi = hi @ absv / lo[:, None]
+        flushed = ((u_d * _ATTENTION_SMALLEST_NORMAL[dtype] + ATTENTION_FLT_MIN)
+                   * (allowed @ absv))
+        e_p = u_d * v_hi + flushed
+        e_acc = (2 * _attention_gamma(n) + 4 * u) * ((1 + u_d) * v_hi + flushed)
+        err = ATTENTION_SECOND_ORDER_SLACK * (e_soft + e_p + e_acc)
+        err = np.where(np.isnan(err), np.inf, err)
+        o_tol[seen] = err + 0.5 * ulp(np.abs(o) + err, dtype)
+        lse_err = (np.log(np.exp(x - m[:, None] + tau).sum(axis=1) / total)
+                   + 2 * _attention_gamma(n) + 2 * ATTENTION_LOG_ERROR + 8 * u * width)
+        lse_tol[seen] = ATTENTION_SECOND_ORDER_SLACK * np.where(np.isnan(lse_err), np.inf,
+                                                                lse_err)
+    return o_tol, lse_tol
+
+
+# ---- Attention helpers ------------------------------------------------------------------------
+def _attention_allowed(seqlen_q, seqlen_k, diagonal):
+    """bool [Sq, Sk]: query i sees key j iff j - i <= diagonal (everywhere for None)."""
+    if diagonal is None:
+        return np.ones((seqlen_q, seqlen_k), dtype=bool)
+    return np.arange(seqlen_k)[None, :] - np.arange(seqlen_q)[:, None] <= diagonal
+
+
+def _attention_logits(qh, kh, scale, allowed):
+    """One head: q [Sq, D], k [Sk, D] (float64), the mask [Sq, Sk] -> (x = scale q k^T [Sq, Sk]
+    with -inf where masked, its row maxima m (-inf for a row without keys), p = exp(x - m),
+    0 where masked and on such a row)."""
+    x = np.where(allowed, scale * (qh @ kh.T), -np.inf)
+    m = np.max(x, axis=1, initial=-np.inf)
+    p = np.exp(x - np.where(m > -np.inf, m, 0)[:, None])
+    return x, m, p
+
+
+def _attention_sequence_f64(q, k, v, scale, diagonal):
+    """One sequence: q [Sq, Hq, D], k and v [Sk, Hkv, D] (float64) -> (O [Sq, Hq, D], lse
+    [Sq, Hq]) float64; query i sees key j iff j - i <= diagonal (every key for None)."""
+    seqlen_q, hq, d = q.shape
+    group = hq // k.shape[1]
+    allowed = _attention_allowed(seqlen_q, k.shape[0], diagonal)
+    o, lse = np.zeros((seqlen_q, hq, d)), np.full((seqlen_q, hq), -np.inf)
+    for h in range(hq):
+        _, m, p = _attention_logits(q[:, h], k[:, h // group], scale, allowed)
+        seen = m > -np.inf
+        total = p[seen].sum(axis=1)
+        o[seen, h] = p[seen] @ v[:, h // group] / total[:, None]
+        lse[seen, h] = m[seen] + np.log(total)
+    return o, lse
+
+
+def _attention_sequences(cu_q, cu_k, causal):
+    """(query rows, key rows, mask diagonal) of each sequence of a packed batch."""
+    for b in range(cu_q.size - 1):
+        rows, keys = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        diagonal = (cu_k[b + 1] - cu_k[b]) - (cu_q[b + 1] - cu_q[b]) if causal else None
+        yield rows, keys, diagonal
+
+
+def _attention_dims(q_shape, k_shape, v_shape):
+    """Checks the heads and the head dim of q [..., Hq, D], k and v [..., Hkv, D]."""
+    if tuple(k_shape) != tuple(v_shape):
+        raise ValueError(f"k {tuple(k_shape)} and v {tuple(v_shape)} must have the same shape")
+    if len(q_shape) < 2 or len(k_shape) < 2:
+        raise ValueError(f"q {tuple(q_shape)} and k {tuple(k_shape)} need [..., heads, D]")
+    hq, d = q_shape[-2:]
+    hkv, dk = k_shape[-2:]
+    if dk != d:
+        raise ValueError(f"q's head dim D={d} differs from k's and v's, {dk}")
+    if d not in ATTENTION_HEAD_DIMS:
+        raise ValueError(f"head dim D={d} is not one of {ATTENTION_HEAD_DIMS}")
+    if hkv < 1 or hq < 1 or hq % hkv:
+        raise ValueError(f"Hq={hq} query heads must be a positive multiple of Hkv={hkv} kv heads")
+
+
+def _attention_cu(cu, total, what):
+    """Checks cumulative offsets (int32 [B + 1], 0 first, non-decreasing, `total` last)."""
+    cu = _require_dtype(np.asarray(cu), np.int32, what)
+    if cu.ndim != 1 or cu.size < 1:
+        raise ValueError(f"{what} must be int32 [B + 1], got shape {cu.shape}")
+    if cu[0] != 0:
+        raise ValueError(f"{what} must start at 0, got {cu[0]}")
+    down = np.flatnonzero(np.diff(cu) < 0)
+    if down.size:
+        i = down[0]
+        raise ValueError(f"{what} must be non-decreasing: {what}[{i}] = {cu[i]} > "
+                         f"{what}[{i + 1}] = {cu[i + 1]}")
+    if cu[-1] != total:
+        raise ValueError(f"{what} must end at the token count {total}, got {cu[-1]}")
+    return cu.astype(np.int64)
+
+
+def _attention_seqlens(seqlens_k, batch, max_len, what_max):
+    """Checks seqlens_k: int32 [B], each in [0, max_len]."""
+    seqlens = _require_dtype(np.asarray(seqlens_k), np.int32, "seqlens_k")
+    if seqlens.shape != (batch,):
+        raise ValueError(f"seqlens_k must be int32 [B={batch}], got shape {seqlens.shape}")
+    bad = np.flatnonzero((seqlens < 0) | (seqlens > max_len))
+    if bad.size:
+        b = bad[0]
+        raise ValueError(f"seqlens_k[{b}] = {seqlens[b]} is outside [0, {what_max} = {max_len}]")
+    return seqlens.astype(np.int64)
+
+
+def _attention_check_splits(num_splits, block_n):
+    if num_splits < 1 or block_n < 1:
+        raise ValueError(f"num_splits={num_splits} and block_n={block_n} must be >= 1")
+
+
+def _attention_prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, dtype):
+    """Validates a prefill call -> (dtype, q [total_q, Hq, D], k and v [total_k, Hkv, D] as
+    float64 values, cu_q, cu_k (int64), the float32 scale as a float)."""
+    q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
+    dtype = dtype or dtype_of(q)
+    if dtype not in ATTENTION_DTYPES:
+        raise ValueError(f"attention runs on {ATTENTION_DTYPES}, not {dtype!r}")
+    _attention_dims(q.shape, k.shape, v.shape)
+    if q.ndim == 4 and k.ndim == 4:
+        if cu_seqlens_q is not None or cu_seqlens_k is not None:
+            raise ValueError("an equal-length batch (4-D q [B, Sq, Hq, D]) takes no cu_seqlens")
+        if k.shape[0] != q.shape[0]:
+            raise ValueError(f"q has B={q.shape[0]} sequences, k and v {k.shape[0]}")
+        batch, sq, sk = q.shape[0], q.shape[1], k.shape[1]
+        cu_q, cu_k = np.arange(batch + 1) * sq, np.arange(batch + 1) * sk
+        q, k, v = (a.reshape((-1,) + a.shape[2:]) for a in (q, k, v))
+    elif q.ndim == 3 and k.ndim == 3:
+        if (cu_seqlens_q is None) != (cu_seqlens_k is None):
+            raise ValueError("give both cu_seqlens_q and cu_seqlens_k, or neither (one sequence)")
+        if cu_seqlens_q is None:
+            cu_q, cu_k = np.array([0, q.shape[0]]), np.array([0, k.shape[0]])
+        else:
+            cu_q = _attention_cu(cu_seqlens_q, q.shape[0], "cu_seqlens_q")
+            cu_k = _attention_cu(cu_seqlens_k, k.shape[0], "cu_seqlens_k")
+            if cu_q.size != cu_k.size:
+                raise ValueError(f"cu_seqlens_q has {cu_q.size - 1} sequences, cu_seqlens_k "
+                                 f"{cu_k.size - 1}")
+    else:
+        raise ValueError(f"q must be [total_q, Hq, D] with k, v [total_k, Hkv, D], or "
+                         f"[B, Sq, Hq, D] with [B, Sk, Hkv, D]; got q {q.shape}, k {k.shape}")
+    head_dim = q.shape[-1]
+    with np.errstate(over="ignore"):   # past the float32 range: inf, rejected below
+        scale = np.float32(1 / np.sqrt(head_dim) if softmax_scale is None else softmax_scale)
+    if not np.isfinite(scale):
+        raise ValueError(f"softmax_scale={softmax_scale} is not a finite float32")
+    qf, kf, vf = (to_f32(a, dtype).astype(np.float64) for a in (q, k, v))
+    return dtype, qf, kf, vf, cu_q, cu_k, float(scale)

@@ -12,6 +12,10 @@ int32 product is exact and bitwise. The float results are computed exactly (floa
 once: the ideal that the library's float32 arithmetic approaches within the tolerances the tests
 derive (the *_f64 functions give the values before that rounding).
 
+Attention (prefill, split-KV decode over a contiguous or paged KV cache; the last section): the
+float64 values, rounded once, and attention_error_bound, the bound a float32 kernel with its
+probabilities rounded to the input dtype must stay within.
+
 Dtypes are named 'fp32', 'fp16' and 'bf16'. NumPy holds them as float32, float16 and uint16 (the
 bfloat16 bit pattern; NumPy has no bfloat16): that is their "representation" below.
 Matrices are 2-D [rows, cols], row-major.

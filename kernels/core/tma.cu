@@ -1,6 +1,8 @@
-// tma.cu - the host side of TMA: the tensor-map encoder lookup and the 2-D tensor map builder
-// declared in tma.cuh.
+// tma.cu - the host side of TMA: the tensor-map encoder lookup, the tensor map builders and the
+// runnable check declared in tma.cuh.
 #include "kernels/core/tma.cuh"
+
+#include "kernels/core/common.cuh"  // compute_capability
 
 namespace ck {
 
@@ -16,6 +18,10 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
         return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
     }();
     return fn;
+}
+
+bool tma_wgmma_runnable() {
+    return compute_capability() == 90 && tensor_map_encoder() != nullptr;
 }
 
 cudaError_t make_tensor_map_2d(CUtensorMap* map, CUtensorMapDataType dtype, const void* base,

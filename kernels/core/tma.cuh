@@ -16,6 +16,11 @@ namespace ck {
 // no -lcuda); nullptr where the driver has none (before CUDA 12). Thread-safe.
 PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder();
 
+// Whether this device can run the library's TMA + wgmma kernels: compute capability 9.0 (the
+// sm_90a code they are built for) and a driver that encodes tensor maps. Their launchers also
+// need a build with sm_90a (CK_BUILD_SM90A), which only their own files can see.
+bool tma_wgmma_runnable();
+
 // A 2-D tensor map over a row-major matrix in global memory: `rows` rows of `row_length` elements
 // of type `dtype`, starting at `base` and `row_stride_bytes` apart. One copy moves a box of
 // box_rows x box_length elements (box_length along the row) into shared memory, laid out row by

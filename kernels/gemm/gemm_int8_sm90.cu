@@ -358,7 +358,7 @@ template <typename OutT> cudaError_t dispatch_tiles(const IntGemmArgs& args, cud
 
 bool gemm_int8_sm90_available() {
 #ifdef CK_BUILD_SM90A
-    return compute_capability() == 90 && tensor_map_encoder() != nullptr;
+    return tma_wgmma_runnable();
 #else
     return false;
 #endif

@@ -385,7 +385,7 @@ cudaError_t launch_wgmma(const GemmW4A16Args& a, const CUtensorMap& map_x,
 
 bool gemm_w4a16_wgmma_available() {
 #ifdef CK_BUILD_SM90A
-    return compute_capability() == 90 && tensor_map_encoder() != nullptr;
+    return tma_wgmma_runnable();
 #else
     return false;
 #endif

@@ -7,6 +7,7 @@
 #include "cuda_kernels.h"
 
 #include "kernels/core/api.cuh"
+#include "kernels/attention/attention.cuh"
 #include "kernels/gemm/gemm_int4.cuh"
 #include "kernels/gemm/gemm_int8.cuh"
 #include "kernels/gemm/gemm_w4a16.cuh"
@@ -15,6 +16,8 @@
 #include "kernels/quantize/block4.cuh"
 #include "kernels/quantize/int4_import.cuh"
 #include "kernels/quantize/quantize.cuh"
+
+#include <cmath>
 
 using ck::Check;
 using ck::dtype_size;
@@ -519,6 +522,95 @@ const ck::Variant<ck::MoeExperts> kMoeRows[] = {
 };
 const auto kMoe = ck::variant_table("CK_MOE_KERNEL", kMoeRows, moe_facts);
 
+// ---------------------------------------------------------------------------------------------
+// Attention: every field of ck_attention_params_t, in the struct's order, defaults resolved.
+// ---------------------------------------------------------------------------------------------
+ck_status_t check_attention_params(const Check& check, const ck_attention_params_t* p,
+                                   ck::AttentionArgs* args) {
+    CK_TRY(check.not_null(p, "params"));
+    if (p->struct_size != sizeof(ck_attention_params_t))
+        return check.fail(CK_STATUS_INVALID_VALUE,
+                          "params->struct_size=%zu is not a known size of ck_attention_params_t "
+                          "(this library: %zu)", p->struct_size, sizeof(ck_attention_params_t));
+    CK_TRY(check.half_dtype(p->dtype, "params->dtype"));
+    CK_TRY(check.not_null({{p->q, "params->q"}, {p->k, "params->k"}, {p->v, "params->v"},
+                           {p->out, "params->out"}}));
+    auto in_range = [&](int64_t value, int64_t lo, int64_t hi, const char* name) {
+        if (value < lo || value > hi)
+            return check.fail(CK_STATUS_INVALID_VALUE, "%s=%lld must be in [%lld, %lld]", name,
+                              (long long)value, (long long)lo, (long long)hi);
+        return CK_STATUS_SUCCESS;
+    };
+    CK_TRY(in_range(p->total_q, 1, ck::kAttentionMaxTokens, "params->total_q"));
+    CK_TRY(in_range(p->total_k, 0, ck::kAttentionMaxTokens, "params->total_k"));
+    CK_TRY(in_range(p->num_heads_q, 1, ck::kAttentionMaxHeads, "params->num_heads_q"));
+    CK_TRY(in_range(p->num_heads_kv, 1, p->num_heads_q, "params->num_heads_kv"));
+    if (p->num_heads_q % p->num_heads_kv != 0)
+        return check.fail(CK_STATUS_INVALID_VALUE,
+                          "params->num_heads_q=%lld must be a multiple of "
+                          "params->num_heads_kv=%lld "
+                          "(query head h reads kv head h / (Hq / Hkv))",
+                          (long long)p->num_heads_q, (long long)p->num_heads_kv);
+    if (p->head_dim < 1)
+        return check.fail(CK_STATUS_INVALID_VALUE, "params->head_dim=%lld must be >= 1",
+                          (long long)p->head_dim);
+    if (!ck::attention_head_dim_ok(p->head_dim))
+        return check.fail(CK_STATUS_UNSUPPORTED,
+                          "params->head_dim=%lld is not supported (use 64 or 128)",
+                          (long long)p->head_dim);
+    // Byte counts: below 2^31 tokens x 65535 heads x 128 x 2 bytes < 2^63, so none overflows.
+    const bool varlen = p->cu_seqlens_q || p->cu_seqlens_k;
+    if (varlen && (!p->cu_seqlens_q || !p->cu_seqlens_k))
+        return check.fail(CK_STATUS_INVALID_VALUE,
+                          "params->cu_seqlens_q and params->cu_seqlens_k: give both or neither "
+                          "(one sequence)");
+    CK_TRY(in_range(p->batch, varlen ? 1 : 0, varlen ? ck::kAttentionMaxBatch : 1,
+                    "params->batch"));
+    CK_TRY(in_range(p->max_seqlen_q, 0, p->total_q, "params->max_seqlen_q"));
+    CK_TRY(in_range(p->max_seqlen_k, 0, p->total_k, "params->max_seqlen_k"));
+    if (!std::isfinite(p->softmax_scale))
+        return check.fail(CK_STATUS_INVALID_VALUE,
+                          "params->softmax_scale=%g is not finite (0 selects 1 / sqrt(head_dim))",
+                          double(p->softmax_scale));
+    if (p->causal != 0 && p->causal != 1)
+        return check.fail(CK_STATUS_INVALID_VALUE, "params->causal=%d must be 0 or 1",
+                          int(p->causal));
+    const char* why = "16-byte copies of head rows";
+    CK_TRY(check.aligned(p->q, 16, "params->q", why));
+    CK_TRY(check.aligned(p->k, 16, "params->k", why));
+    CK_TRY(check.aligned(p->v, 16, "params->v", why));
+    CK_TRY(check.aligned(p->out, 16, "params->out", why));
+    CK_TRY(check.element_aligned({{p->lse, CK_DTYPE_FP32, "params->lse"},
+                                  {p->cu_seqlens_q, CK_DTYPE_INT32, "params->cu_seqlens_q"},
+                                  {p->cu_seqlens_k, CK_DTYPE_INT32, "params->cu_seqlens_k"}}));
+    const int64_t q_bytes = p->total_q * p->num_heads_q * p->head_dim * 2;
+    const int64_t kv_bytes = p->total_k * p->num_heads_kv * p->head_dim * 2;
+    const int64_t lse_bytes = p->total_q * p->num_heads_q * 4;
+    if (overlaps(p->out, q_bytes, p->q, q_bytes) || overlaps(p->out, q_bytes, p->k, kv_bytes) ||
+        overlaps(p->out, q_bytes, p->v, kv_bytes))
+        return check.fail(CK_STATUS_INVALID_VALUE, "params->out overlaps params->q, k or v");
+    if (p->lse && (overlaps(p->lse, lse_bytes, p->q, q_bytes) ||
+                   overlaps(p->lse, lse_bytes, p->k, kv_bytes) ||
+                   overlaps(p->lse, lse_bytes, p->v, kv_bytes) ||
+                   overlaps(p->lse, lse_bytes, p->out, q_bytes)))
+        return check.fail(CK_STATUS_INVALID_VALUE, "params->lse overlaps params->q, k, v or out");
+
+    *args = ck::AttentionArgs{};
+    args->dtype = p->dtype;
+    args->q = p->q, args->k = p->k, args->v = p->v, args->out = p->out, args->lse = p->lse;
+    args->total_q = p->total_q, args->total_k = p->total_k;
+    args->num_heads_q = int(p->num_heads_q), args->num_heads_kv = int(p->num_heads_kv);
+    args->head_dim = int(p->head_dim);
+    args->batch = varlen ? int(p->batch) : 1;
+    args->cu_seqlens_q = p->cu_seqlens_q, args->cu_seqlens_k = p->cu_seqlens_k;
+    args->max_seqlen_q = varlen && p->max_seqlen_q > 0 ? p->max_seqlen_q : p->total_q;
+    // The reference's default, 1 / sqrt(D) in double rounded once to float32.
+    args->scale = p->softmax_scale != 0.f ? p->softmax_scale
+                                          : float(1.0 / std::sqrt(double(p->head_dim)));
+    args->causal = p->causal != 0;
+    return CK_STATUS_SUCCESS;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -974,6 +1066,20 @@ ck_status_t ck_moe_forward(const ck_moe_params_t* params, void* workspace, size_
     const ck::MoeExperts experts{plan, p->group_size, p->x, ids, weights, p->w13, p->w13_scales,
                                  p->w13_zeros, p->w2, p->w2_scales, p->w2_zeros, p->out, ws};
     return ck::run_variant(check, kMoe, experts, stream);
+}
+
+ck_status_t ck_attention_forward(const ck_attention_params_t* params, ck_stream_t stream) {
+    const Check check("ck_attention_forward");
+    ck::AttentionArgs args;
+    CK_TRY(check_attention_params(check, params, &args));
+    int devices = 0;
+    CK_TRY(check.device_count(&devices));
+    const int cc = ck::compute_capability();
+    if (cc < kMmaMinArch)
+        return check.fail(CK_STATUS_UNSUPPORTED,
+                          "needs compute capability 8.0 or newer (mma.sync, cp.async); this GPU "
+                          "is %d.%d", cc / 10, cc % 10);
+    return check.launch([&] { return ck::attention_forward(args, stream); });
 }
 
 }  // extern "C"

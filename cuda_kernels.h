@@ -638,6 +638,76 @@ CK_API ck_status_t ck_moe_workspace_size(const ck_moe_params_t* params, size_t* 
 CK_API ck_status_t ck_moe_forward(const ck_moe_params_t* params, void* workspace,
                                   size_t workspace_bytes, ck_stream_t stream);
 
+/* ---------------------------------------------------------------------------------------------
+ * Attention (prefill, fp16/bf16, FlashAttention-2's algorithm on mma.sync)
+ *
+ * For each sequence b, query head h and query i of the sequence (Sq queries, Sk keys), over the
+ * keys j the query sees:
+ *   x_j = scale * q_i . k_j   (kv head h / (Hq / Hkv): grouped-query attention; Hkv = 1 is MQA)
+ *   O_i = sum_j exp(x_j - m) v_j / sum_j exp(x_j - m),  lse_i = m + ln(sum_j exp(x_j - m)),
+ * m = max_j x_j. Non-causal: query i sees every key of its sequence. Causal: query i sees key j
+ * iff j <= i + Sk - Sq (the diagonal ends at the bottom right, as FlashAttention >= 2.1: the
+ * queries are the last Sq positions of the sequence). A query that sees no key (Sk = 0, or
+ * causal with i < Sq - Sk) gets O = 0 and lse = -inf exactly. tests/reference.py
+ * (attention_forward_f64) is the executable spec; the kernel computes x and the softmax in
+ * float32 with an online (running max) softmax over blocks of 64 keys, rounds the weights p to
+ * the dtype before p v (float32 sums), and meets attention_error_bound (block_n = 64).
+ *
+ * Layout: q [total_q, Hq, D], k and v [total_k, Hkv, D], out like q, contiguous (element
+ * (t, h, d) at (t * H + h) * D + d); lse [total_q, Hq] float32, token-major like out. A batch is
+ * packed along the token axis: sequence b holds query tokens cu_seqlens_q[b] ..
+ * cu_seqlens_q[b + 1] - 1 and key tokens cu_seqlens_k[b] .. cu_seqlens_k[b + 1] - 1, and may be
+ * empty. Without cu_seqlens the call is one sequence of total_q queries and total_k keys.
+ *
+ * Device-side offsets: cu_seqlens are read by the kernel, not the host. The caller promises
+ * 0 = cu[0] <= cu[1] <= ... <= cu[batch] = total and cu_q[b + 1] - cu_q[b] <= max_seqlen_q.
+ * Broken promises never cause an access out of bounds: each offset is clamped to [0, total]
+ * (and an end to [start, total]), and query rows of a sequence at or past max_seqlen_q are
+ * neither computed nor written; the values written for such a sequence are unspecified.
+ * ------------------------------------------------------------------------------------------- */
+
+/* The arguments of ck_attention_forward (see the convention at the top of this header). */
+typedef struct ck_attention_params {
+    size_t struct_size;          /* sizeof(ck_attention_params_t) */
+    ck_dtype_t dtype;            /* q, k, v, out: CK_DTYPE_FP16 or CK_DTYPE_BF16 */
+    const void* q;               /* [total_q, Hq, D], 16-byte aligned */
+    const void* k;               /* [total_k, Hkv, D], 16-byte aligned */
+    const void* v;               /* [total_k, Hkv, D], 16-byte aligned */
+    void* out;                   /* [total_q, Hq, D], 16-byte aligned; must not overlap q, k, v */
+    float* lse;                  /* [total_q, Hq] float32, 4-byte aligned; NULL: not written */
+    int64_t total_q;             /* query tokens of the batch: 1 .. 2^31 - 1 */
+    int64_t total_k;             /* key tokens of the batch: 0 .. 2^31 - 1 */
+    int64_t num_heads_q;         /* Hq: 1 .. 65535, a multiple of num_heads_kv */
+    int64_t num_heads_kv;        /* Hkv >= 1 */
+    int64_t head_dim;            /* D: 64 or 128 */
+    /* Sequences: batch and the int32 offsets cu_seqlens_q, cu_seqlens_k [batch + 1] (device
+     * memory, 4-byte aligned), both given or both NULL (one sequence: batch 0 or 1). */
+    int64_t batch;               /* 1 .. 65535 with offsets */
+    const int32_t* cu_seqlens_q;
+    const int32_t* cu_seqlens_k;
+    /* The longest sequence's query (key) count: 1 .. total_q (0 .. total_k); 0 means total_q
+     * (total_k). The grid covers max_seqlen_q queries per sequence; max_seqlen_k is a declared
+     * bound that this kernel does not need (key offsets are clamped to total_k). */
+    int64_t max_seqlen_q;
+    int64_t max_seqlen_k;
+    /* The scale of q.k inside the softmax, a finite float32; 0 (the default) means
+     * 1 / sqrt(D) rounded to float32. A scale of exactly zero (uniform weights) is therefore
+     * not expressible: pass a tiny one. */
+    float softmax_scale;
+    int32_t causal;              /* 1: causal, bottom-right aligned; 0 (default): none */
+} ck_attention_params_t;
+
+/* Prefill attention (above). Requirements: struct_size known; dtype fp16 or bf16; D = 64 or
+ * 128 (CK_STATUS_UNSUPPORTED for the reference's other head dims, 96 and 256); Hq % Hkv == 0;
+ * the sizes in the struct's ranges (CK_STATUS_INVALID_VALUE otherwise); q, k, v and out
+ * 16-byte aligned, lse and the offsets 4-byte aligned (CK_STATUS_MISALIGNED); out and lse must
+ * not overlap q, k, v or each other (overlaps that the host sees: CK_STATUS_INVALID_VALUE).
+ * Requires compute capability 8.0 or newer (CK_STATUS_UNSUPPORTED before). Writes out's rows
+ * of the queries it computes and, when lse is given, their lse; nothing else. Nothing is
+ * allocated or synchronized and the host never reads the offsets, so the call can be captured
+ * in a CUDA graph. Results do not depend on thread timing. */
+CK_API ck_status_t ck_attention_forward(const ck_attention_params_t* params, ck_stream_t stream);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

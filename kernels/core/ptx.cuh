@@ -104,6 +104,18 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
 #endif
 }
 
+// ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16: as ldmatrix_x4, each 8x8 matrix transposed:
+// register j receives matrix j, column lane / 4, rows 2 * (lane % 4) and 2 * (lane % 4) + 1 (an
+// mma B fragment read from a row-major [k][n] tile, such as attention's V [keys][D]).
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+#if CK_SM80
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+#endif
+}
+
 // mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32: c += a (16x32, row) * b (32x8, col).
 // Fragments (g = lane / 4, t = lane % 4), four int8 per register, lowest k in the lowest byte:
 //   a0: A[g][4t..4t+3]   a1: A[g+8][4t..]   a2: A[g][16+4t..]   a3: A[g+8][16+4t..]

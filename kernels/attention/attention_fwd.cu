@@ -1,0 +1,309 @@
+// attention_fwd.cu - prefill attention (ck_attention_forward), FlashAttention-2's forward on
+// mma.sync (sm_80+): O = softmax(scale q k^T, masked) v per query head, and lse.
+//
+// Layout: q, out [total_q, Hq, D]; k, v [total_k, Hkv, D] (fp16 or bf16, contiguous); lse
+// [total_q, Hq] float32; sequences packed along the token axis by int32 cu_seqlens read here.
+//
+// Algorithm: one block of 4 warps per (64 query rows, query head, sequence); each warp owns 16
+// rows. The block's Q tile is copied to shared memory once and kept in registers as mma A
+// fragments; K and V stream through shared memory in tiles of 64 keys, double-buffered with
+// cp.async (tile j + 1 loads while tile j computes). Per tile: S = Q K^T (m16n8k16, float32
+// sums), x = S scale log2(e) (base 2, so that exp is one ex2), masked to -inf beyond the
+// sequence and above the causal diagonal; the running row max m and row sum l update the
+// online softmax (acc and l rescaled by 2^(m_old - m_new)); P = 2^(x - m) rounded to the dtype
+// is the A operand of acc += P V. At the end O = acc / l and lse = (m + log2(l)) ln(2).
+// Key tiles that are wholly above the causal diagonal of the block's last row are skipped.
+//
+// Floors: 4 D Hq (allowed query-key pairs) flops (tests/reference.py attention_flops) on the
+// tensor cores; this first version is written to be correct, not yet fast (one warp row tile,
+// no warp specialization, the mask applied on every tile).
+#include "kernels/attention/attention.cuh"
+#include "kernels/core/ptx.cuh"
+
+#include <cmath>
+
+namespace ck {
+namespace {
+
+// mma.sync, ldmatrix and cp.async exist from sm_80; the file is built for sm_75 too, where the
+// wrappers are empty and the kernel traps at entry (the entry point never launches it there).
+constexpr bool kHasSm80 = CK_SM80;
+
+// Tiles: 64 query rows (4 warps x one m16 tile) by 64 keys. 64 keys keep S and P in 32
+// registers per thread beside D=128's 64 accumulators and 32 Q fragment registers.
+constexpr int kBlockM = 64;
+constexpr int kBlockN = 64;
+constexpr int kWarps = kBlockM / 16;
+constexpr int kThreads = kWarps * 32;
+constexpr int kChunkElems = 8;  // a 16-byte chunk holds 8 fp16/bf16 values
+static_assert(kBlockN % 16 == 0, "P V takes keys 16 at a time (the mma's k); K fragments load "
+                                 "two n8 tiles per ldmatrix.x4");
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// Shared memory of one block: Q [kBlockM][D], then K and V [kBlockN][D] twice each (the two
+// cp.async stages). Rows are D * 2 = 128 or 256 bytes, so the 8 rows one ldmatrix reads at the
+// same column would fall in the same banks: the 16-byte chunk c of row r is stored at chunk
+// c ^ (r % 8), which spreads any 8 consecutive rows over all 32 banks.
+template <int kD> struct Smem {
+    static constexpr int kChunks = kD / kChunkElems;  // 16-byte chunks per row
+    static constexpr int kRowBytes = kD * 2;
+    static constexpr int kQBytes = kBlockM * kRowBytes;
+    static constexpr int kTileBytes = kBlockN * kRowBytes;
+    static constexpr int kBytes = kQBytes + 4 * kTileBytes;
+    static_assert(kChunks % 8 == 0, "the XOR swizzle permutes chunks in groups of 8");
+    static_assert(kD % 16 == 0 && kD / 8 % 2 == 0, "V fragments: two n8 tiles per ldmatrix");
+
+    __device__ static uint32_t offset(int row, int chunk) {
+        return row * kRowBytes + ((chunk ^ (row % 8)) << 4);
+    }
+    __device__ static uint32_t k_tile(uint32_t base, int stage) {
+        return base + kQBytes + stage * kTileBytes;
+    }
+    __device__ static uint32_t v_tile(uint32_t base, int stage) {
+        return base + kQBytes + (2 + stage) * kTileBytes;
+    }
+};
+
+// Copies kRows rows of D values (row r at src + r * stride) into a swizzled tile; rows at or
+// past `valid` are zero-filled and read nothing (the ends of sequences). src stays a valid
+// address for the rows that read nothing: cp.async with 0 source bytes does not dereference it.
+template <int kD, int kRows, typename T>
+__device__ __forceinline__ void load_tile(uint32_t tile, const T* src, int64_t stride,
+                                          int64_t valid) {
+    using S = Smem<kD>;
+    static_assert(kRows * S::kChunks % kThreads == 0, "every thread copies as many chunks");
+#pragma unroll
+    for (int it = 0; it < kRows * S::kChunks / kThreads; ++it) {
+        const int i = it * kThreads + threadIdx.x;
+        const int r = i / S::kChunks, c = i % S::kChunks;
+        const bool ok = r < valid;
+        cp_async_16_zfill(tile + S::offset(r, c), ok ? src + r * stride + c * kChunkElems : src,
+                          ok);
+    }
+}
+
+// Two float32 values rounded to the dtype, packed low (first) and high as an mma operand.
+template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+}
+template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// The max and the sum over the 4 lanes of a quad (the lanes that share an mma row).
+__device__ __forceinline__ float quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// One sequence's token range, from the offsets clamped to [0, total] (see the header's
+// device-side contract): nothing outside [0, total) is ever addressed.
+struct Span {
+    int64_t start, len;
+};
+__device__ __forceinline__ Span sequence_span(const int32_t* cu, int b, int64_t total) {
+    if (!cu) return {0, total};
+    const int64_t start = min(max(int64_t(cu[b]), int64_t(0)), total);
+    const int64_t end = min(max(int64_t(cu[b + 1]), start), total);
+    return {start, end - start};
+}
+
+// Fragment layout (ptx.cuh's mma_16x8x16): lane = 4 g + t; an accumulator tile holds rows g
+// (registers 0, 1) and g + 8 (registers 2, 3), columns 2t and 2t + 1. Each thread therefore
+// owns two query rows of its warp's 16, and 2 of every 8 columns of S and of O.
+template <typename T, int kD, bool kCausal>
+__global__ void __launch_bounds__(kThreads) attention_fwd_kernel(const AttentionArgs a) {
+    if constexpr (!kHasSm80) __trap();  // never launched below sm_80 (see kHasSm80)
+    using S = Smem<kD>;
+    constexpr int kNT = kBlockN / 8;  // n8 tiles of S
+    constexpr int kDT = kD / 8;       // n8 tiles of O
+    constexpr int kKS = kD / 16;      // k16 steps of Q K^T
+
+    const int b = blockIdx.z, h = blockIdx.y;
+    const int64_t q0 = int64_t(blockIdx.x) * kBlockM;
+    const Span sq = sequence_span(a.cu_seqlens_q, b, a.total_q);
+    const Span sk = sequence_span(a.cu_seqlens_k, b, a.total_k);
+    if (q0 >= sq.len) return;  // a block past its sequence's queries (the grid covers the longest)
+
+    const int hkv = h / (a.num_heads_q / a.num_heads_kv);
+    const int64_t q_stride = int64_t(a.num_heads_q) * kD, kv_stride = int64_t(a.num_heads_kv) * kD;
+    const T* q = static_cast<const T*>(a.q) + (sq.start + q0) * q_stride + int64_t(h) * kD;
+    const T* k = static_cast<const T*>(a.k) + sk.start * kv_stride + int64_t(hkv) * kD;
+    const T* v = static_cast<const T*>(a.v) + sk.start * kv_stride + int64_t(hkv) * kD;
+
+    // Query i sees key j iff j < Sk and (causal) j <= i + Sk - Sq. The block's last row bounds
+    // the keys any of its rows sees: later key tiles are skipped whole.
+    const int64_t rows = min(int64_t(kBlockM), sq.len - q0);
+    const int64_t diagonal = sk.len - sq.len;
+    const int64_t key_end =
+        kCausal ? min(sk.len, max(int64_t(0), q0 + rows + diagonal)) : sk.len;
+    const int tiles = int(ceil_div(key_end, kBlockN));
+
+    extern __shared__ uint4 smem[];
+    const uint32_t base = shared_address(smem);
+    load_tile<kD, kBlockM>(base, q, q_stride, rows);
+    if (tiles > 0) {
+        load_tile<kD, kBlockN>(S::k_tile(base, 0), k, kv_stride, sk.len);
+        load_tile<kD, kBlockN>(S::v_tile(base, 0), v, kv_stride, sk.len);
+    }
+    cp_async_commit();
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int64_t row0 = q0 + warp * 16 + g;  // the thread's rows: row0 and row0 + 8
+    const float scale_log2 = a.scale * kLog2e;
+
+    uint32_t qf[kKS][4];
+    float acc[kDT][4];
+#pragma unroll
+    for (int i = 0; i < kDT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+    float m[2] = {-INFINITY, -INFINITY};  // running row max of x (base-2 units)
+    float l[2] = {0.f, 0.f};              // this thread's part of the row sum (quad-summed last)
+
+    for (int j = 0; j < tiles; ++j) {
+        // Tile j has landed for every thread, and every warp is done with tile j - 1's stage,
+        // which tile j + 1 now overwrites.
+        cp_async_wait<0>();
+        __syncthreads();
+        if (j + 1 < tiles) {
+            const int64_t n1 = int64_t(j + 1) * kBlockN;
+            load_tile<kD, kBlockN>(S::k_tile(base, (j + 1) % 2), k + n1 * kv_stride, kv_stride,
+                                   sk.len - n1);
+            load_tile<kD, kBlockN>(S::v_tile(base, (j + 1) % 2), v + n1 * kv_stride, kv_stride,
+                                   sk.len - n1);
+        }
+        cp_async_commit();
+        if (j == 0) {
+#pragma unroll
+            for (int ks = 0; ks < kKS; ++ks)
+                ldmatrix_x4(qf[ks], base + S::offset(warp * 16 + lane % 16, 2 * ks + lane / 16));
+        }
+        const uint32_t kt = S::k_tile(base, j % 2), vt = S::v_tile(base, j % 2);
+
+        // S = Q K^T: K [keys][D] row-major is the col-major B operand (B[d][key] = K[key][d]).
+        float s[kNT][4];
+#pragma unroll
+        for (int i = 0; i < kNT; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < kKS; ++ks) {
+#pragma unroll
+            for (int np = 0; np < kNT / 2; ++np) {
+                uint32_t r[4];
+                ldmatrix_x4(r, kt + S::offset(np * 16 + (lane / 16) * 8 + lane % 8,
+                                              2 * ks + (lane / 8) % 2));
+                mma_16x8x16<T>(s[2 * np], qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], r[0], r[1]);
+                mma_16x8x16<T>(s[2 * np + 1], qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], r[2],
+                               r[3]);
+            }
+        }
+
+        // x in base 2, masked; the online softmax's new row maxima. The scale multiplies before
+        // the max so that a negative scale is handled like any other.
+        const int64_t n0 = int64_t(j) * kBlockN;
+        float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int i = 0; i < kNT; ++i) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int64_t key = n0 + i * 8 + 2 * t + (e & 1);
+                const int64_t row = row0 + (e / 2) * 8;
+                const bool seen = key < sk.len && (!kCausal || key <= row + diagonal);
+                s[i][e] = seen ? s[i][e] * scale_log2 : -INFINITY;
+                tile_max[e / 2] = fmaxf(tile_max[e / 2], s[i][e]);
+            }
+        }
+        float m_use[2];  // the maximum p is taken relative to; 0 while a row has seen no key
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const float m_new = fmaxf(m[r], quad_max(tile_max[r]));
+            m_use[r] = m_new == -INFINITY ? 0.f : m_new;
+            const float alpha = exp2f(m[r] - m_use[r]);  // 0 while m[r] = -inf (acc, l are 0)
+            m[r] = m_new;
+            l[r] *= alpha;
+#pragma unroll
+            for (int i = 0; i < kDT; ++i) acc[i][2 * r] *= alpha, acc[i][2 * r + 1] *= alpha;
+        }
+#pragma unroll
+        for (int i = 0; i < kNT; ++i) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                s[i][e] = exp2f(s[i][e] - m_use[e / 2]);  // masked keys: exp2(-inf) = 0
+                l[e / 2] += s[i][e];  // the unrounded p, as FlashAttention sums it
+            }
+        }
+
+        // acc += P V: the S accumulators of keys 16 kk .. 16 kk + 15 are exactly the A
+        // fragment of P (n8 tiles 2 kk and 2 kk + 1 hold its columns 0-7 and 8-15); V
+        // [keys][D] row-major is B [k = key][n = d], read transposed by ldmatrix.trans.
+#pragma unroll
+        for (int kk = 0; kk < kBlockN / 16; ++kk) {
+            const uint32_t a0 = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+            const uint32_t a1 = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+            const uint32_t a2 = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+            const uint32_t a3 = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+            for (int dp = 0; dp < kDT / 2; ++dp) {
+                uint32_t r[4];
+                ldmatrix_x4_trans(r, vt + S::offset(kk * 16 + ((lane / 8) % 2) * 8 + lane % 8,
+                                                    2 * dp + lane / 16));
+                mma_16x8x16<T>(acc[2 * dp], a0, a1, a2, a3, r[0], r[1]);
+                mma_16x8x16<T>(acc[2 * dp + 1], a0, a1, a2, a3, r[2], r[3]);
+            }
+        }
+    }
+    cp_async_wait<0>();  // no copy may still target shared memory when the block exits
+
+    // O = acc / l (a true division, as the error model assumes); rows without keys (l = 0,
+    // m = -inf) write O = 0 and lse = -inf.
+    T* out = static_cast<T*>(a.out) + (sq.start + q0) * q_stride + int64_t(h) * kD;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int64_t row = warp * 16 + g + 8 * r;  // within the block
+        const float sum = quad_sum(l[r]);
+        if (row >= rows) continue;
+        T* o = out + row * q_stride + 2 * t;
+#pragma unroll
+        for (int i = 0; i < kDT; ++i) {
+            const float o0 = sum > 0.f ? acc[i][2 * r] / sum : 0.f;
+            const float o1 = sum > 0.f ? acc[i][2 * r + 1] / sum : 0.f;
+            *reinterpret_cast<uint32_t*>(o + i * 8) = pack2<T>(o0, o1);
+        }
+        if (a.lse && t == 0)
+            a.lse[(sq.start + q0 + row) * a.num_heads_q + h] =
+                sum > 0.f ? (m[r] + log2f(sum)) * kLn2 : -INFINITY;
+    }
+}
+
+template <typename T, int kD, bool kCausal>
+cudaError_t launch(const AttentionArgs& a, cudaStream_t stream) {
+    const auto kernel = attention_fwd_kernel<T, kD, kCausal>;
+    constexpr int kSmemBytes = Smem<kD>::kBytes;
+    static std::atomic<uint64_t> smem_done{0};
+    const cudaError_t e = allow_dynamic_smem_once(kernel, kSmemBytes, smem_done);
+    if (e != cudaSuccess) return e;
+    const dim3 grid(unsigned(ceil_div(a.max_seqlen_q, kBlockM)), unsigned(a.num_heads_q),
+                    unsigned(a.batch));
+    kernel<<<grid, kThreads, kSmemBytes, stream>>>(a);
+    return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t attention_forward(const AttentionArgs& a, cudaStream_t stream) {
+    return dispatch_half_dtype(a.dtype, [&](auto tag) {
+        using T = decltype(tag);
+        return with_bool(a.causal, [&](auto causal) {
+            return a.head_dim == 64 ? launch<T, 64, causal.value>(a, stream)
+                                    : launch<T, 128, causal.value>(a, stream);
+        });
+    });
+}
+
+}  // namespace ck

@@ -99,7 +99,7 @@ __all__ = [
     "gemm_int8", "gemm_int8_scaled", "linear", "gemm_w4a16", "w4a16_prepack",
     "gemm_w4a16_prepacked", "import_gptq", "import_awq", "permute_columns", "gemm_int4",
     "gemm_int4_scaled", "QuantizedLinear", "MoeParams", "moe_route", "moe_prepack",
-    "moe_workspace_size", "moe_forward", "QuantizedMoE",
+    "moe_workspace_size", "moe_forward", "QuantizedMoE", "AttentionParams", "attention",
     "quantize_tensor", "dequantize_tensor", "int8_matmul", "torch_ops",
 ]
 
@@ -266,6 +266,47 @@ class MoeParams(ctypes.Structure):
             "%s=%s" % (name, hex(getattr(self, name) or 0) if ctype is _VOIDP else
                        getattr(self, name)) for name, ctype in self._fields_)
 
+
+class AttentionParams(ctypes.Structure):
+    """ck_attention_params_t, field for field in the header's order: the arguments of
+    ck_attention_forward (the raw level passes an instance by reference).
+
+    Device pointers are ints (0 for NULL), enums and flags ints. struct_size defaults to
+    ctypes.sizeof(AttentionParams); every other field to 0, the header's default where it has
+    one (no lse, one sequence, max_seqlen = the totals, softmax_scale 1 / sqrt(D), not causal).
+    tests/test_abi.py checks the layout against the header's.
+    """
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("dtype", _ENUM),
+        ("q", _VOIDP),
+        ("k", _VOIDP),
+        ("v", _VOIDP),
+        ("out", _VOIDP),
+        ("lse", _VOIDP),
+        ("total_q", _I64),
+        ("total_k", _I64),
+        ("num_heads_q", _I64),
+        ("num_heads_kv", _I64),
+        ("head_dim", _I64),
+        ("batch", _I64),
+        ("cu_seqlens_q", _VOIDP),
+        ("cu_seqlens_k", _VOIDP),
+        ("max_seqlen_q", _I64),
+        ("max_seqlen_k", _I64),
+        ("softmax_scale", ctypes.c_float),
+        ("causal", ctypes.c_int32),
+    ]
+
+    def __init__(self, **fields):
+        fields.setdefault("struct_size", ctypes.sizeof(AttentionParams))
+        super().__init__(**fields)
+
+    def __repr__(self):
+        return "AttentionParams(%s)" % ", ".join(
+            "%s=%s" % (name, hex(getattr(self, name) or 0) if ctype is _VOIDP else
+                       getattr(self, name)) for name, ctype in self._fields_)
+
 # Every export of cuda_kernels.h: name -> (restype, ((argument, ctypes type), ...)). The argument
 # names are the raw level's (raw.<name without ck_>), which are the header's with "_ptr" added
 # to each device pointer; a third field gives the header's name where the raw level says it
@@ -380,6 +421,8 @@ DECLARATIONS = {
     "ck_moe_forward": (_STATUS, (
         ("params", ctypes.POINTER(MoeParams)), ("workspace_ptr", _PTR),
         ("workspace_bytes", ctypes.c_size_t), _STREAM)),
+    "ck_attention_forward": (_STATUS, (
+        ("params", ctypes.POINTER(AttentionParams)), _STREAM)),
 }
 
 _lib_lock = threading.RLock()
@@ -3222,6 +3265,69 @@ def moe_forward(x, w13, w2, experts, intermediate, group_size=128, router_logits
         params.out = o.ptr
         raw.moe_forward(params, ws_ptr, ws_bytes, call.stream)
         return call.finish(o)
+
+
+def attention(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+              max_seqlen_k=None, softmax_scale=None, causal=False, return_lse=False, dtype=None,
+              out=None, stream=None):
+    """Prefill attention (ck_attention_forward): per query head h and query i, O = softmax(
+    scale q_i k^T over the keys it sees) v, with kv head h // (Hq / Hkv) (cuda_kernels.h gives
+    the mask and the roundings; tests/reference.py attention_forward_f64 is the spec).
+
+    q [total_q, Hq, D], k and v [total_k, Hkv, D] in fp16 or bf16 (uint16 bit patterns with
+    dtype="bf16"), contiguous, D 64 or 128. A batch: cu_seqlens_q and cu_seqlens_k int32
+    [B + 1] (both or neither; neither is one sequence), with max_seqlen_q and max_seqlen_k
+    (None: taken from host offsets, or the totals for device offsets, which the host never
+    reads). softmax_scale: None for 1 / sqrt(D); any other finite value but 0 (the library
+    reads 0 as the default). causal: the bottom-right aligned mask.
+    Returns O like q, and with return_lse also lse float32 [total_q, Hq] (-inf and O = 0 for a
+    query that sees no key).
+    """
+    if softmax_scale is not None and float(softmax_scale) == 0.0:
+        raise ValueError("softmax_scale=0 is not expressible (the library reads 0 as "
+                         "1 / sqrt(D)); pass a tiny scale, or None for the default")
+    if (cu_seqlens_q is None) != (cu_seqlens_k is None):
+        raise ValueError("give both cu_seqlens_q and cu_seqlens_k, or neither (one sequence)")
+    with _Call(q, stream) as call:
+        qa = call.input(q, "q", dtype, need=_FLOAT_INPUT)
+        ka = call.input(k, "k", dtype, need=_FLOAT_INPUT)
+        va = call.input(v, "v", dtype, need=_FLOAT_INPUT)
+        if len(qa.shape) != 3 or len(ka.shape) != 3 or tuple(ka.shape) != tuple(va.shape):
+            raise ValueError("q must be [total_q, Hq, D] and k, v [total_k, Hkv, D]; got q %s, "
+                             "k %s, v %s" % (qa.shape, ka.shape, va.shape))
+        if qa.shape[2] != ka.shape[2]:
+            raise ValueError("q's head dim %d differs from k's and v's, %d"
+                             % (qa.shape[2], ka.shape[2]))
+        if not qa.ck_dtype == ka.ck_dtype == va.ck_dtype:
+            raise TypeError("q, k and v must have one dtype")
+        params = AttentionParams(
+            dtype=qa.ck_dtype, q=qa.ptr, k=ka.ptr, v=va.ptr, total_q=qa.shape[0],
+            total_k=ka.shape[0], num_heads_q=qa.shape[1], num_heads_kv=ka.shape[1],
+            head_dim=qa.shape[2], softmax_scale=0.0 if softmax_scale is None else softmax_scale,
+            causal=int(bool(causal)))
+        if cu_seqlens_q is not None:
+            lengths = []
+            for name, cu, given in (("cu_seqlens_q", cu_seqlens_q, max_seqlen_q),
+                                    ("cu_seqlens_k", cu_seqlens_k, max_seqlen_k)):
+                ca = call.input(cu, name, need=np.int32)
+                if len(ca.shape) != 1 or ca.shape[0] < 2:
+                    raise ValueError("%s must be int32 [B + 1], got shape %s" % (name, ca.shape))
+                setattr(params, name, ca.ptr)
+                if given is None and isinstance(cu, np.ndarray):
+                    given = int(np.diff(cu.astype(np.int64)).max(initial=0))
+                lengths.append(ca.shape[0] - 1)
+                setattr(params, "max_seqlen_" + name[-1], 0 if given is None else int(given))
+            if lengths[0] != lengths[1]:
+                raise ValueError("cu_seqlens_q has %d sequences, cu_seqlens_k %d" % tuple(lengths))
+            params.batch = lengths[0]
+        o = call.output(qa.shape, _NUMPY_OF[qa.ck_dtype], qa.ck_dtype, out, "out")
+        params.out = o.ptr
+        lse = None
+        if return_lse:
+            lse = call.output((qa.shape[0], qa.shape[1]), np.float32, DType.FP32, None, "lse")
+            params.lse = lse.ptr
+        raw.attention_forward(params, call.stream)
+        return call.finish(o, lse) if return_lse else call.finish(o)
 
 
 def _stacked(a, name, dtype):

@@ -329,8 +329,8 @@ class Disjoint(Pointer):
     must not overlap, or None while the sizes are invalid (no overlap check is reached). A
     valid draw that overlaps them moves to the first 256-byte boundary past them."""
 
-    def __init__(self, align, spans):
-        super().__init__(align)
+    def __init__(self, align, spans, optional=False):
+        super().__init__(align, optional)
         self.spans = spans
 
     def settle(self, name, args):
@@ -647,6 +647,133 @@ class WorkspaceBytes(Kind):
     def settle(self, name, args):
         need = moe_workspace_bytes(args[self.params])
         return args[name] if need is None or args[name] >= need else need + args[name]
+
+
+class Count(Size):
+    """An int64_t count that may be 0 (attention's total_k): 0 .. most."""
+
+    def violations(self, name, label, args):
+        value = args[name]
+        if value < 0 or (self.most is not None and value > self.most):
+            return [Violation(Status.INVALID_VALUE, (label,), (value,))]
+        return []
+
+
+class HeadsKv(Size):
+    """Attention's num_heads_kv: 1 .. num_heads_q and a divisor of it (checked once num_heads_q
+    is valid; a non-divisor is CK_STATUS_INVALID_VALUE naming both)."""
+
+    def example(self):
+        return 1
+
+    def _heads_q(self, args):
+        heads = args["num_heads_q"]
+        return heads if 1 <= heads <= ATTENTION_MAX_HEADS else None
+
+    def settle(self, name, args):
+        heads, value = self._heads_q(args), args[name]
+        if heads is None:
+            return value
+        value = min(max(value, 1), heads)
+        while heads % value:
+            value -= 1
+        return value
+
+    def violations(self, name, label, args):
+        heads, value = self._heads_q(args), args[name]
+        if heads is None:
+            return []
+        if not 1 <= value <= heads:
+            return [Violation(Status.INVALID_VALUE, (label,), (value,))]
+        if heads % value:
+            return [Violation(Status.INVALID_VALUE, (label, "num_heads_q"), (value, heads))]
+        return []
+
+
+class HeadDim(Size):
+    """Attention's head_dim: >= 1 (else CK_STATUS_INVALID_VALUE), one of the kernel's
+    (else CK_STATUS_UNSUPPORTED)."""
+
+    def example(self):
+        return 128
+
+    def valid(self):
+        return st.sampled_from(ATTENTION_HEAD_DIMS)
+
+    def violations(self, name, label, args):
+        value = args[name]
+        if value < 1:
+            return [Violation(Status.INVALID_VALUE, (label,), (value,))]
+        if value not in ATTENTION_HEAD_DIMS:
+            return [Violation(Status.UNSUPPORTED, (label,), (value,))]
+        return []
+
+
+class Batch(Size):
+    """Attention's batch: 1 .. 65535 with offsets (cu_seqlens_q or cu_seqlens_k given), 0 or 1
+    for one sequence."""
+
+    def _range(self, args):
+        if args["cu_seqlens_q"] or args["cu_seqlens_k"]:
+            return 1, ATTENTION_MAX_BATCH
+        return 0, 1
+
+    def example(self):
+        return 1
+
+    def settle(self, name, args):   # cu_seqlens_k settles later, to go with cu_seqlens_q
+        least, most = (1, ATTENTION_MAX_BATCH) if args["cu_seqlens_q"] else (0, 1)
+        return min(max(args[name], least), most)
+
+    def violations(self, name, label, args):
+        least, most = self._range(args)
+        if not least <= args[name] <= most:
+            return [Violation(Status.INVALID_VALUE, (label,), (args[name],))]
+        return []
+
+
+class MaxSeqlen(Size):
+    """Attention's max_seqlen_q (_k): 0 .. the field `total` (checked once that is valid)."""
+
+    def __init__(self, total, least):
+        super().__init__()
+        self.total, self.least = total, least
+
+    def example(self):
+        return 0
+
+    def _total(self, args):
+        total = args[self.total]
+        return total if self.least <= total <= INT32_MAX else None
+
+    def settle(self, name, args):
+        total = self._total(args)
+        return args[name] if total is None else min(args[name], total)
+
+    def violations(self, name, label, args):
+        total = self._total(args)
+        if total is not None and not 0 <= args[name] <= total:
+            return [Violation(Status.INVALID_VALUE, (label,), (args[name],))]
+        return []
+
+
+class Float32(Kind):
+    """A float field (attention's softmax_scale): finite, else CK_STATUS_INVALID_VALUE."""
+
+    def example(self):
+        return 0.0
+
+    def valid(self):
+        return st.floats(width=32, allow_nan=False, allow_infinity=False)
+
+    def any(self):
+        return st.one_of(st.sampled_from((float("nan"), float("inf"), float("-inf"), 0.0)),
+                         st.floats(width=32))
+
+    def violations(self, name, label, args):
+        if not np.isfinite(args[name]):
+            return [Violation(Status.INVALID_VALUE, (label,))]
+        return []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1035,6 +1162,76 @@ def _moe_params(pointers):
 
 MOE_PARAMS, MOE_PARAMS_SIZES = _moe_params(pointers=True), _moe_params(pointers=False)
 
+# ck_attention_forward (cuda_kernels.h): the limits of ck_attention_params_t, and its
+# overlap rules, checked once every size, pointer and alignment passed.
+ATTENTION_HEAD_DIMS = (64, 128)
+ATTENTION_MAX_HEADS = ATTENTION_MAX_BATCH = 65535
+
+
+def _attention_sizes_valid(params):
+    return not ATTENTION_PARAMS_SIZES.field_violations(params)
+
+
+def _attention_bytes(params):
+    """(q and out bytes, k and v bytes, lse bytes), or None while the sizes are invalid."""
+    if not _attention_sizes_valid(params):
+        return None
+    q = params["total_q"] * params["num_heads_q"] * params["head_dim"] * 2
+    kv = params["total_k"] * params["num_heads_kv"] * params["head_dim"] * 2
+    return q, kv, params["total_q"] * params["num_heads_q"] * 4
+
+
+def _attention_out_spans(params):
+    sizes = _attention_bytes(params)
+    if sizes is None:
+        return None
+    q, kv, _ = sizes
+    return q, [(params["q"], q), (params["k"], kv), (params["v"], kv)]
+
+
+def _attention_lse_spans(params):
+    sizes = _attention_bytes(params)
+    if sizes is None:
+        return None
+    q, kv, lse = sizes
+    return lse, [(params["q"], q), (params["k"], kv), (params["v"], kv), (params["out"], q)]
+
+
+def attention_apart(params):
+    """out does not overlap q, k or v; lse (when given) none of them nor out."""
+    found = []
+    for field, spans in (("out", _attention_out_spans), ("lse", _attention_lse_spans)):
+        span = spans(params)
+        if span is None or not params[field]:
+            continue
+        if any(overlaps(params[field], span[0], other, size) for other, size in span[1]):
+            found.append(Violation(Status.INVALID_VALUE, (field,)))
+    return found
+
+
+def _attention_params(pointers):
+    """ck_attention_params_t as ck_attention_forward checks it, or (pointers=False) its sizes
+    alone (what the overlap rule needs first)."""
+    fields = {"dtype": HALVES, "q": Pointer(16), "k": Pointer(16), "v": Pointer(16),
+              "out": Disjoint(16, _attention_out_spans),
+              "lse": Disjoint(4, _attention_lse_spans, optional=True),
+              "total_q": Size(most=INT32_MAX), "total_k": Count(most=INT32_MAX),
+              "num_heads_q": Size(most=ATTENTION_MAX_HEADS), "num_heads_kv": HeadsKv(),
+              "head_dim": HeadDim(), "batch": Batch(),
+              "cu_seqlens_q": Pointer(4, optional=True),
+              "cu_seqlens_k": PairedPointer("cu_seqlens_q", "cu_seqlens_q", 4),
+              "max_seqlen_q": MaxSeqlen("total_q", 1), "max_seqlen_k": MaxSeqlen("total_k", 0),
+              "softmax_scale": Float32(), "causal": Enum(2)}
+    unchecked = () if pointers else [field for field, kind in fields.items()
+                                     if isinstance(kind, Pointer)]
+    example = dict(total_q=300, total_k=400, num_heads_q=8, num_heads_kv=2)
+    return Struct(ck.AttentionParams, fields, (attention_apart,) if pointers else (),
+                  unchecked, example)
+
+
+ATTENTION_PARAMS_SIZES = _attention_params(pointers=False)
+ATTENTION_PARAMS = _attention_params(pointers=True)
+
 # Exports whose fuzz description is still to be written (none now). The set may only shrink.
 UNDESCRIBED = set()
 
@@ -1161,6 +1358,7 @@ DESCRIPTIONS = {
         {"params": MOE_PARAMS, "workspace_ptr": Disjoint(256, _moe_workspace_spans),
          "workspace_bytes": WorkspaceBytes(), "stream": Stream()},
         (moe_workspace,)),
+    "ck_attention_forward": Description({"params": ATTENTION_PARAMS, "stream": Stream()}),
 }
 
 VALIDATED = sorted(name for name, d in DESCRIPTIONS.items()

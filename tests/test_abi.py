@@ -14,8 +14,8 @@ test_wrapper_gpu.py).
   first; each entry point reads its own override only;
 - error messages are per thread;
 - ck_int4_groups_per_row, the prepacked W4A16 and MoE sizes and the MoE workspace query;
-- the MoE parameter struct: the wrapper's MoeParams has the header's fields, in its order, with
-  the C compiler's offsets;
+- the parameter structs (MoE, attention): the wrapper's MoeParams and AttentionParams have the
+  header's fields, in its order, with the C compiler's offsets;
 - the wrapper's own host-side checks (contiguity, shapes) and its loading errors.
 
 Each bad-argument case changes one argument of a call that would otherwise be valid.
@@ -209,7 +209,8 @@ def expected_field_ctype(c_type):
     in Python), enums int-sized."""
     if c_type.endswith("*"):
         return ctypes.c_void_p
-    fixed = {"size_t": ctypes.c_size_t, "int64_t": ctypes.c_int64, "int32_t": ctypes.c_int32}
+    fixed = {"size_t": ctypes.c_size_t, "int64_t": ctypes.c_int64, "int32_t": ctypes.c_int32,
+             "float": ctypes.c_float}
     if c_type in fixed:
         return fixed[c_type]
     if re.fullmatch(r"ck_\w+_t", c_type):
@@ -217,37 +218,42 @@ def expected_field_ctype(c_type):
     raise AssertionError("no rule for the field type %r: extend expected_field_ctype" % c_type)
 
 
-def test_moe_params_fields_match_header():
-    fields = header_struct("ck_moe_params")
-    assert [name for _, name in fields] == [name for name, _ in ck.MoeParams._fields_]
-    for (c_type, name), (_, py_type) in zip(fields, ck.MoeParams._fields_):
+# The header's parameter structs and the wrapper's ctypes.Structure of each.
+PARAM_STRUCTS = [("ck_moe_params", ck.MoeParams), ("ck_attention_params", ck.AttentionParams)]
+
+
+@pytest.mark.parametrize("tag, cls", PARAM_STRUCTS)
+def test_params_fields_match_header(tag, cls):
+    fields = header_struct(tag)
+    assert [name for _, name in fields] == [name for name, _ in cls._fields_]
+    for (c_type, name), (_, py_type) in zip(fields, cls._fields_):
         assert py_type is expected_field_ctype(c_type), "%s (%s) is declared %s" % (
             name, c_type, py_type.__name__)
     assert fields[0] == ("size_t", "struct_size"), "the first field is size_t struct_size"
-    assert ck.MoeParams().struct_size == ctypes.sizeof(ck.MoeParams)
-    assert ck.MoeParams(struct_size=8).struct_size == 8
+    assert cls().struct_size == ctypes.sizeof(cls)
+    assert cls(struct_size=8).struct_size == 8
 
 
-def test_moe_params_layout_matches_the_c_compiler(tmp_path):
-    """sizeof and every field's offset as the C compiler lays ck_moe_params_t out."""
+@pytest.mark.parametrize("tag, cls", PARAM_STRUCTS)
+def test_params_layout_matches_the_c_compiler(tmp_path, tag, cls):
+    """sizeof and every field's offset as the C compiler lays the struct out."""
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         pytest.skip("no C compiler")
-    names = [name for name, _ in ck.MoeParams._fields_]
+    names = [name for name, _ in cls._fields_]
     program = tmp_path / "layout.c"
     program.write_text(
         "#include <stddef.h>\n#include <stdio.h>\n#include \"cuda_kernels.h\"\n"
-        "int main(void) {\n  printf(\"%%zu\\n\", sizeof(ck_moe_params_t));\n%s  return 0;\n}\n"
-        % "".join("  printf(\"%%zu\\n\", offsetof(ck_moe_params_t, %s));\n" % name
-                  for name in names))
+        "int main(void) {\n  printf(\"%%zu\\n\", sizeof(%s_t));\n%s  return 0;\n}\n"
+        % (tag, "".join("  printf(\"%%zu\\n\", offsetof(%s_t, %s));\n" % (tag, name)
+                        for name in names)))
     binary = tmp_path / "layout"
     subprocess.run([compiler, "-std=c99", "-I", REPO_ROOT, str(program), "-o", str(binary)],
                    check=True, capture_output=True)
     sizes = [int(v) for v in subprocess.run([str(binary)], check=True, capture_output=True,
                                              text=True).stdout.split()]
-    assert sizes[0] == ctypes.sizeof(ck.MoeParams)
-    assert dict(zip(names, sizes[1:])) == {name: getattr(ck.MoeParams, name).offset
-                                           for name in names}
+    assert sizes[0] == ctypes.sizeof(cls)
+    assert dict(zip(names, sizes[1:])) == {name: getattr(cls, name).offset for name in names}
 
 
 @pytest.mark.parametrize("name", sorted(DECLARATIONS))
@@ -914,8 +920,68 @@ def moe_forward(fields):
     ck.raw.moe_forward(moe_params(fields), *workspace, stream=0)
 
 
+# ck_attention_forward takes a ck_attention_params_t (cuda_wrapper.AttentionParams), its rows
+# written as the MoE struct's. Rules (cuda_kernels.h): dtype fp16 or bf16; q, k, v and out
+# 16-byte aligned, lse and the offsets 4-byte aligned; 1 <= total_q < 2^31, 0 <= total_k < 2^31;
+# 1 <= Hq <= 65535, Hkv in [1, Hq] dividing it; D >= 1, and 64 or 128 (else UNSUPPORTED); the
+# offsets both or neither; batch 1 .. 65535 with them, 0 or 1 without; max_seqlen_q (_k) in
+# [0, total_q (total_k)]; a finite softmax_scale; causal 0 or 1; out and lse overlapping none of
+# q, k, v (and lse not out).
+AQ, AK, AV, AO, ALSE, ACUQ, ACUK = (0x7F0003000000 + i * 0x100000 for i in range(7))
+ATTENTION_SIZEOF = ctypes.sizeof(ck.AttentionParams)
+ATTENTION_FORWARD = dict(dtype=DType.FP16, q_ptr=AQ, k_ptr=AK, v_ptr=AV, out_ptr=AO,
+                         lse_ptr=ALSE, total_q=300, total_k=400, num_heads_q=8, num_heads_kv=2,
+                         head_dim=128, batch=2, cu_seqlens_q_ptr=ACUQ, cu_seqlens_k_ptr=ACUK,
+                         max_seqlen_q=200, max_seqlen_k=250, softmax_scale=0.0, causal=1)
+ONE_SEQUENCE = dict(cu_seqlens_q_ptr=0, cu_seqlens_k_ptr=0)
+ATTENTION_FORWARD_CASES = (
+    null("q", "k", "v", "out")
+    + [("null-params", dict(params_ptr=0), INVALID, ["params"])]
+    + bad("struct_size", (0, 8, ATTENTION_SIZEOF - 8, ATTENTION_SIZEOF + 8, 2**40), INVALID)
+    + bad_dtypes("dtype", NOT_HALF_DTYPES)
+    + bad("total_q", (0, -1, 2**31, BIG), INVALID)
+    + bad("total_k", (-1, 2**31, BIG), INVALID)
+    + bad("num_heads_q", (0, -8, 65536), INVALID)
+    + bad("num_heads_kv", (0, -1, 16), INVALID)
+    + [("heads-not-divisible", dict(num_heads_kv=3), INVALID, ["num_heads_q", "num_heads_kv"])]
+    + bad("head_dim", (0, -128), INVALID)
+    + bad("head_dim", (32, 96, 100, 256), UNSUPPORTED)
+    + [("cu_seqlens_q-alone", dict(cu_seqlens_k_ptr=0), INVALID,
+        ["cu_seqlens_q", "cu_seqlens_k"]),
+       ("cu_seqlens_k-alone", dict(cu_seqlens_q_ptr=0), INVALID,
+        ["cu_seqlens_q", "cu_seqlens_k"]),
+       ("one-sequence-batch=2", dict(ONE_SEQUENCE, batch=2), INVALID, ["batch"])]
+    + bad("batch", (0, -1, 65536), INVALID)
+    + bad("max_seqlen_q", (-1, 301), INVALID)
+    + bad("max_seqlen_k", (-1, 401), INVALID)
+    + [("softmax_scale=%s" % v, dict(softmax_scale=float(v)), INVALID, ["softmax_scale"])
+       for v in ("nan", "inf", "-inf")]
+    + bad("causal", (2, -1), INVALID)
+    + [("misaligned-%s+%d" % (name[:-4], d), {name: base + d}, MISALIGNED, [name[:-4]])
+       for name, base in (("q_ptr", AQ), ("k_ptr", AK), ("v_ptr", AV), ("out_ptr", AO))
+       for d in (2, 8)]
+    + [("misaligned-%s+%d" % (name[:-4], d), {name: base + d}, MISALIGNED, [name[:-4]])
+       for name, base in (("lse_ptr", ALSE), ("cu_seqlens_q_ptr", ACUQ),
+                          ("cu_seqlens_k_ptr", ACUK))
+       for d in (1, 2)]
+    + [("out-overlaps-q", dict(out_ptr=AQ + 512), INVALID, ["out", "q"]),
+       ("out-overlaps-v", dict(out_ptr=AV - 256), INVALID, ["out", "v"]),
+       ("lse-overlaps-out", dict(lse_ptr=AO + 256), INVALID, ["lse", "out"]),
+       ("lse-overlaps-k", dict(lse_ptr=AK), INVALID, ["lse", "k"])]
+)
+
+
+def attention_forward(fields):
+    fields = dict(fields)
+    params = None if fields.pop("params_ptr", 1) == 0 else ck.AttentionParams(
+        **{name[:-len("_ptr")] if name.endswith("_ptr") else name: value
+           for name, value in fields.items()})
+    ck.raw.attention_forward(params, stream=0)
+
+
 # The entry points that take a parameter struct: how a row's arguments become a call.
-STRUCT_CALLS = {"ck_moe_workspace_size": moe_workspace_size, "ck_moe_forward": moe_forward}
+STRUCT_CALLS = {"ck_moe_workspace_size": moe_workspace_size, "ck_moe_forward": moe_forward,
+                "ck_attention_forward": attention_forward}
 
 # The entry points with bad-argument cases: the valid call of each is the table named after it
 # (QUANTIZE_INT8 for ck_quantize_int8), its cases are that table's _CASES.
@@ -927,7 +993,7 @@ ENTRY_POINTS = {
                   "GEMM_INT8", "GEMM_INT8_SCALED", "LINEAR", "GEMM_W4A16", "GEMM_W4A16_PREPACKED",
                   "W4A16_PREPACK", "IMPORT_GPTQ", "IMPORT_AWQ", "PERMUTE_COLUMNS", "GEMM_INT4",
                   "GEMM_INT4_SCALED", "MOE_ROUTE", "MOE_PREPACK", "MOE_WORKSPACE_SIZE",
-                  "MOE_FORWARD")
+                  "MOE_FORWARD", "ATTENTION_FORWARD")
 }
 
 
@@ -972,7 +1038,9 @@ def test_valid_baselines_are_valid_shapes():
     """Sanity of the tables: the unchanged arguments are right (but never called here)."""
     for function, (valid, cases) in ENTRY_POINTS.items():
         sizes = [valid[key] for key in ("rows", "cols", "m", "n", "k", "experts", "tokens",
-                                        "hidden", "intermediate", "top_k") if key in valid]
+                                        "hidden", "intermediate", "top_k", "total_q", "total_k",
+                                        "num_heads_q", "num_heads_kv", "head_dim")
+                 if key in valid]
         assert len(sizes) >= 2 and all(size >= 1 for size in sizes), function
         if "k" in valid:   # a multiple of 16 suits every GEMM rule, N too (for CK_LAYOUT_KN)
             assert valid["k"] % 16 == 0 and valid["n"] % 16 == 0, function

@@ -687,7 +687,9 @@ typedef struct ck_attention_params {
     const int32_t* cu_seqlens_k;
     /* The longest sequence's query (key) count: 1 .. total_q (0 .. total_k); 0 means total_q
      * (total_k). The grid covers max_seqlen_q queries per sequence; max_seqlen_k is a declared
-     * bound that this kernel does not need (key offsets are clamped to total_k). */
+     * bound that this kernel does not need (key offsets are clamped to total_k). Without
+     * offsets both are checked against the totals and otherwise unused: the one sequence is
+     * total_q queries and total_k keys. */
     int64_t max_seqlen_q;
     int64_t max_seqlen_k;
     /* The scale of q.k inside the softmax, a finite float32; 0 (the default) means

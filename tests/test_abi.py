@@ -1550,6 +1550,30 @@ def test_wrapper_moe_rejects_before_any_copy(lib, call, error):
         call()
 
 
+# Attention operands as foreign device arrays (never copied, never dereferenced): total_q=8,
+# total_k=16, Hq=4, Hkv=2, D=64.
+Q_ATT, KV_ATT = FakeCudaArray((8, 4, 64), "<f2"), FakeCudaArray((16, 2, 64), "<f2")
+CU_ATT = FakeCudaArray((3,), "<i4")
+
+
+@pytest.mark.parametrize("call, error", [
+    (lambda: ck.attention(Q_ATT, KV_ATT, KV_ATT, softmax_scale=0.0), ValueError),
+    (lambda: ck.attention(Q_ATT, KV_ATT, KV_ATT, cu_seqlens_q=CU_ATT), ValueError),
+    (lambda: ck.attention(FakeCudaArray((8, 256), "<f2"), KV_ATT, KV_ATT), ValueError),
+    (lambda: ck.attention(Q_ATT, KV_ATT, FakeCudaArray((16, 1, 64), "<f2")), ValueError),
+    (lambda: ck.attention(FakeCudaArray((8, 4, 128), "<f2"), KV_ATT, KV_ATT), ValueError),
+    (lambda: ck.attention(Q_ATT, FakeCudaArray((16, 2, 64)), KV_ATT), TypeError),
+    (lambda: ck.attention(Q_ATT, KV_ATT, KV_ATT, cu_seqlens_q=FakeCudaArray((2, 2), "<i4"),
+                          cu_seqlens_k=CU_ATT), ValueError),
+    (lambda: ck.attention(Q_ATT, KV_ATT, KV_ATT, cu_seqlens_q=CU_ATT,
+                          cu_seqlens_k=FakeCudaArray((4,), "<i4")), ValueError),
+], ids=["scale-zero", "cu_seqlens_q-alone", "q-2d", "v-shape", "head-dims", "k-float32",
+        "cu_seqlens-2d", "cu_seqlens-counts"])
+def test_wrapper_attention_rejects_before_any_copy(lib, call, error):
+    with pytest.raises(error):
+        call()
+
+
 def test_wrapper_accepts_contiguous_strides_of_unit_dimensions():
     assert ck._c_contiguous((1, 8), (999, 4), 4)
     assert ck._c_contiguous((4, 8), (32, 4), 4)

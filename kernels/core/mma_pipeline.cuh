@@ -2,10 +2,11 @@
 // shares: the block-tile traits, the shared-memory swizzle of [rows][64-byte] operand tiles, the
 // cp.async stage loop, and the sum of per-warp partial tiles of the weight-streaming kernels.
 //
-// Users: gemm/gemm_int8.cu and gemm/gemm_int4.cu (MmaTile, rowk_offset, cp_async_pipeline,
-// sum_warp_partials), gemm/gemm_w4a16.cu (sum_warp_partials), gemm/gemm_w4a16_prepacked_tc.cu
-// (cp_async_pipeline). A family file keeps what is its own: the fragment loads, the operand
-// unpacking or dequantization, and the epilogue's column order.
+// Users: gemm/gemm_int8.cu and gemm/gemm_int4.cu (MmaTile, MmaWarpTile, rowk_offset,
+// cp_async_pipeline, sum_warp_partials), gemm/gemm_w4a16.cu (sum_warp_partials),
+// gemm/gemm_w4a16_prepacked_tc.cu (cp_async_pipeline). A family file keeps what is its own: the
+// fragment loads, the operand unpacking or dequantization, and an epilogue in another column
+// order.
 #pragma once
 
 #include "kernels/core/common.cuh"
@@ -44,6 +45,45 @@ struct MmaTile {
                       kBBytes % (kTileChunkBytes * kThreads) == 0,
                   "every thread issues the same number of cp.async");
     static_assert(kStages >= 2, "a pipeline needs two stages");
+};
+
+// Where a thread of an MmaTile block works: the block's output tile (grouped rasterization of
+// blockIdx.x, group_m tile rows per group for L2 reuse), its warp's sub-tile origin (wm0, wn0)
+// in the block tile, and its lane's m16n8 fragment coordinates (g, tq): accumulator registers
+// 2 rh, 2 rh + 1 of fragment (mi, ni) are output row row(mi, rh), columns col(ni), col(ni) + 1.
+template <class Tile> struct MmaWarpTile {
+    int64_t m0, n0;
+    int lane, wm0, wn0, g, tq;
+
+    __device__ __forceinline__ MmaWarpTile(int64_t m, int64_t n, int group_m) {
+        const TileOrigin tile = grouped_tile(blockIdx.x, m, n, Tile::kBM, Tile::kBN, group_m);
+        m0 = tile.m0, n0 = tile.n0;
+        const int tid = threadIdx.x, warp = tid / 32;
+        lane = tid % 32;
+        wm0 = warp / Tile::kWarpsN * Tile::kWarpM;
+        wn0 = warp % Tile::kWarpsN * Tile::kWarpN;
+        g = lane / 4, tq = lane % 4;
+    }
+    __device__ __forceinline__ int64_t row(int mi, int rh) const {
+        return m0 + wm0 + mi * 16 + g + rh * 8;  // rh = 0: c0 c1 (row g); rh = 1: c2 c3 (g + 8)
+    }
+    __device__ __forceinline__ int64_t col(int ni) const { return n0 + wn0 + ni * 8 + tq * 2; }
+
+    // The epilogue of fragments in natural column order: store(row, col, v0, v1) for every
+    // accumulator pair of the warp, row by row.
+    template <typename Acc, class Store>
+    __device__ __forceinline__ void store_pairs(const Acc (&acc)[Tile::kMI][Tile::kNI][4],
+                                                Store&& store) const {
+#pragma unroll
+        for (int mi = 0; mi < Tile::kMI; ++mi)
+#pragma unroll
+            for (int rh = 0; rh < 2; ++rh) {
+                const int64_t r = row(mi, rh);
+#pragma unroll
+                for (int ni = 0; ni < Tile::kNI; ++ni)
+                    store(r, col(ni), acc[mi][ni][2 * rh], acc[mi][ni][2 * rh + 1]);
+            }
+    }
 };
 
 // Launches kernel(args...) over a 1-D grid of one block per kBM x kBN output tile, with the

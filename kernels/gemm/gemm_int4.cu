@@ -92,11 +92,9 @@ gemm_int4_reference_kernel(const uint8_t* __restrict__ a, const uint8_t* __restr
     auto& sb = tiles.b;
 
     const int64_t m = ep.m, n = ep.n;
-    const int64_t tiles_m = ceil_div(m, kRefBM);
-    const int64_t m0 = blockIdx.x % tiles_m * kRefBM;
-    const int64_t n0 = blockIdx.x / tiles_m * kRefBN;
+    const Dp4aThread th(m);
+    const int64_t m0 = th.m0, n0 = th.n0;
     const int tid = threadIdx.x;
-    const int ty = tid / 16, tx = tid % 16;
 
     Dp4aAcc acc = {};
 
@@ -124,10 +122,10 @@ gemm_int4_reference_kernel(const uint8_t* __restrict__ a, const uint8_t* __restr
         }
         __syncthreads();
 
-        dp4a_micro_tile(tiles, ty, tx, acc);
+        dp4a_micro_tile(tiles, th, acc);
     }
 
-    store_dp4a_micro_tile(ep, m0, n0, ty, tx, acc);
+    store_dp4a_micro_tile(ep, th, acc);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -218,24 +216,19 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
 gemm_int4_mma_kernel(const uint8_t* __restrict__ a, const uint8_t* __restrict__ b,
                      int64_t k_bytes, Epilogue<OutT> ep) {
     if constexpr (!kHasSm80) __trap();  // never launched below sm_80 (see kHasSm80)
-    constexpr int kBM = Tile::kBM, kBN = Tile::kBN, kStages = Tile::kStages;
+    constexpr int kStages = Tile::kStages;
     constexpr int kMI = Tile::kMI, kNI = Tile::kNI, kThreads = Tile::kThreads;
     extern __shared__ __align__(128) uint8_t smem[];
 
     const int64_t m = ep.m, n = ep.n;
-
-    const TileOrigin tile = grouped_tile(blockIdx.x, m, n, kBM, kBN, kGroupM);
-    const int64_t m0 = tile.m0, n0 = tile.n0;
-
-    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-    const int wm0 = warp / Tile::kWarpsN * Tile::kWarpM;  // warp sub-tile origin in the block tile
-    const int wn0 = warp % Tile::kWarpsN * Tile::kWarpN;
-    const int g = lane / 4, tq = lane % 4;                  // mma fragment coordinates
+    const MmaWarpTile<Tile> wt(m, n, kGroupM);
+    const int64_t m0 = wt.m0, n0 = wt.n0;
+    const int lane = wt.lane, wm0 = wt.wm0, wn0 = wt.wn0;
 
     const uint32_t smem_base = shared_address(smem);
     const int k_tiles = int(ceil_div(k_bytes, kBKBytes));  // < 2^31: the entry points bound K
 
-    // Loads k tile kt into stage s: chunk idx = tid + i * kThreads of each operand.
+    // Loads k tile kt into stage s: chunk idx = threadIdx.x + i * kThreads of each operand.
     auto load_stage = [&](int s, int kt) {
         const int64_t kb0 = int64_t(kt) * kBKBytes;
         const uint32_t sa = smem_base + s * Tile::kStageBytes;
@@ -280,16 +273,9 @@ gemm_int4_mma_kernel(const uint8_t* __restrict__ a, const uint8_t* __restrict__ 
         }
     });
 
-#pragma unroll
-    for (int mi = 0; mi < kMI; ++mi)
-#pragma unroll
-        for (int rh = 0; rh < 2; ++rh) {  // c0 c1: row g; c2 c3: row g + 8
-            const int64_t row = m0 + wm0 + mi * 16 + g + rh * 8;
-#pragma unroll
-            for (int ni = 0; ni < kNI; ++ni)
-                ep.store_pair(row, n0 + wn0 + ni * 8 + tq * 2, unscale<kScaled>(acc[mi][ni][2 * rh]),
-                              unscale<kScaled>(acc[mi][ni][2 * rh + 1]));
-        }
+    wt.store_pairs(acc, [&](int64_t row, int64_t col, int32_t acc0, int32_t acc1) {
+        ep.store_pair(row, col, unscale<kScaled>(acc0), unscale<kScaled>(acc1));
+    });
 }
 
 template <class Tile, bool kScaled, typename OutT>

@@ -82,11 +82,9 @@ gemm_int8_reference_kernel(const int8_t* __restrict__ a, const int8_t* __restric
     auto& sb = tiles.b;
 
     const int64_t m = ep.m, n = ep.n;
-    const int64_t tiles_m = ceil_div(m, kRefBM);
-    const int64_t m0 = blockIdx.x % tiles_m * kRefBM;
-    const int64_t n0 = blockIdx.x / tiles_m * kRefBN;
+    const Dp4aThread th(m);
+    const int64_t m0 = th.m0, n0 = th.n0;
     const int tid = threadIdx.x;
-    const int ty = tid / 16, tx = tid % 16;
 
     Dp4aAcc acc = {};
 
@@ -128,10 +126,10 @@ gemm_int8_reference_kernel(const int8_t* __restrict__ a, const int8_t* __restric
         }
         __syncthreads();
 
-        dp4a_micro_tile(tiles, ty, tx, acc);
+        dp4a_micro_tile(tiles, th, acc);
     }
 
-    store_dp4a_micro_tile(ep, m0, n0, ty, tx, acc);
+    store_dp4a_micro_tile(ep, th, acc);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -193,19 +191,15 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
 gemm_int8_mma_kernel(const int8_t* __restrict__ a, const int8_t* __restrict__ b, int64_t k,
                      Epilogue<OutT> ep) {
     if constexpr (!kHasSm80) __trap();  // never launched below sm_80 (see kHasSm80)
-    constexpr int kBM = Tile::kBM, kBN = Tile::kBN, kStages = Tile::kStages;
+    constexpr int kBN = Tile::kBN, kStages = Tile::kStages;
     constexpr int kMI = Tile::kMI, kNI = Tile::kNI, kThreads = Tile::kThreads;
     extern __shared__ __align__(128) uint8_t smem[];
 
     const int64_t m = ep.m, n = ep.n;
-
-    const TileOrigin tile = grouped_tile(blockIdx.x, m, n, kBM, kBN, kGroupM);
-    const int64_t m0 = tile.m0, n0 = tile.n0;
-
-    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-    const int wm0 = warp / Tile::kWarpsN * Tile::kWarpM;  // warp sub-tile origin in the block tile
-    const int wn0 = warp % Tile::kWarpsN * Tile::kWarpN;
-    const int g = lane / 4, tq = lane % 4;                  // mma fragment coordinates
+    const MmaWarpTile<Tile> wt(m, n, kGroupM);
+    const int64_t m0 = wt.m0, n0 = wt.n0;
+    const int tid = threadIdx.x, lane = wt.lane, wm0 = wt.wm0, wn0 = wt.wn0;
+    const int g = wt.g, tq = wt.tq;  // mma fragment coordinates
 
     const uint32_t smem_base = shared_address(smem);
     const int64_t k_tiles = ceil_div(k, kBK);
@@ -275,30 +269,27 @@ gemm_int8_mma_kernel(const int8_t* __restrict__ a, const int8_t* __restrict__ b,
         }
     });
 
+    if constexpr (kLayout == CK_LAYOUT_NK) {
+        wt.store_pairs(acc, [&](int64_t row, int64_t col, int32_t acc0, int32_t acc1) {
+            ep.store_pair(row, col, acc0, acc1);
+        });
+    } else {
+        // Physical columns 8tq + u (u < 8) of a group: u < 4 is tile u's c0 (c2), u >= 4 is
+        // tile u - 4's c1 (c3). Pair p covers u = 2p, 2p + 1.
 #pragma unroll
-    for (int mi = 0; mi < kMI; ++mi) {
+        for (int mi = 0; mi < kMI; ++mi)
 #pragma unroll
-        for (int rh = 0; rh < 2; ++rh) {  // c0 c1: row g; c2 c3: row g + 8
-            const int64_t row = m0 + wm0 + mi * 16 + g + rh * 8;
-            if constexpr (kLayout == CK_LAYOUT_NK) {
+            for (int rh = 0; rh < 2; ++rh) {
+                const int64_t row = wt.row(mi, rh);
 #pragma unroll
-                for (int ni = 0; ni < kNI; ++ni)
-                    ep.store_pair(row, n0 + wn0 + ni * 8 + tq * 2, acc[mi][ni][2 * rh],
-                                  acc[mi][ni][2 * rh + 1]);
-            } else {
-                // Physical columns 8tq + u (u < 8) of a group: u < 4 is tile u's c0 (c2),
-                // u >= 4 is tile u - 4's c1 (c3). Pair p covers u = 2p, 2p + 1.
-#pragma unroll
-                for (int grp = 0; grp < kNI / 4; ++grp) {
+                for (int grp = 0; grp < kNI / 4; ++grp)
 #pragma unroll
                     for (int p = 0; p < 4; ++p) {
                         const int t = (p % 2) * 2, reg = 2 * rh + p / 2;
                         ep.store_pair(row, n0 + wn0 + grp * 32 + tq * 8 + p * 2,
                                       acc[mi][grp * 4 + t][reg], acc[mi][grp * 4 + t + 1][reg]);
                     }
-                }
             }
-        }
     }
 }
 

@@ -75,10 +75,24 @@ template <int kKWords> struct Dp4aTiles {
 };
 using Dp4aAcc = int32_t[kDp4aRows][2 * kDp4aColPairs];
 
+// Where a thread of a reference block works: the block's output tile (blocks walk the tiles
+// column by column: tile row blockIdx.x % tiles_m) and the thread's micro-tile (ty, tx).
+struct Dp4aThread {
+    int64_t m0, n0;
+    int ty, tx;
+    __device__ __forceinline__ explicit Dp4aThread(int64_t m) {
+        const int64_t tiles_m = ceil_div(m, kDp4aBM);
+        m0 = blockIdx.x % tiles_m * kDp4aBM;
+        n0 = blockIdx.x / tiles_m * kDp4aBN;
+        ty = int(threadIdx.x) / 16, tx = int(threadIdx.x) % 16;
+    }
+};
+
 // One staged step: acc += the thread's micro-tile of a . b over the step's kKWords words.
 template <int kKWords>
-__device__ __forceinline__ void dp4a_micro_tile(const Dp4aTiles<kKWords>& s, int ty, int tx,
+__device__ __forceinline__ void dp4a_micro_tile(const Dp4aTiles<kKWords>& s, const Dp4aThread& th,
                                                 Dp4aAcc& acc) {
+    const int ty = th.ty, tx = th.tx;
 #pragma unroll 4
     for (int kw = 0; kw < kKWords; ++kw) {
         int av[kDp4aRows], bv[2 * kDp4aColPairs];
@@ -99,14 +113,14 @@ __device__ __forceinline__ void dp4a_micro_tile(const Dp4aTiles<kKWords>& s, int
 
 // The thread's micro-tile through the epilogue (rows and columns outside [m, n) are skipped).
 template <typename OutT>
-__device__ __forceinline__ void store_dp4a_micro_tile(const Epilogue<OutT>& ep, int64_t m0,
-                                                      int64_t n0, int ty, int tx,
+__device__ __forceinline__ void store_dp4a_micro_tile(const Epilogue<OutT>& ep, const Dp4aThread& th,
                                                       const Dp4aAcc& acc) {
 #pragma unroll
     for (int i = 0; i < kDp4aRows; ++i)
 #pragma unroll
         for (int j = 0; j < kDp4aColPairs; ++j)
-            ep.store_pair(m0 + ty + 16 * i, n0 + 32 * j + 2 * tx, acc[i][2 * j], acc[i][2 * j + 1]);
+            ep.store_pair(th.m0 + th.ty + 16 * i, th.n0 + 32 * j + 2 * th.tx, acc[i][2 * j],
+                          acc[i][2 * j + 1]);
 }
 
 }  // namespace ck

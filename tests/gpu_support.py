@@ -348,6 +348,23 @@ def assert_graph_replays(call, rng, seed, replays=2):
         ck.cuda.stream_destroy(stream)
 
 
+def assert_capture_records_then_replay_writes(record, written, ctx):
+    """Captures record(stream) in a CUDA graph: the capture must record it without running it
+    (`written`, a GuardedBuffer the caller poisoned, stays untouched), then one replay runs it;
+    the caller checks what the replay wrote."""
+    stream = ck.cuda.stream_create()
+    try:
+        with ck.cuda.graph_capture(stream) as graph:
+            record(stream)
+        synchronize()
+        assert written.untouched(), f"{ctx}: capture must record the call, not run it"
+        graph.launch(stream)
+        ck.cuda.stream_synchronize(stream)
+        graph.close()
+    finally:
+        ck.cuda.stream_destroy(stream)
+
+
 def assert_override_read_on_every_call(call, monkeypatch, env, seed):
     """`env` (a kernel override) is read on every call: forcing small_m on a call it cannot serve
     is rejected (CK_STATUS_UNSUPPORTED), and unsetting, emptying or resetting it serves the same

@@ -37,7 +37,8 @@ import cuda_wrapper as ck
 import reference as ref
 from gpu_support import (
     CK_DTYPE, CK_INT4_MODE, GROUP_IDS, POISON, SANITIZE, SANITIZE_MAX_MACS, SECOND_ORDER_SLACK,
-    U32, GuardedBuffer, KernelCall, assert_bitwise_equal, assert_graph_replays, assert_within,
+    U32, GuardedBuffer, KernelCall, assert_bitwise_equal,
+    assert_capture_records_then_replay_writes, assert_graph_replays, assert_within,
     compute_capability, dtype_arg, output_tolerance, ptr_or_null, random_normal, synchronize,
     to_device,
 )
@@ -309,17 +310,7 @@ def test_prepack_is_captured_in_a_graph(seed):
                           "bf16", True)
     for buffer in (weight.w, weight.scales, weight.zeros):
         buffer.poison()
-    stream = ck.cuda.stream_create()
-    try:
-        with ck.cuda.graph_capture(stream) as graph:
-            weight.prepack(stream)
-        synchronize()
-        assert weight.w.untouched(), "capture must record the prepack, not run it"
-        graph.launch(stream)
-        ck.cuda.stream_synchronize(stream)
-        graph.close()
-    finally:
-        ck.cuda.stream_destroy(stream)
+    assert_capture_records_then_replay_writes(weight.prepack, weight.w, "the prepack")
     weight.check_prepacked(f"replayed prepack, seed={seed}")
 
 

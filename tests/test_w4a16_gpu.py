@@ -28,7 +28,8 @@ import cuda_wrapper as ck
 import reference as ref
 from gpu_support import (
     CK_ACTIVATION, CK_DTYPE, CK_INT4_MODE, GROUP_IDS, POISON, U32, GuardedBuffer, KernelCall,
-    assert_bitwise_equal, assert_forced_variant_unsupported, assert_graph_replays,
+    assert_bitwise_equal, assert_capture_records_then_replay_writes,
+    assert_forced_variant_unsupported, assert_graph_replays,
     assert_override_read_on_every_call, assert_relu_output, assert_within, compute_capability,
     dot_float32_error, dtype_arg, force_variant, output_tolerance, ptr_or_null, random_normal,
     shape_id, small_enough, synchronize,
@@ -429,17 +430,7 @@ def test_prepack_is_captured_in_a_graph(seed):
     rng = np.random.default_rng(seed)
     call = make_call(rng, (3, 40, 96), "fp16", "asym", 32, prepacked=True)
     call.w_pre.poison()
-    stream = ck.cuda.stream_create()
-    try:
-        with ck.cuda.graph_capture(stream) as graph:
-            call.prepack(stream)
-        synchronize()
-        assert call.w_pre.untouched(), "capture must record the prepack, not run it"
-        graph.launch(stream)
-        ck.cuda.stream_synchronize(stream)
-        graph.close()
-    finally:
-        ck.cuda.stream_destroy(stream)
+    assert_capture_records_then_replay_writes(call.prepack, call.w_pre, "the prepack")
     _, w_packed, scales, zeros, _ = call.inputs
     want, _, _ = ref.w4a16_prepack(w_packed, scales, zeros, 40, 96, 32)
     assert_bitwise_equal(call.w_pre.read("w_prepacked"), want, f"replayed prepack, seed={seed}")

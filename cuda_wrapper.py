@@ -222,7 +222,21 @@ _FLAG = ctypes.c_int      # a C int that is a boolean (renormalize, gate_up): 0 
 _STREAM = ("stream", _VOIDP)   # the last argument of every entry point; 0 by default
 
 
-class MoeParams(ctypes.Structure):
+class _ParamsStruct(ctypes.Structure):
+    """A ck_*_params_t: struct_size defaults to ctypes.sizeof of the subclass (the layout this
+    module was written against), every other field to 0; repr shows pointers in hex."""
+
+    def __init__(self, **fields):
+        fields.setdefault("struct_size", ctypes.sizeof(type(self)))
+        super().__init__(**fields)
+
+    def __repr__(self):
+        return "%s(%s)" % (type(self).__name__, ", ".join(
+            "%s=%s" % (name, hex(getattr(self, name) or 0) if ctype is _VOIDP else
+                       getattr(self, name)) for name, ctype in self._fields_))
+
+
+class MoeParams(_ParamsStruct):
     """ck_moe_params_t, field for field in the header's order: the arguments of
     ck_moe_workspace_size and ck_moe_forward (the raw level passes an instance by reference).
 
@@ -257,17 +271,8 @@ class MoeParams(ctypes.Structure):
         ("out", _VOIDP),
     ]
 
-    def __init__(self, **fields):
-        fields.setdefault("struct_size", ctypes.sizeof(MoeParams))
-        super().__init__(**fields)
 
-    def __repr__(self):
-        return "MoeParams(%s)" % ", ".join(
-            "%s=%s" % (name, hex(getattr(self, name) or 0) if ctype is _VOIDP else
-                       getattr(self, name)) for name, ctype in self._fields_)
-
-
-class AttentionParams(ctypes.Structure):
+class AttentionParams(_ParamsStruct):
     """ck_attention_params_t, field for field in the header's order: the arguments of
     ck_attention_forward (the raw level passes an instance by reference).
 
@@ -298,14 +303,6 @@ class AttentionParams(ctypes.Structure):
         ("causal", ctypes.c_int32),
     ]
 
-    def __init__(self, **fields):
-        fields.setdefault("struct_size", ctypes.sizeof(AttentionParams))
-        super().__init__(**fields)
-
-    def __repr__(self):
-        return "AttentionParams(%s)" % ", ".join(
-            "%s=%s" % (name, hex(getattr(self, name) or 0) if ctype is _VOIDP else
-                       getattr(self, name)) for name, ctype in self._fields_)
 
 # Every export of cuda_kernels.h: name -> (restype, ((argument, ctypes type), ...)). The argument
 # names are the raw level's (raw.<name without ck_>), which are the header's with "_ptr" added

@@ -353,9 +353,9 @@ def _round_up(value, multiple):
 
 
 class Size(Kind):
-    """An int64_t size: >= 1, and at most `most` where the export bounds it on its own. Valid
-    draws are multiples of `multiple`, at most draws_up_to (default: most) where rules of several
-    arguments bound it further (the MoE layer's pairs and row blocks)."""
+    """An int64_t size: >= `least` (1), and at most `most` where the export bounds it on its
+    own. Valid draws are multiples of `multiple`, at most draws_up_to (default: most) where rules
+    of several arguments bound it further (the MoE layer's pairs and row blocks)."""
 
     def __init__(self, multiple=1, most=None, draws_up_to=None):
         self.multiple, self.most = multiple, most
@@ -384,9 +384,11 @@ class Size(Kind):
             return whole
         return st.one_of(whole, st.sampled_from((self.most, self.most + 1)))
 
+    least = 1  # the smallest valid value
+
     def violations(self, name, label, args):
         value = args[name]
-        if value < 1 or (self.most is not None and value > self.most):
+        if value < self.least or (self.most is not None and value > self.most):
             return [Violation(Status.INVALID_VALUE, (label,), (value,))]
         return []
 
@@ -652,11 +654,7 @@ class WorkspaceBytes(Kind):
 class Count(Size):
     """An int64_t count that may be 0 (attention's total_k): 0 .. most."""
 
-    def violations(self, name, label, args):
-        value = args[name]
-        if value < 0 or (self.most is not None and value > self.most):
-            return [Violation(Status.INVALID_VALUE, (label,), (value,))]
-        return []
+    least = 0
 
 
 class HeadsKv(Size):

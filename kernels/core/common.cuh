@@ -34,6 +34,22 @@ int compute_capability();
 // Output tiles numbered along one grid dimension: 2^31 - 1 blocks at most (gridDim.y would cap
 // M or N at 65535 tiles).
 inline bool grid_fits(int64_t blocks) { return blocks >= 1 && blocks <= INT32_MAX; }
+// The 1-D grid of one block per bm x bn tile of an [m, n] output, or 0 where that many blocks do
+// not fit a grid (the launcher returns cudaErrorInvalidConfiguration).
+inline unsigned tile_grid(int64_t m, int64_t n, int bm, int bn) {
+    const int64_t blocks = ceil_div(m, bm) * ceil_div(n, bn);
+    return grid_fits(blocks) ? unsigned(blocks) : 0u;
+}
+// Launches kernel(args...) over that grid, `threads` threads and smem_bytes of dynamic shared
+// memory per block (the caller opted in above 48 KB), and checks the launch.
+template <class Kernel, class... Args>
+cudaError_t launch_tile_grid(Kernel kernel, int64_t m, int64_t n, int bm, int bn, int threads,
+                             int smem_bytes, cudaStream_t stream, Args... args) {
+    const unsigned blocks = tile_grid(m, n, bm, bn);
+    if (blocks == 0) return cudaErrorInvalidConfiguration;
+    kernel<<<blocks, threads, smem_bytes, stream>>>(args...);
+    return cudaGetLastError();
+}
 
 // The most dynamic shared memory a block may opt in to on the current device (cached per device;
 // 0 on error).

@@ -90,12 +90,11 @@ template <class Tile> struct MmaWarpTile {
 // tile's dynamic shared memory (opting in above 48 KB).
 template <class Tile, class Kernel, class... Args>
 cudaError_t launch_tiles(Kernel kernel, int64_t m, int64_t n, cudaStream_t stream, Args... args) {
-    const int64_t blocks = ceil_div(m, Tile::kBM) * ceil_div(n, Tile::kBN);
-    if (!grid_fits(blocks)) return cudaErrorInvalidConfiguration;
+    if (tile_grid(m, n, Tile::kBM, Tile::kBN) == 0) return cudaErrorInvalidConfiguration;
     const cudaError_t e = allow_dynamic_smem(kernel, Tile::kSmemBytes);
     if (e != cudaSuccess) return e;
-    kernel<<<unsigned(blocks), Tile::kThreads, Tile::kSmemBytes, stream>>>(args...);
-    return cudaGetLastError();
+    return launch_tile_grid(kernel, m, n, Tile::kBM, Tile::kBN, Tile::kThreads, Tile::kSmemBytes,
+                            stream, args...);
 }
 
 // Whether the large tile leaves SMs idle for the whole run (fewer blocks than SMs): then a
@@ -186,6 +185,41 @@ __device__ __forceinline__ void cp_async_pipeline(Count tiles, Load&& load, Comp
         }
     }
     cp_async_wait<0>();  // only empty groups remain; leave nothing in flight at exit
+}
+
+// The weight-streaming kernels' rows of the [n, row_bytes] weight that a lane reads: row
+// n0 + 8 t + g of n8 tile t (g = lane / 4), from byte `offset` of the row; a row past n points at
+// row 0 and has ok[t] = false (the kernels never load it).
+template <int kTiles, typename T>
+__device__ __forceinline__ void lane_weight_rows(const T* w, int64_t n0, int64_t n, int g,
+                                                 int64_t row_bytes, int64_t offset,
+                                                 const T* (&rows)[kTiles], bool (&ok)[kTiles]) {
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t) {
+        const int64_t row = n0 + 8 * t + g;
+        ok[t] = row < n;
+        rows[t] = w + (ok[t] ? row : 0) * row_bytes + offset;
+    }
+}
+
+// The weight-streaming kernels' register pipeline: warp `warp` of kWarps walks its steps of
+// kUnroll consecutive chunks (first chunks warp * kUnroll, then kWarps * kUnroll further each
+// step) up to `chunks`; load(c0, step) fills a Step's registers with the loads of chunks c0 ..,
+// compute(step) consumes them. The next step's loads are issued before this step's compute, so
+// a warp always has a step of loads in flight (left to itself, the compiler interleaved the two;
+// benchmarks/NOTES.md has the measurement).
+template <int kWarps, int kUnroll, class Step, class Load, class Compute>
+__device__ __forceinline__ void register_pipeline(int64_t chunks, int warp, Load&& load,
+                                                  Compute&& compute) {
+    constexpr int64_t kStride = int64_t(kWarps) * kUnroll;
+    int64_t c0 = int64_t(warp) * kUnroll;
+    Step next;
+    if (c0 < chunks) load(c0, next);
+    for (; c0 < chunks; c0 += kStride) {
+        const Step cur = next;
+        if (c0 + kStride < chunks) load(c0 + kStride, next);
+        compute(cur);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

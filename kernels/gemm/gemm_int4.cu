@@ -87,22 +87,19 @@ template <typename OutT>
 __global__ void __launch_bounds__(kRefThreads)
 gemm_int4_reference_kernel(const uint8_t* __restrict__ a, const uint8_t* __restrict__ b,
                            int64_t k_bytes, Epilogue<OutT> ep) {
-    __shared__ Dp4aTiles<kRefKWords> tiles;
-    auto& sa = tiles.a;
-    auto& sb = tiles.b;
-
     const int64_t m = ep.m, n = ep.n;
     const Dp4aThread th(m);
     const int64_t m0 = th.m0, n0 = th.n0;
     const int tid = threadIdx.x;
 
-    Dp4aAcc acc = {};
-
     // Loader role: row tid / 4 of each tile, vector tid % 4 of the step (words kw0 .. kw0 + 7).
     const int ld_row = tid / kRefVectorsPerRow, ld_vec = tid % kRefVectorsPerRow;
     const int kw0 = ld_vec * kRefWordsPerVector;
 
-    for (int64_t kb0 = 0; kb0 < k_bytes; kb0 += kRefBKBytes) {
+    dp4a_reference_block<kRefKWords, kRefBKBytes>(
+        ep, th, k_bytes, [&](Dp4aTiles<kRefKWords>& tiles, int64_t kb0) {
+        auto& sa = tiles.a;
+        auto& sb = tiles.b;
         const int64_t kb = kb0 + ld_vec * kChunkBytes;
         uint4 va = make_uint4(0, 0, 0, 0), vb = make_uint4(0, 0, 0, 0);
         if (m0 + ld_row < m && kb < k_bytes)
@@ -120,12 +117,7 @@ gemm_int4_reference_kernel(const uint8_t* __restrict__ a, const uint8_t* __restr
             sb[kw0 + 2 * p][ld_row] = lo;
             sb[kw0 + 2 * p + 1][ld_row] = hi;
         }
-        __syncthreads();
-
-        dp4a_micro_tile(tiles, th, acc);
-    }
-
-    store_dp4a_micro_tile(ep, th, acc);
+    });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -347,12 +339,7 @@ gemm_int4_small_m_kernel(const uint8_t* __restrict__ a, const uint8_t* __restric
     // Weight rows of this lane (one per n8 tile); rows past n are never read.
     const uint8_t* wrow[kTiles];
     bool wok[kTiles];
-#pragma unroll
-    for (int t = 0; t < kTiles; ++t) {
-        const int64_t row = n0 + 8 * t + g;
-        wok[t] = row < n;
-        wrow[t] = w + (wok[t] ? row : 0) * k_bytes + kChunkBytes * tq;
-    }
+    lane_weight_rows(w, n0, n, g, k_bytes, kChunkBytes * tq, wrow, wok);
     const bool a_lo = g < m, a_hi = kHiRows && g + kSmallLoRows < m;
     const uint8_t* arow_lo = a + (a_lo ? g : 0) * k_bytes + kChunkBytes * tq;
     const uint8_t* arow_hi = a + (a_hi ? g + kSmallLoRows : 0) * k_bytes + kChunkBytes * tq;
@@ -443,15 +430,12 @@ cudaError_t launch_small_m(const IntGemmArgs& g, cudaStream_t stream) {
 // Launchers (arguments validated by cuda_kernels.cu)
 // ---------------------------------------------------------------------------------------------
 cudaError_t gemm_int4_reference(const IntGemmArgs& args, cudaStream_t stream) {
-    const int64_t blocks = ceil_div(args.m, kRefBM) * ceil_div(args.n, kRefBN);
-    if (!grid_fits(blocks)) return cudaErrorInvalidConfiguration;
-    const uint8_t* a = args.a_as<uint8_t>();
-    const uint8_t* b = args.b_as<uint8_t>();
     return dispatch_out_dtype(args.out_dtype, [&](auto tag) {
         using OutT = decltype(tag);
-        gemm_int4_reference_kernel<OutT><<<unsigned(blocks), kRefThreads, 0, stream>>>(
-            a, b, args.k / kKPerByte, make_epilogue<OutT>(args));
-        return cudaGetLastError();
+        return launch_tile_grid(gemm_int4_reference_kernel<OutT>, args.m, args.n, kRefBM, kRefBN,
+                                kRefThreads, 0, stream, args.a_as<uint8_t>(),
+                                args.b_as<uint8_t>(), args.k / kKPerByte,
+                                make_epilogue<OutT>(args));
     });
 }
 

@@ -77,23 +77,20 @@ template <ck_layout_t kLayout, typename OutT>
 __global__ void __launch_bounds__(kRefThreads)
 gemm_int8_reference_kernel(const int8_t* __restrict__ a, const int8_t* __restrict__ b, int64_t k,
                            Epilogue<OutT> ep) {
-    __shared__ Dp4aTiles<kRefKWords> tiles;
-    auto& sa = tiles.a;
-    auto& sb = tiles.b;
-
     const int64_t m = ep.m, n = ep.n;
     const Dp4aThread th(m);
     const int64_t m0 = th.m0, n0 = th.n0;
     const int tid = threadIdx.x;
-
-    Dp4aAcc acc = {};
 
     // Loader roles. Row-major vectors (A, NK-B): row tid / 4, 16 bytes at k (tid % 4) * 16.
     const int ld_row = tid / 4, ld_kw = (tid % 4) * 4;
     // KN-B: k rows 4 (tid / 16) .. +3, columns 4 (tid % 16) .. +3, transposed to 4 words.
     const int kn_kw = tid / 16, kn_col = (tid % 16) * 4;
 
-    for (int64_t k0 = 0; k0 < k; k0 += kRefBK) {
+    dp4a_reference_block<kRefKWords, kRefBK>(
+        ep, th, k, [&](Dp4aTiles<kRefKWords>& tiles, int64_t k0) {
+        auto& sa = tiles.a;
+        auto& sb = tiles.b;
         uint4 va = make_uint4(0, 0, 0, 0);
         if (m0 + ld_row < m && k0 + ld_kw * 4 < k)
             va = *reinterpret_cast<const uint4*>(a + (m0 + ld_row) * k + k0 + ld_kw * 4);
@@ -124,12 +121,7 @@ gemm_int8_reference_kernel(const int8_t* __restrict__ a, const int8_t* __restric
 #pragma unroll
             for (int j = 0; j < 4; ++j) sb[kn_kw][kn_col + j] = vb[j];
         }
-        __syncthreads();
-
-        dp4a_micro_tile(tiles, th, acc);
-    }
-
-    store_dp4a_micro_tile(ep, th, acc);
+    });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -338,12 +330,7 @@ gemm_int8_small_m_kernel(const int8_t* __restrict__ a, const int8_t* __restrict_
     // Weight rows of this lane (one per n8 tile); rows past n are never read.
     const int8_t* wrow[kSmallTiles];
     bool wok[kSmallTiles];
-#pragma unroll
-    for (int t = 0; t < kSmallTiles; ++t) {
-        const int64_t row = n0 + 8 * t + g;
-        wok[t] = row < n;
-        wrow[t] = w + (wok[t] ? row : 0) * k + 16 * tq;
-    }
+    lane_weight_rows(w, n0, n, g, k, 16 * tq, wrow, wok);
     const bool a_lo = g < m, a_hi = g + 8 < m;
     const int8_t* arow_lo = a + (a_lo ? g : 0) * k + 16 * tq;
     const int8_t* arow_hi = a + (a_hi ? g + 8 : 0) * k + 16 * tq;
@@ -367,16 +354,9 @@ gemm_int8_small_m_kernel(const int8_t* __restrict__ a, const int8_t* __restrict_
     };
 
     // Software pipeline in registers: the next step's loads are issued before this step's
-    // MMAs, so a warp always has a step of loads in flight (left to itself, the compiler
-    // interleaved the two; benchmarks/NOTES.md has the measurement).
+    // MMAs (register_pipeline, mma_pipeline.cuh).
     int32_t acc[kSmallTiles][4] = {};
-    constexpr int64_t kStride = int64_t(kWarps) * kSmallUnroll;
-    int64_t c0 = int64_t(warp) * kSmallUnroll;
-    Step next;
-    if (c0 < chunks) load_step(c0, next);
-    for (; c0 < chunks; c0 += kStride) {
-        const Step cur = next;
-        if (c0 + kStride < chunks) load_step(c0 + kStride, next);
+    register_pipeline<kWarps, kSmallUnroll, Step>(chunks, warp, load_step, [&](const Step& cur) {
 #pragma unroll
         for (int u = 0; u < kSmallUnroll; ++u)
 #pragma unroll
@@ -386,7 +366,7 @@ gemm_int8_small_m_kernel(const int8_t* __restrict__ a, const int8_t* __restrict_
                     mma_s8_16x8x32(acc[t], word(cur.lo[u], 2 * j), word(cur.hi[u], 2 * j),
                                    word(cur.lo[u], 2 * j + 1), word(cur.hi[u], 2 * j + 1),
                                    word(cur.w[u][t], 2 * j), word(cur.w[u][t], 2 * j + 1));
-    }
+    });
 
     // Sum the warps' partial tiles; one thread per accumulator pair (c0 c1 or c2 c3) stores.
     sum_warp_partials(partial, acc, [&](int t, int rh, int l, int32_t s0, int32_t s1) {
@@ -407,18 +387,14 @@ cudaError_t launch_small_m(const IntGemmArgs& g, int64_t blocks, cudaStream_t st
 // Launchers (arguments validated by cuda_kernels.cu)
 // ---------------------------------------------------------------------------------------------
 cudaError_t gemm_int8_reference(const IntGemmArgs& args, cudaStream_t stream) {
-    const int64_t blocks = ceil_div(args.m, kRefBM) * ceil_div(args.n, kRefBN);
-    if (!grid_fits(blocks)) return cudaErrorInvalidConfiguration;
     return dispatch_out_dtype(args.out_dtype, [&](auto tag) {
         using OutT = decltype(tag);
-        const Epilogue<OutT> ep = make_epilogue<OutT>(args);
-        if (args.b_layout == CK_LAYOUT_KN)
-            gemm_int8_reference_kernel<CK_LAYOUT_KN, OutT>
-                <<<unsigned(blocks), kRefThreads, 0, stream>>>(args.a_as<int8_t>(), args.b_as<int8_t>(), args.k, ep);
-        else
-            gemm_int8_reference_kernel<CK_LAYOUT_NK, OutT>
-                <<<unsigned(blocks), kRefThreads, 0, stream>>>(args.a_as<int8_t>(), args.b_as<int8_t>(), args.k, ep);
-        return cudaGetLastError();
+        const auto kernel = args.b_layout == CK_LAYOUT_KN
+                                ? gemm_int8_reference_kernel<CK_LAYOUT_KN, OutT>
+                                : gemm_int8_reference_kernel<CK_LAYOUT_NK, OutT>;
+        return launch_tile_grid(kernel, args.m, args.n, kRefBM, kRefBN, kRefThreads, 0, stream,
+                                args.a_as<int8_t>(), args.b_as<int8_t>(), args.k,
+                                make_epilogue<OutT>(args));
     });
 }
 

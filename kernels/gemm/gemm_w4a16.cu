@@ -306,16 +306,8 @@ gemm_w4a16_small_m_kernel(const GemmW4A16Args args) {
     };
 
     // Software pipeline in registers: the next step's loads are issued before this step's
-    // dequantization and MMAs, so a warp always has a step of loads in flight.
-    constexpr int64_t kStride = int64_t(kWarps) * kUnroll;
-    int64_t c0 = int64_t(warp) * kUnroll;
-    Step next;
-    if (c0 < chunks) load_step(c0, next);
-    for (; c0 < chunks; c0 += kStride) {
-        const Step cur = next;
-        if (c0 + kStride < chunks) load_step(c0 + kStride, next);
-        compute_step(cur);
-    }
+    // dequantization and MMAs.
+    register_pipeline<kWarps, kUnroll, Step>(chunks, warp, load_step, compute_step);
 
     // Sum the warps' partial tiles; one thread per accumulator pair (c0 c1 or c2 c3) stores.
     const FloatEpilogue<T> ep = args.epilogue<T>();
@@ -428,15 +420,13 @@ w4a16_prepack_groups_kernel(const T* __restrict__ scales, const uint8_t* __restr
 // Launchers (arguments validated by cuda_kernels.cu)
 // ---------------------------------------------------------------------------------------------
 cudaError_t gemm_w4a16_reference(const GemmW4A16Args& args, cudaStream_t stream) {
-    const int64_t blocks = ceil_div(args.m, kRefBM) * ceil_div(args.n, kRefBN);
-    if (!grid_fits(blocks)) return cudaErrorInvalidConfiguration;
     return dispatch_half_dtype(args.dtype, [&](auto tag) {
         using T = decltype(tag);
         return with_bool(args.zeros != nullptr, [&](auto asym) {
             return with_bool(args.prepacked, [&](auto prepacked) {
-                gemm_w4a16_reference_kernel<T, decltype(asym)::value, decltype(prepacked)::value>
-                    <<<unsigned(blocks), kRefThreads, 0, stream>>>(args);
-                return cudaGetLastError();
+                return launch_tile_grid(
+                    gemm_w4a16_reference_kernel<T, decltype(asym)::value, decltype(prepacked)::value>,
+                    args.m, args.n, kRefBM, kRefBN, kRefThreads, 0, stream, args);
             });
         });
     });

@@ -123,4 +123,21 @@ __device__ __forceinline__ void store_dp4a_micro_tile(const Epilogue<OutT>& ep, 
                           acc[i][2 * j + 1]);
 }
 
+// The reference kernels' block: for each step of kStep bytes of a row over k_extent,
+// stage(tiles, k0) writes the step's shared tiles (its global loads first, then a __syncthreads
+// so that the previous step's reads are done, then its shared stores); every thread then adds
+// its micro-tile of the step, and at the end stores it through the epilogue.
+template <int kKWords, int kStep, typename OutT, class Stage>
+__device__ __forceinline__ void dp4a_reference_block(const Epilogue<OutT>& ep, const Dp4aThread& th,
+                                                     int64_t k_extent, Stage&& stage) {
+    __shared__ Dp4aTiles<kKWords> tiles;
+    Dp4aAcc acc = {};
+    for (int64_t k0 = 0; k0 < k_extent; k0 += kStep) {
+        stage(tiles, k0);
+        __syncthreads();
+        dp4a_micro_tile(tiles, th, acc);
+    }
+    store_dp4a_micro_tile(ep, th, acc);
+}
+
 }  // namespace ck

@@ -18,8 +18,16 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder();
 
 // Whether this device can run the library's TMA + wgmma kernels: compute capability 9.0 (the
 // sm_90a code they are built for) and a driver that encodes tensor maps. Their launchers also
-// need a build with sm_90a (CK_BUILD_SM90A), which only their own files can see.
+// need a build with sm_90a (CK_BUILD_SM90A), which only their own files can see: they ask
+// tma_wgmma_built_and_runnable().
 bool tma_wgmma_runnable();
+#ifdef CK_BUILD_SM90A
+constexpr bool kTmaWgmmaBuilt = true;   // this file's sm_90 code is sm_90a
+#else
+constexpr bool kTmaWgmmaBuilt = false;  // empty fallbacks (or a file built without sm_90a)
+#endif
+// static: each file answers for its own build (kTmaWgmmaBuilt differs between files).
+static inline bool tma_wgmma_built_and_runnable() { return kTmaWgmmaBuilt && tma_wgmma_runnable(); }
 
 // A 2-D tensor map over a row-major matrix in global memory: `rows` rows of `row_length` elements
 // of type `dtype`, starting at `base` and `row_stride_bytes` apart. One copy moves a box of

@@ -356,13 +356,7 @@ template <typename OutT> cudaError_t dispatch_tiles(const IntGemmArgs& args, cud
 
 }  // namespace
 
-bool gemm_int8_sm90_available() {
-#ifdef CK_BUILD_SM90A
-    return tma_wgmma_runnable();
-#else
-    return false;
-#endif
-}
+bool gemm_int8_sm90_available() { return tma_wgmma_built_and_runnable(); }
 
 cudaError_t gemm_int8_sm90(const IntGemmArgs& args, cudaStream_t stream) {
     if (args.b_layout != CK_LAYOUT_NK || !gemm_int8_sm90_available()) return cudaErrorNotSupported;

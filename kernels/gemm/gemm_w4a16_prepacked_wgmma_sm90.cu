@@ -383,13 +383,7 @@ cudaError_t launch_wgmma(const GemmW4A16Args& a, const CUtensorMap& map_x,
 
 }  // namespace
 
-bool gemm_w4a16_wgmma_available() {
-#ifdef CK_BUILD_SM90A
-    return tma_wgmma_runnable();
-#else
-    return false;
-#endif
-}
+bool gemm_w4a16_wgmma_available() { return tma_wgmma_built_and_runnable(); }
 
 // ---------------------------------------------------------------------------------------------
 // Launcher (arguments validated by cuda_kernels.cu; the variant's predicate also asks m, k and

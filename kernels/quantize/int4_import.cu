@@ -58,6 +58,19 @@ constexpr int kWarp = 32;
 constexpr int kImportThreads = 256;
 constexpr int kImportWarps = kImportThreads / kWarp;
 
+// The kernels' grid-stride walk over the ta x tb tiles of an [a, b] index space, a fastest:
+// f(a0, b0, tile_a, tile_b) with the tile's origin and extent (the last tiles are partial).
+template <class F>
+__device__ __forceinline__ void for_each_tile(int64_t a, int ta, int64_t b, int tb, F&& f) {
+    const int64_t a_tiles = ceil_div(a, ta);
+    const int64_t tiles = a_tiles * ceil_div(b, tb);
+    for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+        const int64_t a0 = (t % a_tiles) * ta;
+        const int64_t b0 = (t / a_tiles) * tb;
+        f(a0, b0, int(std::min<int64_t>(ta, a - a0)), int(std::min<int64_t>(tb, b - b0)));
+    }
+}
+
 __device__ __forceinline__ uint32_t nibble(uint32_t word, int e) { return (word >> (4 * e)) & 0xFu; }
 
 // AWQ's interleave: nibble p of a packed word holds column 8c + (0, 2, 4, 6, 1, 3, 5, 7)[p], so
@@ -134,13 +147,9 @@ gptq_weight_kernel(const uint32_t* __restrict__ qweight, const int32_t* __restri
     __shared__ int32_t rows[kActOrder ? kGptqTileK : 1];  // checkpoint row of each k of the tile
     const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
     const int64_t words = k / kCodesPerWord;  // per w_out row
-    const int64_t word_tiles = ceil_div(words, kGptqTileWords);
-    const int64_t tiles = word_tiles * ceil_div(n, kGptqTileN);
-    for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
-        const int64_t w0 = (t % word_tiles) * kGptqTileWords;  // k fastest (L2 reuse, above)
-        const int64_t n0 = (t / word_tiles) * kGptqTileN;
-        const int tile_words = int(std::min<int64_t>(kGptqTileWords, words - w0));
-        const int tile_n = int(std::min<int64_t>(kGptqTileN, n - n0));
+    // k fastest (L2 reuse, above)
+    for_each_tile(words, kGptqTileWords, n, kGptqTileN,
+                  [&](int64_t w0, int64_t n0, int tile_words, int tile_n) {
         if constexpr (kActOrder) {
             for (int i = threadIdx.x; i < tile_words * kCodesPerWord; i += kImportThreads) {
                 const int32_t p = __ldg(perm + w0 * kCodesPerWord + i);
@@ -174,7 +183,7 @@ gptq_weight_kernel(const uint32_t* __restrict__ qweight, const int32_t* __restri
                 store_word<kWordStore>(w_out + (n0 + r) * (k / 2) + (w0 + lane) * 4, tile[lane][r]);
         }
         __syncthreads();  // tile and rows are refilled by the next tile
-    }
+    });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -199,13 +208,8 @@ awq_weight_kernel(const uint32_t* __restrict__ qweight, int64_t n, int64_t k,
     const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
     const int64_t cols = n / kCodesPerWord;  // packed columns of qweight
     const int64_t words = k / kCodesPerWord;
-    const int64_t word_tiles = ceil_div(words, kAwqTileWords);
-    const int64_t tiles = word_tiles * ceil_div(cols, kAwqTileCols);
-    for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
-        const int64_t w0 = (t % word_tiles) * kAwqTileWords;
-        const int64_t c0 = (t / word_tiles) * kAwqTileCols;
-        const int tile_words = int(std::min<int64_t>(kAwqTileWords, words - w0));
-        const int tile_cols = int(std::min<int64_t>(kAwqTileCols, cols - c0));
+    for_each_tile(words, kAwqTileWords, cols, kAwqTileCols,
+                  [&](int64_t w0, int64_t c0, int tile_words, int tile_cols) {
         // Warp w: output word w (k 8(w0 + w) .. + 7); lane: packed column c0 + lane.
         if (warp < tile_words && lane < tile_cols) {
             uint32_t src[kCodesPerWord];  // src[i]: k = 8 (w0 + warp) + i
@@ -233,7 +237,7 @@ awq_weight_kernel(const uint32_t* __restrict__ qweight, int64_t n, int64_t k,
             }
         }
         __syncthreads();  // the tile is refilled by the next tile
-    }
+    });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -250,13 +254,8 @@ import_groups_kernel(const uint16_t* __restrict__ scales, const uint32_t* __rest
     __shared__ uint16_t s_tile[kGroupTile][kGroupTile + 1];
     __shared__ uint8_t z_tile[kGroupTile][kGroupTile + 1];
     const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-    const int64_t g_tiles = ceil_div(groups, kGroupTile);
-    const int64_t tiles = g_tiles * ceil_div(n, kGroupTile);
-    for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
-        const int64_t g0 = (t % g_tiles) * kGroupTile;
-        const int64_t n0 = (t / g_tiles) * kGroupTile;
-        const int tile_g = int(std::min<int64_t>(kGroupTile, groups - g0));
-        const int tile_n = int(std::min<int64_t>(kGroupTile, n - n0));
+    for_each_tile(groups, kGroupTile, n, kGroupTile,
+                  [&](int64_t g0, int64_t n0, int tile_g, int tile_n) {
         if (lane < tile_n) {
             const int64_t col = n0 + lane;
             const int m = int(col % kCodesPerWord);
@@ -277,7 +276,7 @@ import_groups_kernel(const uint16_t* __restrict__ scales, const uint32_t* __rest
             }
         }
         __syncthreads();
-    }
+    });
 }
 
 template <bool kGptq>

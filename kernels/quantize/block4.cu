@@ -343,10 +343,7 @@ __global__ void nvfp4_global_scale_kernel(float* g) {
 template <class Fmt, typename T, bool kVec>
 struct Block4DecodeOp {
     static constexpr int kUnroll = 1;
-    struct Frag {
-        int codes[kChunk];
-        float scale;
-    };
+    using Frag = ScaledCodes;
     const uint8_t* __restrict__ packed;
     const typename Fmt::Scale* __restrict__ scales;
     const float* __restrict__ global_scale;

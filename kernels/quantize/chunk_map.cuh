@@ -26,6 +26,13 @@ inline bool vector_ok(int64_t cols, const void* a, size_t a_align, const void* b
 // An Op has: kUnroll; Frag, what load() leaves for store(); begin_row(r); load(r, c0, n, frag);
 // store(r, c0, n, frag), for the n (1..8) elements of the chunk at column c0 of row r.
 // ---------------------------------------------------------------------------------------------
+// The Frag of the decoders of block-scaled codes: a chunk's integer codes with their block's
+// scale, loaded together so that one memory round trip brings everything the chunk needs.
+struct ScaledCodes {
+    int codes[kChunk];
+    float scale;
+};
+
 template <class Op>
 __global__ void __launch_bounds__(kBlockThreads) map_chunks_kernel(Op op, int64_t rows, int64_t cols) {
     constexpr int kUnroll = Op::kUnroll;

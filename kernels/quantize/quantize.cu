@@ -178,12 +178,8 @@ struct Int8DecodeOp {
 template <typename T, bool kVec, bool kAsym>
 struct Int4DecodeOp {
     static constexpr int kUnroll = 1;
-    // The group's scale and zero are loaded with the codes, so that one memory round trip
-    // brings everything the chunk needs.
-    struct Frag {
-        int codes[kChunk];
-        float scale;
-        int zero;
+    struct Frag : ScaledCodes {
+        int zero;  // the group's zero point, loaded with its scale
     };
     const uint8_t* __restrict__ q;
     const T* __restrict__ scales;

@@ -209,6 +209,22 @@ class DeviceBuffer {
     size_t bytes_ = 0;
 };
 
+// The baselines' 16-byte fp16 vectors (8 halves): pair i (elements 2i, 2i + 1) as floats, and
+// a vector from 4 float pairs, each rounded to nearest even (what the library's outputs do).
+__device__ __forceinline__ float2 half8_pair(const uint4& v, int i) {
+    return __half22float2(reinterpret_cast<const __half2*>(&v)[i]);
+}
+template <class Pair> __device__ __forceinline__ uint4 pack_half8(Pair&& pair) {
+    uint4 packed;
+    __half2* o = reinterpret_cast<__half2*>(&packed);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float2 v = pair(i);
+        o[i] = __floats2half2_rn(v.x, v.y);
+    }
+    return packed;
+}
+
 namespace bench_detail {
 
 constexpr int kFillThreads = 256;

@@ -178,17 +178,13 @@ __global__ void __launch_bounds__(kEpilogueThreads)
     const uint4 bias_raw = *reinterpret_cast<const uint4*>(bias + col);
     const int a[kEpilogueCols] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
     const float s[kEpilogueCols] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
-    const __half2* b = reinterpret_cast<const __half2*>(&bias_raw);
-    uint4 packed;
-    __half2* o = reinterpret_cast<__half2*>(&packed);
-#pragma unroll
-    for (int i = 0; i < kEpilogueCols / 2; ++i) {
-        const float2 bf = __half22float2(b[i]);
+    static_assert(kEpilogueCols == 8, "one 16-byte vector of fp16 per thread");
+    *reinterpret_cast<uint4*>(out + offset) = pack_half8([&](int i) {
+        const float2 bf = half8_pair(bias_raw, i);
         const float v0 = float(a[2 * i]) * row_scale * s[2 * i] + bf.x;
         const float v1 = float(a[2 * i + 1]) * row_scale * s[2 * i + 1] + bf.y;
-        o[i] = __floats2half2_rn(fmaxf(v0, 0.f), fmaxf(v1, 0.f));
-    }
-    *reinterpret_cast<uint4*>(out + offset) = packed;
+        return make_float2(fmaxf(v0, 0.f), fmaxf(v1, 0.f));
+    });
 }
 
 inline void scale_bias_relu_fp16(const int32_t* acc, const float* scale_a, const float* scale_b,

@@ -88,6 +88,7 @@ constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;  // cuBLAS's recommen
 // multiples of kVec, and one grid row per matrix row limits the rows to kMaxGridRows.
 constexpr int kThreads = 256;
 constexpr int kVec = 8;
+static_assert(kVec == 8, "a thread's columns are one 16-byte vector of fp16 (pack_half8)");
 constexpr int64_t kMaxGridRows = 65535;
 
 // ------------------------------------------------------------------------------------------------
@@ -193,18 +194,10 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t r = blockIdx.y;
     const uint4 g_raw = *reinterpret_cast<const uint4*>(gate_up + r * 2 * inter + c);
     const uint4 u_raw = *reinterpret_cast<const uint4*>(gate_up + r * 2 * inter + inter + c);
-    const __half2* g = reinterpret_cast<const __half2*>(&g_raw);
-    const __half2* u = reinterpret_cast<const __half2*>(&u_raw);
-    uint4 packed;
-    __half2* o = reinterpret_cast<__half2*>(&packed);
-#pragma unroll
-    for (int i = 0; i < kVec / 2; ++i) {
-        const float2 gf = __half22float2(g[i]);
-        const float2 uf = __half22float2(u[i]);
-        o[i] = __floats2half2_rn(gf.x / (1.f + expf(-gf.x)) * uf.x,
-                                 gf.y / (1.f + expf(-gf.y)) * uf.y);
-    }
-    *reinterpret_cast<uint4*>(h + r * inter + c) = packed;
+    *reinterpret_cast<uint4*>(h + r * inter + c) = pack_half8([&](int i) {
+        const float2 gf = half8_pair(g_raw, i), uf = half8_pair(u_raw, i);
+        return make_float2(gf.x / (1.f + expf(-gf.x)) * uf.x, gf.y / (1.f + expf(-gf.y)) * uf.y);
+    });
 }
 
 // acc[token[r], :] += weight[r] * y[r, :]. The rows of one launch (one expert) name distinct
@@ -217,11 +210,10 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t r = blockIdx.y;
     const float w = weight[r];
     const uint4 y_raw = *reinterpret_cast<const uint4*>(y + r * cols + c);
-    const __half2* yh = reinterpret_cast<const __half2*>(&y_raw);
     float4* a = reinterpret_cast<float4*>(acc + int64_t(token[r]) * cols + c);
     float4 a0 = a[0], a1 = a[1];
-    const float2 y0 = __half22float2(yh[0]), y1 = __half22float2(yh[1]);
-    const float2 y2 = __half22float2(yh[2]), y3 = __half22float2(yh[3]);
+    const float2 y0 = half8_pair(y_raw, 0), y1 = half8_pair(y_raw, 1);
+    const float2 y2 = half8_pair(y_raw, 2), y3 = half8_pair(y_raw, 3);
     a0.x += w * y0.x; a0.y += w * y0.y; a0.z += w * y1.x; a0.w += w * y1.y;
     a1.x += w * y2.x; a1.y += w * y2.y; a1.z += w * y3.x; a1.w += w * y3.y;
     a[0] = a0;
@@ -236,13 +228,8 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t offset = int64_t(blockIdx.y) * cols + c;
     const float4 a0 = *reinterpret_cast<const float4*>(acc + offset);
     const float4 a1 = *reinterpret_cast<const float4*>(acc + offset + 4);
-    uint4 packed;
-    __half2* o = reinterpret_cast<__half2*>(&packed);
-    o[0] = __floats2half2_rn(a0.x, a0.y);
-    o[1] = __floats2half2_rn(a0.z, a0.w);
-    o[2] = __floats2half2_rn(a1.x, a1.y);
-    o[3] = __floats2half2_rn(a1.z, a1.w);
-    *reinterpret_cast<uint4*>(out + offset) = packed;
+    const float2 v[4] = {{a0.x, a0.y}, {a0.z, a0.w}, {a1.x, a1.y}, {a1.z, a1.w}};
+    *reinterpret_cast<uint4*>(out + offset) = pack_half8([&](int i) { return v[i]; });
 }
 
 // out[t, :] = fp16(sum_{j < k} weight[t k + j] * y[row_of_pair[t k + j], :]), j in order (the
@@ -260,19 +247,15 @@ __global__ void __launch_bounds__(kThreads)
         const float w = weight[pair];
         const uint4 y_raw =
             *reinterpret_cast<const uint4*>(y + int64_t(row_of_pair[pair]) * cols + c);
-        const __half2* yh = reinterpret_cast<const __half2*>(&y_raw);
 #pragma unroll
         for (int i = 0; i < kVec / 2; ++i) {
-            const float2 v = __half22float2(yh[i]);
+            const float2 v = half8_pair(y_raw, i);
             sum[2 * i] += w * v.x;
             sum[2 * i + 1] += w * v.y;
         }
     }
-    uint4 packed;
-    __half2* o = reinterpret_cast<__half2*>(&packed);
-#pragma unroll
-    for (int i = 0; i < kVec / 2; ++i) o[i] = __floats2half2_rn(sum[2 * i], sum[2 * i + 1]);
-    *reinterpret_cast<uint4*>(out + t * cols + c) = packed;
+    *reinterpret_cast<uint4*>(out + t * cols + c) =
+        pack_half8([&](int i) { return make_float2(sum[2 * i], sum[2 * i + 1]); });
 }
 
 inline dim3 row_grid(int64_t cols, int64_t rows) {

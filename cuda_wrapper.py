@@ -1458,7 +1458,25 @@ def _untrack(array):
 # ------------------------------------------------------------------------------------------------
 # Array kinds: torch and CuPy arrays are read directly and get results made by their framework
 # ------------------------------------------------------------------------------------------------
-class _TorchKind:
+class _FrameworkKind:
+    """What the torch and CuPy kinds share: a call on their arrays runs on the array's device
+    and on the framework's current stream of that device, or on a stream= the caller gives."""
+
+    def prepare(self, call, stream):
+        """Makes the call's device current and, for a stream= other than the framework's
+        current one, that stream the framework's current stream for the call (so that its
+        allocations are ordered on it); returns the call's stream."""
+        if self.current_device() != call.index:
+            call.enter(self.device_context(call.index))
+        current = self.stream(call.index)
+        if stream is None or int(stream) == current:
+            return current
+        stream = int(stream)
+        self.enter_stream(call, stream)
+        return stream
+
+
+class _TorchKind(_FrameworkKind):
     """torch tensors. A CUDA tensor is read through data_ptr(), shape and dtype (no
     __cuda_array_interface__ dict, which torch builds slowly and refuses for bfloat16); the
     results of a call on one are torch.empty tensors on its device (torch's caching allocator),
@@ -1532,17 +1550,11 @@ class _TorchKind:
                             device=like.device)
         return t, t.data_ptr()
 
-    def prepare(self, call, stream):
-        """Makes the call's device current and, for a stream= other than torch's current one,
-        that stream torch's current stream for the call (so that its allocations are ordered
-        on it); returns the call's stream."""
+    def device_context(self, index):
+        return self.torch.cuda.device(index)
+
+    def enter_stream(self, call, stream):
         torch = self.torch
-        if self.current_device() != call.index:
-            call.enter(torch.cuda.device(call.index))
-        current = self.stream(call.index)
-        if stream is None or int(stream) == current:
-            return current
-        stream = int(stream)
         if stream in (0, 1):   # the legacy default stream (0, or cudaStreamLegacy)
             target = torch.cuda.default_stream(call.index)
         else:
@@ -1551,7 +1563,6 @@ class _TorchKind:
         # The caller's tensors were allocated for their own stream: record this one on them,
         # so that torch does not hand their memory out again before this call's work is done.
         call.record = target
-        return stream
 
     def host_array(self, t, name):
         """A NumPy view of a CPU tensor (bfloat16 as uint16 bits)."""
@@ -1575,7 +1586,7 @@ class _TorchKind:
         return self.torch.from_numpy(a)
 
 
-class _CupyKind:
+class _CupyKind(_FrameworkKind):
     """CuPy arrays: read through .data.ptr, shape and dtype; the results of a call on one are
     cupy.empty arrays (CuPy's memory pool) on its device, and the call runs on CuPy's current
     stream. bfloat16 data is uint16 with dtype="bf16" (CuPy has no bfloat16)."""
@@ -1615,16 +1626,12 @@ class _CupyKind:
         a = self.cupy.full((1,), value, np_dtype)
         return a, a.data.ptr
 
-    def prepare(self, call, stream):
+    def device_context(self, index):
+        return self.cupy.cuda.Device(index)
+
+    def enter_stream(self, call, stream):
         cupy = self.cupy
-        if self.current_device() != call.index:
-            call.enter(cupy.cuda.Device(call.index))
-        current = self.stream(call.index)
-        if stream is None or int(stream) == current:
-            return current
-        stream = int(stream)
         call.enter(cupy.cuda.Stream.null if stream == 0 else cupy.cuda.ExternalStream(stream))
-        return stream
 
 
 _KIND_OF_TYPE = {}   # type -> its kind (_TorchKind, _CupyKind) or None: decided once per type

@@ -73,7 +73,7 @@ class Problem {
                2.0 * double(ck_w4a16_prepacked_groups(n_, k_, kInt4GroupSize));
     }
 
-    RowSpec spec_for(const std::string& kernel, double bytes) const {
+    RowSpec spec_for(const std::string& kernel, double bytes) {
         RowSpec spec;
         spec.family = "block4";
         spec.kernel = kernel;

@@ -1,5 +1,5 @@
 // dequant.cuh - weight dequantization in registers, as a per-format trait: what every kernel
-// that multiplies 16-bit activations by a quantized weight (W4A16 today; NF4, MXFP4, NVFP4 next)
+// that multiplies 16-bit activations by a quantized weight (INT4, NF4, MXFP4, NVFP4)
 // shares. A format is a tag type; Dequant<Format, T> turns one 32-bit word of eight 4-bit codes
 // (k = e in bits 4e .. 4e + 3) into four packed pairs p[j] = (k j, k j + 4) of T, given the
 // parameters of the word's block (Dequant<Format, T>::Block: its scale, and zero point where the

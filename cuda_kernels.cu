@@ -8,6 +8,7 @@
 
 #include "kernels/core/api.cuh"
 #include "kernels/attention/attention.cuh"
+#include "kernels/gemm/gemm_block4.cuh"
 #include "kernels/gemm/gemm_int4.cuh"
 #include "kernels/gemm/gemm_int8.cuh"
 #include "kernels/gemm/gemm_w4a16.cuh"
@@ -365,6 +366,64 @@ ck_status_t check_gemm_w4a16_operands(const Check& check, const ck::GemmW4A16Arg
     if (args.bias) CK_TRY(check.element_aligned(args.bias, args.dtype, "bias"));
     return check.element_aligned(args.out, args.dtype, "out");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Block 4-bit weights (ck_block4_prepack, ck_gemm_block4_prepacked): operands and variants.
+// ---------------------------------------------------------------------------------------------
+constexpr int kBlock4Formats = 3;  // the values of ck_block4_format_t
+static_assert(CK_BLOCK4_NVFP4 == kBlock4Formats - 1, "ck_block4_format_t's values are 0 .. 2");
+
+const char* block4_format_name(ck_block4_format_t format) {
+    switch (format) {
+        case CK_BLOCK4_NF4: return "CK_BLOCK4_NF4";
+        case CK_BLOCK4_MXFP4: return "CK_BLOCK4_MXFP4";
+        default: return "CK_BLOCK4_NVFP4";
+    }
+}
+
+// The format's block along K as the GEMM kernels read it: NF4 32, 64 or 128 (a 32-k slice lies
+// in one block and the streaming kernel's group shift is 5, 6 or 7), MXFP4 32, NVFP4 16.
+bool block4_blocksize_ok(ck_block4_format_t format, int64_t blocksize) {
+    switch (format) {
+        case CK_BLOCK4_NF4: return blocksize == 32 || blocksize == 64 || blocksize == 128;
+        case CK_BLOCK4_MXFP4: return blocksize == ck::kMxfp4Block;
+        default: return blocksize == ck::kNvfp4Block;
+    }
+}
+
+// What both block 4-bit entry points ask of the format and the [n, k] weight's geometry (the
+// format already valid): K a multiple of 32 and of the blocksize, the prepacked layout's sizes.
+ck_status_t check_block4_weight(const Check& check, ck_block4_format_t format, int64_t n,
+                                int64_t k, int64_t blocksize) {
+    CK_TRY(check.multiple_of(k, 32, "k", "a lane dequantizes 32 weights of a row from 16 bytes"));
+    if (!block4_blocksize_ok(format, blocksize))
+        return check.fail(CK_STATUS_UNSUPPORTED, "blocksize=%lld is not supported for %s (use %s)",
+                          (long long)blocksize, block4_format_name(format),
+                          format == CK_BLOCK4_NF4     ? "32, 64 or 128"
+                          : format == CK_BLOCK4_MXFP4 ? "32"
+                                                      : "16");
+    CK_TRY(check.multiple_of(k, blocksize, "k", "the last block of a row must be whole"));
+    if (n > ck::kPackMaxDim || k > ck::kPackMaxDim || ck_w4a16_prepacked_bytes(n, k) == 0)
+        return check.fail(CK_STATUS_INVALID_VALUE,
+                          "n=%lld, k=%lld: the prepacked layout holds N and K up to 2^40",
+                          (long long)n, (long long)k);
+    return CK_STATUS_SUCCESS;
+}
+
+std::string block4_facts(const ck::GemmBlock4Args& args) {
+    return ck::formatted("m=%lld, n=%lld", (long long)args.gemm.m, (long long)args.gemm.n);
+}
+
+bool block4_small_m_serves(const ck::GemmBlock4Args& args, int cc) {
+    return small_m_serves(args.gemm, cc);
+}
+
+const ck::Variant<ck::GemmBlock4Args> kGemmBlock4Rows[] = {
+    {"small_m", ck::gemm_block4_stream, block4_small_m_serves,
+     "m <= 16 and compute capability 8.0 or newer"},
+    {"reference", ck::gemm_block4_reference, ck::any_call, "nothing"},
+};
+const auto kGemmBlock4 = ck::variant_table("CK_GEMM_BLOCK4_KERNEL", kGemmBlock4Rows, block4_facts);
 
 // ---------------------------------------------------------------------------------------------
 // Importers: the rules both checkpoint formats share (see cuda_kernels.h).
@@ -858,6 +917,69 @@ ck_status_t ck_gemm_w4a16_prepacked(const void* x, ck_dtype_t dtype, const uint8
                             bias, activation, m, n, k, out, true);
     CK_TRY(check_gemm_w4a16_operands(check, args, group_size, mode));
     return ck::run_variant(check, kGemmW4A16, args, stream);
+}
+
+int64_t ck_block4_prepacked_scales_bytes(ck_block4_format_t format, int64_t n, int64_t k,
+                                         int64_t blocksize) {
+    if (format < 0 || format >= kBlock4Formats || !block4_blocksize_ok(format, blocksize)) return 0;
+    if (ck_w4a16_prepacked_bytes(n, k) == 0 || k % blocksize) return 0;
+    const int64_t units = k / ck::block4_unit_group(format, blocksize);
+    int64_t bytes;
+    if (__builtin_mul_overflow(ck::prepacked_rows(n), units * ck::block4_unit_bytes(format), &bytes))
+        return 0;
+    return bytes;
+}
+
+ck_status_t ck_block4_prepack(ck_block4_format_t format, const uint8_t* packed, const void* scales,
+                              int64_t n, int64_t k, int64_t blocksize, uint8_t* w_prepacked,
+                              void* scales_prepacked, ck_stream_t stream) {
+    const Check check("ck_block4_prepack");
+    CK_TRY(check.not_null({{packed, "packed"}, {scales, "scales"}, {w_prepacked, "w_prepacked"},
+                           {scales_prepacked, "scales_prepacked"}}));
+    CK_TRY(check.enum_value(format, kBlock4Formats, "format", "ck_block4_format_t"));
+    CK_TRY(check.gemm_shape(1, n, k, 2));
+    CK_TRY(check_block4_weight(check, format, n, k, blocksize));
+    CK_TRY(check.aligned(packed, 16, "packed", "16-byte vector loads"));
+    if (format == CK_BLOCK4_NF4) CK_TRY(check.element_aligned(scales, CK_DTYPE_FP32, "scales"));
+    CK_TRY(check.aligned(w_prepacked, 16, "w_prepacked", "16-byte vector stores"));
+    CK_TRY(check.aligned(scales_prepacked, 16, "scales_prepacked", "the GEMM's 16-byte copies"));
+    ck::Block4PrepackArgs args{format, packed, scales, n, k, blocksize, w_prepacked, scales_prepacked};
+    return check.launch([&] { return ck::block4_prepack(args, stream); });
+}
+
+ck_status_t ck_gemm_block4_prepacked(const void* x, ck_dtype_t dtype, ck_block4_format_t format,
+                                     const uint8_t* w_prepacked, const void* scales_prepacked,
+                                     const float* global_scale, int64_t blocksize, const void* bias,
+                                     ck_activation_t activation, int64_t m, int64_t n, int64_t k,
+                                     void* out, ck_stream_t stream) {
+    const Check check("ck_gemm_block4_prepacked");
+    CK_TRY(check.not_null({{x, "x"}, {w_prepacked, "w_prepacked"},
+                           {scales_prepacked, "scales_prepacked"}, {out, "out"}}));
+    CK_TRY(check.enum_value(format, kBlock4Formats, "format", "ck_block4_format_t"));
+    if (format == CK_BLOCK4_NVFP4) CK_TRY(check.not_null(global_scale, "global_scale"));
+    else if (global_scale)
+        return check.fail(CK_STATUS_INVALID_VALUE, "global_scale must be NULL for %s (NVFP4 only)",
+                          block4_format_name(format));
+    CK_TRY(check.half_dtype(dtype, "dtype"));
+    CK_TRY(check.enum_value(activation, 2, "activation", "ck_activation_t"));
+    CK_TRY(check.gemm_shape(m, n, k, dtype_size(dtype)));
+    CK_TRY(check_block4_weight(check, format, n, k, blocksize));
+    CK_TRY(check.aligned(x, 16, "x", "16-byte vector loads"));
+    CK_TRY(check.aligned(w_prepacked, 16, "w_prepacked", "16-byte vector loads"));
+    CK_TRY(check.aligned(scales_prepacked, 16, "scales_prepacked", "16-byte asynchronous copies"));
+    if (global_scale) CK_TRY(check.element_aligned(global_scale, CK_DTYPE_FP32, "global_scale"));
+    if (bias) CK_TRY(check.element_aligned(bias, dtype, "bias"));
+    CK_TRY(check.element_aligned(out, dtype, "out"));
+
+    ck::GemmBlock4Args args{};
+    args.format = format;
+    const int64_t unit_group = ck::block4_unit_group(format, blocksize);
+    args.gemm = gemm_w4a16_operands(x, dtype, w_prepacked, scales_prepacked, nullptr, unit_group,
+                                    bias, activation, m, n, k, out, true);
+    args.gemm.groups = k / unit_group;  // K is a multiple of the unit group: no partial one
+    args.gemm.derive();
+    args.gemm.global_scale = global_scale;
+    return ck::run_variant(check, kGemmBlock4, args, stream);
 }
 
 ck_status_t ck_import_gptq(const int32_t* qweight, const int32_t* qzeros, const void* scales,

@@ -443,6 +443,93 @@ CK_API ck_status_t ck_gemm_w4a16_prepacked(const void* x, ck_dtype_t dtype,
                                            int64_t k, void* out, ck_stream_t stream);
 
 /* ---------------------------------------------------------------------------------------------
+ * Weight-only GEMM on block 4-bit weights (NF4, MXFP4, NVFP4): out = act(x w'^T + bias)
+ *
+ * A weight quantized by ck_quantize_nf4 / ck_quantize_mxfp4 / ck_quantize_nvfp4 as an [N, K]
+ * matrix (blocks along K) is converted once by ck_block4_prepack, then multiplied by
+ * ck_gemm_block4_prepacked:
+ *   w'[n, k]  = the value ck_dequantize_<format> writes for (n, k) with out_dtype = dtype:
+ *               round_to_dtype(float32(value(code) * block_scale)), block_scale the format's
+ *               float32 (NF4 absmax, MXFP4 2^(s - 127), NVFP4 e4m3(s) / global_scale);
+ *   out[m, n] = act(sum_k x[m, k] w'[n, k] + bias[n]), the products and sum in float32, rounded
+ *               once to dtype (as ck_gemm_w4a16).
+ * w' is computed in registers and never written to memory. It is exactly ck_dequantize's
+ * value, for every scale: where it lies beyond dtype's range (|w'| >= 65520 in fp16) it is
+ * +-inf, as ck_dequantize writes it. With fp16 that happens for MXFP4 scales from 2^15 (E8M0
+ * 142: codes of magnitude 2 and more; above 2^16, E8M0 > 143: every non-zero code) and for
+ * NVFP4 blocks whose e4m3(s) / global_scale times the code's value reaches 65520. Nothing is
+ * rejected: the scales are device data. The quantizers never write such an MXFP4 scale for
+ * fp16 data (max 65504: E8M0 140), and bf16 holds every w' of a finite float32 product.
+ * A NaN scale (E8M0 0xFF, E4M3 0x7F / 0xFF) makes its block's w' NaN.
+ * The formats share no weight with the INT4 GEMMs in general; where an MXFP4 weight's w'
+ * equals a symmetric INT4 weight's (codes of magnitude <= 3, scale 2^e = 2 s_int4), the two
+ * entry points run the same kernel plan at M <= 16 and give the same bits.
+ *
+ * Prepacked layout, with N8 = ceil(N / 8) * 8 and K128 = ceil(K / 128) * 128:
+ *   w_prepacked:      the INT4 layout of ck_w4a16_prepack (ck_w4a16_prepacked_bytes(N, K)
+ *                     bytes), holding each element's raw 4-bit code (NF4: index 0 .. 15 of
+ *                     its table; MXFP4, NVFP4: E2M1 sign-magnitude) instead of an INT4 code.
+ *                     Padding (rows >= N, k >= K) holds the code of +0.0 (NF4 7, E2M1 0).
+ *   scales_prepacked: one unit per row and scale group of G k (G = blocksize for NF4, 32 for
+ *                     MXFP4 and NVFP4), unit (n, j) at ((n / 8) * (K / G) + j) * 8 + n % 8
+ *                     (the INT4 scales' order), padding rows 0. NF4: the block's float32
+ *                     absmax (4 bytes); MXFP4: the block's E8M0 byte; NVFP4: 2 bytes, the E4M3
+ *                     bytes of blocks 2j (first, low byte) and 2j + 1. The scales stay in the
+ *                     format's own encoding (1 or 2 bytes per 32 k for the FP4 formats, against
+ *                     4 for a float32), and one prepacked weight serves both activation dtypes.
+ * NVFP4's global scale is not part of the prepacked weight: the GEMM reads it (one float32 on
+ * the device, the one the quantizer used) on every call.
+ * ------------------------------------------------------------------------------------------- */
+typedef enum ck_block4_format {
+    CK_BLOCK4_NF4 = 0,    /* ck_quantize_nf4's codes and float32 absmax */
+    CK_BLOCK4_MXFP4 = 1,  /* ck_quantize_mxfp4's codes and E8M0 scales */
+    CK_BLOCK4_NVFP4 = 2   /* ck_quantize_nvfp4's codes, E4M3 scales and float32 global scale */
+} ck_block4_format_t;
+
+/* Bytes of the prepacked scales of an [N, K] weight: ceil(N / 8) * 8 * (K / G) units of 4
+ * (NF4), 1 (MXFP4) or 2 (NVFP4) bytes; 0 when an argument is invalid (a format, blocksize or
+ * shape that ck_block4_prepack rejects). The codes take ck_w4a16_prepacked_bytes(N, K). */
+CK_API int64_t ck_block4_prepacked_scales_bytes(ck_block4_format_t format, int64_t n, int64_t k,
+                                                int64_t blocksize);
+
+/* Converts a weight as ck_quantize_<format> writes it for an [N, K] matrix to the prepacked
+ * layout: packed [N, K / 2] bytes (the format's nibble order) and scales [N, K / blocksize]
+ * (float32 absmax for NF4, uint8 E8M0 for MXFP4, uint8 E4M3 for NVFP4) -> w_prepacked
+ * (ck_w4a16_prepacked_bytes(N, K) bytes) and scales_prepacked
+ * (ck_block4_prepacked_scales_bytes bytes). Every byte of both outputs is written.
+ * blocksize: NF4 32, 64 or 128 (the blocks the GEMM kernels read; NF4's larger blocks are
+ * CK_STATUS_UNSUPPORTED), MXFP4 32, NVFP4 16 (others: CK_STATUS_UNSUPPORTED).
+ * Requirements: N >= 1; K >= 32, a multiple of 32 and of blocksize (CK_STATUS_UNSUPPORTED: the
+ * last block of a row is whole); N, K <= 2^40 (CK_STATUS_INVALID_VALUE beyond); packed,
+ * w_prepacked and scales_prepacked 16-byte aligned, NF4's scales 4-byte aligned. No output may
+ * overlap an input or the other output. */
+CK_API ck_status_t ck_block4_prepack(ck_block4_format_t format, const uint8_t* packed,
+                                     const void* scales, int64_t n, int64_t k, int64_t blocksize,
+                                     uint8_t* w_prepacked, void* scales_prepacked,
+                                     ck_stream_t stream);
+
+/* out[M, N] = act(x[M, K] w'[N, K]^T + bias[N]) on a weight prepared by ck_block4_prepack (the
+ * same format, n, k and blocksize); w' as the section above defines it. x, bias (N values or
+ * NULL) and out have `dtype`: CK_DTYPE_FP16 or CK_DTYPE_BF16. global_scale: NVFP4's float32
+ * global scale on the device (required for CK_BLOCK4_NVFP4, NULL for the others).
+ * For M <= 16 (sm_80+) the weight-streaming kernel of ck_gemm_w4a16_prepacked reads the weight
+ * once; larger M (and GPUs before sm_80) run a simple tiled kernel, correct but far from the
+ * tensor cores' speed. CK_GEMM_BLOCK4_KERNEL forces a variant: "small_m" (M <= 16, sm_80+),
+ * "reference" or "auto" (an unknown name: CK_STATUS_INVALID_VALUE; a variant that cannot serve
+ * the call: CK_STATUS_UNSUPPORTED).
+ * Requirements: a valid format (CK_STATUS_INVALID_VALUE), dtype fp16 or bf16 and blocksize as
+ * ck_block4_prepack (CK_STATUS_UNSUPPORTED); M, N >= 1; K >= 32, a multiple of 32 and of
+ * blocksize; N, K <= 2^40; x, w_prepacked and scales_prepacked 16-byte aligned; global_scale
+ * 4-byte aligned; bias and out aligned to dtype. out must not overlap x, the weight, its
+ * scales, global_scale or the bias. */
+CK_API ck_status_t ck_gemm_block4_prepacked(const void* x, ck_dtype_t dtype,
+                                            ck_block4_format_t format, const uint8_t* w_prepacked,
+                                            const void* scales_prepacked, const float* global_scale,
+                                            int64_t blocksize, const void* bias,
+                                            ck_activation_t activation, int64_t m, int64_t n,
+                                            int64_t k, void* out, ck_stream_t stream);
+
+/* ---------------------------------------------------------------------------------------------
  * Importers from checkpoint formats into the interchange format (device to device).
  *
  * GPTQ (AutoGPTQ / GPTQ-for-LLaMa, 4 bits): qweight int32 [K / 8, N], code of (k, n) in bits

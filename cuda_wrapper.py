@@ -97,7 +97,8 @@ __all__ = [
     "NF4_BLOCK_SIZES", "MXFP4_BLOCK", "NVFP4_BLOCK", "quantize_nf4", "dequantize_nf4",
     "quantize_mxfp4", "dequantize_mxfp4", "quantize_nvfp4", "dequantize_nvfp4",
     "gemm_int8", "gemm_int8_scaled", "linear", "gemm_w4a16", "w4a16_prepack",
-    "gemm_w4a16_prepacked", "import_gptq", "import_awq", "permute_columns", "gemm_int4",
+    "gemm_w4a16_prepacked", "BLOCK4_NF4", "BLOCK4_MXFP4", "BLOCK4_NVFP4", "block4_prepack",
+    "gemm_block4_prepacked", "import_gptq", "import_awq", "permute_columns", "gemm_int4",
     "gemm_int4_scaled", "QuantizedLinear", "MoeParams", "moe_route", "moe_prepack",
     "moe_workspace_size", "moe_forward", "QuantizedMoE", "AttentionParams", "attention",
     "quantize_tensor", "dequantize_tensor", "int8_matmul", "torch_ops",
@@ -142,6 +143,9 @@ LAYOUT_KN = 1           #              the weight b is [K, N]: out = a b
 ACTIVATION_NONE = 0     # ck_activation_t
 ACTIVATION_RELU = 1
 MOE_SWIGLU = 0          # ck_moe_activation_t: silu(gate) * up
+BLOCK4_NF4 = 0          # ck_block4_format_t
+BLOCK4_MXFP4 = 1
+BLOCK4_NVFP4 = 2
 
 # Host-side storage of each library dtype (bf16 as its bit pattern).
 _NUMPY_OF = {
@@ -380,6 +384,17 @@ DECLARATIONS = {
         ("scales_ptr", _PTR, "scales_prepacked"), ("zeros_ptr", _PTR, "zeros_prepacked"),
         ("group_size", _I64), ("mode", _ENUM), ("bias_ptr", _PTR), ("activation", _ENUM),
         ("m", _I64), ("n", _I64), ("k", _I64), ("out_ptr", _PTR), _STREAM)),
+    "ck_block4_prepacked_scales_bytes": (_I64, (
+        ("format", _ENUM), ("n", _I64), ("k", _I64), ("blocksize", _I64))),
+    "ck_block4_prepack": (_STATUS, (
+        ("format", _ENUM), ("packed_ptr", _PTR), ("scales_ptr", _PTR), ("n", _I64), ("k", _I64),
+        ("blocksize", _I64), ("w_out_ptr", _PTR, "w_prepacked"),
+        ("scales_out_ptr", _PTR, "scales_prepacked"), _STREAM)),
+    "ck_gemm_block4_prepacked": (_STATUS, (
+        ("x_ptr", _PTR), ("dtype", _ENUM), ("format", _ENUM), ("w_ptr", _PTR, "w_prepacked"),
+        ("scales_ptr", _PTR, "scales_prepacked"), ("global_scale_ptr", _PTR),
+        ("blocksize", _I64), ("bias_ptr", _PTR), ("activation", _ENUM), ("m", _I64), ("n", _I64),
+        ("k", _I64), ("out_ptr", _PTR), _STREAM)),
     "ck_import_gptq": (_STATUS, (
         ("qweight_ptr", _PTR), ("qzeros_ptr", _PTR), ("scales_ptr", _PTR), ("g_idx_ptr", _PTR),
         ("dtype", _ENUM), ("n", _I64), ("k", _I64), ("group_size", _I64),
@@ -2580,6 +2595,87 @@ def gemm_w4a16_prepacked(x, w_prepacked, scales_prepacked, zeros_prepacked=None,
         o = call.output(out_shape, _NUMPY_OF[xa.ck_dtype], xa.ck_dtype, out, "out")
         raw.gemm_w4a16_prepacked(xa.ptr, xa.ck_dtype, wa.ptr, sa.ptr, z_ptr, group_size, mode,
                                  bias_ptr, act, m, n, k, o.ptr, call.stream)
+        return call.finish(o)
+
+
+# The block each format's GEMM reads (cuda_kernels.h): NF4 32, 64 or 128, MXFP4 32, NVFP4 16.
+_BLOCK4_FORMATS = {"nf4": BLOCK4_NF4, "mxfp4": BLOCK4_MXFP4, "nvfp4": BLOCK4_NVFP4}
+_BLOCK4_DEFAULT_BLOCK = {BLOCK4_NF4: 64, BLOCK4_MXFP4: MXFP4_BLOCK, BLOCK4_NVFP4: NVFP4_BLOCK}
+
+
+def _block4_format(value, blocksize):
+    """(format enum, blocksize) from "nf4" / "mxfp4" / "nvfp4" (or the int itself) and a
+    blocksize (None: the format's, 64 for NF4)."""
+    fmt = _named_enum(value, "format", "'nf4', 'mxfp4' or 'nvfp4'", _BLOCK4_FORMATS)
+    if blocksize is None:
+        blocksize = _BLOCK4_DEFAULT_BLOCK.get(fmt, 0)
+    return fmt, int(blocksize)
+
+
+def block4_prepack(format, packed, scales, blocksize=None, stream=None):
+    """Converts a block 4-bit weight as :func:`quantize_nf4` / :func:`quantize_mxfp4` /
+    :func:`quantize_nvfp4` write it for an [N, K] matrix (packed uint8 [N, K // 2]; scales
+    [N, K // blocksize]: float32 absmax for NF4, uint8 for MXFP4 and NVFP4) into the layout of
+    :func:`gemm_block4_prepacked` (ck_block4_prepack). format: "nf4", "mxfp4" or "nvfp4";
+    blocksize: NF4's (32, 64 or 128; default 64), None for the others. Returns (w_prepacked
+    uint8, scales_prepacked uint8), flat arrays sized by ck_w4a16_prepacked_bytes and
+    ck_block4_prepacked_scales_bytes. NVFP4's global scale stays with the caller.
+    """
+    fmt, block = _block4_format(format, blocksize)
+    scales_dtype = np.float32 if fmt == BLOCK4_NF4 else np.uint8
+    with _Call(packed, stream) as call:
+        pa = call.input(packed, "packed", need=np.uint8)
+        if len(pa.shape) != 2 or pa.shape[0] == 0 or pa.shape[1] == 0:
+            raise ValueError("packed must be a non-empty uint8 [N, K // 2], not of shape %s"
+                             % (pa.shape,))
+        n, k = pa.shape[0], 2 * pa.shape[1]
+        sa = call.input(scales, "scales", need=scales_dtype)
+        if block > 0:
+            _check_array(sa, "scales", scales_dtype, n * (k // block))
+        w_bytes = raw.w4a16_prepacked_bytes(n, k)
+        s_bytes = raw.block4_prepacked_scales_bytes(fmt, n, k, block)
+        if w_bytes <= 0 or s_bytes <= 0:
+            raise ValueError("n=%d, k=%d, format=%r, blocksize=%r cannot be prepacked (K a "
+                             "multiple of 32 and of the blocksize; cuda_kernels.h)"
+                             % (n, k, format, blocksize))
+        w_out = call.output((w_bytes,), np.uint8, DType.UINT8, None, "w_prepacked")
+        s_out = call.output((s_bytes,), np.uint8, DType.UINT8, None, "scales_prepacked")
+        raw.block4_prepack(fmt, pa.ptr, sa.ptr, n, k, block, w_out.ptr, s_out.ptr, call.stream)
+        return call.finish(w_out, s_out)
+
+
+def gemm_block4_prepacked(x, format, w_prepacked, scales_prepacked, n, blocksize=None,
+                          global_scale=None, bias=None, activation=None, out=None, dtype=None,
+                          stream=None):
+    """Weight-only GEMM on a block 4-bit weight prepared by :func:`block4_prepack`
+    (ck_gemm_block4_prepacked): out = act(x @ w'.T + bias), w' the weight as the format's
+    dequantizer writes it in the dtype of x. x [M, K] (or [K]) fp16 or bf16 (uint16 with
+    dtype="bf16"); n: the weight's N; global_scale: NVFP4's float32 (one value or a Python
+    float), None for NF4 and MXFP4. Returns [M, N] (or [N]) in the dtype of x.
+    """
+    if n is None or int(n) < 1:
+        raise ValueError("n (the weight's number of rows) must be given and >= 1")
+    n = int(n)
+    fmt, block = _block4_format(format, blocksize)
+    act = _activation(activation)
+    with _Call(x, stream) as call:
+        xa = call.input(x, "x", dtype, matrix=True, need=_FLOAT_INPUT)
+        m, k = _matrix(xa.shape, "x")
+        wa = call.input(w_prepacked, "w_prepacked", need=np.uint8)
+        _check_array(wa, "w_prepacked", np.uint8, max(raw.w4a16_prepacked_bytes(n, k), 0))
+        sa = call.input(scales_prepacked, "scales_prepacked", need=np.uint8)
+        _check_array(sa, "scales_prepacked", np.uint8,
+                     max(raw.block4_prepacked_scales_bytes(fmt, n, k, block), 0))
+        g_ptr = 0
+        if global_scale is not None:
+            g = call.input(global_scale, "global_scale", scalar_dtype=np.float32)
+            _check_array(g, "global_scale", np.float32, 1)
+            g_ptr = g.ptr
+        bias_ptr = call.optional_input(bias, "bias", n, xa.ck_dtype)
+        out_shape = (n,) if len(xa.shape) == 1 else (m, n)
+        o = call.output(out_shape, _NUMPY_OF[xa.ck_dtype], xa.ck_dtype, out, "out")
+        raw.gemm_block4_prepacked(xa.ptr, xa.ck_dtype, fmt, wa.ptr, sa.ptr, g_ptr, block,
+                                  bias_ptr, act, m, n, k, o.ptr, call.stream)
         return call.finish(o)
 
 

@@ -287,6 +287,12 @@ void bench_quantize(Bench& bench, const Options& options) {
 #include "bench_moe.cuh"
 
 // ================================================================================================
+// Family "block4": the weight-only GEMM on NF4 / MXFP4 / NVFP4 weights beside INT4 and cuBLAS
+// fp16 on the Llama-3 QKV shapes (bench_block4.cuh).
+// ================================================================================================
+#include "bench_block4.cuh"
+
+// ================================================================================================
 // The program
 // ================================================================================================
 struct Family {
@@ -299,6 +305,7 @@ static const Family kFamilies[] = {
     {"quantize", bench_quantize},
     {"gemm", bench_gemm},
     {"moe", bench_moe},
+    {"block4", bench_block4},
 };
 
 // --sample: a first look in a minute or two, measured as the full sweep measures: every quantizer
@@ -310,6 +317,7 @@ static const char* const kSampleFilters[] = {
     "/M=256 K=4096 N=4096$",
     "/mixtral T=16$",
     "/mixtral T=1024$",
+    "block4/",
 };
 
 static void print_usage(FILE* to) {

@@ -904,6 +904,107 @@ def prepack_size_rule(args):
     return []
 
 
+# Block 4-bit weights (ck_block4_prepack, ck_gemm_block4_prepacked; cuda_kernels.h): the block
+# each format's GEMM reads, its scale unit (bytes per row and G k) and what a [N, K] weight needs.
+BLOCK4_FORMATS = 3
+BLOCK4_BLOCKS = {ck.BLOCK4_NF4: (32, 64, 128), ck.BLOCK4_MXFP4: (32,), ck.BLOCK4_NVFP4: (16,)}
+BLOCK4_UNIT_BYTES = {ck.BLOCK4_NF4: 4, ck.BLOCK4_MXFP4: 1, ck.BLOCK4_NVFP4: 2}
+
+
+def _block4_format(args):
+    """The call's format when it is a valid ck_block4_format_t, else None."""
+    fmt = args["format"]
+    return fmt if 0 <= fmt < BLOCK4_FORMATS else None
+
+
+def _block4_blocksize(args, value):
+    """value if the (valid) format takes it, else that format's first block (64 for NF4)."""
+    fmt = _block4_format(args)
+    if fmt is None or value in BLOCK4_BLOCKS[fmt]:
+        return value
+    return 64 if fmt == ck.BLOCK4_NF4 else BLOCK4_BLOCKS[fmt][0]
+
+
+class Block4Size(GroupSize):
+    """The blocksize of a block 4-bit call: one the format's GEMM reads (NF4 32, 64 or 128,
+    MXFP4 32, NVFP4 16; else CK_STATUS_UNSUPPORTED, once the format is valid)."""
+
+    def __init__(self):
+        super().__init__(sorted({b for blocks in BLOCK4_BLOCKS.values() for b in blocks}))
+
+    def settle(self, name, args):
+        return _block4_blocksize(args, args[name])
+
+    def violations(self, name, label, args):
+        fmt = _block4_format(args)
+        if fmt is None or args[name] in BLOCK4_BLOCKS[fmt]:
+            return []
+        return [Violation(Status.UNSUPPORTED, (label,), (args[name],))]
+
+
+class Block4K(Size):
+    """K of a block 4-bit weight: valid draws are multiples of 32 and of the (settled) block."""
+
+    def __init__(self):
+        super().__init__(32)
+
+    def settle(self, name, args):
+        if _block4_format(args) is None or not _positive(args, name):
+            return args[name]
+        block = max(32, _block4_blocksize(args, args["blocksize"]))
+        return _round_up(args[name], block)
+
+
+class Block4Scales(Pointer):
+    """ck_block4_prepack's scales: NF4's float32 absmax 4-byte aligned, the uint8 scales of the
+    others anywhere."""
+
+    def alignment(self, args):
+        return 4 if args["format"] == ck.BLOCK4_NF4 else 1
+
+
+class GlobalScale(Pointer):
+    """NVFP4's float32 global scale: required (4-byte aligned) for CK_BLOCK4_NVFP4, NULL for the
+    other formats (CK_STATUS_INVALID_VALUE naming it); an invalid format is the format's
+    violation."""
+
+    def __init__(self):
+        super().__init__(4)
+
+    def settle(self, name, args):
+        return args[name] if args["format"] == ck.BLOCK4_NVFP4 else 0
+
+    def violations(self, name, label, args):
+        fmt = _block4_format(args)
+        if fmt is None:
+            return []
+        if fmt == ck.BLOCK4_NVFP4:
+            return super().violations(name, label, args)
+        return [Violation(Status.INVALID_VALUE, (label,))] if args[name] else []
+
+
+def block4_k_rule(args):
+    """K a multiple of the format's block (the last block of a row whole), once the format, the
+    block and K's multiple of 32 pass."""
+    fmt, k, block = _block4_format(args), args["k"], args["blocksize"]
+    if fmt is None or block not in BLOCK4_BLOCKS[fmt] or not _positive(args, "k") or k % 32 \
+            or k % block == 0:
+        return []
+    return [Violation(Status.UNSUPPORTED, ("k",), (k,))]
+
+
+def block4_prepacked_scales_bytes(format, n, k, blocksize):
+    """ck_block4_prepacked_scales_bytes: ceil(N / 8) * 8 * (K / G) units (G = NF4's block, 32
+    for the others) of 4, 1 or 2 bytes; 0 when an argument is invalid or the count overflows."""
+    if not 0 <= format < BLOCK4_FORMATS or blocksize not in BLOCK4_BLOCKS[format]:
+        return 0
+    if prepacked_bytes(n, k) == 0 or k % blocksize:
+        return 0
+    group = blocksize if format == ck.BLOCK4_NF4 else 32
+    nbytes = -(-n // 8) * 8 * (k // group) * BLOCK4_UNIT_BYTES[format]
+    return nbytes if nbytes <= INT64_MAX else 0
+
+
 def kn_layout(args):
     return args["b_layout"] == ck.LAYOUT_KN
 
@@ -1315,6 +1416,22 @@ DESCRIPTIONS = {
         (gemm_bytes(1, "n", "k", 2), multiple_of("k", 32), prepack_size_rule)),
     "ck_gemm_w4a16_prepacked": Description(
         _w4a16(prepacked=True), (gemm_bytes("m", "n", "k", "dtype"), multiple_of("k", 32))),
+    "ck_block4_prepacked_scales_bytes": Description(
+        {"format": Enum(BLOCK4_FORMATS), "n": Size(), "k": Size(32), "blocksize": Block4Size()},
+        drive="pure"),
+    "ck_block4_prepack": Description(
+        {"format": Enum(BLOCK4_FORMATS), "packed_ptr": Pointer(16), "scales_ptr": Block4Scales(),
+         "n": Size(), "k": Block4K(), "blocksize": Block4Size(), "w_out_ptr": Pointer(16),
+         "scales_out_ptr": Pointer(16), "stream": Stream()},
+        (gemm_bytes(1, "n", "k", 2), multiple_of("k", 32), block4_k_rule, prepack_size_rule)),
+    "ck_gemm_block4_prepacked": Description(
+        {"x_ptr": Pointer(16), "dtype": HALVES, "format": Enum(BLOCK4_FORMATS),
+         "w_ptr": Pointer(16), "scales_ptr": Pointer(16), "global_scale_ptr": GlobalScale(),
+         "blocksize": Block4Size(), "bias_ptr": Pointer("dtype", optional=True),
+         "activation": ACTIVATION, "m": Size(), "n": Size(), "k": Block4K(),
+         "out_ptr": Pointer("dtype"), "stream": Stream()},
+        (gemm_bytes("m", "n", "k", "dtype"), multiple_of("k", 32), block4_k_rule,
+         prepack_size_rule)),
     "ck_import_gptq": Description(_import(gptq=True), _IMPORT_RULES),
     "ck_import_awq": Description(_import(gptq=False), _IMPORT_RULES),
     "ck_permute_columns": Description(

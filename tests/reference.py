@@ -1501,6 +1501,127 @@ def import_nvfp4_modelopt(weight, weight_scale, weight_scale_2):
 
 
 # ---------------------------------------------------------------------------------------------
+# Weight-only GEMM on block 4-bit weights (ck_block4_prepack, ck_gemm_block4_prepacked)
+# ---------------------------------------------------------------------------------------------
+# The weight is an [N, K] matrix as quantize_nf4 / quantize_mxfp4 / quantize_nvfp4 write it
+# (blocks along K). The GEMM multiplies by w' = dequantize_<format>(..., out_dtype=dtype): the
+# format's float32 value * block scale, rounded to the activation dtype, the bits
+# ck_dequantize_<format> writes (any scale: beyond the dtype's range it is +-inf there too).
+# Then out = act(x w'^T + bias), exact here (float64) and rounded once; the library sums in
+# float32.
+BLOCK4_FORMATS = ("nf4", "mxfp4", "nvfp4")
+BLOCK4_GEMM_DTYPES = ("fp16", "bf16")
+BLOCK4_GEMM_BLOCK_SIZES = {"nf4": (32, 64, 128), "mxfp4": (MXFP4_BLOCK,), "nvfp4": (NVFP4_BLOCK,)}
+BLOCK4_GEMM_K_MULTIPLE = 32
+# Bytes of one prepacked scale unit: NF4 a float32 absmax, MXFP4 an E8M0 byte, NVFP4 the two
+# E4M3 bytes of a 32-k slice.
+BLOCK4_UNIT_BYTES = {"nf4": 4, "mxfp4": 1, "nvfp4": 2}
+# The code of +0.0 that pads the prepacked codes.
+BLOCK4_ZERO_CODE = {"nf4": NF4_ZERO_CODE, "mxfp4": 0, "nvfp4": 0}
+
+
+def _check_block4(fmt, blocksize, k):
+    if fmt not in BLOCK4_FORMATS:
+        raise ValueError(f"format {fmt!r} is not one of {BLOCK4_FORMATS}")
+    if blocksize not in BLOCK4_GEMM_BLOCK_SIZES[fmt]:
+        raise ValueError(f"{fmt} blocksize={blocksize}: the GEMM reads "
+                         f"{BLOCK4_GEMM_BLOCK_SIZES[fmt]}")
+    if k < BLOCK4_GEMM_K_MULTIPLE or k % BLOCK4_GEMM_K_MULTIPLE or k % blocksize:
+        raise ValueError(f"K={k} must be a positive multiple of 32 and of blocksize={blocksize}")
+
+
+def block4_unit_group(fmt, blocksize):
+    """k per prepacked scale unit: NF4's blocksize, 32 for MXFP4 and NVFP4."""
+    return blocksize if fmt == "nf4" else PACK_SLICE_K
+
+
+def block4_prepacked_sizes(fmt, n, k, blocksize):
+    """(bytes of the prepacked codes, bytes of the prepacked scales) of an [N, K] weight."""
+    _check_block4(fmt, blocksize, k)
+    rows = -(-n // PACK_ROWS) * PACK_ROWS
+    w_bytes = rows * (-(-k // PACK_K)) * PACK_K // 2
+    return w_bytes, rows * (k // block4_unit_group(fmt, blocksize)) * BLOCK4_UNIT_BYTES[fmt]
+
+
+def _block4_codes(fmt, packed, k):
+    return unpack_nf4(packed, k) if fmt == "nf4" else unpack_fp4(packed, k)
+
+
+def block4_prepack(fmt, packed, scales, n, k, blocksize):
+    """ck_block4_prepack in NumPy: (w_prepacked uint8 [bytes], scales_prepacked uint8 [bytes])
+    as cuda_kernels.h lays them out: the raw codes in the prepacked INT4 tiles (padding: the zero
+    code), and one unit per (row, G k) in the INT4 scales' order [N8 / 8][K / G][8] (padding
+    rows: zero bytes), little-endian."""
+    _check_block4(fmt, blocksize, k)
+    packed = _matrix(_require_dtype(np.asarray(packed), np.uint8, "packed"))
+    codes = _block4_codes(fmt, packed, k).astype(np.int64)
+    if codes.shape[0] != n:
+        raise ValueError(f"packed has {codes.shape[0]} rows, n={n}")
+    rows = -(-n // PACK_ROWS) * PACK_ROWS
+    chunks = -(-k // PACK_K)
+    padded = np.full((rows, chunks * PACK_K), BLOCK4_ZERO_CODE[fmt], np.int64)
+    padded[:n, :k] = codes
+    t = padded.reshape(rows // PACK_ROWS, PACK_ROWS, chunks, PACK_K // PACK_SLICE_K,
+                       PACK_SLICE_K // 8, 8)
+    t = t.transpose(0, 2, 1, 3, 4, 5)               # tile, chunk, row, slice, word, k
+    nibbles = t[..., list(PREPACKED_NIBBLE_K)]      # nibble e holds k NIBBLE_K[e]
+    words = np.zeros(nibbles.shape[:-1], np.uint64)
+    for e in range(8):
+        words |= nibbles[..., e].astype(np.uint64) << np.uint64(4 * e)
+    w_out = words.astype("<u4").reshape(-1).view(np.uint8).copy()
+
+    units = k // block4_unit_group(fmt, blocksize)
+    ub = BLOCK4_UNIT_BYTES[fmt]
+    if fmt == "nf4":
+        sv = _matrix(_require_dtype(np.asarray(scales), np.float32, "nf4 absmax"))
+        _check_block_scales(sv, n, k, blocksize, "nf4 absmax")
+        unit_bytes = sv.astype("<f4").view(np.uint8).reshape(n, units, ub)
+    else:
+        sv = _matrix(_require_dtype(np.asarray(scales), np.uint8, f"{fmt} scales"))
+        _check_block_scales(sv, n, k, blocksize, f"{fmt} scales")
+        unit_bytes = sv.reshape(n, units, ub)       # NVFP4: blocks 2j, 2j + 1 in that order
+    s = np.zeros((rows, units, ub), np.uint8)
+    s[:n] = unit_bytes
+    s_out = s.reshape(rows // PACK_ROWS, PACK_ROWS, units, ub).transpose(0, 2, 1, 3)
+    return w_out, s_out.reshape(-1).copy()
+
+
+def dequantized_block4_weight(fmt, packed, scales, global_scale, k, blocksize, dtype):
+    """The weight w' [N, K] that ck_gemm_block4_prepacked multiplies by, in `dtype`'s
+    representation: dequantize_<fmt> with out_dtype = dtype (global_scale: NVFP4's, else None)."""
+    _check_block4(fmt, blocksize, k)
+    if fmt == "nf4":
+        return dequantize_nf4(packed, scales, k, blocksize, dtype)
+    if fmt == "mxfp4":
+        return dequantize_mxfp4(packed, scales, k, dtype)
+    return dequantize_nvfp4(packed, scales, global_scale, k, dtype)
+
+
+def gemm_block4_f64(x, fmt, packed, scales, global_scale, blocksize, k, dtype=None, bias=None,
+                    activation="none"):
+    """ck_gemm_block4_prepacked in exact arithmetic: act(x[M, K] w'[N, K]^T + bias[N]) as
+    float64 [M, N], w' = dequantized_block4_weight (rounded to dtype, as the kernels round it in
+    registers). x and bias in `dtype`'s representation ('fp16' or 'bf16'; None infers it)."""
+    dtype = dtype or dtype_of(x)
+    if dtype not in BLOCK4_GEMM_DTYPES:
+        raise ValueError(f"ck_gemm_block4_prepacked runs on {BLOCK4_GEMM_DTYPES}, not {dtype!r}")
+    x = _matrix(np.asarray(x))
+    if x.shape[1] != k:
+        raise ValueError(f"x is {list(x.shape)}: K={k} expected")
+    w = dequantized_block4_weight(fmt, packed, scales, global_scale, k, blocksize, dtype)
+    with np.errstate(invalid="ignore", over="ignore"):
+        return linear_f64(x, w, bias, activation, dtype)
+
+
+def gemm_block4(x, fmt, packed, scales, global_scale, blocksize, k, dtype=None, bias=None,
+                activation="none"):
+    """ck_gemm_block4_prepacked, ideally: gemm_block4_f64 rounded once to the dtype."""
+    dtype = dtype or dtype_of(x)
+    return round_f64_to_dtype(gemm_block4_f64(x, fmt, packed, scales, global_scale, blocksize,
+                                              k, dtype, bias, activation), dtype)
+
+
+# ---------------------------------------------------------------------------------------------
 # Attention (prefill, and split-KV decode over a contiguous or paged KV cache)
 # ---------------------------------------------------------------------------------------------
 # O = softmax(scale * q k^T, over the keys each query sees) v, per query head, in FlashAttention's

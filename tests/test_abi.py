@@ -8,7 +8,8 @@ test_wrapper_gpu.py).
   that names the offending argument (validation runs before any CUDA call, so fake device
   addresses are safe here: nothing is ever launched);
 - the GEMM rules (K and N multiples, alignment, NULL bias allowed) and the kernel overrides
-  (CK_GEMM_INT8_KERNEL, CK_GEMM_INT4_KERNEL, CK_GEMM_W4A16_KERNEL), one table row each: unknown
+  (CK_GEMM_INT8_KERNEL, CK_GEMM_INT4_KERNEL, CK_GEMM_W4A16_KERNEL, CK_GEMM_BLOCK4_KERNEL), one
+  table row each: unknown
   names are rejected; valid-but-unusual arguments pass validation (proved by planting the
   override's error, which the library reports only after validation); argument errors come
   first; each entry point reads its own override only;
@@ -36,7 +37,7 @@ import pytest
 import cuda_wrapper as ck
 from cuda_wrapper import CKError, DType, Status
 from gpu_support import FakeCudaArray
-from reference import w4a16_prepacked_sizes
+from reference import block4_prepacked_sizes, w4a16_prepacked_sizes
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HEADER = os.path.join(REPO_ROOT, "cuda_kernels.h")
@@ -279,6 +280,8 @@ def test_wrapper_enums_match_header():
     assert (ck.INT4_SYMMETRIC, ck.INT4_ASYMMETRIC) == (header_macro_enum("CK_INT4_SYMMETRIC"),
                                                        header_macro_enum("CK_INT4_ASYMMETRIC"))
     assert ck.GROUP_ROW == header_macro("CK_GROUP_ROW")
+    assert header_enum("BLOCK4") == {"NF4": ck.BLOCK4_NF4, "MXFP4": ck.BLOCK4_MXFP4,
+                                     "NVFP4": ck.BLOCK4_NVFP4}
 
 
 def test_wrapper_gemm_enums_match_header():
@@ -692,6 +695,83 @@ W4A16_PREPACK_CASES = (
         ["zeros_prepacked"])]
 )
 
+# Block 4-bit weights (NF4, MXFP4, NVFP4): ck_block4_prepack and ck_gemm_block4_prepacked.
+# Rules (cuda_kernels.h): a valid format; blocksize NF4 32, 64 or 128, MXFP4 32, NVFP4 16
+# (else unsupported); K a multiple of 32 and of blocksize; N, K <= 2^40; packed, x, the
+# prepacked weight and scales 16-byte aligned, NF4's absmax 4-byte, global_scale 4-byte (given
+# for NVFP4 only), bias and out aligned to dtype.
+BLOCK4_FORMAT_BLOCKS = ((ck.BLOCK4_NF4, 64), (ck.BLOCK4_MXFP4, 32), (ck.BLOCK4_NVFP4, 16))
+BAD_BLOCK4_BLOCKS = {ck.BLOCK4_NF4: [16, 48, 256, 4096, 0, -64],
+                     ck.BLOCK4_MXFP4: [16, 64, 0, -32], ck.BLOCK4_NVFP4: [32, 8, 0, -16]}
+
+
+def block4_weight_cases():
+    """What both block 4-bit entry points check of the format and the [n, k] weight."""
+    cases = bad("format", (3, -1, 99), INVALID)
+    for fmt, _ in BLOCK4_FORMAT_BLOCKS:
+        cases += [("format=%d-blocksize=%d" % (fmt, v), dict(format=fmt, blocksize=v),
+                   UNSUPPORTED, ["blocksize"]) for v in BAD_BLOCK4_BLOCKS[fmt]]
+    cases += [("nf4-k=96-blocksize=64", dict(format=ck.BLOCK4_NF4, blocksize=64, k=96),
+               UNSUPPORTED, ["k"]),
+              ("nf4-k=320-blocksize=128", dict(format=ck.BLOCK4_NF4, blocksize=128, k=320),
+               UNSUPPORTED, ["k"])]
+    cases += bad("k", BAD_W4A16_K, UNSUPPORTED)
+    cases += [("n-beyond-2^40", dict(n=2**40 + 8), INVALID, ["n"]),
+              ("k-beyond-2^40", dict(k=2**40 + 64), INVALID, ["k"])]
+    return cases
+
+
+BLOCK4_PREPACK = dict(format=ck.BLOCK4_NF4, packed_ptr=B, scales_ptr=S, n=64, k=256,
+                      blocksize=64, w_out_ptr=Q, scales_out_ptr=O)
+BLOCK4_PREPACK_CASES = (
+    [("null-packed", dict(packed_ptr=0), INVALID, ["packed"]),
+     ("null-scales", dict(scales_ptr=0), INVALID, ["scales"]),
+     ("null-w_prepacked", dict(w_out_ptr=0), INVALID, ["w_prepacked"]),
+     ("null-scales_prepacked", dict(scales_out_ptr=0), INVALID, ["scales_prepacked"])]
+    + bad("n", (0, -3), INVALID)
+    + bad("k", (0, -32), INVALID)
+    + [("overflow-nk", dict(n=BIG, k=BIG), INVALID, ["n", "k"])]
+    + block4_weight_cases()
+    + [("misaligned-packed+%d" % d, dict(packed_ptr=B + d), MISALIGNED, ["packed"])
+       for d in (1, 8)]
+    + [("misaligned-nf4-absmax+2", dict(scales_ptr=S + 2), MISALIGNED, ["scales"]),
+       ("misaligned-w_prepacked+8", dict(w_out_ptr=Q + 8), MISALIGNED, ["w_prepacked"]),
+       ("misaligned-scales_prepacked+4", dict(scales_out_ptr=O + 4), MISALIGNED,
+        ["scales_prepacked"])]
+)
+
+GEMM_BLOCK4_PREPACKED = dict(x_ptr=X, dtype=DType.FP16, format=ck.BLOCK4_NVFP4, w_ptr=B,
+                             scales_ptr=S, global_scale_ptr=GS, blocksize=16, bias_ptr=BIAS,
+                             activation=ck.ACTIVATION_RELU, m=4, n=64, k=256, out_ptr=O)
+NF4_GEMM = dict(format=ck.BLOCK4_NF4, blocksize=64, global_scale_ptr=0)
+GEMM_BLOCK4_PREPACKED_CASES = (
+    null("x", "out", "global_scale")
+    + [("null-w_prepacked", dict(w_ptr=0), INVALID, ["w_prepacked"]),
+       ("null-scales_prepacked", dict(scales_ptr=0), INVALID, ["scales_prepacked"]),
+       ("global_scale-nf4", dict(NF4_GEMM, global_scale_ptr=GS), INVALID, ["global_scale"]),
+       ("global_scale-mxfp4", dict(format=ck.BLOCK4_MXFP4, blocksize=32), INVALID,
+        ["global_scale"])]
+    + bad_dtypes("dtype", NOT_HALF_DTYPES)
+    + bad("activation", BAD_ACTIVATIONS, INVALID)
+    + gemm_shape_cases(k_rule=False)
+    + [(case_id, dict(changes, global_scale_ptr=0) if changes.get("format") in
+        (ck.BLOCK4_NF4, ck.BLOCK4_MXFP4) else dict(changes), status, names)
+       for case_id, changes, status, names in block4_weight_cases()
+       if changes.get("format") not in (3, -1, 99)]
+    + bad("format", (3, -1, 99), INVALID)
+    + [("misaligned-x+%d" % d, dict(x_ptr=X + d), MISALIGNED, ["x"]) for d in (1, 2, 8)]
+    + [("misaligned-w_prepacked+%d" % d, dict(w_ptr=B + d), MISALIGNED, ["w_prepacked"])
+       for d in (1, 8)]
+    + [("misaligned-scales_prepacked+%d" % d, dict(scales_ptr=S + d), MISALIGNED,
+        ["scales_prepacked"]) for d in (1, 4)]
+    + [("misaligned-global_scale+2", dict(global_scale_ptr=GS + 2), MISALIGNED,
+        ["global_scale"])]
+    + [("misaligned-%s-%s" % (name[:-4], dt.name.lower()), {name: base + 1, "dtype": dt},
+        MISALIGNED, [name[:-4]])
+       for name, base in (("bias_ptr", BIAS), ("out_ptr", O))
+       for dt in (DType.FP16, DType.BF16)]
+)
+
 # Importers: checkpoint int32 tensors in, the interchange format out. N a multiple of 8, K of 32.
 G, P = 0x7F0000900000, 0x7F0000A00000   # g_idx, perm
 IMPORT_AWQ = dict(qweight_ptr=A, qzeros_ptr=Z, scales_ptr=S, dtype=DType.FP16, n=64, k=256,
@@ -991,7 +1071,7 @@ ENTRY_POINTS = {
                   "QUANTIZE_NF4", "DEQUANTIZE_NF4", "QUANTIZE_MXFP4", "DEQUANTIZE_MXFP4",
                   "QUANTIZE_NVFP4", "DEQUANTIZE_NVFP4",
                   "GEMM_INT8", "GEMM_INT8_SCALED", "LINEAR", "GEMM_W4A16", "GEMM_W4A16_PREPACKED",
-                  "W4A16_PREPACK", "IMPORT_GPTQ", "IMPORT_AWQ", "PERMUTE_COLUMNS", "GEMM_INT4",
+                  "W4A16_PREPACK", "BLOCK4_PREPACK", "GEMM_BLOCK4_PREPACKED", "IMPORT_GPTQ", "IMPORT_AWQ", "PERMUTE_COLUMNS", "GEMM_INT4",
                   "GEMM_INT4_SCALED", "MOE_ROUTE", "MOE_PREPACK", "MOE_WORKSPACE_SIZE",
                   "MOE_FORWARD", "ATTENTION_FORWARD")
 }
@@ -1136,6 +1216,7 @@ class KernelOverride(typing.NamedTuple):
 INT8_GEMMS = ("ck_gemm_int8", "ck_gemm_int8_scaled")
 W4A16_GEMMS = ("ck_gemm_w4a16", "ck_gemm_w4a16_prepacked")
 INT4_GEMMS = ("ck_gemm_int4", "ck_gemm_int4_scaled")
+BLOCK4_GEMMS = ("ck_gemm_block4_prepacked",)
 KERNEL_OVERRIDES = [
     KernelOverride(
         "CK_GEMM_INT8_KERNEL", INT8_GEMMS, ("auto", "reference", "mma", "small_m", "wgmma"),
@@ -1179,6 +1260,23 @@ KERNEL_OVERRIDES = [
             ("1x1x32", dict(m=1, n=1, k=32)), ("17x7x96", dict(m=17, n=7, k=96)),
             ("m=1e6", dict(m=10**6, k=4096))]]
         + [("c+4", dict(c_ptr=C + 4), ["ck_gemm_int4"])]),
+    KernelOverride(
+        "CK_GEMM_BLOCK4_KERNEL", BLOCK4_GEMMS, ("auto", "reference", "small_m"),
+        # Any M and N, every format with its blocks, K a multiple of 32 and of the blocksize,
+        # bias NULL, bias and out aligned to their element only.
+        [(case_id, changes, BLOCK4_GEMMS) for case_id, changes in [
+            ("1x1x32", dict(n=1, m=1, k=32)),
+            ("17x7x96", dict(n=7, m=17, k=96)),
+            ("m=1e6", dict(m=10**6)),
+            ("nf4-32", dict(NF4_GEMM, blocksize=32, k=96)),
+            ("nf4-128", dict(NF4_GEMM, blocksize=128, k=384, n=4097)),
+            ("nf4-row-block", dict(NF4_GEMM, blocksize=128, k=128)),
+            ("mxfp4", dict(format=ck.BLOCK4_MXFP4, blocksize=32, global_scale_ptr=0, k=32)),
+            ("bf16", dict(dtype=DType.BF16, activation=ck.ACTIVATION_NONE)),
+            ("no-bias", dict(bias_ptr=0)),
+            ("global_scale+4", dict(global_scale_ptr=GS + 4)),
+            ("element-aligned", dict(bias_ptr=BIAS + 6, out_ptr=O + 10)),
+            ("bf16-element-aligned", dict(bias_ptr=BIAS + 2, out_ptr=O + 2, dtype=DType.BF16))]]),
 ]
 
 
@@ -1360,6 +1458,30 @@ def test_w4a16_prepacked_groups(lib, n, k, group_size, values):
                                               (8, 128, 0)])
 def test_w4a16_prepacked_groups_invalid_is_zero(lib, n, k, group_size):
     assert lib.ck_w4a16_prepacked_groups(n, k, group_size) == 0
+
+
+@pytest.mark.parametrize("fmt, blocksize", [("nf4", 32), ("nf4", 64), ("nf4", 128),
+                                             ("mxfp4", 32), ("nvfp4", 16)])
+@pytest.mark.parametrize("n, k", [(1, 128), (9, 128), (64, 256), (6144, 4096), (10240, 8192),
+                                  (13, 384)])
+def test_block4_prepacked_scales_bytes(lib, fmt, blocksize, n, k):
+    """ck_block4_prepacked_scales_bytes: the header's layout (reference.block4_prepacked_sizes);
+    the codes take ck_w4a16_prepacked_bytes."""
+    if k % blocksize:
+        return
+    enum = getattr(ck, "BLOCK4_" + fmt.upper())
+    w_bytes, s_bytes = block4_prepacked_sizes(fmt, n, k, blocksize)
+    assert lib.ck_block4_prepacked_scales_bytes(enum, n, k, blocksize) == s_bytes
+    assert lib.ck_w4a16_prepacked_bytes(n, k) == w_bytes
+
+
+@pytest.mark.parametrize("fmt, n, k, blocksize", [
+    (ck.BLOCK4_NF4, 0, 128, 64), (ck.BLOCK4_NF4, 8, 96, 64), (ck.BLOCK4_NF4, 8, 128, 256),
+    (ck.BLOCK4_NF4, 8, 48, 16), (ck.BLOCK4_MXFP4, 8, 128, 16), (ck.BLOCK4_NVFP4, 8, 128, 32),
+    (ck.BLOCK4_NVFP4, 8, 16, 16), (3, 8, 128, 32), (-1, 8, 128, 32),
+    (ck.BLOCK4_MXFP4, 2**62, 2**62, 32), (ck.BLOCK4_NF4, 2**41, 128, 64)])
+def test_block4_prepacked_scales_bytes_invalid_is_zero(lib, fmt, n, k, blocksize):
+    assert lib.ck_block4_prepacked_scales_bytes(fmt, n, k, blocksize) == 0
 
 
 # ------------------------------------------------------------------------------------------------

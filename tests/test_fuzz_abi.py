@@ -54,7 +54,7 @@ REJECTIONS = {Status.INVALID_VALUE, Status.MISALIGNED, Status.UNSUPPORTED}
 # header promises any M, N >= 1; see test_gemm_past_int32_tiles_is_served_or_unsupported). Every
 # kernel's tile holds at least one output, so it can only happen where M * N > 2^31 - 1.
 GRID_LIMITED = ("ck_gemm_int8", "ck_gemm_int8_scaled", "ck_gemm_int4", "ck_gemm_int4_scaled",
-                "ck_gemm_w4a16", "ck_gemm_w4a16_prepacked")
+                "ck_gemm_w4a16", "ck_gemm_w4a16_prepacked", "ck_gemm_block4_prepacked")
 
 
 @pytest.fixture(scope="module")
@@ -216,6 +216,7 @@ PURE_MODELS = {
     "ck_w4a16_prepacked_groups": fz.prepacked_groups,
     "ck_moe_prepacked_bytes": fz.moe_prepacked_bytes,
     "ck_moe_prepacked_groups": fz.moe_prepacked_groups,
+    "ck_block4_prepacked_scales_bytes": fz.block4_prepacked_scales_bytes,
 }
 
 

@@ -1,5 +1,5 @@
 // dequant.cuh - weight dequantization in registers, as a per-format trait: what every kernel
-// that multiplies 16-bit activations by a quantized weight (W4A16 today; NF4, MXFP4, NVFP4 next)
+// that multiplies 16-bit activations by a quantized weight (INT4, NF4, MXFP4, NVFP4)
 // shares. A format is a tag type; Dequant<Format, T> turns one 32-bit word of eight 4-bit codes
 // (k = e in bits 4e .. 4e + 3) into four packed pairs p[j] = (k j, k j + 4) of T, given the
 // parameters of the word's block (Dequant<Format, T>::Block: its scale, and zero point where the
@@ -120,6 +120,7 @@ struct Int4Zp {};
 template <class Format, typename T> struct Dequant;
 
 template <typename T> struct Dequant<Int4Zp, T> {
+    using Unit = uint16_t;  // the stored scale: bits of T
     struct Block {
         uint32_t zero;    // the group's zero point, 0 .. 15
         uint32_t scale2;  // the group's scale (bits of T) in both 16-bit halves
@@ -130,6 +131,157 @@ template <typename T> struct Dequant<Int4Zp, T> {
     // Pair 0 of q (nibbles 0 and 4), as word() computes it: shift q by 4j for pair j.
     __device__ __forceinline__ static uint32_t pair(uint32_t q, const Block& b) {
         return dequant_int4_pair<T>(q, b.zero, b.scale2);
+    }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Block 4-bit formats (ck_gemm_block4_prepacked): NF4, MXFP4, NVFP4, their codes in the prepacked
+// INT4 layout and their block scales in their own encoding (cuda_kernels.h). Each dequantizes
+// exactly as ck_dequantize_<format> does for the activation dtype T:
+//   w' = round_to_T(float32(value(code) * block_scale))
+// with value and block_scale the float32s of kernels/quantize/block4.cu (tests/reference.py's
+// dequantize_<format>): the product is one float32 multiply (no fused add: nothing to contract),
+// then one conversion to T (cvt.rn, overflow to inf, subnormals kept). So w' has the bits that
+// ck_dequantize_<format> writes, for every scale, and nothing about the dtype's range needs a
+// special case: an MXFP4 scale beyond fp16's range (E8M0 > 142) gives +-inf in fp16 as the
+// dequantizer writes it. Two roundings where the reference has two (NF4's table value times a
+// float32 absmax, NVFP4's e4m3 / g times an E2M1 value are not exact in float32): a single
+// multiply in T would round differently now and then, which is why the product is float32.
+//
+// The interface beside Dequant<Int4Zp, T>'s: a stored scale unit (Unit, the 1-, 2- or 4-byte
+// value of one row and one 32-k slice's scale group), a per-kernel table in shared memory
+// (kTableFloats floats, filled once by fill_table before any word is dequantized), block()
+// (the Block of word i, i < 4, of a lane's 32-k slice from the slice's unit) and word(), which
+// has Dequant<Int4Zp, T>::word's contract: word q (nibble e = prepacked_nibble_k(e) of its
+// 8 k) -> pairs p[j] = (nibble j, nibble j + 4) packed as T.
+// ---------------------------------------------------------------------------------------------
+struct Nf4 {};
+struct Mxfp4 {};
+struct Nvfp4 {};
+
+// bitsandbytes' NF4 code values (float32, hexadecimal: exactly tests/reference.py's NF4_TABLE
+// and kernels/quantize/block4.cu's kNf4Table).
+constexpr int kNf4Values = 16;
+__host__ __device__ constexpr float nf4_value(int code) {
+    constexpr float kValues[kNf4Values] = {
+        -0x1.000000p+0f, -0x1.647362p-1f, -0x1.0cd660p-1f, -0x1.946540p-2f,
+        -0x1.23449ap-2f, -0x1.7a6a7ep-3f, -0x1.74f0e2p-4f, 0.0f,
+        0x1.45f5fep-4f,  0x1.4995c6p-3f,  0x1.f809bap-3f,  0x1.5a0674p-2f,
+        0x1.c34970p-2f,  0x1.200f56p-1f,  0x1.722766p-1f,  0x1.000000p+0f};
+    return kValues[code];
+}
+
+// Shift left by kShift bits (right for a negative kShift): the nibble moves below are
+// compile-time shifts.
+template <int kShift> __device__ __forceinline__ uint32_t shift_bits(uint32_t v) {
+    if constexpr (kShift >= 0) return v << kShift;
+    else return v >> -kShift;
+}
+
+// The E2M1 code in nibble kNibble of q (bits 4 kNibble .. + 3: sign, 2 exponent bits, 1
+// mantissa bit) as a float32, exactly. Its magnitude bits placed at float32 bits 24 .. 22 (the
+// exponent's two low bits and the mantissa's top bit) make the float32 value * 2^-126 for every
+// code: exponent field E = e >= 1 gives 2^(E - 127) (1 + m / 2), E = 0 the subnormal m 2^-127,
+// against E2M1's 2^(e - 1) (1 + m / 2) and m / 2. One exact multiply by 2^126 (a normal result,
+// subnormal input kept: no -ftz) then gives the value, and the sign bit rides along.
+template <int kNibble> __device__ __forceinline__ float e2m1_float(uint32_t q) {
+    static_assert(kNibble >= 0 && kNibble < 8, "a 32-bit word holds 8 codes");
+    const uint32_t mag = shift_bits<22 - 4 * kNibble>(q) & 0x01c00000u;
+    const uint32_t sign = shift_bits<28 - 4 * kNibble>(q) & 0x80000000u;
+    return __uint_as_float(mag | sign) * 0x1p126f;
+}
+
+// Two float32 values rounded to T (to nearest even) and packed: lo in the low 16 bits.
+template <typename T> __device__ __forceinline__ uint32_t pack_rounded(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t pack_rounded<__half>(float lo, float hi) {
+    return pair_bits(__floats2half2_rn(lo, hi));
+}
+template <> __device__ __forceinline__ uint32_t pack_rounded<__nv_bfloat16>(float lo, float hi) {
+    return pair_bits(__floats2bfloat162_rn(lo, hi));
+}
+
+// The word of an E2M1 format: every code times the block's float32 scale, then rounded.
+template <typename T>
+__device__ __forceinline__ void dequant_e2m1_word(uint32_t q, float scale, uint32_t (&p)[4]) {
+    p[0] = pack_rounded<T>(e2m1_float<0>(q) * scale, e2m1_float<4>(q) * scale);
+    p[1] = pack_rounded<T>(e2m1_float<1>(q) * scale, e2m1_float<5>(q) * scale);
+    p[2] = pack_rounded<T>(e2m1_float<2>(q) * scale, e2m1_float<6>(q) * scale);
+    p[3] = pack_rounded<T>(e2m1_float<3>(q) * scale, e2m1_float<7>(q) * scale);
+}
+
+// NF4: codes index bitsandbytes' 16 values; the unit is the block's float32 absmax (blocks of
+// 32, 64 or 128 along K, one unit per block). The values sit in shared memory: 16 words in 16
+// banks, so a warp's lookups never conflict (equal codes broadcast).
+template <typename T> struct Dequant<Nf4, T> {
+    using Unit = uint32_t;  // float32 bits of absmax
+    static constexpr int kTableFloats = kNf4Values;
+    struct Block {
+        float scale;
+        const float* table;  // nf4_value(0 .. 15), in shared memory
+    };
+    __device__ __forceinline__ static void fill_table(float* table, const float*) {
+#pragma unroll
+        for (int c = 0; c < kNf4Values; ++c)
+            if (int(threadIdx.x) == c) table[c] = nf4_value(c);
+    }
+    __device__ __forceinline__ static Block block(uint32_t unit, int, const float* table) {
+        return {__uint_as_float(unit), table};
+    }
+    __device__ __forceinline__ static void word(uint32_t q, const Block& b, uint32_t (&p)[4]) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            p[j] = pack_rounded<T>(b.table[(q >> (4 * j)) & 0xf] * b.scale,
+                                   b.table[(q >> (4 * j + 16)) & 0xf] * b.scale);
+    }
+};
+
+// MXFP4: E2M1 codes; the unit is the 32-k block's E8M0 byte, 2^(s - 127) (0 is the float32
+// subnormal 2^-127, 0xFF NaN), decoded in registers.
+template <typename T> struct Dequant<Mxfp4, T> {
+    using Unit = uint8_t;
+    static constexpr int kTableFloats = 0;
+    struct Block {
+        float scale;
+    };
+    __device__ __forceinline__ static void fill_table(float*, const float*) {}
+    __device__ __forceinline__ static Block block(uint32_t unit, int, const float*) {
+        const uint32_t bits = unit == 0 ? 0x00400000u : unit == 0xffu ? 0x7fc00000u : unit << 23;
+        return {__uint_as_float(bits)};
+    }
+    __device__ __forceinline__ static void word(uint32_t q, const Block& b, uint32_t (&p)[4]) {
+        dequant_e2m1_word<T>(q, b.scale, p);
+    }
+};
+
+// FP8 E4M3 ('fn': bias 7, no infinity, S.1111.111 NaN) as a float32: block4.cu's e4m3_value.
+__device__ __forceinline__ float e4m3_float(uint32_t bits) {
+    if ((bits & 0x7fu) == 0x7fu) return __uint_as_float(0x7fc00000u);
+    const uint32_t biased = (bits >> 3) & 0xfu, mantissa = bits & 7u;
+    const float mag = biased == 0 ? float(mantissa) * 0x1p-9f
+                                  : __uint_as_float((biased + 127 - 7) << 23 | mantissa << 20);
+    return bits & 0x80u ? -mag : mag;
+}
+
+// NVFP4: E2M1 codes in blocks of 16; the unit holds a 32-k slice's two E4M3 bytes (block 2j in
+// the low byte: words 0, 1 of the slice; 2j + 1 in the high byte: words 2, 3). The block scale
+// e4m3 / g (float32, an IEEE division per block in ck_dequantize_nvfp4) takes one of 256
+// values for the tensor's global scale g: the table holds all of them, computed once per
+// thread block, so a word costs one shared load instead of a division.
+template <typename T> struct Dequant<Nvfp4, T> {
+    using Unit = uint16_t;
+    static constexpr int kTableFloats = 256;
+    struct Block {
+        float scale;
+    };
+    __device__ __forceinline__ static void fill_table(float* table, const float* global_scale) {
+        const float g = *global_scale;
+        for (int b = threadIdx.x; b < kTableFloats; b += blockDim.x) table[b] = e4m3_float(b) / g;
+    }
+    __device__ __forceinline__ static Block block(uint32_t unit, int i, const float* table) {
+        return {table[(unit >> (i < 2 ? 0 : 8)) & 0xffu]};
+    }
+    __device__ __forceinline__ static void word(uint32_t q, const Block& b, uint32_t (&p)[4]) {
+        dequant_e2m1_word<T>(q, b.scale, p);
     }
 };
 

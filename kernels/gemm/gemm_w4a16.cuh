@@ -32,6 +32,7 @@ struct GemmW4A16Args {
     int64_t m, n, k;          // k % 32 == 0
     void* out;                // [m, n] dtype
     bool prepacked;           // w, scales, zeros in the prepacked layout
+    const float* global_scale;  // block formats (gemm_block4.cuh): NVFP4's float32 global scale
 
     // Set by derive() from the fields above, once on the host. The kernels read them as kernel
     // parameters (constant-bank operands); derived in the kernel, every value would hold a

@@ -52,6 +52,7 @@
 
 #include "kernels/core/dequant.cuh"
 #include "kernels/core/epilogue.cuh"
+#include "kernels/gemm/gemm_block4.cuh"
 #include "kernels/gemm/gemm_w4a16.cuh"
 
 namespace ck {
@@ -133,12 +134,23 @@ template <> struct Words<2> {
     __device__ __forceinline__ static uint32_t at(const V& v, int j) { return j == 0 ? v.x : v.y; }
 };
 
-template <typename T, int kTiles, int kXRows, bool kAsym, int kMoe>
+// Format: the weight's code format (core/dequant.cuh). Int4Zp is the INT4 kernel of the file
+// comment; a block format (Nf4, Mxfp4, Nvfp4: ck_gemm_block4_prepacked) reads its scale units
+// (Dequant<Format, T>::Unit, 1, 2 or 4 bytes) where Int4Zp reads its 2-byte scales, one
+// 4-byte word per lane and tile holding the lane's unit, and its table (kTableFloats) sits in
+// shared memory after the reduction buffer.
+template <typename T, int kTiles, int kXRows, bool kAsym, int kMoe, class Format = Int4Zp>
 __global__ void __launch_bounds__(kMaxWarps * kLanes, 1)
 gemm_w4a16_stream_kernel(const GemmW4A16Args a, const int stages, const int64_t tile_groups,
                          const MoeRows mr) {
     if constexpr (!kHasSm80) __trap();  // never launched below sm_80 (see kHasSm80)
     static_assert(kMoe == kMoeDense || kXRows == kMoeBlockRows, "a grouped block is 16 rows");
+    constexpr bool kInt4 = std::is_same_v<Format, Int4Zp>;
+    using Unit = typename Dequant<Format, T>::Unit;
+    constexpr int kUnitsPerWord = 4 / int(sizeof(Unit));  // scale units in a 4-byte word
+    static_assert(kInt4 || (kMoe == kMoeDense && !kAsym), "block formats: dense, no zero points");
+    static_assert(kUnitsPerWord * int(sizeof(Unit)) == 4 && kPackRows % kUnitsPerWord == 0,
+                  "a row's unit lies in one word of its tile's 8");
     constexpr bool kHi = kXRows == 16;              // x rows 8 .. 15 exist
     constexpr int kLoRows = stage_lo_rows(kXRows);  // x rows copied for rows 0 .. 7
     constexpr int kHalves = kHi ? 2 : 1;            // n8 B fragments of x: rows 0-7, 8-15
@@ -165,7 +177,7 @@ gemm_w4a16_stream_kernel(const GemmW4A16Args a, const int stages, const int64_t 
 
     const T* __restrict__ x = static_cast<const T*>(a.x);
     const uint8_t* w_base = a.w;
-    const uint16_t* __restrict__ scales = static_cast<const uint16_t*>(a.scales);
+    const Unit* __restrict__ scales = static_cast<const Unit*>(a.scales);
     const uint8_t* z_base = a.zeros;
     // The block's rows: x rows g (lo) and g + 8 (hi) of the fragment, and whether they exist.
     // Grouped: rows r0 + g, r0 + 8 + g of the sorted pairs, on expert block_expert[blockIdx.y].
@@ -217,7 +229,7 @@ gemm_w4a16_stream_kernel(const GemmW4A16Args a, const int stages, const int64_t 
     int is = 0, tiles_here = 0;
     int64_t slice = 0;  // this lane's k slice (of 32)
     const uint8_t* wp = nullptr;
-    const uint16_t* sp = nullptr;
+    const Unit* sp = nullptr;
     const uint8_t* zp = nullptr;
     const T* xlp = nullptr;
     const T* xhp = nullptr;
@@ -228,7 +240,7 @@ gemm_w4a16_stream_kernel(const GemmW4A16Args a, const int stages, const int64_t 
         slice = int64_t(warp) * (kPackK / kPackSliceK) + s;
         const int64_t grp = (slice * kPackSliceK) >> group_shift;
         const int64_t idx = (tile0 * a.groups + grp) * kPackRows + g;
-        sp = scales + (idx & ~int64_t(1));                        // the 4-byte word holding the scale
+        sp = scales + (idx & ~int64_t(kUnitsPerWord - 1));        // the 4-byte word holding the scale
         if constexpr (kAsym) zp = z_base + (idx & ~int64_t(3));  // ... and the zero
         xlp = x_lo_row + int64_t(warp) * kPackK;
         xhp = x_hi_row + int64_t(warp) * kPackK;
@@ -261,7 +273,7 @@ gemm_w4a16_stream_kernel(const GemmW4A16Args a, const int stages, const int64_t 
         }
         // Lanes past K read no scale: their group (k >> shift) may be past `groups`. A zero
         // scale (and x = 0) makes their products exact zeros.
-        const uint16_t* ssrc = kok ? sp : scales;
+        const Unit* ssrc = kok ? sp : scales;
 #pragma unroll
         for (int t = 0; t < kTiles; ++t) {
             if (!kPartial || t < tiles_here) {
@@ -305,6 +317,10 @@ gemm_w4a16_stream_kernel(const GemmW4A16Args a, const int stages, const int64_t 
     const int lo_row = lo_reads ? g : 0;
     const uint32_t scale_sel = g & 1 ? 0x3232u : 0x1010u;  // our half of the scale word, twice
     const int zero_shift = 8 * (g & 3);                   // our byte of the zero word
+    // Block formats: our unit of the scale word, and the format's table.
+    [[maybe_unused]] const int unit_shift = 8 * ((g * int(sizeof(Unit))) & 3);
+    constexpr uint32_t kUnitMask = sizeof(Unit) == 4 ? 0xffffffffu : (1u << (8 * sizeof(Unit))) - 1;
+    [[maybe_unused]] float* const fmt_table = partial + partial_floats(warps, kTiles, kXRows);
     auto compute = [&](const uint8_t* st, float (&acc)[kPairs][kHalves][4]) {
         uint4 xl[kXVectors], xh[kXVectors];
 #pragma unroll
@@ -323,6 +339,7 @@ gemm_w4a16_stream_kernel(const GemmW4A16Args a, const int stages, const int64_t 
         }
 #pragma unroll
         for (int q = 0; q < kPairs; ++q) {
+          if constexpr (kInt4) {
             uint4 wv[2];
             uint32_t scale2[2], zero[2];
 #pragma unroll
@@ -347,8 +364,42 @@ gemm_w4a16_stream_kernel(const GemmW4A16Args a, const int stages, const int64_t 
                                        p1[2 * h + 1], word(xh[i], 2 * h), word(xh[i], 2 * h + 1));
                 }
             }
+          } else {
+            // A block format: the same mma on the pairs of Dequant<Format, T>, from the unit of
+            // each tile's scale word (word i of the slice may have its own block: NVFP4).
+            using D = Dequant<Format, T>;
+            uint4 wv[2];
+            uint32_t unit[2];
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int t = 2 * q + e;
+                wv[e] = *reinterpret_cast<const uint4*>(st + kL.w + t * kPackTileBytes + lane * 16);
+                unit[e] = (ScaleWords::at(sw[t / kP], t % kP) >> unit_shift) & kUnitMask;
+            }
+#pragma unroll
+            for (int i = 0; i < kXVectors; ++i) {  // weight word i <-> x vector i
+                uint32_t p0[4], p1[4];
+                D::word(word(wv[0], i), D::block(unit[0], i, fmt_table), p0);
+                D::word(word(wv[1], i), D::block(unit[1], i, fmt_table), p1);
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    mma_16x8x16<T>(acc[q][0], p0[2 * h], p1[2 * h], p0[2 * h + 1], p1[2 * h + 1],
+                                   word(xl[i], 2 * h), word(xl[i], 2 * h + 1));
+                    if constexpr (kHi)
+                        mma_16x8x16<T>(acc[q][1], p0[2 * h], p1[2 * h], p0[2 * h + 1],
+                                       p1[2 * h + 1], word(xh[i], 2 * h), word(xh[i], 2 * h + 1));
+                }
+            }
+          }
         }
     };
+
+    // A block format's table: filled once, before any warp dequantizes (the ring's copies do
+    // not touch it).
+    if constexpr (!kInt4) {
+        Dequant<Format, T>::fill_table(fmt_table, a.global_scale);
+        __syncthreads();
+    }
 
     // ------------------------------------------------------------------------------ main loop
     // Stage i of the ring holds step i mod stages. At step i: wait for step i, refill the stage
@@ -444,10 +495,11 @@ gemm_w4a16_stream_kernel(const GemmW4A16Args a, const int stages, const int64_t 
 
 // Lets the kernel take up to `bytes` of dynamic shared memory (once per instantiation and
 // device: `bytes` depends only on both).
-template <typename T, int kTiles, int kXRows, bool kAsym, int kMoe> cudaError_t allow_smem(int bytes) {
+template <typename T, int kTiles, int kXRows, bool kAsym, int kMoe, class Format = Int4Zp>
+cudaError_t allow_smem(int bytes) {
     static std::atomic<uint64_t> done{0};
-    return allow_dynamic_smem_once(gemm_w4a16_stream_kernel<T, kTiles, kXRows, kAsym, kMoe>, bytes,
-                                   done);
+    return allow_dynamic_smem_once(gemm_w4a16_stream_kernel<T, kTiles, kXRows, kAsym, kMoe, Format>,
+                                   bytes, done);
 }
 
 // A block shape: warps and ring stages that fit the shared memory, and its bytes.
@@ -530,25 +582,25 @@ struct StreamLaunch {
     MoeRows rows;
 };
 
-template <typename T, int kTiles, int kXRows, bool kAsym, int kMoe>
+template <typename T, int kTiles, int kXRows, bool kAsym, int kMoe, class Format = Int4Zp>
 cudaError_t launch_stream(const GemmW4A16Args& a, const StreamLaunch& l, cudaStream_t stream) {
     const StreamPlan& p = l.plan;
     if (!grid_fits(p.grid) || l.row_blocks < 1 || l.row_blocks > 65535)
         return cudaErrorInvalidConfiguration;
-    const cudaError_t e = allow_smem<T, kTiles, kXRows, kAsym, kMoe>(l.smem_limit);
+    const cudaError_t e = allow_smem<T, kTiles, kXRows, kAsym, kMoe, Format>(l.smem_limit);
     if (e != cudaSuccess) return e;
     const dim3 grid(unsigned(p.grid), unsigned(l.row_blocks));
-    gemm_w4a16_stream_kernel<T, kTiles, kXRows, kAsym, kMoe><<<grid, p.warps * kLanes, size_t(p.smem), stream>>>(
+    gemm_w4a16_stream_kernel<T, kTiles, kXRows, kAsym, kMoe, Format><<<grid, p.warps * kLanes, size_t(p.smem), stream>>>(
         a, p.stages, ceil_div(a.tiles8, kTiles), l.rows);
     return cudaGetLastError();
 }
 
-template <typename T, int kXRows, bool kAsym, int kMoe = kMoeDense>
+template <typename T, int kXRows, bool kAsym, int kMoe = kMoeDense, class Format = Int4Zp>
 cudaError_t launch_rows(const GemmW4A16Args& a, const StreamLaunch& l, cudaStream_t stream) {
     switch (l.plan.tiles) {
-        case 8: return launch_stream<T, 8, kXRows, kAsym, kMoe>(a, l, stream);
-        case 4: return launch_stream<T, 4, kXRows, kAsym, kMoe>(a, l, stream);
-        case 2: return launch_stream<T, 2, kXRows, kAsym, kMoe>(a, l, stream);
+        case 8: return launch_stream<T, 8, kXRows, kAsym, kMoe, Format>(a, l, stream);
+        case 4: return launch_stream<T, 4, kXRows, kAsym, kMoe, Format>(a, l, stream);
+        case 2: return launch_stream<T, 2, kXRows, kAsym, kMoe, Format>(a, l, stream);
         default: return cudaErrorInvalidConfiguration;
     }
 }
@@ -611,6 +663,40 @@ cudaError_t gemm_w4a16_prepacked_stream_grouped(const GemmW4A16Args& args, MoeMo
                                       : launch_rows<T, kMoeBlockRows, kAsym, kMoeWeighted>(args, l, stream);
         });
     });
+}
+
+// The block 4-bit formats (gemm_block4.cuh): the dense INT4 launch with the format's scale units
+// and its table, whose bytes come off the shared memory the plan may use.
+template <class Format>
+cudaError_t block4_stream(const GemmW4A16Args& args, cudaStream_t stream) {
+    const int sms = std::max(sm_count(), 1);
+    const int smem_limit = max_smem_optin();
+    if (args.chunks > INT32_MAX / (kPackK / kPackSliceK)) return cudaErrorInvalidConfiguration;
+    return dispatch_half_dtype(args.dtype, [&](auto tag) {
+        using T = decltype(tag);
+        constexpr int kTableBytes = Dequant<Format, T>::kTableFloats * int(sizeof(float));
+        const int x_rows = args.m == 1 ? 1 : args.m <= 8 ? 8 : 16;
+        StreamLaunch l{best_plan(args, x_rows, args.m, sms, smem_limit - kTableBytes), smem_limit, 1,
+                       MoeRows{}};
+        if (l.plan.score < 0) return cudaErrorNotSupported;
+        l.plan.smem += kTableBytes;
+        switch (x_rows) {
+            case 1: return launch_rows<T, 1, false, kMoeDense, Format>(args, l, stream);
+            case 8: return launch_rows<T, 8, false, kMoeDense, Format>(args, l, stream);
+            default: return launch_rows<T, 16, false, kMoeDense, Format>(args, l, stream);
+        }
+    });
+}
+
+cudaError_t gemm_block4_prepacked_stream(const GemmW4A16Args& args, ck_block4_format_t format,
+                                         cudaStream_t stream) {
+    if (args.m < 1 || args.m > kStreamMaxM || compute_capability() < 80) return cudaErrorNotSupported;
+    switch (format) {
+        case CK_BLOCK4_NF4: return block4_stream<Nf4>(args, stream);
+        case CK_BLOCK4_MXFP4: return block4_stream<Mxfp4>(args, stream);
+        case CK_BLOCK4_NVFP4: return block4_stream<Nvfp4>(args, stream);
+        default: return cudaErrorInvalidValue;  // the entry point rejects these earlier
+    }
 }
 
 }  // namespace ck

@@ -1,0 +1,254 @@
+// gemm_block4.cu - weight-only GEMM on block 4-bit weights (NF4, MXFP4, NVFP4): the prepack
+// from the formats' native storage and the reference kernel (any M, any GPU). The fast path for
+// M <= 16 is the weight-streaming kernel of gemm_w4a16_prepacked_stream.cu, instantiated with
+// the format's Dequant (core/dequant.cuh).
+//
+// What it computes (cuda_kernels.h, ck_gemm_block4_prepacked; tests/reference.py,
+// gemm_block4_f64):
+//   w'[n][k]  = round_to_dtype(float32(value(code[n][k]) * block_scale[n][k / block]))
+//               -- the bits ck_dequantize_<format> writes for dtype
+//   out[m][n] = round_to_dtype(act(sum_k float(x[m][k]) * float(w'[n][k]) + float(bias[n])))
+// in float32, the sum in any order.
+//
+// Layout (gemm_block4.cuh): codes in the prepacked INT4 tiles (w4a16_prepacked.cuh), the raw
+// 4-bit code of the format in each nibble (NF4 0 .. 15, E2M1 sign-magnitude); scale units
+// [ceil(n / 8)][k / G][8]. Padding: rows >= n hold a zero code (NF4 7, E2M1 0) and a zero unit,
+// k >= K (to the 128 of a tile) a zero code: they dequantize to +-0.
+//
+// The prepack is a permutation of bytes (one thread per 16-byte vector of 32 codes, one per
+// unit): a few operations per byte, bytes / copy bandwidth. The reference kernel is
+// gemm_w4a16.cu's: 64x64 output tiles, the dequantized weight (rounded to dtype) and x staged as
+// float in shared memory, float FMAs; simple, for M > 16 until a tensor-core path serves the
+// block formats, and obviously right.
+#include "kernels/core/dequant.cuh"
+#include "kernels/core/epilogue.cuh"
+#include "kernels/gemm/gemm_block4.cuh"
+
+namespace ck {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Prepack
+// ---------------------------------------------------------------------------------------------
+// The zero code of a format's padding: NF4's value 0.0 is code 7; E2M1's +0 is code 0.
+constexpr uint32_t kNf4ZeroWord = 0x77777777u, kE2m1ZeroWord = 0u;
+
+// One native 4-byte word (8 consecutive k of a row, two per byte) -> the prepacked word (nibble
+// e holds k prepacked_nibble_k(e)). kHighFirst: element 2i in the high nibble (NF4).
+template <bool kHighFirst> __device__ __forceinline__ uint32_t prepack_word(uint32_t w) {
+    uint32_t out = 0;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+        const int k = prepacked_nibble_k(e);
+        const int src = kHighFirst ? k ^ 1 : k;
+        out |= ((w >> (4 * src)) & 0xfu) << (4 * e);
+    }
+    return out;
+}
+
+template <bool kHighFirst>
+__global__ void block4_prepack_codes_kernel(const uint8_t* __restrict__ packed, int64_t n, int64_t k,
+                                            uint8_t* __restrict__ w_out) {
+    const int64_t chunks = prepacked_chunks(k);
+    const int64_t slices = chunks * (kPackK / kPackSliceK);  // per padded row
+    const int64_t vectors = prepacked_rows(n) * slices;
+    const uint32_t zero = kHighFirst ? kNf4ZeroWord : kE2m1ZeroWord;
+    for (int64_t v = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; v < vectors;
+         v += int64_t(gridDim.x) * blockDim.x) {
+        const int64_t row = v / slices, k0 = (v % slices) * kPackSliceK;
+        uint4 out = make_uint4(zero, zero, zero, zero);
+        if (row < n && k0 < k) {
+            const uint4 in = *reinterpret_cast<const uint4*>(packed + row * (k / 2) + k0 / 2);
+            out = make_uint4(prepack_word<kHighFirst>(in.x), prepack_word<kHighFirst>(in.y),
+                             prepack_word<kHighFirst>(in.z), prepack_word<kHighFirst>(in.w));
+        }
+        *reinterpret_cast<uint4*>(w_out + prepacked_vector_offset(row, k0, chunks)) = out;
+    }
+}
+
+// Units: NF4 the float32 absmax of block j; MXFP4 the E8M0 byte of block j; NVFP4 the E4M3 bytes
+// of blocks 2j (low byte) and 2j + 1. Padding rows get 0.
+template <typename Unit, int kPerUnit>
+__global__ void block4_prepack_scales_kernel(const Unit* __restrict__ in_units, const uint8_t* __restrict__ in_bytes,
+                                             int64_t n, int64_t units, Unit* __restrict__ out) {
+    const int64_t total = prepacked_rows(n) * units;
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+         i += int64_t(gridDim.x) * blockDim.x) {
+        const int64_t row = i / units, j = i % units;
+        Unit u = 0;
+        if (row < n) {
+            if constexpr (kPerUnit == 1) {
+                u = in_units[row * units + j];
+            } else {  // two E4M3 bytes per unit
+                const uint8_t* p = in_bytes + (row * units + j) * 2;
+                u = Unit(p[0] | p[1] << 8);
+            }
+        }
+        out[prepacked_group_index(row, j, units)] = u;
+    }
+}
+
+constexpr int kPrepackThreads = 256;
+
+// ---------------------------------------------------------------------------------------------
+// Reference kernel (gemm_w4a16.cu's tiling): 64x64 output tile per 256-thread block, K in steps
+// of 32. Thread (ty, tx) = (tid / 16, tid % 16) owns rows ty + 16 i and columns tx + 16 j.
+// Loaders: thread tid handles row tid / 4 and word tid % 4 (k 8 (tid % 4) .. + 7) of the step's
+// 32-k slice, of both x (one 16-byte load) and the weight (one word of 8 codes, dequantized
+// by Dequant<Format, T> into 4 pairs of T, widened to float).
+// ---------------------------------------------------------------------------------------------
+constexpr int kRefBM = 64, kRefBN = 64, kRefBK = 32;
+constexpr int kRefThreads = 256;
+constexpr int kRefPad = 1;    // the loaders' transposed stores on 32 distinct banks
+constexpr int kRefMicro = 4;  // rows and columns per thread
+constexpr int kRefLoadK = 8;  // k per loader thread and step: one word
+static_assert(kRefBK == kPackSliceK, "a step is one 32-k slice: one scale unit per row");
+static_assert(kRefBM * kRefBK / kRefLoadK == kRefThreads && kRefBN * kRefBK / kRefLoadK == kRefThreads,
+              "one x vector and one weight word per thread and step");
+static_assert(kRefThreads / 16 * kRefMicro == kRefBM && 16 * kRefMicro == kRefBN,
+              "the micro-tiles cover the block tile");
+
+template <class Format, typename T>
+__global__ void __launch_bounds__(kRefThreads) gemm_block4_reference_kernel(const GemmW4A16Args args) {
+    using D = Dequant<Format, T>;
+    using Unit = typename D::Unit;
+    __shared__ float sx[kRefBK][kRefBM + kRefPad];
+    __shared__ float sw[kRefBK][kRefBN + kRefPad];
+    __shared__ float table[D::kTableFloats > 0 ? D::kTableFloats : 1];
+    D::fill_table(table, args.global_scale);
+    __syncthreads();
+
+    const T* __restrict__ x = args.x_as<T>();
+    const Unit* __restrict__ units = static_cast<const Unit*>(args.scales);
+    const int64_t m = args.m, n = args.n, k = args.k, chunks = args.chunks;
+    const FloatEpilogue<T> ep = args.epilogue<T>();
+    const int64_t tiles_m = ceil_div(m, kRefBM);
+    const int64_t m0 = blockIdx.x % tiles_m * kRefBM;
+    const int64_t n0 = blockIdx.x / tiles_m * kRefBN;
+    const int tid = threadIdx.x;
+    const int ty = tid / 16, tx = tid % 16;
+    const int ld_row = tid / 4, ld_word = tid % 4, ld_k = ld_word * kRefLoadK;
+    float acc[kRefMicro][kRefMicro] = {};
+
+    for (int64_t k0 = 0; k0 < k; k0 += kRefBK) {  // k % 32 == 0: no K tail
+        float xv[kRefLoadK] = {};
+        if (m0 + ld_row < m) load_chunk<T, true>(x + (m0 + ld_row) * k + k0 + ld_k, kRefLoadK, xv);
+        float wv[kRefLoadK] = {};
+        const int64_t row = n0 + ld_row;
+        if (row < n) {
+            const uint32_t q = *reinterpret_cast<const uint32_t*>(
+                args.w + prepacked_vector_offset(row, k0, chunks) + ld_word * 4);
+            const Unit unit = units[prepacked_group_index(row, k0 / args.group_size, args.groups)];
+            uint32_t p[4];  // pair j: k 2j, 2j + 1 of the word
+            D::word(q, D::block(unit, ld_word, table), p);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const typename Pair<T>::V v = as_pair<T>(p[j]);
+                wv[2 * j] = to_float(v.x);
+                wv[2 * j + 1] = to_float(v.y);
+            }
+        }
+        __syncthreads();  // the previous step's reads are done
+#pragma unroll
+        for (int i = 0; i < kRefLoadK; ++i) {
+            sx[ld_k + i][ld_row] = xv[i];
+            sw[ld_k + i][ld_row] = wv[i];
+        }
+        __syncthreads();
+#pragma unroll 8
+        for (int kk = 0; kk < kRefBK; ++kk) {
+            float a[kRefMicro], b[kRefMicro];
+#pragma unroll
+            for (int i = 0; i < kRefMicro; ++i) a[i] = sx[kk][ty + 16 * i];
+#pragma unroll
+            for (int j = 0; j < kRefMicro; ++j) b[j] = sw[kk][tx + 16 * j];
+#pragma unroll
+            for (int i = 0; i < kRefMicro; ++i)
+#pragma unroll
+                for (int j = 0; j < kRefMicro; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+        }
+    }
+
+#pragma unroll
+    for (int j = 0; j < kRefMicro; ++j) {
+        const int64_t c = n0 + tx + 16 * j;
+        if (c >= n) continue;
+        const float b = ep.bias_at(c);
+#pragma unroll
+        for (int i = 0; i < kRefMicro; ++i) {
+            const int64_t r = m0 + ty + 16 * i;
+            if (r < m) ep.store(r, c, acc[i][j] + b);
+        }
+    }
+}
+
+template <class Format>
+cudaError_t launch_reference(const GemmW4A16Args& a, cudaStream_t stream) {
+    const int64_t blocks = ceil_div(a.m, kRefBM) * ceil_div(a.n, kRefBN);
+    if (!grid_fits(blocks)) return cudaErrorInvalidConfiguration;
+    return dispatch_half_dtype(a.dtype, [&](auto tag) {
+        using T = decltype(tag);
+        gemm_block4_reference_kernel<Format, T><<<unsigned(blocks), kRefThreads, 0, stream>>>(a);
+        return cudaGetLastError();
+    });
+}
+
+// A grid-stride launch over `items`: enough blocks to fill the GPU, never more than items need.
+unsigned prepack_blocks(int64_t items) {
+    const int64_t per_gpu = int64_t(std::max(sm_count(), 1)) * 8;
+    return unsigned(std::max<int64_t>(1, std::min(ceil_div(items, kPrepackThreads), per_gpu)));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Launchers (arguments validated by cuda_kernels.cu)
+// ---------------------------------------------------------------------------------------------
+cudaError_t block4_prepack(const Block4PrepackArgs& a, cudaStream_t stream) {
+    const int64_t vectors = prepacked_rows(a.n) * prepacked_chunks(a.k) * (kPackK / kPackSliceK);
+    if (a.format == CK_BLOCK4_NF4)
+        block4_prepack_codes_kernel<true><<<prepack_blocks(vectors), kPrepackThreads, 0, stream>>>(
+            a.packed, a.n, a.k, a.w_out);
+    else
+        block4_prepack_codes_kernel<false><<<prepack_blocks(vectors), kPrepackThreads, 0, stream>>>(
+            a.packed, a.n, a.k, a.w_out);
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+
+    const int64_t units = a.k / block4_unit_group(a.format, a.blocksize);
+    const unsigned blocks = prepack_blocks(prepacked_rows(a.n) * units);
+    switch (a.format) {
+        case CK_BLOCK4_NF4:
+            block4_prepack_scales_kernel<uint32_t, 1><<<blocks, kPrepackThreads, 0, stream>>>(
+                static_cast<const uint32_t*>(a.scales), nullptr, a.n, units,
+                static_cast<uint32_t*>(a.scales_out));
+            break;
+        case CK_BLOCK4_MXFP4:
+            block4_prepack_scales_kernel<uint8_t, 1><<<blocks, kPrepackThreads, 0, stream>>>(
+                static_cast<const uint8_t*>(a.scales), nullptr, a.n, units,
+                static_cast<uint8_t*>(a.scales_out));
+            break;
+        case CK_BLOCK4_NVFP4:
+            block4_prepack_scales_kernel<uint16_t, 2><<<blocks, kPrepackThreads, 0, stream>>>(
+                nullptr, static_cast<const uint8_t*>(a.scales), a.n, units,
+                static_cast<uint16_t*>(a.scales_out));
+            break;
+        default: return cudaErrorInvalidValue;  // the entry point rejects these earlier
+    }
+    return cudaGetLastError();
+}
+
+cudaError_t gemm_block4_stream(const GemmBlock4Args& args, cudaStream_t stream) {
+    return gemm_block4_prepacked_stream(args.gemm, args.format, stream);
+}
+
+cudaError_t gemm_block4_reference(const GemmBlock4Args& args, cudaStream_t stream) {
+    switch (args.format) {
+        case CK_BLOCK4_NF4: return launch_reference<Nf4>(args.gemm, stream);
+        case CK_BLOCK4_MXFP4: return launch_reference<Mxfp4>(args.gemm, stream);
+        case CK_BLOCK4_NVFP4: return launch_reference<Nvfp4>(args.gemm, stream);
+        default: return cudaErrorInvalidValue;  // the entry point rejects these earlier
+    }
+}
+
+}  // namespace ck

@@ -287,6 +287,12 @@ void bench_quantize(Bench& bench, const Options& options) {
 #include "bench_moe.cuh"
 
 // ================================================================================================
+// Family "attention": decode attention over a contiguous or paged KV cache (ck_attention_decode)
+// against the copy bandwidth (bench_attention.cuh).
+// ================================================================================================
+#include "bench_attention.cuh"
+
+// ================================================================================================
 // The program
 // ================================================================================================
 struct Family {
@@ -299,17 +305,20 @@ static const Family kFamilies[] = {
     {"quantize", bench_quantize},
     {"gemm", bench_gemm},
     {"moe", bench_moe},
+    {"attention", bench_attention},
 };
 
 // --sample: a first look in a minute or two, measured as the full sweep measures: every quantizer
 // on the main fp16 tensor, every GEMM row (beside cuBLAS) at one weight shape for a decode and a
-// prefill batch, and the MoE layer (beside its fp16 baselines) at the same two regimes.
+// prefill batch, the MoE layer (beside its fp16 baselines) at the same two regimes, and decode
+// attention on a contiguous and two paged caches at one batch.
 static const char* const kSampleFilters[] = {
     "/fp16/8192x8192$",
     "/M=1 K=4096 N=4096$",
     "/M=256 K=4096 N=4096$",
     "/mixtral T=16$",
     "/mixtral T=1024$",
+    "/B=16 KV=4096 Hq=32 Hkv=8 D=128$",
 };
 
 static void print_usage(FILE* to) {

@@ -8,6 +8,7 @@
 
 #include "kernels/core/api.cuh"
 #include "kernels/attention/attention.cuh"
+#include "kernels/attention/attention_decode.cuh"
 #include "kernels/gemm/gemm_block4.cuh"
 #include "kernels/gemm/gemm_int4.cuh"
 #include "kernels/gemm/gemm_int8.cuh"
@@ -670,6 +671,161 @@ ck_status_t check_attention_params(const Check& check, const ck_attention_params
     return CK_STATUS_SUCCESS;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Attention decode: every field of ck_attention_decode_params_t, in the struct's order (the
+// pointers only when `pointers`: ck_attention_decode_workspace_size reads none, block_table
+// only as the flag of a paged cache), then the workspace.
+// ---------------------------------------------------------------------------------------------
+struct DecodeCall {
+    ck::DecodeArgs args;
+    int64_t q_bytes, cache_bytes, lse_bytes;
+    ck::DecodeWorkspace workspace;
+};
+
+ck_status_t check_decode_params(const Check& check, const ck_attention_decode_params_t* p,
+                                bool pointers, DecodeCall* call) {
+    CK_TRY(check.not_null(p, "params"));
+    if (p->struct_size != sizeof(ck_attention_decode_params_t))
+        return check.fail(CK_STATUS_INVALID_VALUE,
+                          "params->struct_size=%zu is not a known size of "
+                          "ck_attention_decode_params_t (this library: %zu)",
+                          p->struct_size, sizeof(ck_attention_decode_params_t));
+    CK_TRY(check.half_dtype(p->dtype, "params->dtype"));
+    if (pointers)
+        CK_TRY(check.not_null({{p->q, "params->q"}, {p->k_cache, "params->k_cache"},
+                               {p->v_cache, "params->v_cache"},
+                               {p->seqlens_k, "params->seqlens_k"}, {p->out, "params->out"}}));
+    auto in_range = [&](int64_t value, int64_t lo, int64_t hi, const char* name) {
+        if (value < lo || value > hi)
+            return check.fail(CK_STATUS_INVALID_VALUE, "%s=%lld must be in [%lld, %lld]", name,
+                              (long long)value, (long long)lo, (long long)hi);
+        return CK_STATUS_SUCCESS;
+    };
+    CK_TRY(in_range(p->batch, 1, ck::kDecodeMaxBatch, "params->batch"));
+    CK_TRY(in_range(p->seqlen_q, 1, ck::kDecodeMaxQueries, "params->seqlen_q"));
+    CK_TRY(in_range(p->num_heads_q, 1, ck::kDecodeMaxHeads, "params->num_heads_q"));
+    CK_TRY(in_range(p->num_heads_kv, 1, p->num_heads_q, "params->num_heads_kv"));
+    if (p->num_heads_q % p->num_heads_kv != 0)
+        return check.fail(CK_STATUS_INVALID_VALUE,
+                          "params->num_heads_q=%lld must be a multiple of "
+                          "params->num_heads_kv=%lld (query head h reads kv head h / (Hq / Hkv))",
+                          (long long)p->num_heads_q, (long long)p->num_heads_kv);
+    if (p->head_dim < 1)
+        return check.fail(CK_STATUS_INVALID_VALUE, "params->head_dim=%lld must be >= 1",
+                          (long long)p->head_dim);
+    if (!ck::attention_head_dim_ok(p->head_dim))
+        return check.fail(CK_STATUS_UNSUPPORTED,
+                          "params->head_dim=%lld is not supported (use 64 or 128)",
+                          (long long)p->head_dim);
+    CK_TRY(in_range(p->max_seqlen_k, 1, ck::kDecodeMaxSeqlen, "params->max_seqlen_k"));
+    // A cache row of Hkv heads: at most 2^16 x 2^7 x 2 = 2^24 bytes, so the products below
+    // overflow only through their other factor, which __builtin_mul_overflow catches.
+    const int64_t row_bytes = p->num_heads_kv * p->head_dim * 2;
+    const bool paged = p->block_table != nullptr;
+    int64_t cache_bytes = 0;
+    if (paged) {
+        CK_TRY(in_range(p->num_pages, 1, INT32_MAX, "params->num_pages"));
+        if (p->page_size < 1 || p->page_size > ck::kDecodeMaxPageSize ||
+            (p->page_size & (p->page_size - 1)) != 0)
+            return check.fail(CK_STATUS_INVALID_VALUE,
+                              "params->page_size=%lld must be a power of two in [1, %lld]",
+                              (long long)p->page_size, (long long)ck::kDecodeMaxPageSize);
+        CK_TRY(in_range(p->max_blocks_per_seq, 1, INT32_MAX, "params->max_blocks_per_seq"));
+        if (p->max_seqlen_k > p->max_blocks_per_seq * p->page_size)
+            return check.fail(CK_STATUS_INVALID_VALUE,
+                              "params->max_seqlen_k=%lld is more than params->max_blocks_per_seq="
+                              "%lld x params->page_size=%lld keys",
+                              (long long)p->max_seqlen_k, (long long)p->max_blocks_per_seq,
+                              (long long)p->page_size);
+        if (__builtin_mul_overflow(p->num_pages * p->page_size, row_bytes, &cache_bytes))
+            return check.fail(CK_STATUS_INVALID_VALUE,
+                              "params->num_pages=%lld pages of params->page_size=%lld keys "
+                              "overflow a 64-bit byte count", (long long)p->num_pages,
+                              (long long)p->page_size);
+    } else if (__builtin_mul_overflow(p->batch * p->max_seqlen_k, row_bytes, &cache_bytes)) {
+        return check.fail(CK_STATUS_INVALID_VALUE,
+                          "params->batch=%lld sequences of params->max_seqlen_k=%lld keys "
+                          "overflow a 64-bit byte count", (long long)p->batch,
+                          (long long)p->max_seqlen_k);
+    }
+    if (!std::isfinite(p->softmax_scale))
+        return check.fail(CK_STATUS_INVALID_VALUE,
+                          "params->softmax_scale=%g is not finite (0 selects 1 / sqrt(head_dim))",
+                          double(p->softmax_scale));
+    CK_TRY(in_range(p->num_splits, 0, ck::kDecodeMaxSplits, "params->num_splits"));
+    const int64_t q_bytes = p->batch * p->seqlen_q * p->num_heads_q * p->head_dim * 2;
+    const int64_t lse_bytes = p->batch * p->seqlen_q * p->num_heads_q * 4;
+    if (pointers) {
+        const char* why = "16-byte copies of head rows";
+        CK_TRY(check.aligned(p->q, 16, "params->q", why));
+        CK_TRY(check.aligned(p->k_cache, 16, "params->k_cache", why));
+        CK_TRY(check.aligned(p->v_cache, 16, "params->v_cache", why));
+        CK_TRY(check.aligned(p->out, 16, "params->out", why));
+        CK_TRY(check.element_aligned({{p->lse, CK_DTYPE_FP32, "params->lse"},
+                                      {p->seqlens_k, CK_DTYPE_INT32, "params->seqlens_k"},
+                                      {p->block_table, CK_DTYPE_INT32, "params->block_table"}}));
+        if (overlaps(p->out, q_bytes, p->q, q_bytes) ||
+            overlaps(p->out, q_bytes, p->k_cache, cache_bytes) ||
+            overlaps(p->out, q_bytes, p->v_cache, cache_bytes))
+            return check.fail(CK_STATUS_INVALID_VALUE,
+                              "params->out overlaps params->q, k_cache or v_cache");
+        if (p->lse && (overlaps(p->lse, lse_bytes, p->q, q_bytes) ||
+                       overlaps(p->lse, lse_bytes, p->k_cache, cache_bytes) ||
+                       overlaps(p->lse, lse_bytes, p->v_cache, cache_bytes) ||
+                       overlaps(p->lse, lse_bytes, p->out, q_bytes)))
+            return check.fail(CK_STATUS_INVALID_VALUE,
+                              "params->lse overlaps params->q, k_cache, v_cache or out");
+    }
+
+    const int64_t splits = ck::decode_num_splits(p->batch, p->num_heads_q, p->num_heads_kv,
+                                                 p->seqlen_q, p->max_seqlen_k, p->num_splits);
+    call->q_bytes = q_bytes, call->cache_bytes = cache_bytes, call->lse_bytes = lse_bytes;
+    call->workspace = ck::decode_workspace(splits, p->batch, p->seqlen_q, p->num_heads_q,
+                                           p->head_dim);
+    ck::DecodeArgs& a = call->args;
+    a = ck::DecodeArgs{};
+    a.dtype = p->dtype;
+    a.q = p->q, a.k = p->k_cache, a.v = p->v_cache;
+    a.seqlens_k = p->seqlens_k, a.block_table = p->block_table;
+    a.out = p->out, a.lse = p->lse;
+    a.batch = int(p->batch), a.seqlen_q = int(p->seqlen_q);
+    a.num_heads_q = int(p->num_heads_q), a.num_heads_kv = int(p->num_heads_kv);
+    a.head_dim = int(p->head_dim), a.max_seqlen_k = int(p->max_seqlen_k);
+    if (paged) {
+        a.num_pages = int(p->num_pages), a.max_blocks = int(p->max_blocks_per_seq);
+        while ((int64_t(1) << a.page_shift) < p->page_size) ++a.page_shift;
+    }
+    a.splits = int(splits);
+    // The reference's default, 1 / sqrt(D) in double rounded once to float32 (as the prefill).
+    a.scale = p->softmax_scale != 0.f ? p->softmax_scale
+                                      : float(1.0 / std::sqrt(double(p->head_dim)));
+    return CK_STATUS_SUCCESS;
+}
+
+ck_status_t check_decode_workspace(const Check& check, const ck_attention_decode_params_t* p,
+                                   void* workspace, size_t workspace_bytes, DecodeCall* call) {
+    const int64_t need = call->workspace.bytes;
+    if (need == 0) return CK_STATUS_SUCCESS;  // one split: the workspace is not used
+    CK_TRY(check.not_null(workspace, "workspace"));
+    if (workspace_bytes < uint64_t(need))
+        return check.fail(CK_STATUS_INVALID_VALUE,
+                          "workspace_bytes=%zu is smaller than "
+                          "ck_attention_decode_workspace_size's %lld",
+                          workspace_bytes, (long long)need);
+    CK_TRY(check.aligned(workspace, 256, "workspace", "its 256-byte aligned regions"));
+    if (overlaps(workspace, need, p->q, call->q_bytes) ||
+        overlaps(workspace, need, p->k_cache, call->cache_bytes) ||
+        overlaps(workspace, need, p->v_cache, call->cache_bytes) ||
+        overlaps(workspace, need, p->out, call->q_bytes) ||
+        (p->lse && overlaps(workspace, need, p->lse, call->lse_bytes)))
+        return check.fail(CK_STATUS_INVALID_VALUE,
+                          "workspace overlaps params->q, k_cache, v_cache, out or lse");
+    uint8_t* ws = static_cast<uint8_t*>(workspace);
+    call->args.partial_o = reinterpret_cast<float*>(ws);
+    call->args.partial_lse = reinterpret_cast<float*>(ws + call->workspace.lse_offset);
+    return CK_STATUS_SUCCESS;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -1202,6 +1358,34 @@ ck_status_t ck_attention_forward(const ck_attention_params_t* params, ck_stream_
                           "needs compute capability 8.0 or newer (mma.sync, cp.async); this GPU "
                           "is %d.%d", cc / 10, cc % 10);
     return check.launch([&] { return ck::attention_forward(args, stream); });
+}
+
+
+ck_status_t ck_attention_decode_workspace_size(const ck_attention_decode_params_t* params,
+                                               size_t* bytes) {
+    const Check check("ck_attention_decode_workspace_size");
+    CK_TRY(check.not_null(bytes, "bytes"));
+    *bytes = 0;
+    DecodeCall call;
+    CK_TRY(check_decode_params(check, params, /*pointers=*/false, &call));
+    *bytes = size_t(call.workspace.bytes);
+    return CK_STATUS_SUCCESS;
+}
+
+ck_status_t ck_attention_decode(const ck_attention_decode_params_t* params, void* workspace,
+                                size_t workspace_bytes, ck_stream_t stream) {
+    const Check check("ck_attention_decode");
+    DecodeCall call;
+    CK_TRY(check_decode_params(check, params, /*pointers=*/true, &call));
+    CK_TRY(check_decode_workspace(check, params, workspace, workspace_bytes, &call));
+    int devices = 0;
+    CK_TRY(check.device_count(&devices));
+    const int cc = ck::compute_capability();
+    if (cc < kMmaMinArch)
+        return check.fail(CK_STATUS_UNSUPPORTED,
+                          "needs compute capability 8.0 or newer (mma.sync, cp.async); this GPU "
+                          "is %d.%d", cc / 10, cc % 10);
+    return check.launch([&] { return ck::attention_decode(call.args, stream); });
 }
 
 }  // extern "C"

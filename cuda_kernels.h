@@ -797,6 +797,113 @@ typedef struct ck_attention_params {
  * in a CUDA graph. Results do not depend on thread timing. */
 CK_API ck_status_t ck_attention_forward(const ck_attention_params_t* params, ck_stream_t stream);
 
+/* ---------------------------------------------------------------------------------------------
+ * Attention decode over a KV cache (fp16/bf16, split-KV "flash-decoding" on mma.sync)
+ *
+ * Each sequence b has Sq_new = seqlen_q new tokens (1 .. 16), the LAST Sq_new positions of the
+ * sequence, whose keys and values are already in the cache, and L_b = seqlens_k[b] keys. New
+ * token t (position L_b - Sq_new + t) and query head h see the keys at positions
+ * 0 .. L_b - Sq_new + t (causal within the new tokens), with kv head h / (Hq / Hkv):
+ *   O = sum_j exp(x_j - m) v_j / sum_j exp(x_j - m),  lse = m + ln(sum_j exp(x_j - m)),
+ * x_j = scale q . k_j, m = max_j x_j, as ck_attention_forward with causal = 1 (the decode is
+ * that prefill of the new queries against the sequence's first L_b keys). A token that sees
+ * no key (L_b = 0, or t < Sq_new - L_b) gets O = 0 and lse = -inf exactly.
+ * tests/reference.py attention_decode_f64 is the executable spec; the kernel meets
+ * attention_error_bound (block_n = 16, num_splits as below) on attention_decode_as_prefill's
+ * arrays.
+ *
+ * Layouts (row-major and densely packed; no other strides are accepted):
+ *   q, out    [batch, seqlen_q, Hq, D]; lse [batch, seqlen_q, Hq] float32.
+ *   contiguous cache (block_table NULL): k_cache, v_cache [batch, max_seqlen_k, Hkv, D];
+ *             sequence b's key j is k_cache[b, j].
+ *   paged cache: k_cache, v_cache [num_pages, page_size, Hkv, D] and block_table int32
+ *             [batch, max_blocks_per_seq]: key j of sequence b is
+ *             k_cache[block_table[b, j / page_size], j % page_size].
+ *
+ * Device-side lengths: seqlens_k int32 [batch] is read by the kernel, never by the host. The
+ * caller promises 0 <= seqlens_k[b] <= max_seqlen_k and, when paged, that the entries of the
+ * ceil(seqlens_k[b] / page_size) pages a sequence uses lie in [0, num_pages). Broken promises
+ * never cause an access out of bounds: a length is clamped to [0, max_seqlen_k] (the call then
+ * computes the clamped sequence), and a page id is clamped to [0, num_pages - 1] (the values
+ * written are then unspecified). Nothing at or past a sequence's (clamped) length is read,
+ * neither the cache nor the block table entries past its pages.
+ *
+ * Split-KV: each sequence's keys are dealt to num_splits splits in whole blocks of 64 keys
+ * (tests/reference.py attention_split_bounds(L_b, num_splits, 64)); each split writes its
+ * normalized float32 O_s and lse_s into the workspace, and a combine kernel merges them
+ * (attention_combine) into O and lse. With one split O and lse are written directly and no
+ * workspace is needed. num_splits is chosen on the host from the declared sizes alone (not the
+ * device's lengths, nor the GPU, so the workspace size is known without a device and results do
+ * not depend on the GPU): with R = (Hq / Hkv) * seqlen_q rows per kv head,
+ *   row_groups = ceil(R / w), w = 16 (R <= 16), 32 (R <= 32) or 64,
+ *   ctas       = batch * Hkv * row_groups,
+ *   num_splits = max(1, min(ceil(264 / ctas), 64, ceil(max_seqlen_k / 128)))
+ * (about two waves of 132 SMs, each split at least 128 keys), unless params->num_splits
+ * forces a count. Workspace (num_splits > 1), with rows = num_splits * batch * seqlen_q * Hq:
+ *   float32 O_s [num_splits, batch, seqlen_q, Hq, D] at byte 0 (rows * D * 4 bytes, rounded up
+ *   to a multiple of 256), then float32 lse_s [num_splits, batch, seqlen_q, Hq] (rows * 4
+ *   bytes, rounded up to 256); an empty split (or one wholly after a token) has lse_s = -inf and
+ *   O_s = 0. Bytes = 0 for one split.
+ * ------------------------------------------------------------------------------------------- */
+
+/* The arguments of ck_attention_decode (see the convention at the top of this header). */
+typedef struct ck_attention_decode_params {
+    size_t struct_size;          /* sizeof(ck_attention_decode_params_t) */
+    ck_dtype_t dtype;            /* q, the cache, out: CK_DTYPE_FP16 or CK_DTYPE_BF16 */
+    const void* q;               /* [batch, seqlen_q, Hq, D], 16-byte aligned */
+    const void* k_cache;         /* contiguous or paged (above), 16-byte aligned */
+    const void* v_cache;         /* like k_cache, 16-byte aligned */
+    const int32_t* seqlens_k;    /* [batch] int32 device memory, 4-byte aligned */
+    const int32_t* block_table;  /* [batch, max_blocks_per_seq] int32, 4-byte aligned; NULL:
+                                    the cache is contiguous */
+    void* out;                   /* [batch, seqlen_q, Hq, D], 16-byte aligned; must not overlap
+                                    q, k_cache, v_cache */
+    float* lse;                  /* [batch, seqlen_q, Hq] float32, 4-byte aligned; NULL: not
+                                    written; must not overlap q, k_cache, v_cache or out */
+    int64_t batch;               /* 1 .. 65535 */
+    int64_t seqlen_q;            /* Sq_new, new tokens per sequence: 1 .. 16 */
+    int64_t num_heads_q;         /* Hq: 1 .. 65535, a multiple of num_heads_kv */
+    int64_t num_heads_kv;        /* Hkv >= 1 */
+    int64_t head_dim;            /* D: 64 or 128 */
+    /* The declared longest sequence, 1 .. 2^30: contiguous, also the cache's second dimension;
+     * paged, at most max_blocks_per_seq * page_size. Lengths are clamped to it. */
+    int64_t max_seqlen_k;
+    /* Paged cache only (read only when block_table is given): */
+    int64_t num_pages;           /* pages in k_cache and v_cache: 1 .. 2^31 - 1 */
+    int64_t page_size;           /* keys per page: a power of two, 1 .. 65536 */
+    int64_t max_blocks_per_seq;  /* block_table's second dimension: 1 .. 2^31 - 1 */
+    /* The scale of q.k inside the softmax, a finite float32; 0 (the default) means 1 / sqrt(D)
+     * rounded to float32, as ck_attention_forward. */
+    float softmax_scale;
+    /* 0 (default): the rule above; 1 .. 64: exactly that many splits (some may be empty). */
+    int32_t num_splits;
+} ck_attention_decode_params_t;
+
+/* The workspace bytes ck_attention_decode needs for these parameters (the formula above; 0 for
+ * one split). Validates *params as ck_attention_decode does, pointers excepted. Needs no GPU. */
+CK_API ck_status_t ck_attention_decode_workspace_size(const ck_attention_decode_params_t* params,
+                                                      size_t* bytes);
+
+/* Decode attention (above). Requirements: struct_size known; dtype fp16 or bf16; D = 64 or 128
+ * (CK_STATUS_UNSUPPORTED for other head dims); Hq % Hkv == 0; seqlen_q 1 .. 16; the sizes in
+ * the struct's ranges, page_size a power of two, max_seqlen_k <= max_blocks_per_seq * page_size
+ * when paged, and the byte count of every operand (cache, pages, block table) representable in
+ * int64_t (CK_STATUS_INVALID_VALUE otherwise); q, k_cache, v_cache and out 16-byte aligned;
+ * lse, seqlens_k and block_table 4-byte aligned (CK_STATUS_MISALIGNED); out and lse must not
+ * overlap q, the cache or each other (CK_STATUS_INVALID_VALUE for the overlaps the host sees;
+ * seqlens_k and block_table are not checked but must not overlap an output either).
+ * workspace: with num_splits > 1, at least ck_attention_decode_workspace_size bytes (else
+ * CK_STATUS_INVALID_VALUE), 256-byte aligned (CK_STATUS_MISALIGNED), not overlapping q, the
+ * cache, out or lse (CK_STATUS_INVALID_VALUE); with one split it is not used and may be NULL.
+ * Requires compute capability 8.0 or newer (CK_STATUS_UNSUPPORTED before). Writes out and,
+ * when given, lse, and the workspace's partials; nothing else. Nothing is allocated or
+ * synchronized and the host never reads seqlens_k or block_table, so the call can be captured
+ * in a CUDA graph. Results do not depend on thread timing; a paged and a contiguous cache that
+ * hold the same keys give the same bits for the same num_splits. */
+CK_API ck_status_t ck_attention_decode(const ck_attention_decode_params_t* params,
+                                       void* workspace, size_t workspace_bytes,
+                                       ck_stream_t stream);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

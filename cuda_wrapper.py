@@ -101,6 +101,7 @@ __all__ = [
     "gemm_block4_prepacked", "import_gptq", "import_awq", "permute_columns", "gemm_int4",
     "gemm_int4_scaled", "QuantizedLinear", "MoeParams", "moe_route", "moe_prepack",
     "moe_workspace_size", "moe_forward", "QuantizedMoE", "AttentionParams", "attention",
+    "AttentionDecodeParams", "attention_decode_workspace_size", "attention_decode",
     "quantize_tensor", "dequantize_tensor", "int8_matmul", "torch_ops",
 ]
 
@@ -308,6 +309,47 @@ class AttentionParams(_ParamsStruct):
     ]
 
 
+class AttentionDecodeParams(ctypes.Structure):
+    """ck_attention_decode_params_t, field for field in the header's order: the arguments of
+    ck_attention_decode and ck_attention_decode_workspace_size (passed by reference).
+
+    Device pointers are ints (0 for NULL), enums ints. struct_size defaults to
+    ctypes.sizeof(AttentionDecodeParams); every other field to 0, the header's default where it
+    has one (no lse, a contiguous cache, softmax_scale 1 / sqrt(D), the automatic num_splits).
+    tests/test_abi.py checks the layout against the header's.
+    """
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("dtype", _ENUM),
+        ("q", _VOIDP),
+        ("k_cache", _VOIDP),
+        ("v_cache", _VOIDP),
+        ("seqlens_k", _VOIDP),
+        ("block_table", _VOIDP),
+        ("out", _VOIDP),
+        ("lse", _VOIDP),
+        ("batch", _I64),
+        ("seqlen_q", _I64),
+        ("num_heads_q", _I64),
+        ("num_heads_kv", _I64),
+        ("head_dim", _I64),
+        ("max_seqlen_k", _I64),
+        ("num_pages", _I64),
+        ("page_size", _I64),
+        ("max_blocks_per_seq", _I64),
+        ("softmax_scale", ctypes.c_float),
+        ("num_splits", ctypes.c_int32),
+    ]
+
+    def __init__(self, **fields):
+        fields.setdefault("struct_size", ctypes.sizeof(AttentionDecodeParams))
+        super().__init__(**fields)
+
+    def __repr__(self):
+        return "AttentionDecodeParams(%s)" % ", ".join(
+            "%s=%s" % (name, hex(getattr(self, name) or 0) if ctype is _VOIDP else
+                       getattr(self, name)) for name, ctype in self._fields_)
+
 # Every export of cuda_kernels.h: name -> (restype, ((argument, ctypes type), ...)). The argument
 # names are the raw level's (raw.<name without ck_>), which are the header's with "_ptr" added
 # to each device pointer; a third field gives the header's name where the raw level says it
@@ -435,6 +477,12 @@ DECLARATIONS = {
         ("workspace_bytes", ctypes.c_size_t), _STREAM)),
     "ck_attention_forward": (_STATUS, (
         ("params", ctypes.POINTER(AttentionParams)), _STREAM)),
+    "ck_attention_decode_workspace_size": (_STATUS, (
+        ("params", ctypes.POINTER(AttentionDecodeParams)),
+        ("bytes", ctypes.POINTER(ctypes.c_size_t)))),
+    "ck_attention_decode": (_STATUS, (
+        ("params", ctypes.POINTER(AttentionDecodeParams)), ("workspace_ptr", _PTR),
+        ("workspace_bytes", ctypes.c_size_t), _STREAM)),
 }
 
 _lib_lock = threading.RLock()
@@ -551,6 +599,15 @@ class _Raw:
         params (a MoeParams), returned (raises CKError where params are invalid)."""
         nbytes = ctypes.c_size_t(0)
         load_library().ck_moe_workspace_size(params, ctypes.byref(nbytes))
+        return nbytes.value
+
+    @staticmethod
+    def attention_decode_workspace_size(params):
+        """ck_attention_decode_workspace_size(params, &bytes): the workspace bytes
+        ck_attention_decode needs for params (an AttentionDecodeParams), returned (raises
+        CKError where params are invalid)."""
+        nbytes = ctypes.c_size_t(0)
+        load_library().ck_attention_decode_workspace_size(params, ctypes.byref(nbytes))
         return nbytes.value
 
     status_string = staticmethod(status_string)
@@ -3427,6 +3484,112 @@ def attention(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
             lse = call.output((qa.shape[0], qa.shape[1]), np.float32, DType.FP32, None, "lse")
             params.lse = lse.ptr
         raw.attention_forward(params, call.stream)
+        return call.finish(o, lse) if return_lse else call.finish(o)
+
+
+def _decode_params(q_shape, k_shape, seqlens_shape, table_shape, max_seqlen_k, softmax_scale,
+                   num_splits):
+    """The sizes of an AttentionDecodeParams from the shapes of a decode call's arrays (checked
+    as far as the library cannot: it sees no shapes), pointers left 0."""
+    if softmax_scale is not None and float(softmax_scale) == 0.0:
+        raise ValueError("softmax_scale=0 is not expressible (the library reads 0 as "
+                         "1 / sqrt(D)); pass a tiny scale, or None for the default")
+    if len(q_shape) != 4 or len(k_shape) != 4:
+        raise ValueError("q must be [batch, seqlen_q, Hq, D] and the cache [batch, max_seqlen_k, "
+                         "Hkv, D] or pages [num_pages, page_size, Hkv, D]; got q %s, k_cache %s"
+                         % (tuple(q_shape), tuple(k_shape)))
+    batch, seqlen_q, heads_q, head_dim = q_shape
+    if k_shape[3] != head_dim:
+        raise ValueError("q's head dim %d differs from the cache's, %d" % (head_dim, k_shape[3]))
+    if tuple(seqlens_shape) != (batch,):
+        raise ValueError("seqlens_k must be int32 [batch=%d], got shape %s"
+                         % (batch, tuple(seqlens_shape)))
+    params = AttentionDecodeParams(
+        batch=batch, seqlen_q=seqlen_q, num_heads_q=heads_q, num_heads_kv=k_shape[2],
+        head_dim=head_dim, softmax_scale=0.0 if softmax_scale is None else softmax_scale,
+        num_splits=int(num_splits or 0))
+    if table_shape is None:
+        if k_shape[0] != batch:
+            raise ValueError("q has batch=%d sequences, the contiguous cache %d"
+                             % (batch, k_shape[0]))
+        if max_seqlen_k is not None and int(max_seqlen_k) != k_shape[1]:
+            raise ValueError("a contiguous cache's max_seqlen_k is its second dimension, %d "
+                             "(got %d)" % (k_shape[1], max_seqlen_k))
+        params.max_seqlen_k = k_shape[1]
+    else:
+        if len(table_shape) != 2 or table_shape[0] != batch:
+            raise ValueError("block_table must be int32 [batch=%d, max_blocks_per_seq], got "
+                             "shape %s" % (batch, tuple(table_shape)))
+        params.num_pages, params.page_size = k_shape[0], k_shape[1]
+        params.max_blocks_per_seq = table_shape[1]
+        params.max_seqlen_k = (table_shape[1] * k_shape[1] if max_seqlen_k is None
+                               else int(max_seqlen_k))
+    return params
+
+
+def attention_decode_workspace_size(q_shape, k_cache_shape, block_table_shape=None,
+                                    max_seqlen_k=None, num_splits=None, dtype="fp16"):
+    """The workspace bytes :func:`attention_decode` needs (ck_attention_decode_workspace_size)
+    for q of shape q_shape, a cache of shape k_cache_shape (contiguous, or pages with a block
+    table of block_table_shape) and these declared sizes; 0 where one split serves the call."""
+    batch = tuple(q_shape)[0] if len(tuple(q_shape)) == 4 else 0
+    params = _decode_params(tuple(q_shape), tuple(k_cache_shape), (batch,),
+                            None if block_table_shape is None else tuple(block_table_shape),
+                            max_seqlen_k, None, num_splits)
+    params.dtype = _as_dtype_enum(dtype, "dtype")
+    params.block_table = 0 if block_table_shape is None else 1   # a flag here, never read
+    return raw.attention_decode_workspace_size(params)
+
+
+def attention_decode(q, k_cache, v_cache, seqlens_k, block_table=None, softmax_scale=None,
+                     max_seqlen_k=None, num_splits=None, return_lse=False, dtype=None,
+                     workspace=None, out=None, stream=None):
+    """Decode attention over a KV cache (ck_attention_decode): for the seqlen_q new tokens of
+    each sequence (its last positions) and each query head h, O = softmax(scale q k^T over the
+    sequence's keys up to the token's position) v, kv head h // (Hq / Hkv) (cuda_kernels.h gives
+    the split-KV plan and the roundings; tests/reference.py attention_decode_f64 is the spec).
+
+    q [batch, seqlen_q, Hq, D] (seqlen_q 1 .. 16) in fp16 or bf16 (uint16 bit patterns with
+    dtype="bf16"), D 64 or 128; seqlens_k int32 [batch] (keys per sequence, read on the
+    device). The cache: contiguous k_cache, v_cache [batch, max_seqlen_k, Hkv, D] (block_table
+    None), or pages [num_pages, page_size, Hkv, D] with block_table int32 [batch,
+    max_blocks_per_seq] (page_size a power of two). max_seqlen_k: the declared longest sequence
+    (None: the cache's capacity, max_blocks_per_seq * page_size when paged); lengths past it are
+    clamped to it. softmax_scale: None for 1 / sqrt(D), else any finite value but 0.
+    num_splits: None for the library's rule, or 1 .. 64. workspace: None allocates
+    :func:`attention_decode_workspace_size` bytes for the call; a CUDA array of at least that
+    many bytes, 256-byte aligned, is used instead (what a graph capture needs).
+    Returns O like q, and with return_lse also lse float32 [batch, seqlen_q, Hq] (-inf and
+    O = 0 for a token that sees no key).
+    """
+    with _Call(q, stream) as call:
+        qa = call.input(q, "q", dtype, need=_FLOAT_INPUT)
+        ka = call.input(k_cache, "k_cache", dtype, need=_FLOAT_INPUT)
+        va = call.input(v_cache, "v_cache", dtype, need=_FLOAT_INPUT)
+        if tuple(ka.shape) != tuple(va.shape):
+            raise ValueError("k_cache %s and v_cache %s must have the same shape"
+                             % (tuple(ka.shape), tuple(va.shape)))
+        if not qa.ck_dtype == ka.ck_dtype == va.ck_dtype:
+            raise TypeError("q, k_cache and v_cache must have one dtype")
+        sa = call.input(seqlens_k, "seqlens_k", need=np.int32)
+        ta = None if block_table is None else call.input(block_table, "block_table",
+                                                         need=np.int32)
+        params = _decode_params(tuple(qa.shape), tuple(ka.shape), tuple(sa.shape),
+                                None if ta is None else tuple(ta.shape), max_seqlen_k,
+                                softmax_scale, num_splits)
+        params.dtype = qa.ck_dtype
+        params.q, params.k_cache, params.v_cache, params.seqlens_k = qa.ptr, ka.ptr, va.ptr, sa.ptr
+        params.block_table = 0 if ta is None else ta.ptr
+        o = call.output(qa.shape, _NUMPY_OF[qa.ck_dtype], qa.ck_dtype, out, "out")
+        params.out = o.ptr
+        lse = None
+        if return_lse:
+            lse = call.output(tuple(qa.shape[:3]), np.float32, DType.FP32, None, "lse")
+            params.lse = lse.ptr
+        need = raw.attention_decode_workspace_size(params)
+        ws_ptr, ws_bytes = (0, 0) if need == 0 and workspace is None else \
+            call.workspace(workspace, need)
+        raw.attention_decode(params, ws_ptr, ws_bytes, call.stream)
         return call.finish(o, lse) if return_lse else call.finish(o)
 
 

@@ -293,6 +293,12 @@ void bench_quantize(Bench& bench, const Options& options) {
 #include "bench_block4.cuh"
 
 // ================================================================================================
+// Family "attention": decode attention over a contiguous or paged KV cache (ck_attention_decode)
+// against the copy bandwidth (bench_attention.cuh).
+// ================================================================================================
+#include "bench_attention.cuh"
+
+// ================================================================================================
 // The program
 // ================================================================================================
 struct Family {
@@ -306,11 +312,13 @@ static const Family kFamilies[] = {
     {"gemm", bench_gemm},
     {"moe", bench_moe},
     {"block4", bench_block4},
+    {"attention", bench_attention},
 };
 
 // --sample: a first look in a minute or two, measured as the full sweep measures: every quantizer
 // on the main fp16 tensor, every GEMM row (beside cuBLAS) at one weight shape for a decode and a
-// prefill batch, and the MoE layer (beside its fp16 baselines) at the same two regimes.
+// prefill batch, the MoE layer (beside its fp16 baselines) at the same two regimes, the block
+// 4-bit GEMMs, and decode attention on a contiguous and two paged caches at one batch.
 static const char* const kSampleFilters[] = {
     "/fp16/8192x8192$",
     "/M=1 K=4096 N=4096$",
@@ -318,6 +326,7 @@ static const char* const kSampleFilters[] = {
     "/mixtral T=16$",
     "/mixtral T=1024$",
     "block4/",
+    "/B=16 KV=4096 Hq=32 Hkv=8 D=128$",
 };
 
 static void print_usage(FILE* to) {

@@ -1331,6 +1331,239 @@ def _attention_params(pointers):
 ATTENTION_PARAMS_SIZES = _attention_params(pointers=False)
 ATTENTION_PARAMS = _attention_params(pointers=True)
 
+# ck_attention_decode and ck_attention_decode_workspace_size (cuda_kernels.h): the limits of
+# ck_attention_decode_params_t, the paged fields (checked only with a block_table, which the
+# size query reads as a flag alone), the cache's byte count, the overlaps, the split rule and
+# the workspace.
+DECODE_MAX_BATCH = DECODE_MAX_HEADS = 65535
+DECODE_MAX_QUERIES = 16
+DECODE_MAX_SEQLEN = 2**30
+DECODE_MAX_PAGE_SIZE = 65536
+DECODE_MAX_SPLITS = 64
+DECODE_TARGET_CTAS, DECODE_MIN_SPLIT_KEYS = 264, 128
+
+
+class PagedOnly(Kind):
+    """A field of a paged cache (num_pages, page_size, max_blocks_per_seq): read, and checked
+    by `inner` (a kind), only when block_table is given."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def example(self):
+        return self.inner.example()
+
+    def valid(self):
+        return self.inner.valid()
+
+    def any(self):
+        return self.inner.any()
+
+    def violations(self, name, label, args):
+        return self.inner.violations(name, label, args) if args["block_table"] else []
+
+
+class PageSize(Size):
+    """A power of two in [1, 65536], else CK_STATUS_INVALID_VALUE."""
+
+    def example(self):
+        return 16
+
+    def valid(self):
+        return st.sampled_from([2**i for i in range(17)])
+
+    def violations(self, name, label, args):
+        value = args[name]
+        if not 1 <= value <= DECODE_MAX_PAGE_SIZE or value & (value - 1):
+            return [Violation(Status.INVALID_VALUE, (label,), (value,))]
+        return []
+
+
+def _decode_fields_valid(params, names):
+    kinds = DECODE_PARAMS_SIZES.fields
+    return all(not kinds[name].violations(name, name, params) for name in names)
+
+
+_DECODE_SHAPE = ("batch", "seqlen_q", "num_heads_q", "num_heads_kv", "head_dim", "max_seqlen_k")
+_DECODE_PAGES = ("num_pages", "page_size", "max_blocks_per_seq")
+
+
+def decode_pages_hold_max_seqlen(params):
+    """Paged: max_seqlen_k <= max_blocks_per_seq * page_size."""
+    if not params["block_table"] or not _decode_fields_valid(params, ("max_seqlen_k",)
+                                                             + _DECODE_PAGES):
+        return []
+    names = ("max_seqlen_k", "max_blocks_per_seq", "page_size")
+    if params["max_seqlen_k"] > params["max_blocks_per_seq"] * params["page_size"]:
+        return [Violation(Status.INVALID_VALUE, names, tuple(params[n] for n in names))]
+    return []
+
+
+def decode_cache_bytes(params):
+    """The bytes of k_cache (and of v_cache): [batch, max_seqlen_k, Hkv, D] or [num_pages,
+    page_size, Hkv, D] of 2-byte values; None while a size it needs is invalid."""
+    paged = bool(params["block_table"])
+    names = _DECODE_SHAPE + (_DECODE_PAGES if paged else ())
+    if not _decode_fields_valid(params, names) or decode_pages_hold_max_seqlen(params):
+        return None
+    rows = params["num_pages"] * params["page_size"] if paged else \
+        params["batch"] * params["max_seqlen_k"]
+    return rows * params["num_heads_kv"] * params["head_dim"] * 2
+
+
+def decode_cache_fits(params):
+    """The cache's byte count fits in int64_t (CK_STATUS_INVALID_VALUE naming the two sizes
+    that multiply it: batch and max_seqlen_k, or num_pages and page_size)."""
+    size = decode_cache_bytes(params)
+    if size is None or size <= INT64_MAX:
+        return []
+    names = ("num_pages", "page_size") if params["block_table"] else ("batch", "max_seqlen_k")
+    return [Violation(Status.INVALID_VALUE, names, tuple(params[n] for n in names))]
+
+
+def _decode_sizes_valid(params):
+    return not DECODE_PARAMS_SIZES.field_violations(params)
+
+
+def decode_num_splits(params):
+    """The splits of a valid call (cuda_kernels.h's rule, or the forced num_splits)."""
+    if params["num_splits"]:
+        return params["num_splits"]
+    rows = params["num_heads_q"] // params["num_heads_kv"] * params["seqlen_q"]
+    width = 16 if rows <= 16 else 32 if rows <= 32 else 64
+    ctas = params["batch"] * params["num_heads_kv"] * -(-rows // width)
+    most = min(DECODE_MAX_SPLITS, -(-params["max_seqlen_k"] // DECODE_MIN_SPLIT_KEYS))
+    return max(1, min(-(-DECODE_TARGET_CTAS // ctas), most))
+
+
+def decode_workspace_bytes(params):
+    """ck_attention_decode_workspace_size's answer for the fields of a
+    ck_attention_decode_params_t, or None where it rejects them: 0 for one split, else float32
+    O_s and lse_s of splits x batch x seqlen_q x Hq rows, each region rounded up to 256."""
+    if params is None or DECODE_PARAMS_SIZES.violations("params", "params", {"params": params}):
+        return None
+    splits = decode_num_splits(params)
+    if splits == 1:
+        return 0
+    rows = splits * params["batch"] * params["seqlen_q"] * params["num_heads_q"]
+    return sum(-(-region // 256) * 256 for region in (rows * params["head_dim"] * 4, rows * 4))
+
+
+def _decode_bytes(params):
+    """(q and out bytes, cache bytes, lse bytes), or None while the sizes are invalid."""
+    if not _decode_sizes_valid(params):
+        return None
+    q = params["batch"] * params["seqlen_q"] * params["num_heads_q"] * params["head_dim"] * 2
+    return q, decode_cache_bytes(params), q // params["head_dim"] * 2
+
+
+def _decode_out_spans(params):
+    sizes = _decode_bytes(params)
+    if sizes is None:
+        return None
+    q, cache, _ = sizes
+    return q, [(params["q"], q), (params["k_cache"], cache), (params["v_cache"], cache)]
+
+
+def _decode_lse_spans(params):
+    sizes = _decode_bytes(params)
+    if sizes is None:
+        return None
+    q, cache, lse = sizes
+    return lse, [(params["q"], q), (params["k_cache"], cache), (params["v_cache"], cache),
+                 (params["out"], q)]
+
+
+def decode_apart(params):
+    """out does not overlap q or the cache; lse (when given) none of them nor out."""
+    found = []
+    for field, spans in (("out", _decode_out_spans), ("lse", _decode_lse_spans)):
+        span = spans(params)
+        if span is None or not params[field]:
+            continue
+        if any(overlaps(params[field], span[0], other, size) for other, size in span[1]):
+            found.append(Violation(Status.INVALID_VALUE, (field,)))
+    return found
+
+
+def _decode_params(pointers):
+    """ck_attention_decode_params_t as ck_attention_decode checks it, or (pointers=False) as
+    ck_attention_decode_workspace_size does (block_table only says whether the cache is paged)."""
+    fields = {"dtype": HALVES, "q": Pointer(16), "k_cache": Pointer(16),
+              "v_cache": Pointer(16), "seqlens_k": Pointer(4),
+              "block_table": Pointer(4, optional=True),
+              "out": Disjoint(16, _decode_out_spans),
+              "lse": Disjoint(4, _decode_lse_spans, optional=True),
+              "batch": Size(most=DECODE_MAX_BATCH), "seqlen_q": Size(most=DECODE_MAX_QUERIES),
+              "num_heads_q": Size(most=DECODE_MAX_HEADS), "num_heads_kv": HeadsKv(),
+              "head_dim": HeadDim(), "max_seqlen_k": Size(most=DECODE_MAX_SEQLEN),
+              "num_pages": PagedOnly(Size(most=INT32_MAX)), "page_size": PagedOnly(PageSize()),
+              "max_blocks_per_seq": PagedOnly(Size(most=INT32_MAX)),
+              "softmax_scale": Float32(), "num_splits": Enum(DECODE_MAX_SPLITS + 1)}
+    unchecked = () if pointers else [field for field, kind in fields.items()
+                                     if isinstance(kind, Pointer)]
+    example = dict(batch=4, seqlen_q=2, num_heads_q=8, num_heads_kv=2, max_seqlen_k=1000,
+                   num_pages=300, page_size=16, max_blocks_per_seq=100)
+    rules = (decode_pages_hold_max_seqlen, decode_cache_fits)
+    return Struct(ck.AttentionDecodeParams, fields,
+                  rules + ((decode_apart,) if pointers else ()), unchecked, example)
+
+
+DECODE_PARAMS_SIZES = _decode_params(pointers=False)
+DECODE_PARAMS = _decode_params(pointers=True)
+
+
+class DecodeWorkspacePointer(Disjoint):
+    """ck_attention_decode's workspace: read (and checked: not NULL, 256-byte aligned, clear of
+    q, the cache, out and lse) only when the call has more than one split."""
+
+    def __init__(self):
+        super().__init__(256, _decode_workspace_spans)
+
+    def violations(self, name, label, args):
+        need = decode_workspace_bytes(args["params"])
+        return super().violations(name, label, args) if need else []
+
+
+class DecodeWorkspaceBytes(WorkspaceBytes):
+    """ck_attention_decode's workspace_bytes: at least ck_attention_decode_workspace_size."""
+
+    def settle(self, name, args):
+        need = decode_workspace_bytes(args[self.params])
+        return args[name] if need is None or args[name] >= need else need + args[name]
+
+
+def _decode_workspace_spans(args):
+    need = decode_workspace_bytes(args["params"])
+    if not need:
+        return None
+    params = args["params"]
+    q, cache, lse = _decode_bytes(params)
+    others = [(params["q"], q), (params["k_cache"], cache), (params["v_cache"], cache),
+              (params["out"], q)]
+    if params["lse"]:
+        others.append((params["lse"], lse))
+    return need, others
+
+
+def decode_workspace(args):
+    """ck_attention_decode's workspace, once the params pass and the call has several splits:
+    at least ck_attention_decode_workspace_size bytes (naming workspace_bytes and both sizes),
+    then (after its alignment) clear of q, the cache, out and lse."""
+    spans = _decode_workspace_spans(args)
+    if spans is None:
+        return []
+    need, others = spans
+    found = []
+    if args["workspace_bytes"] < need:
+        found.append(Violation(Status.INVALID_VALUE, ("workspace_bytes",),
+                               (args["workspace_bytes"], need)))
+    workspace = args["workspace_ptr"]
+    if workspace and any(overlaps(workspace, need, other, size) for other, size in others):
+        found.append(Violation(Status.INVALID_VALUE, ("workspace",)))
+    return found
+
+
 # Exports whose fuzz description is still to be written (none now). The set may only shrink.
 UNDESCRIBED = set()
 
@@ -1474,7 +1707,17 @@ DESCRIPTIONS = {
          "workspace_bytes": WorkspaceBytes(), "stream": Stream()},
         (moe_workspace,)),
     "ck_attention_forward": Description({"params": ATTENTION_PARAMS, "stream": Stream()}),
+    "ck_attention_decode_workspace_size": Description(
+        {"params": DECODE_PARAMS_SIZES, "bytes": HostInt(ctypes.c_size_t)}, launches=False),
+    "ck_attention_decode": Description(
+        {"params": DECODE_PARAMS, "workspace_ptr": DecodeWorkspacePointer(),
+         "workspace_bytes": DecodeWorkspaceBytes(), "stream": Stream()},
+        (decode_workspace,)),
 }
+
+# The answer of each size query that the fuzzer checks (test_fuzz_abi.py), from its params.
+WORKSPACE_MODELS = {"ck_moe_workspace_size": moe_workspace_bytes,
+                    "ck_attention_decode_workspace_size": decode_workspace_bytes}
 
 VALIDATED = sorted(name for name, d in DESCRIPTIONS.items()
                    if d.drive == "validated" and d.launches)

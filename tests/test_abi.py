@@ -171,9 +171,10 @@ def test_wrapper_declaration_matches_header(name):
 
 
 # Arguments that the raw level returns instead of taking them (the raw functions of
-# ck_device_count and ck_moe_workspace_size are written out, as are those that decode a string:
+# ck_device_count and the workspace size queries are written out, as are those that decode a string:
 # ck_status_string, ck_last_error_message).
-OUT_PARAMETERS = {"ck_device_count": ["count"], "ck_moe_workspace_size": ["bytes"]}
+OUT_PARAMETERS = {"ck_device_count": ["count"], "ck_moe_workspace_size": ["bytes"],
+                  "ck_attention_decode_workspace_size": ["bytes"]}
 
 
 @pytest.mark.parametrize("name", sorted(DECLARATIONS))
@@ -220,7 +221,8 @@ def expected_field_ctype(c_type):
 
 
 # The header's parameter structs and the wrapper's ctypes.Structure of each.
-PARAM_STRUCTS = [("ck_moe_params", ck.MoeParams), ("ck_attention_params", ck.AttentionParams)]
+PARAM_STRUCTS = [("ck_moe_params", ck.MoeParams), ("ck_attention_params", ck.AttentionParams),
+                 ("ck_attention_decode_params", ck.AttentionDecodeParams)]
 
 
 @pytest.mark.parametrize("tag, cls", PARAM_STRUCTS)
@@ -1059,9 +1061,122 @@ def attention_forward(fields):
     ck.raw.attention_forward(params, stream=0)
 
 
+# ck_attention_decode takes a ck_attention_decode_params_t (cuda_wrapper.AttentionDecodeParams)
+# and the workspace, ck_attention_decode_workspace_size the struct and a size_t*, their rows
+# written as the MoE layer's. Rules (cuda_kernels.h): dtype fp16 or bf16; q, k_cache, v_cache
+# and out 16-byte aligned, lse, seqlens_k and block_table 4-byte aligned; 1 <= batch <= 65535,
+# 1 <= seqlen_q <= 16, 1 <= Hq <= 65535, Hkv in [1, Hq] dividing it; D >= 1, and 64 or 128
+# (else UNSUPPORTED); 1 <= max_seqlen_k <= 2^30; with a block_table (only then): 1 <= num_pages
+# < 2^31, page_size a power of two up to 65536, 1 <= max_blocks_per_seq < 2^31 and max_seqlen_k
+# <= max_blocks_per_seq * page_size; the cache's bytes within int64; a finite softmax_scale;
+# 0 <= num_splits <= 64; out and lse clear of q, the cache and each other; with several splits
+# the workspace given, 256-byte aligned, at least the query's bytes and clear of the operands.
+# The valid call is paged, with 8 automatic splits (4 x 2 kv heads of 8 rows: ceil(264 / 8) =
+# 33, capped by ceil(1000 / 128) = 8), so that it needs a workspace.
+DQ, DK, DV, DSEQ, DBT, DO, DLSE, DWS = (0x7F0010000000 + i * 0x10000000 for i in range(8))
+DECODE_SIZEOF = ctypes.sizeof(ck.AttentionDecodeParams)
+ATTENTION_DECODE = dict(dtype=DType.FP16, q_ptr=DQ, k_cache_ptr=DK, v_cache_ptr=DV,
+                        seqlens_k_ptr=DSEQ, block_table_ptr=DBT, out_ptr=DO, lse_ptr=DLSE,
+                        batch=4, seqlen_q=2, num_heads_q=8, num_heads_kv=2, head_dim=128,
+                        max_seqlen_k=1000, num_pages=300, page_size=16, max_blocks_per_seq=100,
+                        softmax_scale=0.0, num_splits=0, workspace_ptr=DWS,
+                        workspace_bytes=2**40)
+CONTIGUOUS = dict(block_table_ptr=0)
+# 2^16 x 2^30 x 2^16 x 128 x 2 bytes (contiguous) and 2^31 x 2^16 x 2^16 x 128 x 2 (paged).
+CACHE_PAST_2_63 = dict(num_heads_q=65535, num_heads_kv=65535)
+ATTENTION_DECODE_CASES = (
+    null("q", "k_cache", "v_cache", "seqlens_k", "out", "workspace")
+    + [("null-params", dict(params_ptr=0), INVALID, ["params"])]
+    + bad("struct_size", (0, 8, DECODE_SIZEOF - 8, DECODE_SIZEOF + 8, 2**40), INVALID)
+    + bad_dtypes("dtype", NOT_HALF_DTYPES)
+    + bad("batch", (0, -1, 65536), INVALID)
+    + bad("seqlen_q", (0, -1, 17), INVALID)
+    + bad("num_heads_q", (0, -8, 65536), INVALID)
+    + bad("num_heads_kv", (0, -1, 16), INVALID)
+    + [("heads-not-divisible", dict(num_heads_kv=3), INVALID, ["num_heads_q", "num_heads_kv"])]
+    + bad("head_dim", (0, -128), INVALID)
+    + bad("head_dim", (32, 96, 100, 256), UNSUPPORTED)
+    + bad("max_seqlen_k", (0, -1, 2**30 + 1), INVALID)
+    + bad("num_pages", (0, -1, 2**31), INVALID)
+    + bad("page_size", (0, -16, 3, 48, 2**17), INVALID)
+    + bad("max_blocks_per_seq", (0, -1, 2**31), INVALID)
+    + [("max_seqlen_k-past-the-pages", dict(max_seqlen_k=1601), INVALID,
+        ["max_seqlen_k", "max_blocks_per_seq", "page_size"]),
+       ("paged-cache-past-2^63", dict(CACHE_PAST_2_63, num_pages=2**31 - 1, page_size=65536),
+        INVALID, ["num_pages", "page_size"]),
+       ("contiguous-cache-past-2^63", dict(CONTIGUOUS, **CACHE_PAST_2_63, batch=65535,
+                                           max_seqlen_k=2**30), INVALID,
+        ["batch", "max_seqlen_k"]),
+       # Without a block_table the paged fields are not read: the error is the scale's.
+       ("contiguous-ignores-page_size", dict(CONTIGUOUS, page_size=3, num_pages=0,
+                                             max_blocks_per_seq=-1,
+                                             softmax_scale=float("nan")), INVALID,
+        ["softmax_scale"])]
+    + [("softmax_scale=%s" % v, dict(softmax_scale=float(v)), INVALID, ["softmax_scale"])
+       for v in ("nan", "inf", "-inf")]
+    + bad("num_splits", (-1, 65, 2**31 - 1), INVALID)
+    + [("misaligned-%s+%d" % (name[:-4], d), {name: base + d}, MISALIGNED, [name[:-4]])
+       for name, base in (("q_ptr", DQ), ("k_cache_ptr", DK), ("v_cache_ptr", DV),
+                          ("out_ptr", DO))
+       for d in (2, 8)]
+    + [("misaligned-%s+%d" % (name[:-4], d), {name: base + d}, MISALIGNED, [name[:-4]])
+       for name, base in (("lse_ptr", DLSE), ("seqlens_k_ptr", DSEQ), ("block_table_ptr", DBT))
+       for d in (1, 2)]
+    + [("out-overlaps-q", dict(out_ptr=DQ + 512), INVALID, ["out", "q"]),
+       ("out-overlaps-v_cache", dict(out_ptr=DV + 2**20), INVALID, ["out", "v_cache"]),
+       ("lse-overlaps-out", dict(lse_ptr=DO + 256), INVALID, ["lse", "out"]),
+       ("lse-overlaps-k_cache", dict(lse_ptr=DK), INVALID, ["lse", "k_cache"])]
+    + bad("workspace_bytes", (0, 1, 255), INVALID)
+    + [("misaligned-workspace+%d" % d, dict(workspace_ptr=DWS + d), MISALIGNED, ["workspace"])
+       for d in (1, 16, 128)]
+    + [("workspace-overlaps-%s" % name, dict(workspace_ptr=base), INVALID, ["workspace"])
+       for name, base in (("out", DO), ("q", DQ), ("k_cache", DK), ("lse", DLSE))]
+)
+
+# ck_attention_decode_workspace_size validates the struct as ck_attention_decode does, pointers
+# excepted (block_table says only whether the cache is paged): the cases that change no pointer.
+ATTENTION_DECODE_WORKSPACE_SIZE = {key: value for key, value in ATTENTION_DECODE.items()
+                                   if not key.startswith("workspace")}
+ATTENTION_DECODE_WORKSPACE_SIZE_CASES = (
+    [("null-params", dict(params_ptr=0), INVALID, ["params"]),
+     ("null-bytes", dict(bytes_ptr=0), INVALID, ["bytes"])]
+    + [case for case in ATTENTION_DECODE_CASES
+       if not any(key.endswith("_ptr") and key != "block_table_ptr" or
+                  key.startswith("workspace") for key in case[1])
+       and case[0] not in ("null-params",) and not case[0].startswith("misaligned-block_table")]
+)
+
+
+def decode_params(fields):
+    """The AttentionDecodeParams of a row's fields (pointer fields written <field>_ptr), or None
+    (NULL) for params_ptr=0."""
+    if fields.get("params_ptr", 1) == 0:
+        return None
+    return ck.AttentionDecodeParams(**{name[:-len("_ptr")] if name.endswith("_ptr") else name:
+                                       value for name, value in fields.items()
+                                       if name != "params_ptr"})
+
+
+def attention_decode_workspace_size(fields):
+    """ck_attention_decode_workspace_size of a row's fields (bytes_ptr=0: NULL); returns it."""
+    fields = dict(fields)
+    nbytes = ctypes.c_size_t(0)
+    pointer = None if fields.pop("bytes_ptr", 1) == 0 else ctypes.byref(nbytes)
+    ck.load_library().ck_attention_decode_workspace_size(decode_params(fields), pointer)
+    return nbytes.value
+
+
+def attention_decode(fields):
+    fields = dict(fields)
+    workspace = fields.pop("workspace_ptr"), fields.pop("workspace_bytes")
+    ck.raw.attention_decode(decode_params(fields), *workspace, stream=0)
+
+
 # The entry points that take a parameter struct: how a row's arguments become a call.
 STRUCT_CALLS = {"ck_moe_workspace_size": moe_workspace_size, "ck_moe_forward": moe_forward,
-                "ck_attention_forward": attention_forward}
+                "ck_attention_forward": attention_forward,
+                "ck_attention_decode_workspace_size": attention_decode_workspace_size,
+                "ck_attention_decode": attention_decode}
 
 # The entry points with bad-argument cases: the valid call of each is the table named after it
 # (QUANTIZE_INT8 for ck_quantize_int8), its cases are that table's _CASES.
@@ -1073,7 +1188,8 @@ ENTRY_POINTS = {
                   "GEMM_INT8", "GEMM_INT8_SCALED", "LINEAR", "GEMM_W4A16", "GEMM_W4A16_PREPACKED",
                   "W4A16_PREPACK", "BLOCK4_PREPACK", "GEMM_BLOCK4_PREPACKED", "IMPORT_GPTQ", "IMPORT_AWQ", "PERMUTE_COLUMNS", "GEMM_INT4",
                   "GEMM_INT4_SCALED", "MOE_ROUTE", "MOE_PREPACK", "MOE_WORKSPACE_SIZE",
-                  "MOE_FORWARD", "ATTENTION_FORWARD")
+                  "MOE_FORWARD", "ATTENTION_FORWARD", "ATTENTION_DECODE_WORKSPACE_SIZE",
+                  "ATTENTION_DECODE")
 }
 
 
@@ -1546,6 +1662,43 @@ def test_moe_forward_rejects_a_workspace_below_the_query(lib):
                            INVALID, ["workspace_bytes"])
 
 
+def test_attention_decode_workspace_size_follows_the_split_rule(lib):
+    """The size query's answer is cuda_kernels.h's formula (fuzz_support's model of it) for the
+    automatic and forced splits, 0 for one split, and the same without any pointer."""
+    import fuzz_support as fz
+    cases = [dict(), dict(num_splits=1), dict(num_splits=3), dict(num_splits=64),
+             dict(batch=64, num_heads_q=32, num_heads_kv=8, seqlen_q=1),   # 512 CTAs: 1 split
+             dict(batch=1, num_heads_q=32, num_heads_kv=8, seqlen_q=1, max_seqlen_k=32768,
+                  max_blocks_per_seq=2048),
+             dict(seqlen_q=16, num_heads_q=64, num_heads_kv=8, head_dim=64),  # 2 row groups
+             dict(CONTIGUOUS, max_seqlen_k=4096)]
+    for changes in cases:
+        fields = dict(ATTENTION_DECODE_WORKSPACE_SIZE, **changes)
+        model = {name[:-4] if name.endswith("_ptr") else name: value
+                 for name, value in fields.items()}
+        model["struct_size"] = DECODE_SIZEOF
+        want = fz.decode_workspace_bytes(model)
+        assert attention_decode_workspace_size(fields) == want, changes
+        no_pointers = {key: (0 if key.endswith("_ptr") and key != "block_table_ptr" else value)
+                       for key, value in fields.items()}
+        assert attention_decode_workspace_size(no_pointers) == want, changes
+    assert attention_decode_workspace_size(dict(ATTENTION_DECODE_WORKSPACE_SIZE,
+                                                num_splits=1)) == 0
+    # 8 splits x 4 sequences x 2 tokens x 8 heads = 512 rows: O_s 512 x 128 x 4 bytes, lse_s
+    # 512 x 4.
+    assert attention_decode_workspace_size(ATTENTION_DECODE_WORKSPACE_SIZE) == 262144 + 2048
+    assert ck.attention_decode_workspace_size((4, 2, 8, 128), (300, 16, 2, 128), (4, 100),
+                                              max_seqlen_k=1000) == 262144 + 2048
+
+
+def test_attention_decode_rejects_a_workspace_below_the_query(lib):
+    need = attention_decode_workspace_size(ATTENTION_DECODE_WORKSPACE_SIZE)
+    for have in (need - 1, need // 2):
+        changes = dict(workspace_bytes=have)
+        assert_rejected_as(rejection("ck_attention_decode", changes), "ck_attention_decode",
+                           changes, INVALID, ["workspace_bytes"])
+
+
 def run_python(code, **env):
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=dict(os.environ, **env),
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
@@ -1692,6 +1845,42 @@ CU_ATT = FakeCudaArray((3,), "<i4")
 ], ids=["scale-zero", "cu_seqlens_q-alone", "q-2d", "v-shape", "head-dims", "k-float32",
         "cu_seqlens-2d", "cu_seqlens-counts"])
 def test_wrapper_attention_rejects_before_any_copy(lib, call, error):
+    with pytest.raises(error):
+        call()
+
+
+# Decode operands as foreign device arrays (never copied, never dereferenced): batch 2, 1 new
+# token, Hq 4, Hkv 2, D 64; a contiguous cache of 32 keys, or 8 pages of 16 keys with a block
+# table of 2 pages per sequence.
+Q_DEC, KV_DEC = FakeCudaArray((2, 1, 4, 64), "<f2"), FakeCudaArray((2, 32, 2, 64), "<f2")
+PAGES_DEC, TABLE_DEC = FakeCudaArray((8, 16, 2, 64), "<f2"), FakeCudaArray((2, 2), "<i4")
+SEQ_DEC = FakeCudaArray((2,), "<i4")
+
+
+@pytest.mark.parametrize("call, error", [
+    (lambda: ck.attention_decode(Q_DEC, KV_DEC, KV_DEC, SEQ_DEC, softmax_scale=0.0), ValueError),
+    (lambda: ck.attention_decode(FakeCudaArray((2, 4, 64), "<f2"), KV_DEC, KV_DEC, SEQ_DEC),
+     ValueError),
+    (lambda: ck.attention_decode(Q_DEC, KV_DEC, FakeCudaArray((2, 32, 1, 64), "<f2"), SEQ_DEC),
+     ValueError),
+    (lambda: ck.attention_decode(FakeCudaArray((2, 1, 4, 128), "<f2"), KV_DEC, KV_DEC, SEQ_DEC),
+     ValueError),
+    (lambda: ck.attention_decode(Q_DEC, FakeCudaArray((2, 32, 2, 64)), KV_DEC, SEQ_DEC),
+     TypeError),
+    (lambda: ck.attention_decode(FakeCudaArray((3, 1, 4, 64), "<f2"), KV_DEC, KV_DEC,
+                                 FakeCudaArray((3,), "<i4")), ValueError),
+    (lambda: ck.attention_decode(Q_DEC, KV_DEC, KV_DEC, FakeCudaArray((3,), "<i4")),
+     ValueError),
+    (lambda: ck.attention_decode(Q_DEC, KV_DEC, KV_DEC, FakeCudaArray((2,), "<f4")), TypeError),
+    (lambda: ck.attention_decode(Q_DEC, KV_DEC, KV_DEC, SEQ_DEC, max_seqlen_k=16), ValueError),
+    (lambda: ck.attention_decode(Q_DEC, PAGES_DEC, PAGES_DEC, SEQ_DEC,
+                                 block_table=FakeCudaArray((3, 2), "<i4")), ValueError),
+    (lambda: ck.attention_decode(Q_DEC, PAGES_DEC, PAGES_DEC, SEQ_DEC,
+                                 block_table=FakeCudaArray((2, 2), "<i8")), TypeError),
+], ids=["scale-zero", "q-3d", "v-shape", "head-dims", "k-float32", "cache-batch",
+        "seqlens-shape", "seqlens-float32", "contiguous-max_seqlen_k", "table-batch",
+        "table-int64"])
+def test_wrapper_attention_decode_rejects_before_any_copy(lib, call, error):
     with pytest.raises(error):
         call()
 

@@ -477,7 +477,7 @@ def check_host_validated_call(lib, name, args):
     assert status == Status.SUCCESS, f"{name}: {Status(status).name}: {message!r}"
     assert message == "" and cuda_error == 0, (message, cuda_error)
     assert fz.host_buffer_intact(), f"{name} wrote into a host buffer"
-    assert answer == fz.moe_workspace_bytes(args["params"]), (args, answer)
+    assert answer == fz.WORKSPACE_MODELS[name](args["params"]), (args, answer)
     return status
 
 

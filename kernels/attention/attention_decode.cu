@@ -1,0 +1,457 @@
+// attention_decode.cu - decode attention over a KV cache (ck_attention_decode), split-KV
+// (flash-decoding) on mma.sync (sm_80+), then a combine.
+//
+// Computes, per sequence b, new token t (the last Sq_new positions) and query head h:
+// O = softmax(scale q k^T over the keys at positions <= seqlens_k[b] - Sq_new + t) v, and lse,
+// with kv head h / (Hq / Hkv); tests/reference.py attention_decode_f64 is the spec.
+//
+// Layout: q, out [B, Sq_new, Hq, D]; a contiguous cache k, v [B, max_seqlen_k, Hkv, D] or a
+// paged one [num_pages, page_size, Hkv, D] with block_table int32 [B, max_blocks]; seqlens_k
+// int32 [B], read here and clamped to [0, max_seqlen_k].
+//
+// Algorithm: one CTA of 4 warps per (split, row group, kv head, sequence). Its rows are the
+// G = Hq / Hkv query heads x Sq_new tokens that share the kv head (row = t G + g): the whole
+// group reads each K and V tile once. The rows fill 1, 2 or 4 m16 tiles (kWarpsM); the other
+// warps split every 64-key tile along the keys (kWarpsN = 4 / kWarpsM slices), so that all 4
+// warps compute even for one decode token, and merge their online-softmax states at the end.
+// K and V tiles of 64 keys stream through shared memory in a 3-stage cp.async pipeline (two
+// tiles in flight while one computes). Per slice, as the prefill kernel (attention_fwd.cu): S =
+// Q K^T (m16n8k16, float32 sums), x = S scale log2(e), masked beyond the split and the causal
+// position, online softmax (exp2), P rounded to the dtype, acc += P V. A split writes its
+// normalized float32 O_s and lse_s to the workspace, and the combine kernel merges the splits
+// (tests/reference.py attention_combine); a call of one split writes O and lse directly.
+//
+// Floor: the K and V bytes of the sequences (tests/reference.py attention_decode_kv_bytes) at
+// the copy bandwidth; the flops (4 D Hq Sq_new per key) are far below the tensor cores' rate.
+#include "kernels/attention/attention_decode.cuh"
+#include "kernels/core/ptx.cuh"
+
+#include <cmath>
+
+namespace ck {
+namespace {
+
+// mma.sync, ldmatrix and cp.async exist from sm_80; below, the kernels trap (never launched:
+// the entry point refuses those GPUs).
+constexpr bool kHasSm80 = CK_SM80;
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kBlockN = kDecodeBlockN;  // keys per shared-memory tile
+constexpr int kStages = 3;              // tiles in shared memory: two load while one computes
+constexpr int kChunkElems = 8;          // a 16-byte chunk holds 8 fp16/bf16 values
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+static_assert(kBlockN % (16 * kWarps) == 0, "each of 4 key slices holds whole k16 steps of P V");
+
+// Shared memory: Q [kRows][D], then kStages x (K [kBlockN][D], V [kBlockN][D]). The 16-byte
+// chunk c of row r sits at chunk c ^ (r % 8) (rows are 128 or 256 bytes: without the swizzle
+// the 8 rows an ldmatrix reads would share banks). After the key loop the K/V stages hold the
+// warps' softmax states for the merge.
+template <int kD, int kWarpsM> struct Smem {
+    static constexpr int kRows = 16 * kWarpsM;
+    static constexpr int kChunks = kD / kChunkElems;
+    static constexpr int kRowBytes = kD * 2;
+    static constexpr int kQBytes = kRows * kRowBytes;
+    static constexpr int kTileBytes = kBlockN * kRowBytes;
+    static constexpr int kStageBytes = 2 * kTileBytes;
+    static constexpr int kBytes = kQBytes + kStages * kStageBytes;
+    // The merge: every warp's acc [16][D], m [16] and l [16], float32.
+    static constexpr int kMergeBytes = kWarps * 16 * (kD + 2) * 4;
+    static_assert(kMergeBytes <= kStages * kStageBytes, "the merge reuses the K/V stages");
+    static_assert(kChunks % 8 == 0, "the XOR swizzle permutes chunks in groups of 8");
+    static_assert(kBlockN * kChunks % kThreads == 0, "every thread copies as many K/V chunks");
+
+    __device__ static uint32_t offset(int row, int chunk) {
+        return row * kRowBytes + ((chunk ^ (row % 8)) << 4);
+    }
+    __device__ static uint32_t k_tile(uint32_t base, int stage) {
+        return base + kQBytes + stage * kStageBytes;
+    }
+    __device__ static uint32_t v_tile(uint32_t base, int stage) {
+        return k_tile(base, stage) + kTileBytes;
+    }
+};
+
+template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+}
+template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+__device__ __forceinline__ float quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// Where key position `pos` (< the sequence's clamped length) of sequence b, kv head h, lies
+// in the cache, in elements. A page id outside [0, num_pages) (a broken caller promise) is
+// clamped into it: the values are then unspecified, but no read leaves the pages.
+__device__ __forceinline__ int64_t kv_offset(const DecodeArgs& a, int b, int h, int pos) {
+    int64_t row;
+    if (a.block_table) {
+        int page = __ldg(a.block_table + int64_t(b) * a.max_blocks + (pos >> a.page_shift));
+        page = min(max(page, 0), a.num_pages - 1);
+        row = (int64_t(page) << a.page_shift) + (pos & ((1 << a.page_shift) - 1));
+    } else {
+        row = int64_t(b) * a.max_seqlen_k + pos;
+    }
+    return (row * a.num_heads_kv + h) * a.head_dim;
+}
+
+// Copies the K and V rows of key positions n0 .. n0 + kBlockN - 1 into a stage; positions at or
+// past `end` are zero-filled and read nothing (neither the cache nor the block table): a masked
+// key's p is 0, and 0 * V must stay 0 whatever the cache holds there (NaN too).
+template <typename T, int kD, int kWarpsM>
+__device__ __forceinline__ void load_kv(const DecodeArgs& a, uint32_t k_tile, uint32_t v_tile,
+                                        int b, int h, int n0, int end) {
+    using S = Smem<kD, kWarpsM>;
+    const T* k = static_cast<const T*>(a.k);
+    const T* v = static_cast<const T*>(a.v);
+#pragma unroll
+    for (int it = 0; it < kBlockN * S::kChunks / kThreads; ++it) {
+        const int i = it * kThreads + threadIdx.x;
+        const int r = i / S::kChunks, c = i % S::kChunks;
+        const int pos = n0 + r;
+        const bool ok = pos < end;
+        const int64_t at = ok ? kv_offset(a, b, h, pos) + c * kChunkElems : 0;
+        cp_async_16_zfill(k_tile + S::offset(r, c), k + at, ok);
+        cp_async_16_zfill(v_tile + S::offset(r, c), v + at, ok);
+    }
+}
+
+// The query row `row` of a CTA (row = t G + g of its kv head's group): its token and head.
+struct QueryRow {
+    int t, h;
+};
+__device__ __forceinline__ QueryRow query_row(int row, int group, int kv_head) {
+    return {row / group, kv_head * group + row % group};
+}
+
+// Fragment layout (ptx.cuh's mma_16x8x16): lane = 4 g + t; an accumulator tile holds rows g
+// (registers 0, 1) and g + 8 (registers 2, 3), columns 2t and 2t + 1.
+template <typename T, int kD, int kWarpsM>
+__global__ void __launch_bounds__(kThreads) decode_split_kernel(const DecodeArgs a) {
+    if constexpr (!kHasSm80) __trap();
+    using S = Smem<kD, kWarpsM>;
+    constexpr int kWarpsN = kWarps / kWarpsM;
+    constexpr int kSlice = kBlockN / kWarpsN;  // keys of a tile that one warp computes
+    constexpr int kNT = kSlice / 8;            // n8 tiles of S
+    constexpr int kDT = kD / 8;                // n8 tiles of O
+    constexpr int kKS = kD / 16;               // k16 steps of Q K^T
+    static_assert(kNT % 2 == 0, "K fragments load two n8 tiles per ldmatrix.x4");
+
+    const int b = blockIdx.z, hkv = blockIdx.y;
+    const int row_groups = gridDim.x / a.splits;
+    const int split = blockIdx.x / row_groups, rg = blockIdx.x % row_groups;
+    const int group = a.num_heads_q / a.num_heads_kv;
+    const int rows = group * a.seqlen_q;  // of the kv head; this CTA: rg * kRows ..
+    const int row0 = rg * S::kRows;
+
+    // The sequence's length, clamped to the declared maximum (the header's device-side rule),
+    // and this split's keys: whole blocks of kBlockN (attention_split_bounds).
+    const int len = min(max(__ldg(a.seqlens_k + b), 0), a.max_seqlen_k);
+    // (len <= 2^30: none of the positions below, nor a tile's end, overflows an int.)
+    const int blocks = (len + kBlockN - 1) / kBlockN;
+    const int per_split = (blocks + a.splits - 1) / a.splits * kBlockN;
+    const int lo = min(split * per_split, len);
+    const int hi = min(lo + per_split, len);
+    const int tiles = (hi - lo + kBlockN - 1) / kBlockN;
+
+    extern __shared__ uint4 smem[];
+    const uint32_t base = shared_address(smem);
+
+    // Q rows (zero past the group's rows), with the first K/V tile in one group of copies.
+    {
+        const T* q = static_cast<const T*>(a.q);
+        for (int i = threadIdx.x; i < S::kRows * S::kChunks; i += kThreads) {
+            const int r = i / S::kChunks, c = i % S::kChunks;
+            const bool ok = row0 + r < rows;
+            const QueryRow qr = query_row(ok ? row0 + r : 0, group, hkv);
+            const int64_t at =
+                ((int64_t(b) * a.seqlen_q + qr.t) * a.num_heads_q + qr.h) * kD + c * kChunkElems;
+            cp_async_16_zfill(base + S::offset(r, c), q + at, ok);
+        }
+    }
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+        if (s < tiles)
+            load_kv<T, kD, kWarpsM>(a, S::k_tile(base, s), S::v_tile(base, s), b, hkv,
+                                    lo + s * kBlockN, hi);
+        cp_async_commit();
+    }
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int wm = warp / kWarpsN, wn = warp % kWarpsN;
+    const float scale_log2 = a.scale * kLog2e;
+
+    // The thread's two rows (g and g + 8 of the warp's m16 tile): the last key position each
+    // sees, len - Sq_new + t (causal over the new tokens; row padding sees none).
+    int last_key[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int row = row0 + wm * 16 + g + 8 * r;
+        last_key[r] = row < rows ? len - a.seqlen_q + row / group : -1;
+    }
+
+    uint32_t qf[kKS][4];
+    float acc[kDT][4];
+#pragma unroll
+    for (int i = 0; i < kDT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+    float m[2] = {-INFINITY, -INFINITY};  // running row max of x (base 2)
+    float l[2] = {0.f, 0.f};              // this thread's part of the row sum
+
+    for (int j = 0; j < tiles; ++j) {
+        // Tile j has landed (at most kStages - 2 later groups in flight) for every thread, and
+        // every warp is done with tile j - 1, whose stage tile j + kStages - 1 now overwrites.
+        cp_async_wait<kStages - 2>();
+        __syncthreads();
+        if (j + kStages - 1 < tiles) {
+            const int stage = (j + kStages - 1) % kStages;
+            load_kv<T, kD, kWarpsM>(a, S::k_tile(base, stage), S::v_tile(base, stage), b, hkv,
+                                    lo + (j + kStages - 1) * kBlockN, hi);
+        }
+        cp_async_commit();
+        if (j == 0) {
+#pragma unroll
+            for (int ks = 0; ks < kKS; ++ks)
+                ldmatrix_x4(qf[ks], base + S::offset(wm * 16 + lane % 16, 2 * ks + lane / 16));
+        }
+        const uint32_t kt = S::k_tile(base, j % kStages), vt = S::v_tile(base, j % kStages);
+        const int key0 = wn * kSlice;  // the warp's slice of the tile
+
+        // S = Q K^T over the slice (K [keys][D] row-major is the col-major B operand).
+        float s[kNT][4];
+#pragma unroll
+        for (int i = 0; i < kNT; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < kKS; ++ks) {
+#pragma unroll
+            for (int np = 0; np < kNT / 2; ++np) {
+                uint32_t r[4];
+                ldmatrix_x4(r, kt + S::offset(key0 + np * 16 + (lane / 16) * 8 + lane % 8,
+                                              2 * ks + (lane / 8) % 2));
+                mma_16x8x16<T>(s[2 * np], qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], r[0], r[1]);
+                mma_16x8x16<T>(s[2 * np + 1], qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], r[2],
+                               r[3]);
+            }
+        }
+
+        // x in base 2, masked beyond the split and the row's causal position; new maxima.
+        const int n0 = lo + j * kBlockN + key0;
+        float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int i = 0; i < kNT; ++i) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int key = n0 + i * 8 + 2 * t + (e & 1);
+                const bool seen = key < hi && key <= last_key[e / 2];
+                s[i][e] = seen ? s[i][e] * scale_log2 : -INFINITY;
+                tile_max[e / 2] = fmaxf(tile_max[e / 2], s[i][e]);
+            }
+        }
+        float m_use[2];  // the maximum p is taken relative to; 0 while a row has seen no key
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const float m_new = fmaxf(m[r], quad_max(tile_max[r]));
+            m_use[r] = m_new == -INFINITY ? 0.f : m_new;
+            const float alpha = exp2f(m[r] - m_use[r]);  // 0 while m[r] = -inf (acc, l are 0)
+            m[r] = m_new;
+            l[r] *= alpha;
+#pragma unroll
+            for (int i = 0; i < kDT; ++i) acc[i][2 * r] *= alpha, acc[i][2 * r + 1] *= alpha;
+        }
+#pragma unroll
+        for (int i = 0; i < kNT; ++i) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                s[i][e] = exp2f(s[i][e] - m_use[e / 2]);  // masked keys: exp2(-inf) = 0
+                l[e / 2] += s[i][e];
+            }
+        }
+
+        // acc += P V over the slice's keys (S's accumulators are P's A fragments; V [keys][D]
+        // is B [k = key][n = d], read transposed).
+#pragma unroll
+        for (int kk = 0; kk < kSlice / 16; ++kk) {
+            const uint32_t a0 = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+            const uint32_t a1 = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+            const uint32_t a2 = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+            const uint32_t a3 = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+            for (int dp = 0; dp < kDT / 2; ++dp) {
+                uint32_t r[4];
+                ldmatrix_x4_trans(r, vt + S::offset(key0 + kk * 16 + ((lane / 8) % 2) * 8 +
+                                                        lane % 8,
+                                                    2 * dp + lane / 16));
+                mma_16x8x16<T>(acc[2 * dp], a0, a1, a2, a3, r[0], r[1]);
+                mma_16x8x16<T>(acc[2 * dp + 1], a0, a1, a2, a3, r[2], r[3]);
+            }
+        }
+    }
+    cp_async_wait<0>();  // no copy may still target shared memory past this point
+#pragma unroll
+    for (int r = 0; r < 2; ++r) l[r] = quad_sum(l[r]);
+
+    // Merge the kWarpsN slices of each row tile: warp wn = 0 takes the others' states,
+    // rescaled to the common maximum (a slice that saw no key has m = -inf and adds nothing).
+    if constexpr (kWarpsN > 1) {
+        __syncthreads();  // every warp is done with the K/V stages the merge reuses
+        float* merge = reinterpret_cast<float*>(reinterpret_cast<char*>(smem) + S::kQBytes);
+        float* mine = merge + warp * 16 * (kD + 2);  // acc [16][D], m [16], l [16]
+        if (wn > 0) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const int row = g + 8 * r;
+#pragma unroll
+                for (int i = 0; i < kDT; ++i)
+                    *reinterpret_cast<float2*>(mine + row * kD + i * 8 + 2 * t) =
+                        make_float2(acc[i][2 * r], acc[i][2 * r + 1]);
+                if (t == 0) mine[16 * kD + row] = m[r], mine[16 * kD + 16 + row] = l[r];
+            }
+        }
+        __syncthreads();
+        if (wn == 0) {
+#pragma unroll
+            for (int w = 1; w < kWarpsN; ++w) {
+                const float* other = merge + (warp + w) * 16 * (kD + 2);
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    const int row = g + 8 * r;
+                    const float m_other = other[16 * kD + row];
+                    const float m_new = fmaxf(m[r], m_other);
+                    const float m_ref = m_new == -INFINITY ? 0.f : m_new;
+                    const float alpha = exp2f(m[r] - m_ref), beta = exp2f(m_other - m_ref);
+                    m[r] = m_new;
+                    l[r] = l[r] * alpha + other[16 * kD + 16 + row] * beta;
+#pragma unroll
+                    for (int i = 0; i < kDT; ++i) {
+                        const float2 o =
+                            *reinterpret_cast<const float2*>(other + row * kD + i * 8 + 2 * t);
+                        acc[i][2 * r] = acc[i][2 * r] * alpha + o.x * beta;
+                        acc[i][2 * r + 1] = acc[i][2 * r + 1] * alpha + o.y * beta;
+                    }
+                }
+            }
+        }
+        if (wn > 0) return;
+    }
+
+    // O = acc / l; rows without keys (l = 0) get O = 0 and lse = -inf. One split: O in the
+    // dtype and lse; several: float32 O_s and lse_s in the workspace.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int row = row0 + wm * 16 + g + 8 * r;
+        if (row >= rows) continue;
+        const QueryRow qr = query_row(row, group, hkv);
+        const int64_t q_row = (int64_t(b) * a.seqlen_q + qr.t) * a.num_heads_q + qr.h;
+        const float sum = l[r];
+        const float lse = sum > 0.f ? (m[r] + log2f(sum)) * kLn2 : -INFINITY;
+        if (a.splits == 1) {
+            T* o = static_cast<T*>(a.out) + q_row * kD + 2 * t;
+#pragma unroll
+            for (int i = 0; i < kDT; ++i) {
+                const float o0 = sum > 0.f ? acc[i][2 * r] / sum : 0.f;
+                const float o1 = sum > 0.f ? acc[i][2 * r + 1] / sum : 0.f;
+                *reinterpret_cast<uint32_t*>(o + i * 8) = pack2<T>(o0, o1);
+            }
+            if (a.lse && t == 0) a.lse[q_row] = lse;
+        } else {
+            const int64_t p_row = int64_t(split) * a.batch * a.seqlen_q * a.num_heads_q + q_row;
+            float* o = a.partial_o + p_row * kD + 2 * t;
+#pragma unroll
+            for (int i = 0; i < kDT; ++i) {
+                const float o0 = sum > 0.f ? acc[i][2 * r] / sum : 0.f;
+                const float o1 = sum > 0.f ? acc[i][2 * r + 1] / sum : 0.f;
+                *reinterpret_cast<float2*>(o + i * 8) = make_float2(o0, o1);
+            }
+            if (t == 0) a.partial_lse[p_row] = lse;
+        }
+    }
+}
+
+// The combine (tests/reference.py attention_combine), one warp per (sequence, token, head):
+// M = max_s lse_s, w_s = exp(lse_s - M), O = sum_s w_s O_s / sum_s w_s, lse = M + ln(sum_s w_s),
+// the splits added in order. A split with lse_s = -inf is skipped (w_s = 0); where all are,
+// O = 0 and lse = -inf.
+constexpr int kCombineWarps = 4;
+template <typename T, int kD>
+__global__ void __launch_bounds__(kCombineWarps * 32) decode_combine_kernel(const DecodeArgs a) {
+    constexpr int kPerLane = kD / 32;  // 2 or 4 consecutive values per lane
+    static_assert(kPerLane == 2 || kPerLane == 4, "D = 64 or 128");
+    const int64_t total = int64_t(a.batch) * a.seqlen_q * a.num_heads_q;
+    const int lane = threadIdx.x % 32;
+    for (int64_t row = int64_t(blockIdx.x) * kCombineWarps + threadIdx.x / 32; row < total;
+         row += int64_t(gridDim.x) * kCombineWarps) {
+        float top = -INFINITY;
+        for (int s = lane; s < a.splits; s += 32) top = fmaxf(top, a.partial_lse[s * total + row]);
+#pragma unroll
+        for (int o = 16; o > 0; o /= 2) top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, o));
+        float acc[kPerLane] = {};
+        float sum = 0.f;
+        if (top != -INFINITY) {
+            for (int s = 0; s < a.splits; ++s) {
+                const float lse = a.partial_lse[s * total + row];
+                if (lse == -INFINITY) continue;
+                const float w = exp2f((lse - top) * kLog2e);
+                sum += w;
+                const float* o = a.partial_o + (s * total + row) * kD + lane * kPerLane;
+#pragma unroll
+                for (int i = 0; i < kPerLane; ++i) acc[i] += w * o[i];
+            }
+        }
+        T* out = static_cast<T*>(a.out) + row * kD + lane * kPerLane;
+#pragma unroll
+        for (int i = 0; i < kPerLane; i += 2)
+            *reinterpret_cast<uint32_t*>(out + i) =
+                pack2<T>(sum > 0.f ? acc[i] / sum : 0.f, sum > 0.f ? acc[i + 1] / sum : 0.f);
+        if (a.lse && lane == 0) a.lse[row] = sum > 0.f ? top + logf(sum) : -INFINITY;
+    }
+}
+
+template <typename T, int kD, int kWarpsM>
+cudaError_t launch_split(const DecodeArgs& a, int64_t row_groups, cudaStream_t stream) {
+    const auto kernel = decode_split_kernel<T, kD, kWarpsM>;
+    constexpr int kSmemBytes = Smem<kD, kWarpsM>::kBytes;
+    static std::atomic<uint64_t> smem_done{0};
+    const cudaError_t e = allow_dynamic_smem_once(kernel, kSmemBytes, smem_done);
+    if (e != cudaSuccess) return e;
+    const dim3 grid(unsigned(a.splits * row_groups), unsigned(a.num_heads_kv), unsigned(a.batch));
+    kernel<<<grid, kThreads, kSmemBytes, stream>>>(a);
+    return cudaGetLastError();
+}
+
+template <typename T, int kD> cudaError_t launch(const DecodeArgs& a, cudaStream_t stream) {
+    const int64_t rows = int64_t(a.num_heads_q / a.num_heads_kv) * a.seqlen_q;
+    const int64_t row_groups = decode_row_groups(rows);
+    cudaError_t e;
+    switch (decode_warps_m(rows)) {
+        case 1: e = launch_split<T, kD, 1>(a, row_groups, stream); break;
+        case 2: e = launch_split<T, kD, 2>(a, row_groups, stream); break;
+        default: e = launch_split<T, kD, 4>(a, row_groups, stream); break;
+    }
+    if (e != cudaSuccess || a.splits == 1) return e;
+    const int64_t total = int64_t(a.batch) * a.seqlen_q * a.num_heads_q;
+    const int64_t blocks = std::min<int64_t>(ceil_div(total, kCombineWarps), 1 << 20);
+    decode_combine_kernel<T, kD><<<unsigned(blocks), kCombineWarps * 32, 0, stream>>>(a);
+    return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t attention_decode(const DecodeArgs& a, cudaStream_t stream) {
+    return dispatch_half_dtype(a.dtype, [&](auto tag) {
+        using T = decltype(tag);
+        return a.head_dim == 64 ? launch<T, 64>(a, stream) : launch<T, 128>(a, stream);
+    });
+}
+
+}  // namespace ck

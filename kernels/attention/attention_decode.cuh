@@ -1,0 +1,82 @@
+// attention_decode.cuh - decode attention over a KV cache (ck_attention_decode): the limits the
+// entry point validates against, the split plan (chosen on the host from declared sizes alone,
+// so that ck_attention_decode_workspace_size needs no GPU and the results do not depend on one),
+// the workspace layout, and the launcher.
+#pragma once
+
+#include "kernels/core/common.cuh"
+
+namespace ck {
+
+// Grid: x = splits x row groups, y = Hkv, z = batch.
+constexpr int64_t kDecodeMaxBatch = 65535;
+constexpr int64_t kDecodeMaxHeads = 65535;
+constexpr int64_t kDecodeMaxQueries = 16;   // Sq_new: new tokens per sequence
+constexpr int64_t kDecodeMaxSeqlen = int64_t(1) << 30;  // positions (+ a tile) fit an int
+constexpr int64_t kDecodeMaxPageSize = 65536;
+constexpr int64_t kDecodeMaxSplits = 64;
+// The split-KV kernel deals each sequence's keys to the splits in whole blocks of this many
+// keys (tests/reference.py attention_split_bounds with block_n = kDecodeBlockN).
+constexpr int kDecodeBlockN = 64;
+
+// Automatic splits: enough CTAs for about two waves of 132 SMs (the H100 the library is tuned
+// on; a constant, not the GPU's count: see the header), each split at least kDecodeMinSplitKeys
+// keys long so that the combine and the query load stay small beside the K and V traffic.
+constexpr int64_t kDecodeTargetCtas = 264;
+constexpr int64_t kDecodeMinSplitKeys = 128;
+
+// Rows of a CTA: the G = Hq / Hkv query heads x Sq_new tokens of one kv head, row = t G + g, in
+// m16 tiles, one per warp along M: 16, 32 or 64 rows (kWarpsM = 1, 2, 4; the 4 warps that are
+// not along M split each key tile instead). More rows than 64: several row groups, each
+// reading the group's K and V again (from L2 when they run together).
+inline int decode_warps_m(int64_t rows) { return rows <= 16 ? 1 : rows <= 32 ? 2 : 4; }
+inline int64_t decode_row_groups(int64_t rows) {
+    return ceil_div(rows, 16 * int64_t(decode_warps_m(rows)));
+}
+
+// The splits of a call: `forced` (1 .. kDecodeMaxSplits) when given, else the rule above.
+inline int64_t decode_num_splits(int64_t batch, int64_t heads_q, int64_t heads_kv,
+                                 int64_t seqlen_q, int64_t max_seqlen_k, int64_t forced) {
+    if (forced > 0) return forced;
+    const int64_t ctas = batch * heads_kv * decode_row_groups(heads_q / heads_kv * seqlen_q);
+    const int64_t want = ceil_div(kDecodeTargetCtas, ctas);
+    const int64_t most = std::min(kDecodeMaxSplits, ceil_div(max_seqlen_k, kDecodeMinSplitKeys));
+    return std::max<int64_t>(1, std::min(want, most));
+}
+
+inline int64_t round_up_256(int64_t bytes) { return ceil_div(bytes, 256) * 256; }
+
+// Workspace with splits > 1: float32 O_s [splits, B, Sq, Hq, D] from byte 0, then float32 lse_s
+// [splits, B, Sq, Hq] from byte round_up_256(O_s bytes); one split needs none (0 bytes).
+struct DecodeWorkspace {
+    int64_t lse_offset, bytes;
+};
+inline DecodeWorkspace decode_workspace(int64_t splits, int64_t batch, int64_t seqlen_q,
+                                        int64_t heads_q, int64_t head_dim) {
+    if (splits <= 1) return {0, 0};
+    const int64_t rows = splits * batch * seqlen_q * heads_q;
+    const int64_t o = round_up_256(rows * head_dim * 4);
+    return {o, o + round_up_256(rows * 4)};
+}
+
+// A validated call, defaults resolved.
+struct DecodeArgs {
+    ck_dtype_t dtype;  // fp16 or bf16
+    const void* q;
+    const void* k;     // contiguous [B, max_seqlen_k, Hkv, D] or pages [num_pages, page, Hkv, D]
+    const void* v;
+    const int32_t* seqlens_k;
+    const int32_t* block_table;  // nullptr: contiguous
+    void* out;
+    float* lse;        // nullptr: not written
+    float* partial_o;  // the workspace's O_s (splits > 1)
+    float* partial_lse;
+    int batch, seqlen_q, num_heads_q, num_heads_kv, head_dim;
+    int max_seqlen_k;
+    int num_pages, page_shift, max_blocks;  // paged: page_size = 1 << page_shift
+    int splits;
+    float scale;
+};
+cudaError_t attention_decode(const DecodeArgs& args, cudaStream_t stream);
+
+}  // namespace ck

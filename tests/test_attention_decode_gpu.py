@@ -1,0 +1,441 @@
+"""GPU tests of decode attention over a KV cache (ck_attention_decode) against tests/reference.py.
+
+- O within ref.attention_error_bound of the float64 reference ref.attention_decode_f64 (checked
+  on ref.attention_decode_as_prefill's arrays, causal, block_n = 16: the smallest key slice a
+  warp rescales over, num_splits the call's plan), element by element, and lse within its
+  bound; a token that sees no key has O = 0 and lse = -inf exactly.
+- With several splits, the float32 partials in the workspace: lse_s = -inf exactly where the
+  reference's split (ref.attention_split_partials, 64-key blocks) sees no key, finite elsewhere;
+  and O, lse equal to the float64 combine of those partials (ref.attention_combine) up to the
+  combine's own float32 roundings.
+- Shapes: contiguous and paged caches (shuffled page ids, pages of 16, 64 and 256 keys), fp16
+  and bf16, D 64 and 128, GQA ratios 1, 4 and 8 (and MQA), 1, 4 and 16 new tokens, lengths of 0
+  and 1, below the new token count, around the 64-key tile, one sequence much longer than the
+  others, a 32k+ cache; large logits; default, small and negative scales; the automatic and
+  forced split counts (1 .. 64, empty splits included).
+- The cache holds NaN past every sequence's length, the unused pages are NaN and the block
+  table entries past a sequence's pages are garbage: none of it may be read.
+- Paged and contiguous caches of the same keys give the same bits for the same split plan.
+- Broken device-side promises: lengths past max_seqlen_k (and negative) are clamped (the values
+  are then those of the clamped lengths), page ids out of range stay in bounds (guards intact).
+- A workspace below the query's size is rejected and writes nothing; lse NULL writes the same
+  O; a CUDA graph replays on fresh inputs; the wrapper's attention_decode() gives the raw bits.
+
+Every output and the workspace are poisoned and sit between guard regions. The tests skip
+without a CUDA device. Each test draws a seed from os.urandom, prints it and names it in its
+messages; CK_TEST_SEED=<seed> replays it.
+"""
+import numpy as np
+import pytest
+
+import cuda_wrapper as ck
+import reference as ref
+from fuzz_support import decode_num_splits
+from gpu_support import (
+    CK_DTYPE, POISON, GuardedBuffer, KernelCall, assert_bitwise_equal, assert_graph_replays,
+    assert_within, compute_capability, random_normal, synchronize,
+)
+
+pytestmark = pytest.mark.gpu
+
+# The bound allows one online-softmax rescaling per block of keys: a warp rescales per slice of
+# a 64-key tile, 16 keys when 4 warps share one tile (one m16 row tile), plus the merge.
+KERNEL_RESCALE_BLOCK = 16
+# The splits deal whole 64-key blocks (cuda_kernels.h; ref.attention_split_bounds).
+SPLIT_BLOCK = 64
+STORAGE = {"fp16": np.float16, "bf16": np.uint16}
+NAN_BITS = {"fp16": np.float16(np.nan).view(np.uint16), "bf16": np.uint16(0x7FC0)}
+F32_U = 2.0**-24
+
+
+@pytest.fixture(autouse=True)
+def sm80():
+    cc = compute_capability()
+    if cc < (8, 0):
+        pytest.skip(f"ck_attention_decode needs compute capability 8.0+ (this GPU: {cc})")
+
+
+def nan_array(shape, dtype):
+    return np.full(shape, NAN_BITS[dtype], np.uint16).view(STORAGE[dtype])
+
+
+class DecodeCall(KernelCall):
+    """One ck_attention_decode call on guarded buffers.
+
+    lengths: the sequences' key counts (seqlens_k); capacity: max_seqlen_k (default the longest
+    length); page_size: None for a contiguous cache [B, capacity, Hkv, D], else pages in
+    shuffled order with a block table of ceil(capacity / page_size) entries per sequence.
+    device_lengths: what seqlens_k holds on the device, if not `lengths` (broken promises: the
+    reference then uses the clamped lengths). num_splits: None for the library's rule."""
+
+    def __init__(self, rng, dtype, head_dim, heads_q, heads_kv, seqlen_q, lengths,
+                 page_size=None, capacity=None, num_splits=None, scale=None, lse=True,
+                 logit_scale=1.0, device_lengths=None):
+        self.dtype, self.scale, self.logit_scale = dtype, scale, logit_scale
+        self.page_size, self.num_splits = page_size, num_splits
+        self.lengths = np.asarray(lengths, np.int32)
+        batch = len(lengths)
+        self.capacity = int(capacity or max(int(self.lengths.max()), 1))
+        self.clamped = np.clip(self.lengths if device_lengths is None else device_lengths, 0,
+                               self.capacity).astype(np.int32)
+        self.shape_q = (batch, seqlen_q, heads_q, head_dim)
+        self.shape_kv = (batch, self.capacity, heads_kv, head_dim)
+        self.rng = rng
+        self._draw(rng)
+        self.q, self.k, self.v = (GuardedBuffer.input(a) for a in self.device_inputs())
+        seqlens = self.lengths if device_lengths is None else np.asarray(device_lengths, np.int32)
+        self.seqlens = GuardedBuffer.input(seqlens)
+        self.table = None if page_size is None else GuardedBuffer.input(self.block_table)
+        self.outputs = {"out": GuardedBuffer.output(self.shape_q, STORAGE[dtype], POISON)}
+        if lse:
+            self.outputs["lse"] = GuardedBuffer.output(self.shape_q[:3], np.float32, POISON)
+        self.splits = decode_num_splits(self.model_params())
+        self.workspace_bytes = ck.raw.attention_decode_workspace_size(self.params())
+        self.workspace = None
+        if self.workspace_bytes:
+            self.workspace = GuardedBuffer.output((self.workspace_bytes,), np.uint8, POISON)
+            self.outputs["workspace"] = self.workspace
+
+    # ---- data --------------------------------------------------------------------------------
+    def _draw(self, rng):
+        """q, and the cache: random keys and values below each length, NaN past it."""
+        q = random_normal(rng, self.shape_q, self.dtype, self.logit_scale)
+        k = random_normal(rng, self.shape_kv, self.dtype, self.logit_scale)
+        v = random_normal(rng, self.shape_kv, self.dtype)
+        past = np.arange(self.capacity)[None, :] >= self.clamped[:, None]
+        nan = nan_array(self.shape_kv, self.dtype)
+        k[past], v[past] = nan[past], nan[past]
+        self.host_q, self.k_cache, self.v_cache = q, k, v
+        if self.page_size is not None:
+            self._paginate(rng)
+
+    def _paginate(self, rng):
+        """Pages of the contiguous cache in a shuffled order, two spare NaN pages among them,
+        and garbage block table entries past each sequence's pages."""
+        batch, ps = self.shape_kv[0], self.page_size
+        per_seq = ref.block_count(self.capacity, ps)
+        used = [ref.block_count(int(n), ps) for n in self.clamped]
+        num_pages = sum(used) + 2
+        order = rng.permutation(num_pages)
+        table = np.full((batch, per_seq), -7, np.int32)
+        table[:, 1::2] = 2**30   # garbage, far past the pages
+        shape = (num_pages, ps) + self.shape_kv[2:]
+        k_pages, v_pages = nan_array(shape, self.dtype), nan_array(shape, self.dtype)
+        at = 0
+        for b in range(batch):
+            for i in range(used[b]):
+                page = order[at]
+                at += 1
+                table[b, i] = page
+                keys = slice(i * ps, min((i + 1) * ps, self.capacity))
+                n = keys.stop - keys.start
+                k_pages[page, :n] = self.k_cache[b, keys]
+                v_pages[page, :n] = self.v_cache[b, keys]
+        self.block_table, self.k_pages, self.v_pages = table, k_pages, v_pages
+
+    def device_inputs(self):
+        if self.page_size is None:
+            return self.host_q, self.k_cache, self.v_cache
+        return self.host_q, self.k_pages, self.v_pages
+
+    def refill(self, rng):
+        self._draw(rng)
+        for buffer, host in zip((self.q, self.k, self.v), self.device_inputs()):
+            buffer.write(host)
+        if self.table is not None:
+            self.table.write(self.block_table)
+
+    # ---- the call ----------------------------------------------------------------------------
+    def params(self, **changes):
+        batch, seqlen_q, heads_q, head_dim = self.shape_q
+        fields = dict(dtype=CK_DTYPE[self.dtype], q=self.q.ptr, k_cache=self.k.ptr,
+                      v_cache=self.v.ptr, seqlens_k=self.seqlens.ptr,
+                      out=self.outputs["out"].ptr,
+                      lse=self.outputs["lse"].ptr if "lse" in self.outputs else 0,
+                      batch=batch, seqlen_q=seqlen_q, num_heads_q=heads_q,
+                      num_heads_kv=self.shape_kv[2], head_dim=head_dim,
+                      max_seqlen_k=self.capacity,
+                      softmax_scale=0.0 if self.scale is None else self.scale,
+                      num_splits=self.num_splits or 0)
+        if self.table is not None:
+            fields.update(block_table=self.table.ptr, num_pages=self.k_pages.shape[0],
+                          page_size=self.page_size, max_blocks_per_seq=self.block_table.shape[1])
+        fields.update(changes)
+        return ck.AttentionDecodeParams(**fields)
+
+    def model_params(self):
+        """The params as fuzz_support's model of the split rule reads them."""
+        p = self.params()
+        return {name: getattr(p, name) for name, _ in p._fields_}
+
+    def launch(self, stream=0, workspace_bytes=None, **changes):
+        ws = self.workspace.ptr if self.workspace is not None else 0
+        nbytes = self.workspace_bytes if workspace_bytes is None else workspace_bytes
+        ck.raw.attention_decode(self.params(**changes), ws, nbytes, stream=stream)
+
+    # ---- the checks --------------------------------------------------------------------------
+    def reference(self):
+        q, k, v = self.host_q, self.k_cache, self.v_cache
+        o, lse = ref.attention_decode_f64(q, k, v, self.clamped, None, self.scale, self.dtype)
+        qp, kp, vp, cu_q, cu_k = ref.attention_decode_as_prefill(q, k, v, self.clamped)
+        o_tol, lse_tol = ref.attention_error_bound(
+            qp, kp, vp, cu_q, cu_k, self.scale, True, self.dtype, block_n=KERNEL_RESCALE_BLOCK,
+            num_splits=self.splits)
+        return o, lse, o_tol.reshape(o.shape), lse_tol.reshape(lse.shape)
+
+    def check(self, ctx):
+        synchronize()
+        o, lse, o_tol, lse_tol = self.reference()
+        got = ref.to_f32(self.outputs["out"].read(f"out, {ctx}"), self.dtype).astype(np.float64)
+        assert_within(got, o, o_tol, f"O, {ctx}")
+        unseen = lse == -np.inf
+        got_lse = None
+        if "lse" in self.outputs:
+            got_lse = self.outputs["lse"].read(f"lse, {ctx}").astype(np.float64)
+            assert (got_lse[unseen] == -np.inf).all(), f"{ctx}: lse of a token without keys"
+            assert_within(got_lse[~unseen], lse[~unseen], lse_tol[~unseen], f"lse, {ctx}")
+        if self.workspace is not None:
+            self.check_partials(got, got_lse, ctx)
+        return got
+
+    def partials(self, ctx):
+        """The workspace's float32 (O_s [S, B, Sq, Hq, D], lse_s [S, B, Sq, Hq])."""
+        raw = self.workspace.read(f"workspace, {ctx}")
+        rows = self.splits * int(np.prod(self.shape_q[:3]))
+        o_bytes = rows * self.shape_q[3] * 4
+        lse_at = -(-o_bytes // 256) * 256
+        o_s = raw[:o_bytes].view(np.float32).reshape((self.splits,) + self.shape_q)
+        lse_s = raw[lse_at:lse_at + rows * 4].view(np.float32).reshape(
+            (self.splits,) + self.shape_q[:3])
+        return o_s, lse_s
+
+    def check_partials(self, got, got_lse, ctx):
+        o_s, lse_s = self.partials(ctx)
+        _, want_lse_s = ref.attention_split_partials(
+            self.host_q, self.k_cache, self.v_cache, self.clamped, self.splits,
+            softmax_scale=self.scale, dtype=self.dtype, block_n=SPLIT_BLOCK)
+        empty = want_lse_s == -np.inf
+        assert (lse_s[empty] == -np.inf).all(), f"{ctx}: lse_s of a split without keys"
+        assert np.isfinite(lse_s[~empty]).all(), f"{ctx}: lse_s of a split with keys"
+        assert np.isfinite(o_s[~empty]).all(), f"{ctx}: O_s of a split with keys"
+        # The combine kernel against the float64 combine of the same partials: float32 weights
+        # (exp, 2 ulps), sums of S terms and a division, then O's rounding to the dtype.
+        c_o, c_lse = ref.attention_combine(o_s, lse_s)
+        width = np.abs(np.where(empty[..., None], 0, o_s)).max(axis=0)
+        err = (self.splits + 8) * 2 * F32_U * width
+        assert_within(got, c_o, err + 0.5 * ref.ulp(np.abs(c_o) + err, self.dtype),
+                      f"O against the combine of the partials, {ctx}")
+        if got_lse is not None:
+            seen = c_lse > -np.inf
+            assert (got_lse[~seen] == -np.inf).all(), ctx
+            lse_err = 8 * F32_U * (np.abs(c_lse[seen]) + np.log(self.splits) + 1)
+            assert_within(got_lse[seen], c_lse[seen], lse_err,
+                          f"lse against the combine of the partials, {ctx}")
+
+
+def context(seed, **facts):
+    return ", ".join([f"seed={seed}"] + [f"{k}={v}" for k, v in facts.items()])
+
+
+# ---------------------------------------------------------------------------------------------
+# Shapes: layouts, dtypes, head dims, group ratios, new tokens
+# ---------------------------------------------------------------------------------------------
+# Lengths: 1 (below 4 and 16 new tokens: tokens without keys), around the 64-key tile, longer.
+LENGTHS = [1, 63, 65, 300]
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("heads_q, heads_kv", [(4, 4), (8, 2), (16, 2)],
+                         ids=["ratio1", "ratio4", "ratio8"])
+@pytest.mark.parametrize("seqlen_q", [1, 4, 16])
+@pytest.mark.parametrize("page_size", [None, 16], ids=["contiguous", "paged16"])
+def test_shapes(seed, dtype, head_dim, heads_q, heads_kv, seqlen_q, page_size):
+    rng = np.random.default_rng(seed)
+    call = DecodeCall(rng, dtype, head_dim, heads_q, heads_kv, seqlen_q, LENGTHS,
+                      page_size=page_size, capacity=320)
+    call.launch()
+    call.check(context(seed, dtype=dtype, D=head_dim, Hq=heads_q, Hkv=heads_kv, Sq=seqlen_q,
+                       page=page_size, splits=call.splits))
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 5, 64])
+@pytest.mark.parametrize("page_size", [None, 64], ids=["contiguous", "paged64"])
+def test_forced_splits(seed, num_splits, page_size):
+    """Forced plans: one split (O written directly), a few, and 64 (most of them empty);
+    lengths 0 and 1 and exact multiples of the 64-key block."""
+    rng = np.random.default_rng(seed)
+    call = DecodeCall(rng, "fp16", 128, 8, 2, 3, [0, 1, 64, 129, 1000], page_size=page_size,
+                      num_splits=num_splits)
+    assert call.splits == num_splits
+    assert (call.workspace is None) == (num_splits == 1)
+    call.launch()
+    call.check(context(seed, splits=num_splits, page=page_size))
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("page_size", [None, 64], ids=["contiguous", "paged64"])
+def test_one_long_sequence(seed, dtype, page_size):
+    """One sequence 100x longer than the others: its splits carry the work, theirs are empty."""
+    rng = np.random.default_rng(seed)
+    call = DecodeCall(rng, dtype, 128, 32, 8, 1, [5, 40, 3001, 17], page_size=page_size)
+    call.launch()
+    call.check(context(seed, dtype=dtype, page=page_size, splits=call.splits))
+
+
+@pytest.mark.parametrize("page_size", [None, 256], ids=["contiguous", "paged256"])
+def test_long_cache(seed, page_size):
+    """A 32k+ cache: 64 splits of 576 keys under the automatic rule (4 CTAs per split), a
+    group of 8 query heads per kv head."""
+    rng = np.random.default_rng(seed)
+    call = DecodeCall(rng, "bf16", 128, 32, 4, 2, [32768 + 37], page_size=page_size)
+    call.launch()
+    call.check(context(seed, page=page_size, splits=call.splits))
+
+
+def test_mqa_many_rows(seed):
+    """MQA with 64 query heads and 4 new tokens: 256 rows per kv head, 4 row groups of 64."""
+    rng = np.random.default_rng(seed)
+    call = DecodeCall(rng, "fp16", 64, 64, 1, 4, [700, 3], page_size=16)
+    call.launch()
+    call.check(context(seed, splits=call.splits))
+
+
+# ---------------------------------------------------------------------------------------------
+# Scales and large logits
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("scale", [None, 0.05, -0.3])
+def test_scales(seed, dtype, scale):
+    rng = np.random.default_rng(seed)
+    call = DecodeCall(rng, dtype, 64, 4, 1, 2, [200, 77], scale=scale)
+    call.launch()
+    call.check(context(seed, dtype=dtype, scale=scale))
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_large_logits(seed, dtype, num_splits):
+    """q and k 8x larger: logits of order 64 and beyond, a nearly one-hot softmax in each split
+    and across them (the combine's maximum must keep every weight finite)."""
+    rng = np.random.default_rng(seed)
+    call = DecodeCall(rng, dtype, 128, 8, 2, 4, [500, 130], num_splits=num_splits,
+                      logit_scale=8.0)
+    call.launch()
+    call.check(context(seed, dtype=dtype, splits=num_splits, logit_scale=8))
+
+
+# ---------------------------------------------------------------------------------------------
+# Paged == contiguous, bit for bit
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("page_size", [16, 64, 256])
+@pytest.mark.parametrize("num_splits", [None, 1, 3])
+def test_paged_equals_contiguous(seed, page_size, num_splits):
+    rng = np.random.default_rng(seed)
+    lengths = [1000, 1, 257, 0]
+    contiguous = DecodeCall(rng, "bf16", 128, 16, 2, 2, lengths, capacity=1024,
+                            num_splits=num_splits)
+    paged = DecodeCall(rng, "bf16", 128, 16, 2, 2, lengths, page_size=page_size, capacity=1024,
+                       num_splits=num_splits)
+    paged.host_q, paged.k_cache, paged.v_cache = (contiguous.host_q, contiguous.k_cache,
+                                                  contiguous.v_cache)
+    paged._paginate(rng)
+    for buffer, host in zip((paged.q, paged.k, paged.v, paged.table),
+                            paged.device_inputs() + (paged.block_table,)):
+        buffer.write(host)
+    assert paged.splits == contiguous.splits
+    contiguous.launch()
+    paged.launch()
+    ctx = context(seed, page=page_size, splits=paged.splits)
+    paged.check(ctx)
+    for name in ("out", "lse"):
+        assert_bitwise_equal(paged.outputs[name].read(name), contiguous.outputs[name].read(name),
+                             f"{name}, paged against contiguous, {ctx}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Broken device-side promises, bad arguments
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("page_size", [None, 16], ids=["contiguous", "paged16"])
+def test_lengths_past_max_are_clamped(seed, page_size):
+    """seqlens_k past max_seqlen_k (by a little, by 2^31 - 1) and negative: the call computes
+    the clamped lengths (max_seqlen_k, 0) and reads nothing outside the cache."""
+    rng = np.random.default_rng(seed)
+    capacity = 200
+    call = DecodeCall(rng, "fp16", 128, 8, 2, 2, [capacity] * 4, page_size=page_size,
+                      capacity=capacity, device_lengths=[capacity + 5, 2**31 - 1, -3, 10])
+    assert call.clamped.tolist() == [capacity, capacity, 0, 10]
+    call.launch()
+    call.check(context(seed, page=page_size))
+
+
+def test_page_ids_out_of_range_stay_in_bounds(seed):
+    """Block table entries outside [0, num_pages): values unspecified, nothing outside the
+    outputs written (the guards stay intact) and nothing outside the pages read."""
+    rng = np.random.default_rng(seed)
+    call = DecodeCall(rng, "fp16", 64, 4, 2, 1, [100, 50], page_size=16)
+    table = call.block_table.copy()
+    table[0, 0], table[0, 3], table[1, 1] = -1, 2**31 - 1, call.k_pages.shape[0]
+    call.table.write(table)
+    call.launch()
+    synchronize()
+    for name, buffer in call.outputs.items():
+        buffer.read(f"{name}, seed={seed}")
+
+
+def test_workspace_below_the_query_is_rejected(seed):
+    rng = np.random.default_rng(seed)
+    call = DecodeCall(rng, "fp16", 128, 8, 2, 1, [1000, 2000])
+    assert call.workspace_bytes > 0
+    for nbytes in (call.workspace_bytes - 1, 0):
+        with pytest.raises(ck.CKError) as info:
+            call.launch(workspace_bytes=nbytes)
+        assert info.value.status == ck.Status.INVALID_VALUE, info.value.message
+        assert "workspace_bytes" in info.value.message
+    synchronize()
+    call.assert_outputs_untouched(f"a rejected call, seed={seed}")
+
+
+# ---------------------------------------------------------------------------------------------
+# lse NULL, graph capture, the wrapper
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_lse_null_writes_the_same_out(seed, num_splits):
+    rng = np.random.default_rng(seed)
+    with_lse = DecodeCall(rng, "bf16", 128, 8, 2, 2, [300, 7], num_splits=num_splits)
+    with_lse.launch()
+    want = with_lse.outputs["out"].read("out with lse")
+    without = DecodeCall(rng, "bf16", 128, 8, 2, 2, [300, 7], num_splits=num_splits, lse=False)
+    without.host_q, without.k_cache, without.v_cache = (with_lse.host_q, with_lse.k_cache,
+                                                        with_lse.v_cache)
+    for buffer, host in zip((without.q, without.k, without.v), without.device_inputs()):
+        buffer.write(host)
+    without.launch()
+    without.check(context(seed, lse=None, splits=num_splits))
+    assert_bitwise_equal(without.outputs["out"].read("out without lse"), want,
+                         f"out with and without lse, seed={seed}")
+
+
+@pytest.mark.parametrize("page_size", [None, 16], ids=["contiguous", "paged16"])
+def test_graph_replays(seed, page_size):
+    rng = np.random.default_rng(seed)
+    call = DecodeCall(rng, "fp16", 128, 8, 2, 1, [600, 129, 3], page_size=page_size)
+    assert call.splits > 1   # the graph holds both kernels
+    assert_graph_replays(call, rng, seed)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("page_size", [None, 16], ids=["contiguous", "paged16"])
+def test_wrapper_gives_the_raw_bits(seed, dtype, page_size):
+    rng = np.random.default_rng(seed)
+    call = DecodeCall(rng, dtype, 64, 8, 2, 2, [65, 300], page_size=page_size)
+    call.launch()
+    want_o = call.outputs["out"].read("out")
+    want_lse = call.outputs["lse"].read("lse")
+    q, k, v = call.device_inputs()
+    table = None if page_size is None else call.block_table
+    o, lse = ck.attention_decode(q, k, v, call.lengths, block_table=table,
+                                 max_seqlen_k=call.capacity, return_lse=True,
+                                 dtype="bf16" if dtype == "bf16" else None)
+    assert_bitwise_equal(np.asarray(o), want_o, f"attention_decode() out, seed={seed}")
+    assert_bitwise_equal(np.asarray(lse), want_lse, f"attention_decode() lse, seed={seed}")

@@ -318,7 +318,8 @@ static const Family kFamilies[] = {
 // --sample: a first look in a minute or two, measured as the full sweep measures: every quantizer
 // on the main fp16 tensor, every GEMM row (beside cuBLAS) at one weight shape for a decode and a
 // prefill batch, the MoE layer (beside its fp16 baselines) at the same two regimes, the block
-// 4-bit GEMMs, and decode attention on a contiguous and two paged caches at one batch.
+// 4-bit GEMMs, one causal prefill attention shape beside its unfused pipelines, and decode
+// attention on a contiguous and two paged caches at one batch.
 static const char* const kSampleFilters[] = {
     "/fp16/8192x8192$",
     "/M=1 K=4096 N=4096$",
@@ -326,6 +327,7 @@ static const char* const kSampleFilters[] = {
     "/mixtral T=16$",
     "/mixtral T=1024$",
     "block4/",
+    "/bf16/B=1 H=32/32 S=2048 D=128 causal$",
     "/B=16 KV=4096 Hq=32 Hkv=8 D=128$",
 };
 

@@ -41,6 +41,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -594,6 +595,100 @@ inline std::string json_number(double v) {
 }  // namespace bench_detail
 
 // ------------------------------------------------------------------------------------------------
+// Sequences that may be captured: a failing call is recorded instead of exiting, so that a
+// sequence cuBLAS cannot capture falls back to direct launches (time_sequence, below).
+// ------------------------------------------------------------------------------------------------
+class StepStatus {
+  public:
+    bool ok() const { return message_.empty(); }
+    const std::string& message() const { return message_; }
+
+    void check(cudaError_t err, const char* expr) {
+        if (err != cudaSuccess && ok()) message_ = std::string(expr) + ": " + cudaGetErrorName(err);
+    }
+    void check(cublasStatus_t status, const char* expr) {
+        if (status != CUBLAS_STATUS_SUCCESS && ok())
+            message_ = std::string(expr) + ": " + cublasGetStatusName(status);
+    }
+    void check(ck_status_t status, const char* expr) {
+        if (status != CK_STATUS_SUCCESS && ok())
+            message_ = std::string(expr) + ": " + ck_status_string(status) + ": " +
+                       ck_last_error_message();
+    }
+
+    // Outside capture a failure is fatal, as CK_BENCH_CHECK.
+    void require(const char* what) const {
+        if (ok()) return;
+        std::fprintf(stderr, "ck_bench: %s failed: %s\n", what, message_.c_str());
+        std::exit(kExitFailure);
+    }
+
+  private:
+    std::string message_;
+};
+
+#define CK_BENCH_STEP(status, call) (status).check((call), #call)
+
+// Enqueues one call of a row's sequence on rotation copy `copy`.
+using Sequence = std::function<void(StepStatus&, int copy)>;
+
+// One instantiated CUDA graph (one call of a sequence). Move-only.
+class Graph {
+  public:
+    Graph() = default;
+    ~Graph() {
+        if (exec_) cudaGraphExecDestroy(exec_);
+    }
+    Graph(Graph&& other) noexcept { std::swap(exec_, other.exec_); }
+    Graph& operator=(Graph&& other) noexcept {
+        std::swap(exec_, other.exec_);
+        return *this;
+    }
+    Graph(const Graph&) = delete;
+    Graph& operator=(const Graph&) = delete;
+
+    // Captures sequence(copy) on `stream`; an empty optional (and the reason in *why) when the
+    // capture or the instantiation fails. The failure leaves no error pending.
+    static std::optional<Graph> capture(cudaStream_t stream, const Sequence& sequence, int copy,
+                                        std::string* why) {
+        // ThreadLocal: this thread must not make unsafe calls (cudaMalloc) during the capture;
+        // cuBLAS has its workspace set beforehand (Context) for that reason.
+        cudaError_t err = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+        if (err != cudaSuccess) {
+            *why = std::string("cudaStreamBeginCapture: ") + cudaGetErrorName(err);
+            cudaGetLastError();
+            return std::nullopt;
+        }
+        StepStatus status;
+        sequence(status, copy);
+        cudaGraph_t graph = nullptr;
+        err = cudaStreamEndCapture(stream, &graph);
+        if (!status.ok() || err != cudaSuccess) {
+            *why = !status.ok() ? status.message()
+                                : std::string("cudaStreamEndCapture: ") + cudaGetErrorName(err);
+            if (graph) cudaGraphDestroy(graph);
+            cudaGetLastError();
+            return std::nullopt;
+        }
+        Graph g;
+        err = cudaGraphInstantiate(&g.exec_, graph, 0);
+        cudaGraphDestroy(graph);
+        if (err != cudaSuccess) {
+            *why = std::string("cudaGraphInstantiate: ") + cudaGetErrorName(err);
+            g.exec_ = nullptr;
+            cudaGetLastError();
+            return std::nullopt;
+        }
+        return g;
+    }
+
+    void launch(cudaStream_t stream) const { CK_BENCH_CHECK(cudaGraphLaunch(exec_, stream)); }
+
+  private:
+    cudaGraphExec_t exec_ = nullptr;
+};
+
+// ------------------------------------------------------------------------------------------------
 // Bench: the device, the stream, the copy roofline and the rows of one run of the program.
 // ------------------------------------------------------------------------------------------------
 class Bench {
@@ -969,3 +1064,40 @@ class Bench {
     std::vector<ExtraTable> tables_;
     std::vector<std::string> families_;  // in order of first appearance
 };
+
+// Times a sequence as the rows of families with many launches per call do: runs it once directly
+// (fatal if it fails: callers check its output), captures one graph per rotation copy and times
+// their replays, so that host launch gaps stay out of the comparison; falls back to direct
+// launches when a capture fails. *how says which, for the row's note; `what` names the problem
+// in messages.
+inline Timing time_sequence(Bench& bench, const Sequence& sequence, int copies,
+                            const std::string& what, std::string* how,
+                            const TimingConfig* config = nullptr) {
+    cudaStream_t st = bench.stream();
+    const TimingConfig timing = config ? *config : bench.options().timing();
+    StepStatus direct;
+    sequence(direct, 0);
+    direct.require(what.c_str());
+    CK_BENCH_CHECK(cudaStreamSynchronize(st));
+
+    std::vector<Graph> graphs;
+    std::string why;
+    for (int c = 0; c < copies; ++c) {
+        std::optional<Graph> g = Graph::capture(st, sequence, c, &why);
+        if (!g) break;
+        graphs.push_back(std::move(*g));
+    }
+    if (int(graphs.size()) == copies) {
+        *how = "CUDA graph per call";
+        return bench.time([&](int i) { graphs[size_t(i % copies)].launch(st); }, timing);
+    }
+    *how = "direct launches (graph capture failed: " + why + ")";
+    std::fprintf(stderr, "  %s: %s\n", what.c_str(), how->c_str());
+    return bench.time(
+        [&](int i) {
+            StepStatus s;
+            sequence(s, i % copies);
+            s.require(what.c_str());
+        },
+        timing);
+}

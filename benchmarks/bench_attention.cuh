@@ -1,9 +1,29 @@
-// benchmarks/bench_attention.cuh - family "attention": decode attention over a KV cache
-// (ck_attention_decode, split-KV plus the combine) against the copy bandwidth.
+// benchmarks/bench_attention.cuh - family "attention": prefill attention (ck_attention_forward)
+// beside the unfused pipelines it replaces, and decode attention over a KV cache
+// (ck_attention_decode) against the copy bandwidth, on the same run.
 //
-// Problems: fp16, Hq = 32 query heads over Hkv = 8 kv heads, D = 128, one new token per
-// sequence, (batch, KV length) = (1, 4096), (16, 4096), (64, 2048), (1, 32768) (--quick: the
-// first two), every sequence of the full length. Rows of each: a contiguous cache [B, KV, Hkv, D]
+// Prefill. Problems: the prefill shapes of the attention targets (batch B of equal sequences of
+// S queries and S keys, Hq query heads over Hkv kv heads, head dim D, causal or not), bf16 and
+// fp16 (--quick: one small shape; --size does not apply). Rows of each (shape, dtype):
+//   ck_attention_forward          the fused kernel (one launch); baseline "cuBLAS + softmax".
+//   cuBLAS + softmax              the unfused pipeline on cuBLAS: per sequence (and kv head under
+//                                 GQA), a strided-batched GEMM S = scale Q K^T into float32, a
+//                                 softmax kernel (mask, max, exp, sum) writing P in the dtype,
+//                                 and a strided-batched GEMM O = P V, fp32 accumulation.
+//   tiled sequential              the same four steps as the naive pipeline (QK^T, scale + mask,
+//                                 softmax, PV), with 16 x 16 shared-memory tiled GEMM kernels.
+//   naive sequential              four kernels, one thread per output element: S = Q K^T,
+//                                 scale + mask, a row softmax, O = P V (bf16 only: slow).
+// The unfused pipelines write and read the S x S scores (float32) and P (dtype) of a chunk of
+// heads at a time (one sequence, one kv head's group); each call is one CUDA graph replay, so
+// their many launches cost no host time. Every row's output is compared with ours
+// (||O - ours|| / ||ours||, in the notes: a check, not a target).
+// flops = 4 D Hq x (query, key) pairs the mask allows (S^2 per head, S (S + 1) / 2 causal);
+// bytes = q + k + v + out (the fused kernel's floor; the unfused ones move far more).
+//
+// Decode (ck_attention_decode, split-KV plus the combine). Problems: fp16, Hq = 32 query heads
+// over Hkv = 8 kv heads, D = 128, one new token per sequence, (batch, KV length) = (1, 4096),
+// (16, 4096), (64, 2048), (1, 32768) (--quick: the first two), every sequence of the full length. Rows of each: a contiguous cache [B, KV, Hkv, D]
 // and paged caches of 16- and 64-key pages (the block table a random permutation of the pages,
 // so that a sequence's pages are scattered as a serving engine's are). Splits: the library's
 // automatic rule (the note gives the count).
@@ -21,6 +41,489 @@
 #include <random>
 
 #include "bench.cuh"
+
+namespace prefill_bench {
+
+struct Shape {
+    int64_t batch, heads_q, heads_kv, seqlen, head_dim;
+    bool causal;
+};
+
+constexpr Shape kShapes[] = {
+    {1, 32, 32, 2048, 128, true},  {4, 32, 32, 2048, 128, false}, {1, 32, 8, 8192, 128, true},
+    {8, 32, 8, 1024, 128, true},   {2, 16, 16, 4096, 64, true},   {16, 32, 8, 512, 128, true},
+};
+constexpr Shape kQuickShape = {1, 8, 8, 512, 64, true};
+
+// Inputs uniform in +-sqrt(3) (variance 1): with the default scale 1 / sqrt(D) the logits have
+// variance ~1 and the softmax is neither flat nor one-hot.
+constexpr float kInputBound = 1.7320508f;
+
+constexpr int kThreads = 256;
+constexpr int kTile = 16;  // the tiled baseline's GEMM tile
+// The slow baselines are timed with few samples (each call is milliseconds).
+constexpr int kSlowWarmup = 1;
+constexpr int kSlowReps = 3;
+
+inline std::string prefill_shape(const Shape& s) {
+    return "B=" + std::to_string(s.batch) + " H=" + std::to_string(s.heads_q) + "/" +
+           std::to_string(s.heads_kv) + " S=" + std::to_string(s.seqlen) +
+           " D=" + std::to_string(s.head_dim) + (s.causal ? " causal" : "");
+}
+
+inline double allowed_pairs(const Shape& s) {
+    const double n = double(s.seqlen);
+    return double(s.batch) * (s.causal ? n * (n + 1) / 2 : n * n);
+}
+
+// ------------------------------------------------------------------------------------------------
+// One chunk of heads: `count` query heads of one sequence that the baselines process together.
+// Element (token t, head h, d) of q / out sits at (t Hq + h) D + d, of k / v at (t Hkv + h) D + d;
+// a chunk's query head c reads kv head kv0 + c * kv_step (kv_step 1 without GQA, 0 within one
+// kv head's group). S and P are [count, S, S], row-major.
+// ------------------------------------------------------------------------------------------------
+struct Chunk {
+    int64_t q_offset, kv_offset;  // element offsets of the chunk's first q head / kv head
+    int64_t q_row, kv_row;        // elements between consecutive tokens: Hq D, Hkv D
+    int64_t kv_step;              // elements between the kv heads of consecutive chunk heads
+    int count;
+};
+
+template <typename T> __device__ inline float to_f(T v);
+template <> __device__ inline float to_f(__half v) { return __half2float(v); }
+template <> __device__ inline float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T> __device__ inline T from_f(float v);
+template <> __device__ inline __half from_f(float v) { return __float2half_rn(v); }
+template <> __device__ inline __nv_bfloat16 from_f(float v) { return __float2bfloat16_rn(v); }
+
+// S[c, i, j] = q_i . k_j, one thread per score (grid: j blocks, i, c).
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    naive_scores_kernel(const T* q, const T* k, Chunk ch, int n, int d, float* s) {
+    const int j = blockIdx.x * kThreads + threadIdx.x;
+    const int i = blockIdx.y, c = blockIdx.z;
+    if (j >= n) return;
+    const T* qi = q + ch.q_offset + int64_t(i) * ch.q_row + int64_t(c) * d;
+    const T* kj = k + ch.kv_offset + int64_t(j) * ch.kv_row + int64_t(c) * ch.kv_step;
+    float acc = 0;
+    for (int e = 0; e < d; ++e) acc += to_f(qi[e]) * to_f(kj[e]);
+    s[(int64_t(c) * n + i) * n + j] = acc;
+}
+
+// S = scale S, and -inf where the causal mask hides the key (n queries, n keys: j > i).
+__global__ void __launch_bounds__(kThreads)
+    scale_mask_kernel(float* s, int n, float scale, bool causal) {
+    const int j = blockIdx.x * kThreads + threadIdx.x;
+    const int i = blockIdx.y, c = blockIdx.z;
+    if (j >= n) return;
+    float& x = s[(int64_t(c) * n + i) * n + j];
+    x = causal && j > i ? -INFINITY : x * scale;
+}
+
+// P[c, i, :] = softmax(scale S[c, i, :]) in the dtype over the keys row i sees (the rest 0): one
+// block per row, float32 max and sum. The cuBLAS pipeline's middle step; the sequential ones call
+// it with scale 1 and no mask after their own scale + mask kernel.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    masked_softmax_kernel(const float* s, int n, float scale, bool causal, T* p) {
+    __shared__ float red[kThreads / 32];
+    const int i = blockIdx.x;
+    const int64_t row = int64_t(blockIdx.y) * n + i;
+    const float* x = s + row * n;
+    const int visible = causal ? i + 1 : n;
+    auto block_reduce = [&](float v, bool is_max) {
+        for (int o = 16; o > 0; o >>= 1) {
+            const float w = __shfl_xor_sync(0xffffffffu, v, o);
+            v = is_max ? fmaxf(v, w) : v + w;
+        }
+        if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+        __syncthreads();
+        v = red[0];
+        for (int w = 1; w < kThreads / 32; ++w) v = is_max ? fmaxf(v, red[w]) : v + red[w];
+        __syncthreads();
+        return v;
+    };
+    float m = -INFINITY;
+    for (int j = threadIdx.x; j < visible; j += kThreads) m = fmaxf(m, x[j] * scale);
+    m = block_reduce(m, true);
+    float sum = 0;
+    for (int j = threadIdx.x; j < visible; j += kThreads) sum += __expf(x[j] * scale - m);
+    sum = block_reduce(sum, false);
+    const float inv = 1.f / sum;
+    for (int j = threadIdx.x; j < n; j += kThreads)
+        p[row * n + j] = from_f<T>(j < visible ? __expf(x[j] * scale - m) * inv : 0.f);
+}
+
+// O[i, c, :] = sum_j P[c, i, j] v_j, one thread per output element (grid: d blocks, i, c).
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    naive_pv_kernel(const T* p, const T* v, Chunk ch, int n, int d, T* out) {
+    const int e = blockIdx.x * kThreads + threadIdx.x;
+    const int i = blockIdx.y, c = blockIdx.z;
+    if (e >= d) return;
+    const T* pi = p + (int64_t(c) * n + i) * n;
+    const T* ve = v + ch.kv_offset + int64_t(c) * ch.kv_step + e;
+    float acc = 0;
+    for (int j = 0; j < n; ++j) acc += to_f(pi[j]) * to_f(ve[int64_t(j) * ch.kv_row]);
+    out[ch.q_offset + int64_t(i) * ch.q_row + int64_t(c) * d + e] = from_f<T>(acc);
+}
+
+// C[c] (rows x cols) = A[c] B[c]^T with 16 x 16 shared-memory tiles: A row r at a + r lda, B row
+// s at b + s ldb (both `inner` long, contiguous), float32 sums. Scores: A = q, B = k.
+template <typename T, typename Out>
+__global__ void __launch_bounds__(kTile * kTile)
+    tiled_abt_kernel(const T* a, int64_t lda, int64_t a_head, const T* b, int64_t ldb,
+                     int64_t b_head, int rows, int cols, int inner, Out* c, int64_t ldc,
+                     int64_t c_head) {
+    __shared__ float as[kTile][kTile + 1], bs[kTile][kTile + 1];
+    const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;
+    const int r = blockIdx.y * kTile + ty, s = blockIdx.x * kTile + tx;
+    const int z = blockIdx.z;
+    a += z * a_head;
+    b += z * b_head;
+    float acc = 0;
+    for (int k0 = 0; k0 < inner; k0 += kTile) {
+        const int br = blockIdx.x * kTile + ty;  // B's row this thread loads
+        as[ty][tx] = r < rows && k0 + tx < inner ? to_f(a[int64_t(r) * lda + k0 + tx]) : 0.f;
+        bs[ty][tx] = br < cols && k0 + tx < inner ? to_f(b[int64_t(br) * ldb + k0 + tx]) : 0.f;
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < kTile; ++kk) acc += as[ty][kk] * bs[tx][kk];
+        __syncthreads();
+    }
+    if (r < rows && s < cols) {
+        if constexpr (std::is_same_v<Out, float>) {
+            c[z * c_head + int64_t(r) * ldc + s] = acc;
+        } else {
+            c[z * c_head + int64_t(r) * ldc + s] = from_f<Out>(acc);
+        }
+    }
+}
+
+// C[c] (rows x cols) = A[c] B[c] with 16 x 16 tiles: A row-major (lda), B row-major (ldb),
+// float32 sums, output in T. Values: A = P, B = v.
+template <typename T>
+__global__ void __launch_bounds__(kTile * kTile)
+    tiled_ab_kernel(const T* a, int64_t lda, int64_t a_head, const T* b, int64_t ldb,
+                    int64_t b_head, int rows, int cols, int inner, T* c, int64_t ldc,
+                    int64_t c_head) {
+    __shared__ float as[kTile][kTile + 1], bs[kTile][kTile + 1];
+    const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;
+    const int r = blockIdx.y * kTile + ty, s = blockIdx.x * kTile + tx;
+    const int z = blockIdx.z;
+    a += z * a_head;
+    b += z * b_head;
+    float acc = 0;
+    for (int k0 = 0; k0 < inner; k0 += kTile) {
+        as[ty][tx] = r < rows && k0 + tx < inner ? to_f(a[int64_t(r) * lda + k0 + tx]) : 0.f;
+        bs[ty][tx] = k0 + ty < inner && s < cols ? to_f(b[int64_t(k0 + ty) * ldb + s]) : 0.f;
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < kTile; ++kk) acc += as[ty][kk] * bs[kk][tx];
+        __syncthreads();
+    }
+    if (r < rows && s < cols) c[z * c_head + int64_t(r) * ldc + s] = from_f<T>(acc);
+}
+
+// ------------------------------------------------------------------------------------------------
+// One (shape, dtype): inputs in rotation copies, the baselines' scratch, and the rows.
+// ------------------------------------------------------------------------------------------------
+struct Copy {
+    DeviceBuffer q, k, v, out;
+};
+
+class Problem {
+  public:
+    Problem(Bench& bench, const Shape& shape, ck_dtype_t dtype)
+        : bench_(bench), s_(shape), dtype_(dtype), elem_(dtype_size(dtype)),
+          shape_(prefill_shape(shape)) {}
+
+    void run_all(bool with_naive) {
+        const RowSpec ours = spec("ck_attention_forward");
+        const RowSpec cublas = spec("cuBLAS + softmax");
+        const RowSpec tiled = spec("tiled sequential");
+        const RowSpec naive = spec("naive sequential");
+        if (!bench_.wants(ours) && !bench_.wants(cublas) && !bench_.wants(tiled) &&
+            !bench_.wants(naive))
+            return;
+        allocate();
+        Row* ours_row = time_ours(ours);
+        const std::vector<float> reference = download(copies_[0].out);
+        Row* cublas_row = time_baseline(cublas, cublas_sequence(), reference, false);
+        if (ours_row && cublas_row) Bench::set_baseline(*ours_row, cublas.kernel, cublas_row->time);
+        time_baseline(tiled, tiled_sequence(), reference, true);
+        if (with_naive) time_baseline(naive, naive_sequence(), reference, true);
+    }
+
+  private:
+    using Sequence = ::Sequence;
+
+    int64_t tokens() const { return s_.batch * s_.seqlen; }
+    int64_t q_elems() const { return tokens() * s_.heads_q * s_.head_dim; }
+    int64_t kv_elems() const { return tokens() * s_.heads_kv * s_.head_dim; }
+    int group() const { return int(s_.heads_q / s_.heads_kv); }
+    // Query heads per chunk: all of a sequence's heads without GQA (k and v step with them),
+    // one kv head's group with it (k and v shared).
+    int chunk_heads() const { return group() == 1 ? int(s_.heads_q) : group(); }
+    int64_t chunks() const { return s_.batch * (s_.heads_q / chunk_heads()); }
+    float scale() const { return 1.0f / std::sqrt(float(s_.head_dim)); }
+
+    RowSpec spec(const std::string& kernel) const {
+        RowSpec r;
+        r.family = "attention";
+        r.kernel = kernel;
+        r.dtype = dtype_name(dtype_);
+        r.shape = shape_;
+        r.bytes = double(elem_) * double(2 * q_elems() + 2 * kv_elems());
+        r.flops = 4.0 * double(s_.head_dim) * double(s_.heads_q) * allowed_pairs(s_);
+        return r;
+    }
+
+    Chunk chunk(int64_t index) const {
+        const int64_t per_seq = s_.heads_q / chunk_heads();
+        const int64_t b = index / per_seq, first = (index % per_seq) * chunk_heads();
+        Chunk c;
+        c.q_row = s_.heads_q * s_.head_dim;
+        c.kv_row = s_.heads_kv * s_.head_dim;
+        c.q_offset = b * s_.seqlen * c.q_row + first * s_.head_dim;
+        c.kv_offset = b * s_.seqlen * c.kv_row + (first / group()) * s_.head_dim;
+        c.kv_step = group() == 1 ? s_.head_dim : 0;
+        c.count = chunk_heads();
+        return c;
+    }
+
+    void allocate() {
+        const double per_call = spec("").bytes;
+        const int copies = bench_.rotation_copies(per_call, per_call);
+        for (int c = 0; c < copies; ++c) {
+            Copy cp{DeviceBuffer(size_t(q_elems()) * elem_), DeviceBuffer(size_t(kv_elems()) * elem_),
+                    DeviceBuffer(size_t(kv_elems()) * elem_), DeviceBuffer(size_t(q_elems()) * elem_)};
+            const uint64_t seed = 1000 + 10 * uint64_t(c);
+            fill_uniform(cp.q.as(), dtype_, q_elems(), seed, -kInputBound, kInputBound, bench_.stream());
+            fill_uniform(cp.k.as(), dtype_, kv_elems(), seed + 1, -kInputBound, kInputBound,
+                         bench_.stream());
+            fill_uniform(cp.v.as(), dtype_, kv_elems(), seed + 2, -kInputBound, kInputBound,
+                         bench_.stream());
+            copies_.push_back(std::move(cp));
+        }
+        baseline_out_ = DeviceBuffer(size_t(q_elems()) * elem_);
+        const size_t scores = size_t(chunk_heads()) * size_t(s_.seqlen) * size_t(s_.seqlen);
+        scores_ = DeviceBuffer(scores * sizeof(float));
+        probs_ = DeviceBuffer(scores * elem_);
+        CK_BENCH_CHECK(cudaStreamSynchronize(bench_.stream()));
+    }
+
+    ck_attention_params_t params(const Copy& c) const {
+        ck_attention_params_t p{};
+        p.struct_size = sizeof(p);
+        p.dtype = dtype_;
+        p.q = c.q.as();
+        p.k = c.k.as();
+        p.v = c.v.as();
+        p.out = c.out.as();
+        p.total_q = p.total_k = tokens();
+        p.num_heads_q = s_.heads_q;
+        p.num_heads_kv = s_.heads_kv;
+        p.head_dim = s_.head_dim;
+        p.causal = s_.causal ? 1 : 0;
+        if (s_.batch > 1) {  // equal sequences: offsets b S
+            p.batch = s_.batch;
+            p.cu_seqlens_q = p.cu_seqlens_k = offsets();
+            p.max_seqlen_q = p.max_seqlen_k = s_.seqlen;
+        }
+        return p;
+    }
+
+    const int32_t* offsets() const {
+        if (!cu_seqlens_.bytes()) {
+            std::vector<int32_t> host(size_t(s_.batch + 1));
+            for (int64_t b = 0; b <= s_.batch; ++b) host[size_t(b)] = int32_t(b * s_.seqlen);
+            cu_seqlens_ = DeviceBuffer(host.size() * sizeof(int32_t));
+            CK_BENCH_CHECK(cudaMemcpy(cu_seqlens_.as(), host.data(), cu_seqlens_.bytes(),
+                                      cudaMemcpyHostToDevice));
+        }
+        return cu_seqlens_.as<int32_t>();
+    }
+
+    Row* time_ours(const RowSpec& spec) {
+        if (!bench_.wants(spec)) {  // the baselines still compare with ours' output
+            const ck_attention_params_t p = params(copies_[0]);
+            CK_BENCH_CHECK(ck_attention_forward(&p, bench_.stream()));
+            return nullptr;
+        }
+        RowSpec s = spec;
+        s.copies = int(copies_.size());
+        Row* row = bench_.run(s, [this](int i) {
+            const ck_attention_params_t p = params(copies_[size_t(i) % copies_.size()]);
+            CK_BENCH_CHECK(ck_attention_forward(&p, bench_.stream()));
+        });
+        // The last call wrote copy (calls - 1) % copies; recompute copy 0 for the comparisons.
+        const ck_attention_params_t p = params(copies_[0]);
+        CK_BENCH_CHECK(ck_attention_forward(&p, bench_.stream()));
+        return row;
+    }
+
+    Row* time_baseline(const RowSpec& spec, const Sequence& sequence,
+                       const std::vector<float>& reference, bool slow) {
+        if (!bench_.wants(spec)) return nullptr;
+        TimingConfig config = bench_.options().timing();
+        if (slow) {
+            config.warmup = std::min(config.warmup, kSlowWarmup);
+            config.reps = std::min(config.reps, kSlowReps);
+        }
+        std::string how;
+        const Timing t = time_sequence(bench_, sequence, int(copies_.size()),
+                                       "attention: " + shape_, &how, &config);
+        // Copy 0's output for the comparison (the timed replays rotated through the copies).
+        StepStatus once;
+        sequence(once, 0);
+        once.require(shape_.c_str());
+        Row row;
+        static_cast<RowSpec&>(row) = spec;
+        row.copies = int(copies_.size());
+        row.time = t;
+        std::fprintf(stderr, "  %-60s %10.1f us  %7.0f GB/s\n", row.key().c_str(),
+                     row.time.median_us, row.gbps());
+        Row& added = bench_.add(std::move(row));
+        Bench::append_note(added, "||O - ours|| / ||ours|| " +
+                                      format("%.2e", relative_difference(download(baseline_out_),
+                                                                         reference)));
+        Bench::append_note(added, how);
+        return &added;
+    }
+
+    std::vector<float> download(const DeviceBuffer& buf) const {
+        CK_BENCH_CHECK(cudaStreamSynchronize(bench_.stream()));
+        const size_t n = buf.bytes() / elem_;
+        std::vector<uint16_t> bits(n);
+        CK_BENCH_CHECK(cudaMemcpy(bits.data(), buf.as(), buf.bytes(), cudaMemcpyDeviceToHost));
+        std::vector<float> values(n);
+        for (size_t i = 0; i < n; ++i) {
+            if (dtype_ == CK_DTYPE_BF16) {
+                const uint32_t w = uint32_t(bits[i]) << 16;
+                std::memcpy(&values[i], &w, sizeof(float));
+            } else {
+                values[i] = __half2float(__half_raw{bits[i]});
+            }
+        }
+        return values;
+    }
+
+    static double relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
+        double num = 0, den = 0;
+        for (size_t i = 0; i < a.size(); ++i) {
+            num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+            den += double(b[i]) * b[i];
+        }
+        return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+    }
+
+    cudaDataType_t cuda_type() const { return dtype_ == CK_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_16F; }
+
+    // Dispatches a baseline step on the dtype's element type.
+    template <typename F> void with_type(F&& f) const {
+        if (dtype_ == CK_DTYPE_BF16) {
+            f(__nv_bfloat16{});
+        } else {
+            f(__half{});
+        }
+    }
+
+    Sequence cublas_sequence() {
+        return [this](StepStatus& st, int copy) {
+            const Copy& c = copies_[size_t(copy)];
+            const int n = int(s_.seqlen), d = int(s_.head_dim);
+            const float one = 1.f, zero = 0.f, sc = scale();
+            for (int64_t i = 0; i < chunks(); ++i) {
+                const Chunk ch = chunk(i);
+                const char* q = static_cast<const char*>(c.q.as()) + ch.q_offset * elem_;
+                const char* k = static_cast<const char*>(c.k.as()) + ch.kv_offset * elem_;
+                const char* v = static_cast<const char*>(c.v.as()) + ch.kv_offset * elem_;
+                char* o = baseline_out_.as<char>() + ch.q_offset * elem_;
+                const int64_t nn = int64_t(n) * n;
+                // S^T (column-major n x n) = K (n x d) Q^T: scores row-major [i, j].
+                CK_BENCH_STEP(st, cublasGemmStridedBatchedEx(
+                                      bench_.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, n, n, d, &sc, k,
+                                      cuda_type(), int(ch.kv_row), ch.kv_step, q, cuda_type(),
+                                      int(ch.q_row), d, &zero, scores_.as(), CUDA_R_32F, n, nn,
+                                      ch.count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                with_type([&](auto t) {
+                    using T = decltype(t);
+                    masked_softmax_kernel<T><<<dim3(unsigned(n), unsigned(ch.count)), kThreads, 0,
+                                               bench_.stream()>>>(scores_.as<float>(), n, 1.f,
+                                                                  s_.causal, probs_.as<T>());
+                });
+                CK_BENCH_STEP(st, cudaGetLastError());
+                // O^T (column-major d x n) = V^T (d x n) P^T.
+                CK_BENCH_STEP(st, cublasGemmStridedBatchedEx(
+                                      bench_.cublas(), CUBLAS_OP_N, CUBLAS_OP_N, d, n, n, &one, v,
+                                      cuda_type(), int(ch.kv_row), ch.kv_step, probs_.as(),
+                                      cuda_type(), n, nn, &zero, o, cuda_type(), int(ch.q_row), d,
+                                      ch.count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+            }
+        };
+    }
+
+    // The naive and tiled pipelines: scores, scale + mask, softmax, PV, per chunk.
+    Sequence sequential(bool tiled) {
+        return [this, tiled](StepStatus& st, int copy) {
+            const Copy& c = copies_[size_t(copy)];
+            const int n = int(s_.seqlen), d = int(s_.head_dim);
+            const cudaStream_t stream = bench_.stream();
+            with_type([&](auto t) {
+                using T = decltype(t);
+                const T* q = c.q.as<T>();
+                const T* k = c.k.as<T>();
+                const T* v = c.v.as<T>();
+                T* o = baseline_out_.as<T>();
+                float* s = scores_.as<float>();
+                T* p = probs_.as<T>();
+                for (int64_t i = 0; i < chunks(); ++i) {
+                    const Chunk ch = chunk(i);
+                    const dim3 per_score(unsigned((n + kThreads - 1) / kThreads), unsigned(n),
+                                         unsigned(ch.count));
+                    const dim3 tiles(unsigned((n + kTile - 1) / kTile),
+                                     unsigned((n + kTile - 1) / kTile), unsigned(ch.count));
+                    if (tiled) {
+                        tiled_abt_kernel<T, float><<<tiles, kTile * kTile, 0, stream>>>(
+                            q + ch.q_offset, ch.q_row, d, k + ch.kv_offset, ch.kv_row, ch.kv_step,
+                            n, n, d, s, n, int64_t(n) * n);
+                    } else {
+                        naive_scores_kernel<T><<<per_score, kThreads, 0, stream>>>(q, k, ch, n, d, s);
+                    }
+                    scale_mask_kernel<<<per_score, kThreads, 0, stream>>>(s, n, scale(), s_.causal);
+                    masked_softmax_kernel<T><<<dim3(unsigned(n), unsigned(ch.count)), kThreads,
+                                               0, stream>>>(s, n, 1.f, false, p);
+                    if (tiled) {
+                        const dim3 out_tiles(unsigned((d + kTile - 1) / kTile),
+                                             unsigned((n + kTile - 1) / kTile), unsigned(ch.count));
+                        tiled_ab_kernel<T><<<out_tiles, kTile * kTile, 0, stream>>>(
+                            p, n, int64_t(n) * n, v + ch.kv_offset, ch.kv_row, ch.kv_step, n, d, n,
+                            o + ch.q_offset, ch.q_row, d);
+                    } else {
+                        naive_pv_kernel<T><<<dim3(unsigned((d + kThreads - 1) / kThreads),
+                                                  unsigned(n), unsigned(ch.count)),
+                                             kThreads, 0, stream>>>(p, v, ch, n, d, o);
+                    }
+                }
+            });
+            CK_BENCH_STEP(st, cudaGetLastError());
+        };
+    }
+    Sequence tiled_sequence() { return sequential(true); }
+    Sequence naive_sequence() { return sequential(false); }
+
+    Bench& bench_;
+    Shape s_;
+    ck_dtype_t dtype_;
+    size_t elem_;
+    std::string shape_;
+    std::vector<Copy> copies_;
+    DeviceBuffer baseline_out_, scores_, probs_;
+    mutable DeviceBuffer cu_seqlens_;
+};
+
+}  // namespace prefill_bench
 
 namespace attention_bench {
 
@@ -133,6 +636,13 @@ inline void run_problem(Bench& bench, const Problem& problem, int64_t page_size)
 }  // namespace attention_bench
 
 inline void bench_attention(Bench& bench, const Options& options) {
+    if (options.quick) {
+        prefill_bench::Problem(bench, prefill_bench::kQuickShape, CK_DTYPE_BF16).run_all(true);
+    } else {
+        for (ck_dtype_t dtype : {CK_DTYPE_BF16, CK_DTYPE_FP16})
+            for (const prefill_bench::Shape& shape : prefill_bench::kShapes)
+                prefill_bench::Problem(bench, shape, dtype).run_all(dtype == CK_DTYPE_BF16);
+    }
     using namespace attention_bench;
     const int count = options.quick ? kQuickProblems : int(std::size(kProblems));
     for (int i = 0; i < count; ++i)

@@ -264,100 +264,6 @@ inline dim3 row_grid(int64_t cols, int64_t rows) {
 }
 
 // ------------------------------------------------------------------------------------------------
-// Sequences that may be captured: a failing call is recorded instead of exiting, so that a
-// sequence cuBLAS cannot capture falls back to direct launches.
-// ------------------------------------------------------------------------------------------------
-class StepStatus {
-  public:
-    bool ok() const { return message_.empty(); }
-    const std::string& message() const { return message_; }
-
-    void check(cudaError_t err, const char* expr) {
-        if (err != cudaSuccess && ok()) message_ = std::string(expr) + ": " + cudaGetErrorName(err);
-    }
-    void check(cublasStatus_t status, const char* expr) {
-        if (status != CUBLAS_STATUS_SUCCESS && ok())
-            message_ = std::string(expr) + ": " + cublasGetStatusName(status);
-    }
-    void check(ck_status_t status, const char* expr) {
-        if (status != CK_STATUS_SUCCESS && ok())
-            message_ = std::string(expr) + ": " + ck_status_string(status) + ": " +
-                       ck_last_error_message();
-    }
-
-    // Outside capture a failure is fatal, as CK_BENCH_CHECK.
-    void require(const char* what) const {
-        if (ok()) return;
-        std::fprintf(stderr, "moe: %s failed: %s\n", what, message_.c_str());
-        std::exit(kExitFailure);
-    }
-
-  private:
-    std::string message_;
-};
-
-#define CK_MOE_STEP(status, call) (status).check((call), #call)
-
-// Enqueues one call of a row's sequence on rotation copy `copy`.
-using Sequence = std::function<void(StepStatus&, int copy)>;
-
-// One instantiated CUDA graph (one call of a sequence). Move-only.
-class Graph {
-  public:
-    Graph() = default;
-    ~Graph() {
-        if (exec_) cudaGraphExecDestroy(exec_);
-    }
-    Graph(Graph&& other) noexcept { std::swap(exec_, other.exec_); }
-    Graph& operator=(Graph&& other) noexcept {
-        std::swap(exec_, other.exec_);
-        return *this;
-    }
-    Graph(const Graph&) = delete;
-    Graph& operator=(const Graph&) = delete;
-
-    // Captures sequence(copy) on `stream`; an empty optional (and the reason in *why) when the
-    // capture or the instantiation fails. The failure leaves no error pending.
-    static std::optional<Graph> capture(cudaStream_t stream, const Sequence& sequence, int copy,
-                                        std::string* why) {
-        // ThreadLocal: this thread must not make unsafe calls (cudaMalloc) during the capture;
-        // cuBLAS has its workspace set beforehand (Context) for that reason.
-        cudaError_t err = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
-        if (err != cudaSuccess) {
-            *why = std::string("cudaStreamBeginCapture: ") + cudaGetErrorName(err);
-            cudaGetLastError();
-            return std::nullopt;
-        }
-        StepStatus status;
-        sequence(status, copy);
-        cudaGraph_t graph = nullptr;
-        err = cudaStreamEndCapture(stream, &graph);
-        if (!status.ok() || err != cudaSuccess) {
-            *why = !status.ok() ? status.message()
-                                : std::string("cudaStreamEndCapture: ") + cudaGetErrorName(err);
-            if (graph) cudaGraphDestroy(graph);
-            cudaGetLastError();
-            return std::nullopt;
-        }
-        Graph g;
-        err = cudaGraphInstantiate(&g.exec_, graph, 0);
-        cudaGraphDestroy(graph);
-        if (err != cudaSuccess) {
-            *why = std::string("cudaGraphInstantiate: ") + cudaGetErrorName(err);
-            g.exec_ = nullptr;
-            cudaGetLastError();
-            return std::nullopt;
-        }
-        return g;
-    }
-
-    void launch(cudaStream_t stream) const { CK_BENCH_CHECK(cudaGraphLaunch(exec_, stream)); }
-
-  private:
-    cudaGraphExec_t exec_ = nullptr;
-};
-
-// ------------------------------------------------------------------------------------------------
 // What the family shares: its own cuBLAS handle on the bench stream, with a workspace set once so
 // that no cuBLAS call allocates during a capture (the bench's shared handle stays untouched).
 // ------------------------------------------------------------------------------------------------
@@ -680,7 +586,7 @@ class Problem {
     Sequence ours_sequence() {
         return [this](StepStatus& s, int copy) {
             const ck_moe_params_t p = params(copy);
-            CK_MOE_STEP(s, ck_moe_forward(&p, workspace_.as(), workspace_.bytes(),
+            CK_BENCH_STEP(s, ck_moe_forward(&p, workspace_.as(), workspace_.bytes(),
                                           bench_.stream()));
         };
     }
@@ -690,7 +596,7 @@ class Problem {
     void gemm_tn(StepStatus& s, int64_t m, int64_t rows, int64_t k, const __half* a,
                  const __half* b, __half* c) const {
         const float alpha = 1.f, beta = 0.f;
-        CK_MOE_STEP(s, cublasGemmEx(ctx_.cublas, CUBLAS_OP_T, CUBLAS_OP_N, int(m), int(rows),
+        CK_BENCH_STEP(s, cublasGemmEx(ctx_.cublas, CUBLAS_OP_T, CUBLAS_OP_N, int(m), int(rows),
                                     int(k), &alpha, a, CUDA_R_16F, int(k), b, CUDA_R_16F, int(k),
                                     &beta, c, CUDA_R_16F, int(m), CUBLAS_COMPUTE_32F,
                                     CUBLAS_GEMM_DEFAULT));
@@ -701,7 +607,7 @@ class Problem {
             const WeightCopy& w = weights_.copy(copy);
             cudaStream_t st = bench_.stream();
             const int64_t H = m_.hidden, I = m_.intermediate;
-            CK_MOE_STEP(s, cudaMemsetAsync(acc_.as(), 0, acc_.bytes(), st));
+            CK_BENCH_STEP(s, cudaMemsetAsync(acc_.as(), 0, acc_.bytes(), st));
             for (int32_t e : routing_.active) {
                 const int64_t rows = routing_.expert_rows[size_t(e)];
                 const int64_t first = routing_.expert_offset[size_t(e)];
@@ -712,19 +618,19 @@ class Problem {
                 __half* y = y_.as<__half>() + first * H;
                 gather_rows_kernel<<<row_grid(H, rows), kThreads, 0, st>>>(x_.as<__half>(), token,
                                                                            H, xg);
-                CK_MOE_STEP(s, cudaGetLastError());
+                CK_BENCH_STEP(s, cudaGetLastError());
                 gemm_tn(s, 2 * I, rows, H, w.w13_dense.as<__half>() + int64_t(e) * 2 * I * H, xg,
                         gate_up);
                 swiglu_kernel<<<row_grid(I, rows), kThreads, 0, st>>>(gate_up, I, h);
-                CK_MOE_STEP(s, cudaGetLastError());
+                CK_BENCH_STEP(s, cudaGetLastError());
                 gemm_tn(s, H, rows, I, w.w2_dense.as<__half>() + int64_t(e) * H * I, h, y);
                 scatter_add_kernel<<<row_grid(H, rows), kThreads, 0, st>>>(
                     y, token, pair_weight_.as<float>() + first, H, acc_.as<float>());
-                CK_MOE_STEP(s, cudaGetLastError());
+                CK_BENCH_STEP(s, cudaGetLastError());
             }
             to_half_kernel<<<row_grid(H, t_), kThreads, 0, st>>>(acc_.as<float>(), H,
                                                                  out_naive_.as<__half>());
-            CK_MOE_STEP(s, cudaGetLastError());
+            CK_BENCH_STEP(s, cudaGetLastError());
         };
     }
 
@@ -783,9 +689,9 @@ class Problem {
             void* const* out = grouped_.pointers[size_t(copy)].as<void*>();
             gather_rows_kernel<<<row_grid(H, pairs_), kThreads, 0, st>>>(
                 x_.as<__half>(), pair_token_.as<int32_t>(), H, xg_.as<__half>());
-            CK_MOE_STEP(s, cudaGetLastError());
+            CK_BENCH_STEP(s, cudaGetLastError());
             // Row-major c[rows, m] = b[rows, k] a[m, k]^T per expert, TN as in gemm_tn.
-            CK_MOE_STEP(s, cublasGemmGroupedBatchedEx(
+            CK_BENCH_STEP(s, cublasGemmGroupedBatchedEx(
                                ctx_.cublas, g.trans_a.data(), g.trans_b.data(), g.m1.data(),
                                g.rows.data(), g.k1.data(), g.alpha.data(), p, CUDA_R_16F,
                                g.k1.data(), p + n, CUDA_R_16F, g.k1.data(), g.beta.data(),
@@ -793,8 +699,8 @@ class Problem {
                                CUBLAS_COMPUTE_32F));
             swiglu_kernel<<<row_grid(I, pairs_), kThreads, 0, st>>>(gate_up_.as<__half>(), I,
                                                                     h_.as<__half>());
-            CK_MOE_STEP(s, cudaGetLastError());
-            CK_MOE_STEP(s, cublasGemmGroupedBatchedEx(
+            CK_BENCH_STEP(s, cudaGetLastError());
+            CK_BENCH_STEP(s, cublasGemmGroupedBatchedEx(
                                ctx_.cublas, g.trans_a.data(), g.trans_b.data(), g.m2.data(),
                                g.rows.data(), g.k2.data(), g.alpha.data(), p + 3 * n, CUDA_R_16F,
                                g.k2.data(), p + 4 * n, CUDA_R_16F, g.k2.data(), g.beta.data(),
@@ -803,40 +709,14 @@ class Problem {
             combine_kernel<<<row_grid(H, t_), kThreads, 0, st>>>(
                 y_.as<__half>(), row_of_pair_.as<int32_t>(), topk_weight_.as<float>(),
                 int(m_.top_k), H, out_grouped_.as<__half>());
-            CK_MOE_STEP(s, cudaGetLastError());
+            CK_BENCH_STEP(s, cudaGetLastError());
         };
     }
 #endif
 
     // --- timing ---------------------------------------------------------------------------------
-    // Runs the sequence once directly (fatal if it fails: its output is then checked), captures
-    // one graph per rotation copy and times their replays; falls back to direct launches when a
-    // capture fails. *how says which, for the row's note.
     Timing time_sequence(const Sequence& sequence, std::string* how) {
-        cudaStream_t st = bench_.stream();
-        StepStatus direct;
-        sequence(direct, 0);
-        direct.require(shape_.c_str());
-        CK_BENCH_CHECK(cudaStreamSynchronize(st));
-
-        std::vector<Graph> graphs;
-        std::string why;
-        for (int c = 0; c < copies_; ++c) {
-            std::optional<Graph> g = Graph::capture(st, sequence, c, &why);
-            if (!g) break;
-            graphs.push_back(std::move(*g));
-        }
-        if (int(graphs.size()) == copies_) {
-            *how = "CUDA graph per call";
-            return bench_.time([&](int i) { graphs[size_t(i % copies_)].launch(st); });
-        }
-        *how = "direct launches (graph capture failed: " + why + ")";
-        std::fprintf(stderr, "  moe: %s: %s\n", shape_.c_str(), how->c_str());
-        return bench_.time([&](int i) {
-            StepStatus s;
-            sequence(s, i % copies_);
-            s.require(shape_.c_str());
-        });
+        return ::time_sequence(bench_, sequence, copies_, "moe: " + shape_, how);
     }
 
     // Records a row timed by time_sequence (Bench::run's bookkeeping and progress line).

@@ -24,12 +24,12 @@
 // Floor: the K and V bytes of the sequences (tests/reference.py attention_decode_kv_bytes) at
 // the copy bandwidth; the flops (4 D Hq Sq_new per key) are far below the tensor cores' rate.
 #include "kernels/attention/attention_decode.cuh"
-#include "kernels/core/ptx.cuh"
-
-#include <cmath>
+#include "kernels/attention/attention_tile.cuh"
 
 namespace ck {
 namespace {
+
+using namespace attention;
 
 // mma.sync, ldmatrix and cp.async exist from sm_80; below, the kernels trap (never launched:
 // the entry point refuses those GPUs).
@@ -39,9 +39,6 @@ constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kBlockN = kDecodeBlockN;  // keys per shared-memory tile
 constexpr int kStages = 3;              // tiles in shared memory: two load while one computes
-constexpr int kChunkElems = 8;          // a 16-byte chunk holds 8 fp16/bf16 values
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 static_assert(kBlockN % (16 * kWarps) == 0, "each of 4 key slices holds whole k16 steps of P V");
 
 // Shared memory: Q [kRows][D], then kStages x (K [kBlockN][D], V [kBlockN][D]). The 16-byte
@@ -72,25 +69,6 @@ template <int kD, int kWarpsM> struct Smem {
         return k_tile(base, stage) + kTileBytes;
     }
 };
-
-template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
-template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
-    const __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&h);
-}
-template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&h);
-}
-
-__device__ __forceinline__ float quad_max(float x) {
-    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float quad_sum(float x) {
-    x += __shfl_xor_sync(0xffffffffu, x, 1);
-    return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
 
 // Where key position `pos` (< the sequence's clamped length) of sequence b, kv head h, lies
 // in the cache, in elements. A page id outside [0, num_pages) (a broken caller promise) is
@@ -136,8 +114,7 @@ __device__ __forceinline__ QueryRow query_row(int row, int group, int kv_head) {
     return {row / group, kv_head * group + row % group};
 }
 
-// Fragment layout (ptx.cuh's mma_16x8x16): lane = 4 g + t; an accumulator tile holds rows g
-// (registers 0, 1) and g + 8 (registers 2, 3), columns 2t and 2t + 1.
+// Fragment layout: attention_tile.cuh's.
 template <typename T, int kD, int kWarpsM>
 __global__ void __launch_bounds__(kThreads) decode_split_kernel(const DecodeArgs a) {
     if constexpr (!kHasSm80) __trap();
@@ -147,7 +124,6 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const DecodeArgs
     constexpr int kNT = kSlice / 8;            // n8 tiles of S
     constexpr int kDT = kD / 8;                // n8 tiles of O
     constexpr int kKS = kD / 16;               // k16 steps of Q K^T
-    static_assert(kNT % 2 == 0, "K fragments load two n8 tiles per ldmatrix.x4");
 
     const int b = blockIdx.z, hkv = blockIdx.y;
     const int row_groups = gridDim.x / a.splits;
@@ -220,82 +196,22 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const DecodeArgs
                                     lo + (j + kStages - 1) * kBlockN, hi);
         }
         cp_async_commit();
-        if (j == 0) {
-#pragma unroll
-            for (int ks = 0; ks < kKS; ++ks)
-                ldmatrix_x4(qf[ks], base + S::offset(wm * 16 + lane % 16, 2 * ks + lane / 16));
-        }
+        if (j == 0) load_q_fragments<S>(qf, base, wm * 16, lane);
         const uint32_t kt = S::k_tile(base, j % kStages), vt = S::v_tile(base, j % kStages);
         const int key0 = wn * kSlice;  // the warp's slice of the tile
 
-        // S = Q K^T over the slice (K [keys][D] row-major is the col-major B operand).
+        // Over the slice: S = Q K^T; x in base 2, masked beyond the split and the row's causal
+        // position; P; acc += P V.
         float s[kNT][4];
-#pragma unroll
-        for (int i = 0; i < kNT; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
-#pragma unroll
-        for (int ks = 0; ks < kKS; ++ks) {
-#pragma unroll
-            for (int np = 0; np < kNT / 2; ++np) {
-                uint32_t r[4];
-                ldmatrix_x4(r, kt + S::offset(key0 + np * 16 + (lane / 16) * 8 + lane % 8,
-                                              2 * ks + (lane / 8) % 2));
-                mma_16x8x16<T>(s[2 * np], qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], r[0], r[1]);
-                mma_16x8x16<T>(s[2 * np + 1], qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], r[2],
-                               r[3]);
-            }
-        }
-
-        // x in base 2, masked beyond the split and the row's causal position; new maxima.
+        qk_tile<T, S>(s, qf, kt, key0, lane);
         const int n0 = lo + j * kBlockN + key0;
-        float tile_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int i = 0; i < kNT; ++i) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int key = n0 + i * 8 + 2 * t + (e & 1);
-                const bool seen = key < hi && key <= last_key[e / 2];
-                s[i][e] = seen ? s[i][e] * scale_log2 : -INFINITY;
-                tile_max[e / 2] = fmaxf(tile_max[e / 2], s[i][e]);
-            }
-        }
-        float m_use[2];  // the maximum p is taken relative to; 0 while a row has seen no key
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const float m_new = fmaxf(m[r], quad_max(tile_max[r]));
-            m_use[r] = m_new == -INFINITY ? 0.f : m_new;
-            const float alpha = exp2f(m[r] - m_use[r]);  // 0 while m[r] = -inf (acc, l are 0)
-            m[r] = m_new;
-            l[r] *= alpha;
-#pragma unroll
-            for (int i = 0; i < kDT; ++i) acc[i][2 * r] *= alpha, acc[i][2 * r + 1] *= alpha;
-        }
-#pragma unroll
-        for (int i = 0; i < kNT; ++i) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                s[i][e] = exp2f(s[i][e] - m_use[e / 2]);  // masked keys: exp2(-inf) = 0
-                l[e / 2] += s[i][e];
-            }
-        }
-
-        // acc += P V over the slice's keys (S's accumulators are P's A fragments; V [keys][D]
-        // is B [k = key][n = d], read transposed).
-#pragma unroll
-        for (int kk = 0; kk < kSlice / 16; ++kk) {
-            const uint32_t a0 = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
-            const uint32_t a1 = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
-            const uint32_t a2 = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            const uint32_t a3 = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-#pragma unroll
-            for (int dp = 0; dp < kDT / 2; ++dp) {
-                uint32_t r[4];
-                ldmatrix_x4_trans(r, vt + S::offset(key0 + kk * 16 + ((lane / 8) % 2) * 8 +
-                                                        lane % 8,
-                                                    2 * dp + lane / 16));
-                mma_16x8x16<T>(acc[2 * dp], a0, a1, a2, a3, r[0], r[1]);
-                mma_16x8x16<T>(acc[2 * dp + 1], a0, a1, a2, a3, r[2], r[3]);
-            }
-        }
+        float tile_max[2];
+        mask_tile(s, tile_max, scale_log2, [&](int i, int e) {
+            const int key = n0 + i * 8 + 2 * t + (e & 1);
+            return key < hi && key <= last_key[e / 2];
+        });
+        online_softmax(s, tile_max, m, l, acc);
+        pv_tile<T, S>(acc, s, vt, key0, lane);
     }
     cp_async_wait<0>();  // no copy may still target shared memory past this point
 #pragma unroll
@@ -354,25 +270,13 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const DecodeArgs
         const QueryRow qr = query_row(row, group, hkv);
         const int64_t q_row = (int64_t(b) * a.seqlen_q + qr.t) * a.num_heads_q + qr.h;
         const float sum = l[r];
-        const float lse = sum > 0.f ? (m[r] + log2f(sum)) * kLn2 : -INFINITY;
+        const float lse = row_lse(m[r], sum);
         if (a.splits == 1) {
-            T* o = static_cast<T*>(a.out) + q_row * kD + 2 * t;
-#pragma unroll
-            for (int i = 0; i < kDT; ++i) {
-                const float o0 = sum > 0.f ? acc[i][2 * r] / sum : 0.f;
-                const float o1 = sum > 0.f ? acc[i][2 * r + 1] / sum : 0.f;
-                *reinterpret_cast<uint32_t*>(o + i * 8) = pack2<T>(o0, o1);
-            }
+            store_row(static_cast<T*>(a.out) + q_row * kD + 2 * t, acc, r, sum);
             if (a.lse && t == 0) a.lse[q_row] = lse;
         } else {
             const int64_t p_row = int64_t(split) * a.batch * a.seqlen_q * a.num_heads_q + q_row;
-            float* o = a.partial_o + p_row * kD + 2 * t;
-#pragma unroll
-            for (int i = 0; i < kDT; ++i) {
-                const float o0 = sum > 0.f ? acc[i][2 * r] / sum : 0.f;
-                const float o1 = sum > 0.f ? acc[i][2 * r + 1] / sum : 0.f;
-                *reinterpret_cast<float2*>(o + i * 8) = make_float2(o0, o1);
-            }
+            store_row(a.partial_o + p_row * kD + 2 * t, acc, r, sum);
             if (t == 0) a.partial_lse[p_row] = lse;
         }
     }

@@ -18,12 +18,12 @@
 // tensor cores; this first version is written to be correct, not yet fast (one warp row tile,
 // no warp specialization, the mask applied on every tile).
 #include "kernels/attention/attention.cuh"
-#include "kernels/core/ptx.cuh"
-
-#include <cmath>
+#include "kernels/attention/attention_tile.cuh"
 
 namespace ck {
 namespace {
+
+using namespace attention;
 
 // mma.sync, ldmatrix and cp.async exist from sm_80; the file is built for sm_75 too, where the
 // wrappers are empty and the kernel traps at entry (the entry point never launches it there).
@@ -35,11 +35,8 @@ constexpr int kBlockM = 64;
 constexpr int kBlockN = 64;
 constexpr int kWarps = kBlockM / 16;
 constexpr int kThreads = kWarps * 32;
-constexpr int kChunkElems = 8;  // a 16-byte chunk holds 8 fp16/bf16 values
 static_assert(kBlockN % 16 == 0, "P V takes keys 16 at a time (the mma's k); K fragments load "
                                  "two n8 tiles per ldmatrix.x4");
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 
 // Shared memory of one block: Q [kBlockM][D], then K and V [kBlockN][D] twice each (the two
 // cp.async stages). Rows are D * 2 = 128 or 256 bytes, so the 8 rows one ldmatrix reads at the
@@ -83,27 +80,6 @@ __device__ __forceinline__ void load_tile(uint32_t tile, const T* src, int64_t s
     }
 }
 
-// Two float32 values rounded to the dtype, packed low (first) and high as an mma operand.
-template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
-template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
-    const __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&h);
-}
-template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&h);
-}
-
-// The max and the sum over the 4 lanes of a quad (the lanes that share an mma row).
-__device__ __forceinline__ float quad_max(float x) {
-    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float quad_sum(float x) {
-    x += __shfl_xor_sync(0xffffffffu, x, 1);
-    return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
-
 // One sequence's token range, from the offsets clamped to [0, total] (see the header's
 // device-side contract): nothing outside [0, total) is ever addressed.
 struct Span {
@@ -116,9 +92,7 @@ __device__ __forceinline__ Span sequence_span(const int32_t* cu, int b, int64_t 
     return {start, end - start};
 }
 
-// Fragment layout (ptx.cuh's mma_16x8x16): lane = 4 g + t; an accumulator tile holds rows g
-// (registers 0, 1) and g + 8 (registers 2, 3), columns 2t and 2t + 1. Each thread therefore
-// owns two query rows of its warp's 16, and 2 of every 8 columns of S and of O.
+// Fragment layout: attention_tile.cuh's (each thread owns two query rows of its warp's 16).
 template <typename T, int kD, bool kCausal>
 __global__ void __launch_bounds__(kThreads) attention_fwd_kernel(const AttentionArgs a) {
     if constexpr (!kHasSm80) __trap();  // never launched below sm_80 (see kHasSm80)
@@ -180,83 +154,21 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_kernel(const Attention
                                    sk.len - n1);
         }
         cp_async_commit();
-        if (j == 0) {
-#pragma unroll
-            for (int ks = 0; ks < kKS; ++ks)
-                ldmatrix_x4(qf[ks], base + S::offset(warp * 16 + lane % 16, 2 * ks + lane / 16));
-        }
+        if (j == 0) load_q_fragments<S>(qf, base, warp * 16, lane);
         const uint32_t kt = S::k_tile(base, j % 2), vt = S::v_tile(base, j % 2);
 
-        // S = Q K^T: K [keys][D] row-major is the col-major B operand (B[d][key] = K[key][d]).
         float s[kNT][4];
-#pragma unroll
-        for (int i = 0; i < kNT; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
-#pragma unroll
-        for (int ks = 0; ks < kKS; ++ks) {
-#pragma unroll
-            for (int np = 0; np < kNT / 2; ++np) {
-                uint32_t r[4];
-                ldmatrix_x4(r, kt + S::offset(np * 16 + (lane / 16) * 8 + lane % 8,
-                                              2 * ks + (lane / 8) % 2));
-                mma_16x8x16<T>(s[2 * np], qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], r[0], r[1]);
-                mma_16x8x16<T>(s[2 * np + 1], qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], r[2],
-                               r[3]);
-            }
-        }
-
-        // x in base 2, masked; the online softmax's new row maxima. The scale multiplies before
-        // the max so that a negative scale is handled like any other.
+        qk_tile<T, S>(s, qf, kt, 0, lane);
+        // x in base 2, masked beyond the sequence and above the causal diagonal; P; acc += P V.
         const int64_t n0 = int64_t(j) * kBlockN;
-        float tile_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int i = 0; i < kNT; ++i) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int64_t key = n0 + i * 8 + 2 * t + (e & 1);
-                const int64_t row = row0 + (e / 2) * 8;
-                const bool seen = key < sk.len && (!kCausal || key <= row + diagonal);
-                s[i][e] = seen ? s[i][e] * scale_log2 : -INFINITY;
-                tile_max[e / 2] = fmaxf(tile_max[e / 2], s[i][e]);
-            }
-        }
-        float m_use[2];  // the maximum p is taken relative to; 0 while a row has seen no key
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const float m_new = fmaxf(m[r], quad_max(tile_max[r]));
-            m_use[r] = m_new == -INFINITY ? 0.f : m_new;
-            const float alpha = exp2f(m[r] - m_use[r]);  // 0 while m[r] = -inf (acc, l are 0)
-            m[r] = m_new;
-            l[r] *= alpha;
-#pragma unroll
-            for (int i = 0; i < kDT; ++i) acc[i][2 * r] *= alpha, acc[i][2 * r + 1] *= alpha;
-        }
-#pragma unroll
-        for (int i = 0; i < kNT; ++i) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                s[i][e] = exp2f(s[i][e] - m_use[e / 2]);  // masked keys: exp2(-inf) = 0
-                l[e / 2] += s[i][e];  // the unrounded p, as FlashAttention sums it
-            }
-        }
-
-        // acc += P V: the S accumulators of keys 16 kk .. 16 kk + 15 are exactly the A
-        // fragment of P (n8 tiles 2 kk and 2 kk + 1 hold its columns 0-7 and 8-15); V
-        // [keys][D] row-major is B [k = key][n = d], read transposed by ldmatrix.trans.
-#pragma unroll
-        for (int kk = 0; kk < kBlockN / 16; ++kk) {
-            const uint32_t a0 = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
-            const uint32_t a1 = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
-            const uint32_t a2 = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            const uint32_t a3 = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-#pragma unroll
-            for (int dp = 0; dp < kDT / 2; ++dp) {
-                uint32_t r[4];
-                ldmatrix_x4_trans(r, vt + S::offset(kk * 16 + ((lane / 8) % 2) * 8 + lane % 8,
-                                                    2 * dp + lane / 16));
-                mma_16x8x16<T>(acc[2 * dp], a0, a1, a2, a3, r[0], r[1]);
-                mma_16x8x16<T>(acc[2 * dp + 1], a0, a1, a2, a3, r[2], r[3]);
-            }
-        }
+        float tile_max[2];
+        mask_tile(s, tile_max, scale_log2, [&](int i, int e) {
+            const int64_t key = n0 + i * 8 + 2 * t + (e & 1);
+            const int64_t row = row0 + (e / 2) * 8;
+            return key < sk.len && (!kCausal || key <= row + diagonal);
+        });
+        online_softmax(s, tile_max, m, l, acc);
+        pv_tile<T, S>(acc, s, vt, 0, lane);
     }
     cp_async_wait<0>();  // no copy may still target shared memory when the block exits
 
@@ -268,16 +180,8 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_kernel(const Attention
         const int64_t row = warp * 16 + g + 8 * r;  // within the block
         const float sum = quad_sum(l[r]);
         if (row >= rows) continue;
-        T* o = out + row * q_stride + 2 * t;
-#pragma unroll
-        for (int i = 0; i < kDT; ++i) {
-            const float o0 = sum > 0.f ? acc[i][2 * r] / sum : 0.f;
-            const float o1 = sum > 0.f ? acc[i][2 * r + 1] / sum : 0.f;
-            *reinterpret_cast<uint32_t*>(o + i * 8) = pack2<T>(o0, o1);
-        }
-        if (a.lse && t == 0)
-            a.lse[(sq.start + q0 + row) * a.num_heads_q + h] =
-                sum > 0.f ? (m[r] + log2f(sum)) * kLn2 : -INFINITY;
+        store_row(out + row * q_stride + 2 * t, acc, r, sum);
+        if (a.lse && t == 0) a.lse[(sq.start + q0 + row) * a.num_heads_q + h] = row_lse(m[r], sum);
     }
 }
 

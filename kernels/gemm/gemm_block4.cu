@@ -23,6 +23,7 @@
 #include "kernels/core/dequant.cuh"
 #include "kernels/core/epilogue.cuh"
 #include "kernels/gemm/gemm_block4.cuh"
+#include "kernels/gemm/w4a16_reference.cuh"
 
 namespace ck {
 namespace {
@@ -91,95 +92,35 @@ __global__ void block4_prepack_scales_kernel(const Unit* __restrict__ in_units, 
 constexpr int kPrepackThreads = 256;
 
 // ---------------------------------------------------------------------------------------------
-// Reference kernel (gemm_w4a16.cu's tiling): 64x64 output tile per 256-thread block, K in steps
-// of 32. Thread (ty, tx) = (tid / 16, tid % 16) owns rows ty + 16 i and columns tx + 16 j.
-// Loaders: thread tid handles row tid / 4 and word tid % 4 (k 8 (tid % 4) .. + 7) of the step's
-// 32-k slice, of both x (one 16-byte load) and the weight (one word of 8 codes, dequantized
-// by Dequant<Format, T> into 4 pairs of T, widened to float).
+// Reference kernel (w4a16_reference.cuh's tiling, as gemm_w4a16.cu's): a loader's word of 8
+// codes is dequantized by Dequant<Format, T> into 4 pairs of T, widened to float.
 // ---------------------------------------------------------------------------------------------
-constexpr int kRefBM = 64, kRefBN = 64, kRefBK = 32;
-constexpr int kRefThreads = 256;
-constexpr int kRefPad = 1;    // the loaders' transposed stores on 32 distinct banks
-constexpr int kRefMicro = 4;  // rows and columns per thread
-constexpr int kRefLoadK = 8;  // k per loader thread and step: one word
 static_assert(kRefBK == kPackSliceK, "a step is one 32-k slice: one scale unit per row");
-static_assert(kRefBM * kRefBK / kRefLoadK == kRefThreads && kRefBN * kRefBK / kRefLoadK == kRefThreads,
-              "one x vector and one weight word per thread and step");
-static_assert(kRefThreads / 16 * kRefMicro == kRefBM && 16 * kRefMicro == kRefBN,
-              "the micro-tiles cover the block tile");
 
 template <class Format, typename T>
 __global__ void __launch_bounds__(kRefThreads) gemm_block4_reference_kernel(const GemmW4A16Args args) {
     using D = Dequant<Format, T>;
     using Unit = typename D::Unit;
-    __shared__ float sx[kRefBK][kRefBM + kRefPad];
-    __shared__ float sw[kRefBK][kRefBN + kRefPad];
     __shared__ float table[D::kTableFloats > 0 ? D::kTableFloats : 1];
     D::fill_table(table, args.global_scale);
     __syncthreads();
 
-    const T* __restrict__ x = args.x_as<T>();
     const Unit* __restrict__ units = static_cast<const Unit*>(args.scales);
-    const int64_t m = args.m, n = args.n, k = args.k, chunks = args.chunks;
-    const FloatEpilogue<T> ep = args.epilogue<T>();
-    const int64_t tiles_m = ceil_div(m, kRefBM);
-    const int64_t m0 = blockIdx.x % tiles_m * kRefBM;
-    const int64_t n0 = blockIdx.x / tiles_m * kRefBN;
-    const int tid = threadIdx.x;
-    const int ty = tid / 16, tx = tid % 16;
-    const int ld_row = tid / 4, ld_word = tid % 4, ld_k = ld_word * kRefLoadK;
-    float acc[kRefMicro][kRefMicro] = {};
-
-    for (int64_t k0 = 0; k0 < k; k0 += kRefBK) {  // k % 32 == 0: no K tail
-        float xv[kRefLoadK] = {};
-        if (m0 + ld_row < m) load_chunk<T, true>(x + (m0 + ld_row) * k + k0 + ld_k, kRefLoadK, xv);
-        float wv[kRefLoadK] = {};
-        const int64_t row = n0 + ld_row;
-        if (row < n) {
-            const uint32_t q = *reinterpret_cast<const uint32_t*>(
-                args.w + prepacked_vector_offset(row, k0, chunks) + ld_word * 4);
-            const Unit unit = units[prepacked_group_index(row, k0 / args.group_size, args.groups)];
-            uint32_t p[4];  // pair j: k 2j, 2j + 1 of the word
-            D::word(q, D::block(unit, ld_word, table), p);
+    const int64_t chunks = args.chunks;
+    reference_tile<T>(args.x_as<T>(), args.m, args.n, args.k, args.epilogue<T>(),
+                      [&](int64_t row, int64_t k0, int ld_word, float (&wv)[kRefLoadK]) {
+        const uint32_t q = *reinterpret_cast<const uint32_t*>(
+            args.w + prepacked_vector_offset(row, k0, chunks) + ld_word * 4);
+        const Unit unit = units[prepacked_group_index(row, k0 / args.group_size, args.groups)];
+        uint32_t p[4];  // pair j: k 2j, 2j + 1 of the word
+        D::word(q, D::block(unit, ld_word, table), p);
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const typename Pair<T>::V v = as_pair<T>(p[j]);
-                wv[2 * j] = to_float(v.x);
-                wv[2 * j + 1] = to_float(v.y);
-            }
+        for (int j = 0; j < 4; ++j) {
+            const typename Pair<T>::V v = as_pair<T>(p[j]);
+            wv[2 * j] = to_float(v.x);
+            wv[2 * j + 1] = to_float(v.y);
         }
-        __syncthreads();  // the previous step's reads are done
-#pragma unroll
-        for (int i = 0; i < kRefLoadK; ++i) {
-            sx[ld_k + i][ld_row] = xv[i];
-            sw[ld_k + i][ld_row] = wv[i];
-        }
-        __syncthreads();
-#pragma unroll 8
-        for (int kk = 0; kk < kRefBK; ++kk) {
-            float a[kRefMicro], b[kRefMicro];
-#pragma unroll
-            for (int i = 0; i < kRefMicro; ++i) a[i] = sx[kk][ty + 16 * i];
-#pragma unroll
-            for (int j = 0; j < kRefMicro; ++j) b[j] = sw[kk][tx + 16 * j];
-#pragma unroll
-            for (int i = 0; i < kRefMicro; ++i)
-#pragma unroll
-                for (int j = 0; j < kRefMicro; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
-        }
-    }
-
-#pragma unroll
-    for (int j = 0; j < kRefMicro; ++j) {
-        const int64_t c = n0 + tx + 16 * j;
-        if (c >= n) continue;
-        const float b = ep.bias_at(c);
-#pragma unroll
-        for (int i = 0; i < kRefMicro; ++i) {
-            const int64_t r = m0 + ty + 16 * i;
-            if (r < m) ep.store(r, c, acc[i][j] + b);
-        }
-    }
+    });
 }
 
 template <class Format>

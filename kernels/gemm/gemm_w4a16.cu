@@ -30,6 +30,7 @@
 #include "kernels/core/epilogue.cuh"
 #include "kernels/core/mma_pipeline.cuh"
 #include "kernels/gemm/gemm_w4a16.cuh"
+#include "kernels/gemm/w4a16_reference.cuh"
 
 namespace ck {
 namespace {
@@ -40,24 +41,8 @@ constexpr bool kHasSm80 = CK_SM80;
 
 
 // ---------------------------------------------------------------------------------------------
-// Reference kernel: 64x64 output tile per 256-thread block, K in steps of 32. Shared tiles are
-// k-major ([k][m] and [k][n]) floats so that a thread's operands for one k are plain loads;
-// the +1 pad puts the loaders' transposed stores (8 rows x 4 k-groups per warp) on 32
-// distinct banks. Thread (ty, tx) = (tid / 16, tid % 16) owns rows ty + 16 i and columns
-// tx + 16 j (i, j < 4). Loaders: thread tid handles row tid / 4, k (tid % 4) * 8 .. + 7 of
-// both x (one 16-byte load) and w (one 4-byte load of 8 codes).
+// Reference kernel: w4a16_reference.cuh's tiling; a loader dequantizes its 8 codes to dtype.
 // ---------------------------------------------------------------------------------------------
-constexpr int kRefBM = 64, kRefBN = 64, kRefBK = 32;
-constexpr int kRefThreads = 256;
-constexpr int kRefPad = 1;
-constexpr int kRefMicro = 4;  // rows and columns per thread
-constexpr int kRefLoadK = 8;  // k per loader thread and step
-
-static_assert(kRefBM * kRefBK / kRefLoadK == kRefThreads, "one x vector per thread per step");
-static_assert(kRefBN * kRefBK / kRefLoadK == kRefThreads, "one 8-code weight word per thread");
-static_assert(kRefThreads / 16 * kRefMicro == kRefBM && 16 * kRefMicro == kRefBN,
-              "the micro-tiles cover the block tile");
-
 // The 8 codes of row r at k .. k + 7 (k a multiple of 8) as signed values q - zero, and their
 // scale, in either layout. Interchange: one 4-byte word of the row, codes signed (symmetric) or
 // unsigned with zeros[r][g]. Prepacked: the word of the row's 16-byte slice vector, nibbles
@@ -90,65 +75,17 @@ __device__ __forceinline__ float load_weight_8(const uint8_t* __restrict__ w,
 
 template <typename T, bool kAsym, bool kPrepacked>
 __global__ void __launch_bounds__(kRefThreads) gemm_w4a16_reference_kernel(const GemmW4A16Args args) {
-    __shared__ float sx[kRefBK][kRefBM + kRefPad];
-    const T* __restrict__ x = args.x_as<T>();
     const T* __restrict__ scales = static_cast<const T*>(args.scales);
-    const int64_t m = args.m, n = args.n, k = args.k;
-    const FloatEpilogue<T> ep = args.epilogue<T>();
-    __shared__ float sw[kRefBK][kRefBN + kRefPad];
-
-    const int64_t tiles_m = ceil_div(m, kRefBM);
-    const int64_t m0 = blockIdx.x % tiles_m * kRefBM;
-    const int64_t n0 = blockIdx.x / tiles_m * kRefBN;
-    const int tid = threadIdx.x;
-    const int ty = tid / 16, tx = tid % 16;
-    const int ld_row = tid / 4, ld_k = (tid % 4) * kRefLoadK;
-    float acc[kRefMicro][kRefMicro] = {};
-
-    for (int64_t k0 = 0; k0 < k; k0 += kRefBK) {  // k % 32 == 0: no K tail
-        float xv[kRefLoadK] = {};
-        if (m0 + ld_row < m) load_chunk<T, true>(x + (m0 + ld_row) * k + k0 + ld_k, kRefLoadK, xv);
-        float wv[kRefLoadK] = {};
-        if (n0 + ld_row < n) {
-            int v[kRefLoadK];  // q - zero
-            const float s = load_weight_8<T, kAsym, kPrepacked>(
-                args.w, scales, args.zeros, n0 + ld_row, k0 + ld_k, args.group_size, args.groups, k, v);
+    reference_tile<T>(args.x_as<T>(), args.m, args.n, args.k, args.epilogue<T>(),
+                      [&](int64_t row, int64_t k0, int ld_word, float (&wv)[kRefLoadK]) {
+        int v[kRefLoadK];  // q - zero
+        const float s = load_weight_8<T, kAsym, kPrepacked>(
+            args.w, scales, args.zeros, row, k0 + ld_word * kRefLoadK, args.group_size,
+            args.groups, args.k, v);
 #pragma unroll
-            for (int i = 0; i < kRefLoadK; ++i)
-                wv[i] = to_float(from_float<T>(float(v[i]) * s));  // w' rounded to dtype
-        }
-        __syncthreads();  // the previous step's reads are done
-#pragma unroll
-        for (int i = 0; i < kRefLoadK; ++i) {
-            sx[ld_k + i][ld_row] = xv[i];
-            sw[ld_k + i][ld_row] = wv[i];
-        }
-        __syncthreads();
-#pragma unroll 8
-        for (int kk = 0; kk < kRefBK; ++kk) {
-            float a[kRefMicro], b[kRefMicro];
-#pragma unroll
-            for (int i = 0; i < kRefMicro; ++i) a[i] = sx[kk][ty + 16 * i];
-#pragma unroll
-            for (int j = 0; j < kRefMicro; ++j) b[j] = sw[kk][tx + 16 * j];
-#pragma unroll
-            for (int i = 0; i < kRefMicro; ++i)
-#pragma unroll
-                for (int j = 0; j < kRefMicro; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
-        }
-    }
-
-#pragma unroll
-    for (int j = 0; j < kRefMicro; ++j) {
-        const int64_t c = n0 + tx + 16 * j;
-        if (c >= n) continue;
-        const float b = ep.bias_at(c);
-#pragma unroll
-        for (int i = 0; i < kRefMicro; ++i) {
-            const int64_t r = m0 + ty + 16 * i;
-            if (r < m) ep.store(r, c, acc[i][j] + b);
-        }
-    }
+        for (int i = 0; i < kRefLoadK; ++i)
+            wv[i] = to_float(from_float<T>(float(v[i]) * s));  // w' rounded to dtype
+    });
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -337,6 +337,23 @@ gemm_w4a16_stream_kernel(const GemmW4A16Args a, const int stages, const int64_t 
             sw[q] = *reinterpret_cast<const typename ScaleWords::V*>(st + kL.scale + off);
             if constexpr (kAsym) zw[q] = *reinterpret_cast<const typename ScaleWords::V*>(st + kL.zero + off);
         }
+        // acc[q] += x times tiles 2q and 2q + 1: weight word i of each (<-> x vector i),
+        // dequantized by dequant(i, p0, p1) into the mma's B pairs.
+        auto mma_tile_pair = [&](int q, auto&& dequant) {
+#pragma unroll
+            for (int i = 0; i < kXVectors; ++i) {
+                uint32_t p0[4], p1[4];
+                dequant(i, p0, p1);
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    mma_16x8x16<T>(acc[q][0], p0[2 * h], p1[2 * h], p0[2 * h + 1], p1[2 * h + 1],
+                                   word(xl[i], 2 * h), word(xl[i], 2 * h + 1));
+                    if constexpr (kHi)
+                        mma_16x8x16<T>(acc[q][1], p0[2 * h], p1[2 * h], p0[2 * h + 1],
+                                       p1[2 * h + 1], word(xh[i], 2 * h), word(xh[i], 2 * h + 1));
+                }
+            }
+        };
 #pragma unroll
         for (int q = 0; q < kPairs; ++q) {
           if constexpr (kInt4) {
@@ -350,20 +367,10 @@ gemm_w4a16_stream_kernel(const GemmW4A16Args a, const int stages, const int64_t 
                 zero[e] = kSymmetricZero;
                 if constexpr (kAsym) zero[e] = (ScaleWords::at(zw[t / kP], t % kP) >> zero_shift) & 0xffu;
             }
-#pragma unroll
-            for (int i = 0; i < kXVectors; ++i) {  // weight word i <-> x vector i
-                uint32_t p0[4], p1[4];
+            mma_tile_pair(q, [&](int i, uint32_t (&p0)[4], uint32_t (&p1)[4]) {
                 Dequant<Int4Zp, T>::word(word(wv[0], i), {zero[0], scale2[0]}, p0);
                 Dequant<Int4Zp, T>::word(word(wv[1], i), {zero[1], scale2[1]}, p1);
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    mma_16x8x16<T>(acc[q][0], p0[2 * h], p1[2 * h], p0[2 * h + 1], p1[2 * h + 1],
-                                   word(xl[i], 2 * h), word(xl[i], 2 * h + 1));
-                    if constexpr (kHi)
-                        mma_16x8x16<T>(acc[q][1], p0[2 * h], p1[2 * h], p0[2 * h + 1],
-                                       p1[2 * h + 1], word(xh[i], 2 * h), word(xh[i], 2 * h + 1));
-                }
-            }
+            });
           } else {
             // A block format: the same mma on the pairs of Dequant<Format, T>, from the unit of
             // each tile's scale word (word i of the slice may have its own block: NVFP4).
@@ -376,20 +383,10 @@ gemm_w4a16_stream_kernel(const GemmW4A16Args a, const int stages, const int64_t 
                 wv[e] = *reinterpret_cast<const uint4*>(st + kL.w + t * kPackTileBytes + lane * 16);
                 unit[e] = (ScaleWords::at(sw[t / kP], t % kP) >> unit_shift) & kUnitMask;
             }
-#pragma unroll
-            for (int i = 0; i < kXVectors; ++i) {  // weight word i <-> x vector i
-                uint32_t p0[4], p1[4];
+            mma_tile_pair(q, [&](int i, uint32_t (&p0)[4], uint32_t (&p1)[4]) {
                 D::word(word(wv[0], i), D::block(unit[0], i, fmt_table), p0);
                 D::word(word(wv[1], i), D::block(unit[1], i, fmt_table), p1);
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    mma_16x8x16<T>(acc[q][0], p0[2 * h], p1[2 * h], p0[2 * h + 1], p1[2 * h + 1],
-                                   word(xl[i], 2 * h), word(xl[i], 2 * h + 1));
-                    if constexpr (kHi)
-                        mma_16x8x16<T>(acc[q][1], p0[2 * h], p1[2 * h], p0[2 * h + 1],
-                                       p1[2 * h + 1], word(xh[i], 2 * h), word(xh[i], 2 * h + 1));
-                }
-            }
+            });
           }
         }
     };

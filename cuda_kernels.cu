@@ -481,10 +481,7 @@ ck_status_t check_moe_route_shape(const Check& check, int64_t tokens, int64_t ex
 // Everything ck_moe_workspace_size checks: the struct, the enums and the sizes (not pointers).
 ck_status_t check_moe_sizes(const Check& check, const ck_moe_params_t* p) {
     CK_TRY(check.not_null(p, "params"));
-    if (p->struct_size != sizeof(ck_moe_params_t))
-        return check.fail(CK_STATUS_INVALID_VALUE,
-                          "params->struct_size=%zu is not a known size of ck_moe_params_t (this "
-                          "library: %zu)", p->struct_size, sizeof(ck_moe_params_t));
+    CK_TRY(check.struct_size(p->struct_size, sizeof(ck_moe_params_t), "ck_moe_params_t"));
     CK_TRY(check.half_dtype(p->dtype, "params->dtype"));
     CK_TRY(check.enum_value(p->mode, 2, "params->mode", "ck_int4_mode_t"));
     CK_TRY(check.enum_value(p->activation, 1, "params->activation", "ck_moe_activation_t"));
@@ -585,75 +582,104 @@ const auto kMoe = ck::variant_table("CK_MOE_KERNEL", kMoeRows, moe_facts);
 // ---------------------------------------------------------------------------------------------
 // Attention: every field of ck_attention_params_t, in the struct's order, defaults resolved.
 // ---------------------------------------------------------------------------------------------
+// The rules prefill and decode share. Heads: Hq in [1, max_heads], Hkv in [1, Hq] dividing it,
+// and a head dim the kernels specialize.
+ck_status_t check_attention_heads(const Check& check, int64_t heads_q, int64_t heads_kv,
+                                  int64_t head_dim, int64_t max_heads) {
+    CK_TRY(check.in_range(heads_q, 1, max_heads, "params->num_heads_q"));
+    CK_TRY(check.in_range(heads_kv, 1, heads_q, "params->num_heads_kv"));
+    if (heads_q % heads_kv != 0)
+        return check.fail(CK_STATUS_INVALID_VALUE,
+                          "params->num_heads_q=%lld must be a multiple of "
+                          "params->num_heads_kv=%lld (query head h reads kv head h / (Hq / Hkv))",
+                          (long long)heads_q, (long long)heads_kv);
+    if (head_dim < 1)
+        return check.fail(CK_STATUS_INVALID_VALUE, "params->head_dim=%lld must be >= 1",
+                          (long long)head_dim);
+    if (!ck::attention_head_dim_ok(head_dim))
+        return check.fail(CK_STATUS_UNSUPPORTED,
+                          "params->head_dim=%lld is not supported (use 64 or 128)",
+                          (long long)head_dim);
+    return CK_STATUS_SUCCESS;
+}
+
+ck_status_t check_softmax_scale(const Check& check, float scale) {
+    if (std::isfinite(scale)) return CK_STATUS_SUCCESS;
+    return check.fail(CK_STATUS_INVALID_VALUE,
+                      "params->softmax_scale=%g is not finite (0 selects 1 / sqrt(head_dim))",
+                      double(scale));
+}
+
+// The reference's default, 1 / sqrt(D) in double rounded once to float32.
+float softmax_scale_or_default(float scale, int64_t head_dim) {
+    return scale != 0.f ? scale : float(1.0 / std::sqrt(double(head_dim)));
+}
+
+// q, k, v and out: the kernels copy head rows in 16-byte chunks.
+ck_status_t check_head_rows_aligned(const Check& check,
+                                    std::initializer_list<Check::Named> tensors) {
+    for (const Check::Named& t : tensors)
+        CK_TRY(check.aligned(t.p, 16, t.name, "16-byte copies of head rows"));
+    return CK_STATUS_SUCCESS;
+}
+
+// out overlaps none of q, k, v; lse (where given) none of them nor out. k_name, v_name: the
+// params' names of k and v.
+struct AttentionBuffers {
+    const void *q, *k, *v, *out, *lse;
+};
+ck_status_t check_attention_overlaps(const Check& check, const AttentionBuffers& b,
+                                     int64_t q_bytes, int64_t kv_bytes, int64_t lse_bytes,
+                                     const char* k_name, const char* v_name) {
+    if (overlaps(b.out, q_bytes, b.q, q_bytes) || overlaps(b.out, q_bytes, b.k, kv_bytes) ||
+        overlaps(b.out, q_bytes, b.v, kv_bytes))
+        return check.fail(CK_STATUS_INVALID_VALUE, "params->out overlaps params->q, %s or %s",
+                          k_name, v_name);
+    if (b.lse && (overlaps(b.lse, lse_bytes, b.q, q_bytes) ||
+                  overlaps(b.lse, lse_bytes, b.k, kv_bytes) ||
+                  overlaps(b.lse, lse_bytes, b.v, kv_bytes) ||
+                  overlaps(b.lse, lse_bytes, b.out, q_bytes)))
+        return check.fail(CK_STATUS_INVALID_VALUE, "params->lse overlaps params->q, %s, %s or out",
+                          k_name, v_name);
+    return CK_STATUS_SUCCESS;
+}
+
 ck_status_t check_attention_params(const Check& check, const ck_attention_params_t* p,
                                    ck::AttentionArgs* args) {
     CK_TRY(check.not_null(p, "params"));
-    if (p->struct_size != sizeof(ck_attention_params_t))
-        return check.fail(CK_STATUS_INVALID_VALUE,
-                          "params->struct_size=%zu is not a known size of ck_attention_params_t "
-                          "(this library: %zu)", p->struct_size, sizeof(ck_attention_params_t));
+    CK_TRY(check.struct_size(p->struct_size, sizeof(ck_attention_params_t),
+                             "ck_attention_params_t"));
     CK_TRY(check.half_dtype(p->dtype, "params->dtype"));
     CK_TRY(check.not_null({{p->q, "params->q"}, {p->k, "params->k"}, {p->v, "params->v"},
                            {p->out, "params->out"}}));
-    auto in_range = [&](int64_t value, int64_t lo, int64_t hi, const char* name) {
-        if (value < lo || value > hi)
-            return check.fail(CK_STATUS_INVALID_VALUE, "%s=%lld must be in [%lld, %lld]", name,
-                              (long long)value, (long long)lo, (long long)hi);
-        return CK_STATUS_SUCCESS;
-    };
-    CK_TRY(in_range(p->total_q, 1, ck::kAttentionMaxTokens, "params->total_q"));
-    CK_TRY(in_range(p->total_k, 0, ck::kAttentionMaxTokens, "params->total_k"));
-    CK_TRY(in_range(p->num_heads_q, 1, ck::kAttentionMaxHeads, "params->num_heads_q"));
-    CK_TRY(in_range(p->num_heads_kv, 1, p->num_heads_q, "params->num_heads_kv"));
-    if (p->num_heads_q % p->num_heads_kv != 0)
-        return check.fail(CK_STATUS_INVALID_VALUE,
-                          "params->num_heads_q=%lld must be a multiple of "
-                          "params->num_heads_kv=%lld "
-                          "(query head h reads kv head h / (Hq / Hkv))",
-                          (long long)p->num_heads_q, (long long)p->num_heads_kv);
-    if (p->head_dim < 1)
-        return check.fail(CK_STATUS_INVALID_VALUE, "params->head_dim=%lld must be >= 1",
-                          (long long)p->head_dim);
-    if (!ck::attention_head_dim_ok(p->head_dim))
-        return check.fail(CK_STATUS_UNSUPPORTED,
-                          "params->head_dim=%lld is not supported (use 64 or 128)",
-                          (long long)p->head_dim);
+    CK_TRY(check.in_range(p->total_q, 1, ck::kAttentionMaxTokens, "params->total_q"));
+    CK_TRY(check.in_range(p->total_k, 0, ck::kAttentionMaxTokens, "params->total_k"));
+    CK_TRY(check_attention_heads(check, p->num_heads_q, p->num_heads_kv, p->head_dim,
+                                 ck::kAttentionMaxHeads));
     // Byte counts: below 2^31 tokens x 65535 heads x 128 x 2 bytes < 2^63, so none overflows.
     const bool varlen = p->cu_seqlens_q || p->cu_seqlens_k;
     if (varlen && (!p->cu_seqlens_q || !p->cu_seqlens_k))
         return check.fail(CK_STATUS_INVALID_VALUE,
                           "params->cu_seqlens_q and params->cu_seqlens_k: give both or neither "
                           "(one sequence)");
-    CK_TRY(in_range(p->batch, varlen ? 1 : 0, varlen ? ck::kAttentionMaxBatch : 1,
+    CK_TRY(check.in_range(p->batch, varlen ? 1 : 0, varlen ? ck::kAttentionMaxBatch : 1,
                     "params->batch"));
-    CK_TRY(in_range(p->max_seqlen_q, 0, p->total_q, "params->max_seqlen_q"));
-    CK_TRY(in_range(p->max_seqlen_k, 0, p->total_k, "params->max_seqlen_k"));
-    if (!std::isfinite(p->softmax_scale))
-        return check.fail(CK_STATUS_INVALID_VALUE,
-                          "params->softmax_scale=%g is not finite (0 selects 1 / sqrt(head_dim))",
-                          double(p->softmax_scale));
+    CK_TRY(check.in_range(p->max_seqlen_q, 0, p->total_q, "params->max_seqlen_q"));
+    CK_TRY(check.in_range(p->max_seqlen_k, 0, p->total_k, "params->max_seqlen_k"));
+    CK_TRY(check_softmax_scale(check, p->softmax_scale));
     if (p->causal != 0 && p->causal != 1)
         return check.fail(CK_STATUS_INVALID_VALUE, "params->causal=%d must be 0 or 1",
                           int(p->causal));
-    const char* why = "16-byte copies of head rows";
-    CK_TRY(check.aligned(p->q, 16, "params->q", why));
-    CK_TRY(check.aligned(p->k, 16, "params->k", why));
-    CK_TRY(check.aligned(p->v, 16, "params->v", why));
-    CK_TRY(check.aligned(p->out, 16, "params->out", why));
+    CK_TRY(check_head_rows_aligned(check, {{p->q, "params->q"}, {p->k, "params->k"},
+                                           {p->v, "params->v"}, {p->out, "params->out"}}));
     CK_TRY(check.element_aligned({{p->lse, CK_DTYPE_FP32, "params->lse"},
                                   {p->cu_seqlens_q, CK_DTYPE_INT32, "params->cu_seqlens_q"},
                                   {p->cu_seqlens_k, CK_DTYPE_INT32, "params->cu_seqlens_k"}}));
     const int64_t q_bytes = p->total_q * p->num_heads_q * p->head_dim * 2;
     const int64_t kv_bytes = p->total_k * p->num_heads_kv * p->head_dim * 2;
     const int64_t lse_bytes = p->total_q * p->num_heads_q * 4;
-    if (overlaps(p->out, q_bytes, p->q, q_bytes) || overlaps(p->out, q_bytes, p->k, kv_bytes) ||
-        overlaps(p->out, q_bytes, p->v, kv_bytes))
-        return check.fail(CK_STATUS_INVALID_VALUE, "params->out overlaps params->q, k or v");
-    if (p->lse && (overlaps(p->lse, lse_bytes, p->q, q_bytes) ||
-                   overlaps(p->lse, lse_bytes, p->k, kv_bytes) ||
-                   overlaps(p->lse, lse_bytes, p->v, kv_bytes) ||
-                   overlaps(p->lse, lse_bytes, p->out, q_bytes)))
-        return check.fail(CK_STATUS_INVALID_VALUE, "params->lse overlaps params->q, k, v or out");
+    CK_TRY(check_attention_overlaps(check, {p->q, p->k, p->v, p->out, p->lse}, q_bytes, kv_bytes,
+                                    lse_bytes, "k", "v"));
 
     *args = ck::AttentionArgs{};
     args->dtype = p->dtype;
@@ -664,9 +690,7 @@ ck_status_t check_attention_params(const Check& check, const ck_attention_params
     args->batch = varlen ? int(p->batch) : 1;
     args->cu_seqlens_q = p->cu_seqlens_q, args->cu_seqlens_k = p->cu_seqlens_k;
     args->max_seqlen_q = varlen && p->max_seqlen_q > 0 ? p->max_seqlen_q : p->total_q;
-    // The reference's default, 1 / sqrt(D) in double rounded once to float32.
-    args->scale = p->softmax_scale != 0.f ? p->softmax_scale
-                                          : float(1.0 / std::sqrt(double(p->head_dim)));
+    args->scale = softmax_scale_or_default(p->softmax_scale, p->head_dim);
     args->causal = p->causal != 0;
     return CK_STATUS_SUCCESS;
 }
@@ -685,52 +709,31 @@ struct DecodeCall {
 ck_status_t check_decode_params(const Check& check, const ck_attention_decode_params_t* p,
                                 bool pointers, DecodeCall* call) {
     CK_TRY(check.not_null(p, "params"));
-    if (p->struct_size != sizeof(ck_attention_decode_params_t))
-        return check.fail(CK_STATUS_INVALID_VALUE,
-                          "params->struct_size=%zu is not a known size of "
-                          "ck_attention_decode_params_t (this library: %zu)",
-                          p->struct_size, sizeof(ck_attention_decode_params_t));
+    CK_TRY(check.struct_size(p->struct_size, sizeof(ck_attention_decode_params_t),
+                             "ck_attention_decode_params_t"));
     CK_TRY(check.half_dtype(p->dtype, "params->dtype"));
     if (pointers)
         CK_TRY(check.not_null({{p->q, "params->q"}, {p->k_cache, "params->k_cache"},
                                {p->v_cache, "params->v_cache"},
                                {p->seqlens_k, "params->seqlens_k"}, {p->out, "params->out"}}));
-    auto in_range = [&](int64_t value, int64_t lo, int64_t hi, const char* name) {
-        if (value < lo || value > hi)
-            return check.fail(CK_STATUS_INVALID_VALUE, "%s=%lld must be in [%lld, %lld]", name,
-                              (long long)value, (long long)lo, (long long)hi);
-        return CK_STATUS_SUCCESS;
-    };
-    CK_TRY(in_range(p->batch, 1, ck::kDecodeMaxBatch, "params->batch"));
-    CK_TRY(in_range(p->seqlen_q, 1, ck::kDecodeMaxQueries, "params->seqlen_q"));
-    CK_TRY(in_range(p->num_heads_q, 1, ck::kDecodeMaxHeads, "params->num_heads_q"));
-    CK_TRY(in_range(p->num_heads_kv, 1, p->num_heads_q, "params->num_heads_kv"));
-    if (p->num_heads_q % p->num_heads_kv != 0)
-        return check.fail(CK_STATUS_INVALID_VALUE,
-                          "params->num_heads_q=%lld must be a multiple of "
-                          "params->num_heads_kv=%lld (query head h reads kv head h / (Hq / Hkv))",
-                          (long long)p->num_heads_q, (long long)p->num_heads_kv);
-    if (p->head_dim < 1)
-        return check.fail(CK_STATUS_INVALID_VALUE, "params->head_dim=%lld must be >= 1",
-                          (long long)p->head_dim);
-    if (!ck::attention_head_dim_ok(p->head_dim))
-        return check.fail(CK_STATUS_UNSUPPORTED,
-                          "params->head_dim=%lld is not supported (use 64 or 128)",
-                          (long long)p->head_dim);
-    CK_TRY(in_range(p->max_seqlen_k, 1, ck::kDecodeMaxSeqlen, "params->max_seqlen_k"));
+    CK_TRY(check.in_range(p->batch, 1, ck::kDecodeMaxBatch, "params->batch"));
+    CK_TRY(check.in_range(p->seqlen_q, 1, ck::kDecodeMaxQueries, "params->seqlen_q"));
+    CK_TRY(check_attention_heads(check, p->num_heads_q, p->num_heads_kv, p->head_dim,
+                                 ck::kDecodeMaxHeads));
+    CK_TRY(check.in_range(p->max_seqlen_k, 1, ck::kDecodeMaxSeqlen, "params->max_seqlen_k"));
     // A cache row of Hkv heads: at most 2^16 x 2^7 x 2 = 2^24 bytes, so the products below
     // overflow only through their other factor, which __builtin_mul_overflow catches.
     const int64_t row_bytes = p->num_heads_kv * p->head_dim * 2;
     const bool paged = p->block_table != nullptr;
     int64_t cache_bytes = 0;
     if (paged) {
-        CK_TRY(in_range(p->num_pages, 1, INT32_MAX, "params->num_pages"));
+        CK_TRY(check.in_range(p->num_pages, 1, INT32_MAX, "params->num_pages"));
         if (p->page_size < 1 || p->page_size > ck::kDecodeMaxPageSize ||
             (p->page_size & (p->page_size - 1)) != 0)
             return check.fail(CK_STATUS_INVALID_VALUE,
                               "params->page_size=%lld must be a power of two in [1, %lld]",
                               (long long)p->page_size, (long long)ck::kDecodeMaxPageSize);
-        CK_TRY(in_range(p->max_blocks_per_seq, 1, INT32_MAX, "params->max_blocks_per_seq"));
+        CK_TRY(check.in_range(p->max_blocks_per_seq, 1, INT32_MAX, "params->max_blocks_per_seq"));
         if (p->max_seqlen_k > p->max_blocks_per_seq * p->page_size)
             return check.fail(CK_STATUS_INVALID_VALUE,
                               "params->max_seqlen_k=%lld is more than params->max_blocks_per_seq="
@@ -748,33 +751,20 @@ ck_status_t check_decode_params(const Check& check, const ck_attention_decode_pa
                           "overflow a 64-bit byte count", (long long)p->batch,
                           (long long)p->max_seqlen_k);
     }
-    if (!std::isfinite(p->softmax_scale))
-        return check.fail(CK_STATUS_INVALID_VALUE,
-                          "params->softmax_scale=%g is not finite (0 selects 1 / sqrt(head_dim))",
-                          double(p->softmax_scale));
-    CK_TRY(in_range(p->num_splits, 0, ck::kDecodeMaxSplits, "params->num_splits"));
+    CK_TRY(check_softmax_scale(check, p->softmax_scale));
+    CK_TRY(check.in_range(p->num_splits, 0, ck::kDecodeMaxSplits, "params->num_splits"));
     const int64_t q_bytes = p->batch * p->seqlen_q * p->num_heads_q * p->head_dim * 2;
     const int64_t lse_bytes = p->batch * p->seqlen_q * p->num_heads_q * 4;
     if (pointers) {
-        const char* why = "16-byte copies of head rows";
-        CK_TRY(check.aligned(p->q, 16, "params->q", why));
-        CK_TRY(check.aligned(p->k_cache, 16, "params->k_cache", why));
-        CK_TRY(check.aligned(p->v_cache, 16, "params->v_cache", why));
-        CK_TRY(check.aligned(p->out, 16, "params->out", why));
+        CK_TRY(check_head_rows_aligned(check, {{p->q, "params->q"},
+                                               {p->k_cache, "params->k_cache"},
+                                               {p->v_cache, "params->v_cache"},
+                                               {p->out, "params->out"}}));
         CK_TRY(check.element_aligned({{p->lse, CK_DTYPE_FP32, "params->lse"},
                                       {p->seqlens_k, CK_DTYPE_INT32, "params->seqlens_k"},
                                       {p->block_table, CK_DTYPE_INT32, "params->block_table"}}));
-        if (overlaps(p->out, q_bytes, p->q, q_bytes) ||
-            overlaps(p->out, q_bytes, p->k_cache, cache_bytes) ||
-            overlaps(p->out, q_bytes, p->v_cache, cache_bytes))
-            return check.fail(CK_STATUS_INVALID_VALUE,
-                              "params->out overlaps params->q, k_cache or v_cache");
-        if (p->lse && (overlaps(p->lse, lse_bytes, p->q, q_bytes) ||
-                       overlaps(p->lse, lse_bytes, p->k_cache, cache_bytes) ||
-                       overlaps(p->lse, lse_bytes, p->v_cache, cache_bytes) ||
-                       overlaps(p->lse, lse_bytes, p->out, q_bytes)))
-            return check.fail(CK_STATUS_INVALID_VALUE,
-                              "params->lse overlaps params->q, k_cache, v_cache or out");
+        CK_TRY(check_attention_overlaps(check, {p->q, p->k_cache, p->v_cache, p->out, p->lse},
+                                        q_bytes, cache_bytes, lse_bytes, "k_cache", "v_cache"));
     }
 
     const int64_t splits = ck::decode_num_splits(p->batch, p->num_heads_q, p->num_heads_kv,
@@ -796,9 +786,7 @@ ck_status_t check_decode_params(const Check& check, const ck_attention_decode_pa
         while ((int64_t(1) << a.page_shift) < p->page_size) ++a.page_shift;
     }
     a.splits = int(splits);
-    // The reference's default, 1 / sqrt(D) in double rounded once to float32 (as the prefill).
-    a.scale = p->softmax_scale != 0.f ? p->softmax_scale
-                                      : float(1.0 / std::sqrt(double(p->head_dim)));
+    a.scale = softmax_scale_or_default(p->softmax_scale, p->head_dim);
     return CK_STATUS_SUCCESS;
 }
 

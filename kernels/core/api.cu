@@ -116,6 +116,19 @@ ck_status_t Check::not_null(const void* p, const char* name) const {
     return fail(CK_STATUS_INVALID_VALUE, "%s is NULL", name);
 }
 
+ck_status_t Check::struct_size(size_t size, size_t expected, const char* type) const {
+    if (size == expected) return CK_STATUS_SUCCESS;
+    return fail(CK_STATUS_INVALID_VALUE,
+                "params->struct_size=%zu is not a known size of %s (this library: %zu)", size, type,
+                expected);
+}
+
+ck_status_t Check::in_range(int64_t value, int64_t lo, int64_t hi, const char* name) const {
+    if (value >= lo && value <= hi) return CK_STATUS_SUCCESS;
+    return fail(CK_STATUS_INVALID_VALUE, "%s=%lld must be in [%lld, %lld]", name, (long long)value,
+                (long long)lo, (long long)hi);
+}
+
 ck_status_t Check::not_null(std::initializer_list<Named> pointers) const {
     for (const Named& p : pointers) CK_TRY(not_null(p.p, p.name));
     return CK_STATUS_SUCCESS;

@@ -79,6 +79,12 @@ class Check {
 
     ck_status_t not_null(const void* p, const char* name) const;
 
+    // A params struct's struct_size: the size of `type` (its name) in this library.
+    ck_status_t struct_size(size_t size, size_t expected, const char* type) const;
+
+    // lo <= value <= hi.
+    ck_status_t in_range(int64_t value, int64_t lo, int64_t hi, const char* name) const;
+
     // Several arguments of one kind, checked in the order given (the first failure is reported):
     // check.not_null({{x, "x"}, {out, "out"}}).
     struct Named {

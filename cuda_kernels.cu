@@ -51,9 +51,12 @@ ck_status_t check_block4_matrix(const Check& check, ck_dtype_t dtype, const char
     return check.matrix(rows, cols, dtype_size(dtype));
 }
 
-// NF4's block size (bitsandbytes' sizes), and the byte count of its float32 absmax
-// [rows, ceil(cols / blocksize)], which a [rows, 1] matrix of 2-byte elements does not bound.
-ck_status_t check_nf4_blocks(const Check& check, int64_t rows, int64_t cols, int64_t blocksize) {
+// The element matrix of an NF4 call (check_block4_matrix), its block size (bitsandbytes' sizes)
+// and the byte count of its float32 absmax [rows, ceil(cols / blocksize)], which a [rows, 1]
+// matrix of 2-byte elements does not bound.
+ck_status_t check_nf4_matrix(const Check& check, ck_dtype_t dtype, const char* dtype_arg,
+                             int64_t rows, int64_t cols, int64_t blocksize) {
+    CK_TRY(check_block4_matrix(check, dtype, dtype_arg, rows, cols));
     if (!ck::nf4_blocksize_ok(blocksize))
         return check.fail(CK_STATUS_UNSUPPORTED,
                           "blocksize=%lld is not supported (use 32, 64, 128, 256, 512, 1024, "
@@ -610,6 +613,18 @@ ck_status_t check_softmax_scale(const Check& check, float scale) {
                       double(scale));
 }
 
+// A GPU, of compute capability 8.0 or newer: the attention kernels have no fallback below.
+ck_status_t check_attention_gpu(const Check& check) {
+    int devices = 0;
+    CK_TRY(check.device_count(&devices));
+    const int cc = ck::compute_capability();
+    if (cc < kMmaMinArch)
+        return check.fail(CK_STATUS_UNSUPPORTED,
+                          "needs compute capability 8.0 or newer (mma.sync, cp.async); this GPU "
+                          "is %d.%d", cc / 10, cc % 10);
+    return CK_STATUS_SUCCESS;
+}
+
 // The reference's default, 1 / sqrt(D) in double rounded once to float32.
 float softmax_scale_or_default(float scale, int64_t head_dim) {
     return scale != 0.f ? scale : float(1.0 / std::sqrt(double(head_dim)));
@@ -912,8 +927,7 @@ ck_status_t ck_quantize_nf4(const void* x, ck_dtype_t x_dtype, int64_t rows, int
                             int64_t blocksize, uint8_t* packed, float* absmax, ck_stream_t stream) {
     const Check check("ck_quantize_nf4");
     CK_TRY(check.not_null({{x, "x"}, {packed, "packed"}, {absmax, "absmax"}}));
-    CK_TRY(check_block4_matrix(check, x_dtype, "x_dtype", rows, cols));
-    CK_TRY(check_nf4_blocks(check, rows, cols, blocksize));
+    CK_TRY(check_nf4_matrix(check, x_dtype, "x_dtype", rows, cols, blocksize));
     CK_TRY(check.element_aligned({{x, x_dtype, "x"}, {absmax, CK_DTYPE_FP32, "absmax"}}));
     return check.launch([&] {
         return ck::quantize_nf4(x, x_dtype, rows, cols, blocksize, packed, absmax, stream);
@@ -925,8 +939,7 @@ ck_status_t ck_dequantize_nf4(const uint8_t* packed, const float* absmax, int64_
                               ck_stream_t stream) {
     const Check check("ck_dequantize_nf4");
     CK_TRY(check.not_null({{packed, "packed"}, {absmax, "absmax"}, {out, "out"}}));
-    CK_TRY(check_block4_matrix(check, out_dtype, "out_dtype", rows, cols));
-    CK_TRY(check_nf4_blocks(check, rows, cols, blocksize));
+    CK_TRY(check_nf4_matrix(check, out_dtype, "out_dtype", rows, cols, blocksize));
     CK_TRY(check.element_aligned({{absmax, CK_DTYPE_FP32, "absmax"}, {out, out_dtype, "out"}}));
     return check.launch([&] {
         return ck::dequantize_nf4(packed, absmax, rows, cols, blocksize, out, out_dtype, stream);
@@ -1338,13 +1351,7 @@ ck_status_t ck_attention_forward(const ck_attention_params_t* params, ck_stream_
     const Check check("ck_attention_forward");
     ck::AttentionArgs args;
     CK_TRY(check_attention_params(check, params, &args));
-    int devices = 0;
-    CK_TRY(check.device_count(&devices));
-    const int cc = ck::compute_capability();
-    if (cc < kMmaMinArch)
-        return check.fail(CK_STATUS_UNSUPPORTED,
-                          "needs compute capability 8.0 or newer (mma.sync, cp.async); this GPU "
-                          "is %d.%d", cc / 10, cc % 10);
+    CK_TRY(check_attention_gpu(check));
     return check.launch([&] { return ck::attention_forward(args, stream); });
 }
 
@@ -1366,13 +1373,7 @@ ck_status_t ck_attention_decode(const ck_attention_decode_params_t* params, void
     DecodeCall call;
     CK_TRY(check_decode_params(check, params, /*pointers=*/true, &call));
     CK_TRY(check_decode_workspace(check, params, workspace, workspace_bytes, &call));
-    int devices = 0;
-    CK_TRY(check.device_count(&devices));
-    const int cc = ck::compute_capability();
-    if (cc < kMmaMinArch)
-        return check.fail(CK_STATUS_UNSUPPORTED,
-                          "needs compute capability 8.0 or newer (mma.sync, cp.async); this GPU "
-                          "is %d.%d", cc / 10, cc % 10);
+    CK_TRY(check_attention_gpu(check));
     return check.launch([&] { return ck::attention_decode(call.args, stream); });
 }
 

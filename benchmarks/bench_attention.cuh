@@ -168,13 +168,14 @@ __global__ void __launch_bounds__(kThreads)
     out[ch.q_offset + int64_t(i) * ch.q_row + int64_t(c) * d + e] = from_f<T>(acc);
 }
 
-// C[c] (rows x cols) = A[c] B[c]^T with 16 x 16 shared-memory tiles: A row r at a + r lda, B row
-// s at b + s ldb (both `inner` long, contiguous), float32 sums. Scores: A = q, B = k.
-template <typename T, typename Out>
+// C[c] (rows x cols) = A[c] op(B[c]) with 16 x 16 shared-memory tiles, float32 sums: A row r at
+// a + r lda (`inner` long, contiguous); kBT: op(B) = B^T, B row s at b + s ldb (scores: A = q,
+// B = k); else op(B) = B, row-major (values: A = P, B = v).
+template <bool kBT, typename T, typename Out>
 __global__ void __launch_bounds__(kTile * kTile)
-    tiled_abt_kernel(const T* a, int64_t lda, int64_t a_head, const T* b, int64_t ldb,
-                     int64_t b_head, int rows, int cols, int inner, Out* c, int64_t ldc,
-                     int64_t c_head) {
+    tiled_gemm_kernel(const T* a, int64_t lda, int64_t a_head, const T* b, int64_t ldb,
+                      int64_t b_head, int rows, int cols, int inner, Out* c, int64_t ldc,
+                      int64_t c_head) {
     __shared__ float as[kTile][kTile + 1], bs[kTile][kTile + 1];
     const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;
     const int r = blockIdx.y * kTile + ty, s = blockIdx.x * kTile + tx;
@@ -183,12 +184,16 @@ __global__ void __launch_bounds__(kTile * kTile)
     b += z * b_head;
     float acc = 0;
     for (int k0 = 0; k0 < inner; k0 += kTile) {
-        const int br = blockIdx.x * kTile + ty;  // B's row this thread loads
         as[ty][tx] = r < rows && k0 + tx < inner ? to_f(a[int64_t(r) * lda + k0 + tx]) : 0.f;
-        bs[ty][tx] = br < cols && k0 + tx < inner ? to_f(b[int64_t(br) * ldb + k0 + tx]) : 0.f;
+        if constexpr (kBT) {
+            const int br = blockIdx.x * kTile + ty;  // B's row this thread loads
+            bs[ty][tx] = br < cols && k0 + tx < inner ? to_f(b[int64_t(br) * ldb + k0 + tx]) : 0.f;
+        } else {
+            bs[ty][tx] = k0 + ty < inner && s < cols ? to_f(b[int64_t(k0 + ty) * ldb + s]) : 0.f;
+        }
         __syncthreads();
 #pragma unroll
-        for (int kk = 0; kk < kTile; ++kk) acc += as[ty][kk] * bs[tx][kk];
+        for (int kk = 0; kk < kTile; ++kk) acc += as[ty][kk] * (kBT ? bs[tx][kk] : bs[kk][tx]);
         __syncthreads();
     }
     if (r < rows && s < cols) {
@@ -198,31 +203,6 @@ __global__ void __launch_bounds__(kTile * kTile)
             c[z * c_head + int64_t(r) * ldc + s] = from_f<Out>(acc);
         }
     }
-}
-
-// C[c] (rows x cols) = A[c] B[c] with 16 x 16 tiles: A row-major (lda), B row-major (ldb),
-// float32 sums, output in T. Values: A = P, B = v.
-template <typename T>
-__global__ void __launch_bounds__(kTile * kTile)
-    tiled_ab_kernel(const T* a, int64_t lda, int64_t a_head, const T* b, int64_t ldb,
-                    int64_t b_head, int rows, int cols, int inner, T* c, int64_t ldc,
-                    int64_t c_head) {
-    __shared__ float as[kTile][kTile + 1], bs[kTile][kTile + 1];
-    const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;
-    const int r = blockIdx.y * kTile + ty, s = blockIdx.x * kTile + tx;
-    const int z = blockIdx.z;
-    a += z * a_head;
-    b += z * b_head;
-    float acc = 0;
-    for (int k0 = 0; k0 < inner; k0 += kTile) {
-        as[ty][tx] = r < rows && k0 + tx < inner ? to_f(a[int64_t(r) * lda + k0 + tx]) : 0.f;
-        bs[ty][tx] = k0 + ty < inner && s < cols ? to_f(b[int64_t(k0 + ty) * ldb + s]) : 0.f;
-        __syncthreads();
-#pragma unroll
-        for (int kk = 0; kk < kTile; ++kk) acc += as[ty][kk] * bs[kk][tx];
-        __syncthreads();
-    }
-    if (r < rows && s < cols) c[z * c_head + int64_t(r) * ldc + s] = from_f<T>(acc);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -485,7 +465,7 @@ class Problem {
                     const dim3 tiles(unsigned((n + kTile - 1) / kTile),
                                      unsigned((n + kTile - 1) / kTile), unsigned(ch.count));
                     if (tiled) {
-                        tiled_abt_kernel<T, float><<<tiles, kTile * kTile, 0, stream>>>(
+                        tiled_gemm_kernel<true, T, float><<<tiles, kTile * kTile, 0, stream>>>(
                             q + ch.q_offset, ch.q_row, d, k + ch.kv_offset, ch.kv_row, ch.kv_step,
                             n, n, d, s, n, int64_t(n) * n);
                     } else {
@@ -497,7 +477,7 @@ class Problem {
                     if (tiled) {
                         const dim3 out_tiles(unsigned((d + kTile - 1) / kTile),
                                              unsigned((n + kTile - 1) / kTile), unsigned(ch.count));
-                        tiled_ab_kernel<T><<<out_tiles, kTile * kTile, 0, stream>>>(
+                        tiled_gemm_kernel<false, T, T><<<out_tiles, kTile * kTile, 0, stream>>>(
                             p, n, int64_t(n) * n, v + ch.kv_offset, ch.kv_row, ch.kv_step, n, d, n,
                             o + ch.q_offset, ch.q_row, d);
                     } else {

@@ -1160,11 +1160,11 @@ def _moe_workspace_spans(args):
     return need, [(args["params"]["x"], act), (args["params"]["out"], act)]
 
 
-def moe_workspace(args):
-    """ck_moe_forward's workspace, once the params pass: at least ck_moe_workspace_size bytes
-    (CK_STATUS_INVALID_VALUE naming workspace_bytes and saying both sizes), then (after its
-    alignment) not overlapping x or out."""
-    spans = _moe_workspace_spans(args)
+def workspace_violations(args, spans):
+    """A caller's workspace (workspace_ptr, workspace_bytes), once the params pass: at least
+    `need` bytes (CK_STATUS_INVALID_VALUE naming workspace_bytes and saying both sizes), then
+    (after its alignment) not overlapping the others. spans: (need, [(address, bytes) of the
+    others]), or None where no workspace check is reached."""
     if spans is None:
         return []
     need, others = spans
@@ -1176,6 +1176,13 @@ def moe_workspace(args):
     if workspace and any(overlaps(workspace, need, other, size) for other, size in others):
         found.append(Violation(Status.INVALID_VALUE, ("workspace",)))
     return found
+
+
+def moe_workspace(args):
+    """ck_moe_forward's workspace, once the params pass: at least ck_moe_workspace_size bytes
+    (CK_STATUS_INVALID_VALUE naming workspace_bytes and saying both sizes), then (after its
+    alignment) not overlapping x or out."""
+    return workspace_violations(args, _moe_workspace_spans(args))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1280,40 +1287,51 @@ def _attention_bytes(params):
     return q, kv, params["total_q"] * params["num_heads_q"] * 4
 
 
-def _attention_out_spans(params):
-    sizes = _attention_bytes(params)
-    if sizes is None:
-        return None
-    q, kv, _ = sizes
-    return q, [(params["q"], q), (params["k"], kv), (params["v"], kv)]
+class HeadRowSpans:
+    """The overlap rules of the attention exports (prefill and decode): out does not overlap q,
+    k or v; lse (when given) none of them nor out. byte_sizes(params): (q and out bytes, k and v
+    bytes, lse bytes), or None while the sizes are invalid; k, v: the fields' names."""
+
+    def __init__(self, byte_sizes, k, v):
+        self.byte_sizes, self.k, self.v = byte_sizes, k, v
+
+    def out(self, params):
+        """Disjoint spans of out."""
+        sizes = self.byte_sizes(params)
+        if sizes is None:
+            return None
+        q, kv, _ = sizes
+        return q, [(params["q"], q), (params[self.k], kv), (params[self.v], kv)]
+
+    def lse(self, params):
+        """Disjoint spans of lse."""
+        sizes = self.byte_sizes(params)
+        if sizes is None:
+            return None
+        q, _, lse = sizes
+        return lse, self.out(params)[1] + [(params["out"], q)]
+
+    def apart(self, params):
+        """The struct's rule."""
+        found = []
+        for field, spans in (("out", self.out), ("lse", self.lse)):
+            span = spans(params)
+            if span is None or not params[field]:
+                continue
+            if any(overlaps(params[field], span[0], other, size) for other, size in span[1]):
+                found.append(Violation(Status.INVALID_VALUE, (field,)))
+        return found
 
 
-def _attention_lse_spans(params):
-    sizes = _attention_bytes(params)
-    if sizes is None:
-        return None
-    q, kv, lse = sizes
-    return lse, [(params["q"], q), (params["k"], kv), (params["v"], kv), (params["out"], q)]
-
-
-def attention_apart(params):
-    """out does not overlap q, k or v; lse (when given) none of them nor out."""
-    found = []
-    for field, spans in (("out", _attention_out_spans), ("lse", _attention_lse_spans)):
-        span = spans(params)
-        if span is None or not params[field]:
-            continue
-        if any(overlaps(params[field], span[0], other, size) for other, size in span[1]):
-            found.append(Violation(Status.INVALID_VALUE, (field,)))
-    return found
+ATTENTION_SPANS = HeadRowSpans(_attention_bytes, "k", "v")
 
 
 def _attention_params(pointers):
     """ck_attention_params_t as ck_attention_forward checks it, or (pointers=False) its sizes
     alone (what the overlap rule needs first)."""
     fields = {"dtype": HALVES, "q": Pointer(16), "k": Pointer(16), "v": Pointer(16),
-              "out": Disjoint(16, _attention_out_spans),
-              "lse": Disjoint(4, _attention_lse_spans, optional=True),
+              "out": Disjoint(16, ATTENTION_SPANS.out),
+              "lse": Disjoint(4, ATTENTION_SPANS.lse, optional=True),
               "total_q": Size(most=INT32_MAX), "total_k": Count(most=INT32_MAX),
               "num_heads_q": Size(most=ATTENTION_MAX_HEADS), "num_heads_kv": HeadsKv(),
               "head_dim": HeadDim(), "batch": Batch(),
@@ -1324,7 +1342,7 @@ def _attention_params(pointers):
     unchecked = () if pointers else [field for field, kind in fields.items()
                                      if isinstance(kind, Pointer)]
     example = dict(total_q=300, total_k=400, num_heads_q=8, num_heads_kv=2)
-    return Struct(ck.AttentionParams, fields, (attention_apart,) if pointers else (),
+    return Struct(ck.AttentionParams, fields, (ATTENTION_SPANS.apart,) if pointers else (),
                   unchecked, example)
 
 
@@ -1457,33 +1475,7 @@ def _decode_bytes(params):
     return q, decode_cache_bytes(params), q // params["head_dim"] * 2
 
 
-def _decode_out_spans(params):
-    sizes = _decode_bytes(params)
-    if sizes is None:
-        return None
-    q, cache, _ = sizes
-    return q, [(params["q"], q), (params["k_cache"], cache), (params["v_cache"], cache)]
-
-
-def _decode_lse_spans(params):
-    sizes = _decode_bytes(params)
-    if sizes is None:
-        return None
-    q, cache, lse = sizes
-    return lse, [(params["q"], q), (params["k_cache"], cache), (params["v_cache"], cache),
-                 (params["out"], q)]
-
-
-def decode_apart(params):
-    """out does not overlap q or the cache; lse (when given) none of them nor out."""
-    found = []
-    for field, spans in (("out", _decode_out_spans), ("lse", _decode_lse_spans)):
-        span = spans(params)
-        if span is None or not params[field]:
-            continue
-        if any(overlaps(params[field], span[0], other, size) for other, size in span[1]):
-            found.append(Violation(Status.INVALID_VALUE, (field,)))
-    return found
+DECODE_SPANS = HeadRowSpans(_decode_bytes, "k_cache", "v_cache")
 
 
 def _decode_params(pointers):
@@ -1492,8 +1484,8 @@ def _decode_params(pointers):
     fields = {"dtype": HALVES, "q": Pointer(16), "k_cache": Pointer(16),
               "v_cache": Pointer(16), "seqlens_k": Pointer(4),
               "block_table": Pointer(4, optional=True),
-              "out": Disjoint(16, _decode_out_spans),
-              "lse": Disjoint(4, _decode_lse_spans, optional=True),
+              "out": Disjoint(16, DECODE_SPANS.out),
+              "lse": Disjoint(4, DECODE_SPANS.lse, optional=True),
               "batch": Size(most=DECODE_MAX_BATCH), "seqlen_q": Size(most=DECODE_MAX_QUERIES),
               "num_heads_q": Size(most=DECODE_MAX_HEADS), "num_heads_kv": HeadsKv(),
               "head_dim": HeadDim(), "max_seqlen_k": Size(most=DECODE_MAX_SEQLEN),
@@ -1506,7 +1498,7 @@ def _decode_params(pointers):
                    num_pages=300, page_size=16, max_blocks_per_seq=100)
     rules = (decode_pages_hold_max_seqlen, decode_cache_fits)
     return Struct(ck.AttentionDecodeParams, fields,
-                  rules + ((decode_apart,) if pointers else ()), unchecked, example)
+                  rules + ((DECODE_SPANS.apart,) if pointers else ()), unchecked, example)
 
 
 DECODE_PARAMS_SIZES = _decode_params(pointers=False)
@@ -1550,18 +1542,7 @@ def decode_workspace(args):
     """ck_attention_decode's workspace, once the params pass and the call has several splits:
     at least ck_attention_decode_workspace_size bytes (naming workspace_bytes and both sizes),
     then (after its alignment) clear of q, the cache, out and lse."""
-    spans = _decode_workspace_spans(args)
-    if spans is None:
-        return []
-    need, others = spans
-    found = []
-    if args["workspace_bytes"] < need:
-        found.append(Violation(Status.INVALID_VALUE, ("workspace_bytes",),
-                               (args["workspace_bytes"], need)))
-    workspace = args["workspace_ptr"]
-    if workspace and any(overlaps(workspace, need, other, size) for other, size in others):
-        found.append(Violation(Status.INVALID_VALUE, ("workspace",)))
-    return found
+    return workspace_violations(args, _decode_workspace_spans(args))
 
 
 # Exports whose fuzz description is still to be written (none now). The set may only shrink.

@@ -487,6 +487,18 @@ def dequantized_int4_weight(w_packed, scales, zeros, group_size, k, dtype):
                            dtype)
 
 
+def _weight_only_x(x, k, dtype, dtypes, export):
+    """(dtype, x [M, K]) of a weight-only GEMM: dtype (None: inferred from x) one of `dtypes`,
+    the ones `export` runs on."""
+    dtype = dtype or dtype_of(x)
+    if dtype not in dtypes:
+        raise ValueError(f"{export} runs on {dtypes}, not {dtype!r}")
+    x = _matrix(np.asarray(x))
+    if x.shape[1] != k:
+        raise ValueError(f"x is {list(x.shape)}: K={k} expected")
+    return dtype, x
+
+
 def gemm_w4a16_f64(x, w_packed, scales, zeros, group_size, k, dtype=None, bias=None,
                    activation="none"):
     """ck_gemm_w4a16 in exact arithmetic: act(x[M, K] w'[N, K]^T + bias[N]) as float64 [M, N].
@@ -497,12 +509,7 @@ def gemm_w4a16_f64(x, w_packed, scales, zeros, group_size, k, dtype=None, bias=N
     format of ck_quantize_int4. w' is dequantized_int4_weight (rounded to dtype, as the kernel
     rounds it in registers); the product, the bias and the activation are then exact.
     """
-    dtype = dtype or dtype_of(x)
-    if dtype not in W4A16_DTYPES:
-        raise ValueError(f"ck_gemm_w4a16 runs on {W4A16_DTYPES}, not {dtype!r}")
-    x = _matrix(np.asarray(x))
-    if x.shape[1] != k:
-        raise ValueError(f"x is {list(x.shape)}: K={k} expected")
+    dtype, x = _weight_only_x(x, k, dtype, W4A16_DTYPES, "ck_gemm_w4a16")
     w = dequantized_int4_weight(w_packed, scales, zeros, group_size, k, dtype)
     return linear_f64(x, w, bias, activation, dtype)
 
@@ -597,17 +604,12 @@ def w4a16_prepacked_sizes(n, k, group_size):
     return rows * chunks * PACK_K // 2, rows * int4_groups_per_row(k, group_size)
 
 
-def w4a16_prepack(w_packed, scales, zeros, n, k, group_size):
-    """ck_w4a16_prepack in NumPy: (w_prepacked uint8 [bytes], scales_prepacked [values] in the
-    dtype of scales, zeros_prepacked uint8 or None), exactly as the header lays them out."""
-    _require_dtype(w_packed, np.uint8, "w_packed")
-    symmetric = zeros is None
-    codes = unpack_int4(w_packed, k, signed=symmetric).astype(np.int64)
-    if symmetric:
-        codes = codes + 8                          # two's complement q -> q + 8 (zero point 8)
+def _prepack_codes(codes, n, k, pad_code):
+    """The prepacked INT4 tiles (uint8 [bytes]) of 4-bit codes [n, k] (int64, 0 .. 15), padded
+    with pad_code to whole tiles of PACK_ROWS rows and PACK_K k."""
     rows = -(-n // PACK_ROWS) * PACK_ROWS
     chunks = -(-k // PACK_K)
-    padded = np.full((rows, chunks * PACK_K), 8, np.int64)
+    padded = np.full((rows, chunks * PACK_K), pad_code, np.int64)
     padded[:n, :k] = codes
     # [tile i, chunk c, row r, slice s, word w, k-in-word e'] -> nibble e with k = NIBBLE_K[e]
     t = padded.reshape(rows // PACK_ROWS, PACK_ROWS, chunks, PACK_K // PACK_SLICE_K,
@@ -617,7 +619,19 @@ def w4a16_prepack(w_packed, scales, zeros, n, k, group_size):
     words = np.zeros(nibbles.shape[:-1], np.uint64)
     for e in range(8):
         words |= nibbles[..., e].astype(np.uint64) << np.uint64(4 * e)
-    w_out = words.astype("<u4").reshape(-1).view(np.uint8).copy()
+    return words.astype("<u4").reshape(-1).view(np.uint8).copy()
+
+
+def w4a16_prepack(w_packed, scales, zeros, n, k, group_size):
+    """ck_w4a16_prepack in NumPy: (w_prepacked uint8 [bytes], scales_prepacked [values] in the
+    dtype of scales, zeros_prepacked uint8 or None), exactly as the header lays them out."""
+    _require_dtype(w_packed, np.uint8, "w_packed")
+    symmetric = zeros is None
+    codes = unpack_int4(w_packed, k, signed=symmetric).astype(np.int64)
+    if symmetric:
+        codes = codes + 8                          # two's complement q -> q + 8 (zero point 8)
+    rows = -(-n // PACK_ROWS) * PACK_ROWS
+    w_out = _prepack_codes(codes, n, k, 8)
     groups = int4_groups_per_row(k, group_size)
     s = np.zeros((rows, groups), scales.dtype)
     s[:n] = scales.reshape(n, groups)
@@ -1558,17 +1572,7 @@ def block4_prepack(fmt, packed, scales, n, k, blocksize):
     if codes.shape[0] != n:
         raise ValueError(f"packed has {codes.shape[0]} rows, n={n}")
     rows = -(-n // PACK_ROWS) * PACK_ROWS
-    chunks = -(-k // PACK_K)
-    padded = np.full((rows, chunks * PACK_K), BLOCK4_ZERO_CODE[fmt], np.int64)
-    padded[:n, :k] = codes
-    t = padded.reshape(rows // PACK_ROWS, PACK_ROWS, chunks, PACK_K // PACK_SLICE_K,
-                       PACK_SLICE_K // 8, 8)
-    t = t.transpose(0, 2, 1, 3, 4, 5)               # tile, chunk, row, slice, word, k
-    nibbles = t[..., list(PREPACKED_NIBBLE_K)]      # nibble e holds k NIBBLE_K[e]
-    words = np.zeros(nibbles.shape[:-1], np.uint64)
-    for e in range(8):
-        words |= nibbles[..., e].astype(np.uint64) << np.uint64(4 * e)
-    w_out = words.astype("<u4").reshape(-1).view(np.uint8).copy()
+    w_out = _prepack_codes(codes, n, k, BLOCK4_ZERO_CODE[fmt])
 
     units = k // block4_unit_group(fmt, blocksize)
     ub = BLOCK4_UNIT_BYTES[fmt]
@@ -1602,12 +1606,7 @@ def gemm_block4_f64(x, fmt, packed, scales, global_scale, blocksize, k, dtype=No
     """ck_gemm_block4_prepacked in exact arithmetic: act(x[M, K] w'[N, K]^T + bias[N]) as
     float64 [M, N], w' = dequantized_block4_weight (rounded to dtype, as the kernels round it in
     registers). x and bias in `dtype`'s representation ('fp16' or 'bf16'; None infers it)."""
-    dtype = dtype or dtype_of(x)
-    if dtype not in BLOCK4_GEMM_DTYPES:
-        raise ValueError(f"ck_gemm_block4_prepacked runs on {BLOCK4_GEMM_DTYPES}, not {dtype!r}")
-    x = _matrix(np.asarray(x))
-    if x.shape[1] != k:
-        raise ValueError(f"x is {list(x.shape)}: K={k} expected")
+    dtype, x = _weight_only_x(x, k, dtype, BLOCK4_GEMM_DTYPES, "ck_gemm_block4_prepacked")
     w = dequantized_block4_weight(fmt, packed, scales, global_scale, k, blocksize, dtype)
     with np.errstate(invalid="ignore", over="ignore"):
         return linear_f64(x, w, bias, activation, dtype)

@@ -167,6 +167,30 @@ def output_tolerance(value, float32_error, out_dtype):
     return tol
 
 
+# A sanity bound on the norm-wise error ||got - ref|| / ||ref||: the element-wise tolerance is the
+# check; the relative error is reported and must stay within a few ulps of the output dtype
+# (its rounding alone gives ~2^-p / sqrt(3) for p significand bits).
+MAX_REL_ULPS = 4
+SIGNIFICAND_BITS = {"fp16": 11, "bf16": 8}
+# Below this many outputs a norm is dominated by one or two values, which cancellation can make
+# tiny (their absolute error is still bounded by the element-wise tolerance).
+MIN_ELEMENTS_FOR_NORM = 64
+
+
+def assert_meets_reference(got, value, error32, dtype, ctx):
+    """got (float64 values of an output) within the element-wise tolerance of the exact value
+    (float32 error error32, then the rounding to dtype), and within MAX_REL_ULPS in norm; prints
+    ||err|| / ||ref|| and the largest |err|."""
+    err = np.abs(got - value)
+    norm = np.linalg.norm(value)
+    rel = np.linalg.norm(got - value) / norm if norm > 0 else 0.0
+    print(f"{ctx}: ||err||/||ref|| = {rel:.3g}, max |err| = {err.max():.3g}")
+    assert_within(got, value, output_tolerance(value, error32, dtype), f"out ({dtype}), {ctx}")
+    if value.size >= MIN_ELEMENTS_FOR_NORM and norm > 0:
+        assert rel <= MAX_REL_ULPS * 2.0**-SIGNIFICAND_BITS[dtype], \
+            f"{ctx}: ||err||/||ref|| = {rel:.3g}"
+
+
 def assert_within(got, want, tol, what):
     """|got - want| <= tol element by element (NaN fails); the message locates the worst."""
     err = np.abs(got - want)

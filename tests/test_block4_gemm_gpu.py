@@ -36,10 +36,11 @@ import pytest
 import cuda_wrapper as ck
 import reference as ref
 from gpu_support import (
-    CK_ACTIVATION, CK_DTYPE, POISON, U32, GuardedBuffer, KernelCall, assert_bitwise_equal,
-    assert_forced_variant_unsupported, assert_graph_replays, assert_override_read_on_every_call,
-    assert_relu_output, assert_within, dot_float32_error, dtype_arg, force_variant,
-    output_tolerance, ptr_or_null, random_normal, shape_id, small_enough, synchronize, to_host,
+    CK_ACTIVATION, CK_DTYPE, GuardedBuffer, KernelCall, POISON, U32, assert_bitwise_equal,
+    assert_forced_variant_unsupported, assert_graph_replays, assert_meets_reference,
+    assert_override_read_on_every_call, assert_relu_output, assert_within, dot_float32_error,
+    dtype_arg, force_variant, output_tolerance, ptr_or_null, random_normal, shape_id, small_enough,
+    synchronize, to_host,
 )
 
 pytestmark = pytest.mark.gpu
@@ -62,20 +63,6 @@ def fb_id(fmt, blocksize):
 # rounding for the bias; the output rounding adds half an ulp of the dtype.
 # ---------------------------------------------------------------------------------------------
 TENSOR_CORE_ROUNDOFF = 2 * U32
-MAX_REL_ULPS = 4   # ||err|| / ||ref|| within a few ulps of the output dtype (its rounding alone)
-SIGNIFICAND_BITS = {"fp16": 11, "bf16": 8}
-MIN_ELEMENTS_FOR_NORM = 64
-
-
-def assert_meets_reference(got, value, error32, dtype, ctx):
-    err = np.abs(got - value)
-    norm = np.linalg.norm(value)
-    rel = np.linalg.norm(got - value) / norm if norm > 0 else 0.0
-    print(f"{ctx}: ||err||/||ref|| = {rel:.3g}, max |err| = {err.max():.3g}")
-    assert_within(got, value, output_tolerance(value, error32, dtype), f"out ({dtype}), {ctx}")
-    if value.size >= MIN_ELEMENTS_FOR_NORM:
-        assert rel <= MAX_REL_ULPS * 2.0**-SIGNIFICAND_BITS[dtype], \
-            f"{ctx}: ||err||/||ref|| = {rel:.3g}"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -27,9 +27,9 @@ import pytest
 import cuda_wrapper as ck
 import reference as ref
 from gpu_support import (
-    CK_ACTIVATION, CK_DTYPE, CK_INT4_MODE, GROUP_IDS, POISON, U32, GuardedBuffer, KernelCall,
+    CK_ACTIVATION, CK_DTYPE, CK_INT4_MODE, GROUP_IDS, GuardedBuffer, KernelCall, POISON, U32,
     assert_bitwise_equal, assert_capture_records_then_replay_writes,
-    assert_forced_variant_unsupported, assert_graph_replays,
+    assert_forced_variant_unsupported, assert_graph_replays, assert_meets_reference,
     assert_override_read_on_every_call, assert_relu_output, assert_within, compute_capability,
     dot_float32_error, dtype_arg, force_variant, output_tolerance, ptr_or_null, random_normal,
     shape_id, small_enough, synchronize,
@@ -65,32 +65,12 @@ def variant_id(variant):
 # losing a product would be orders of magnitude larger. The rounding to fp16/bf16 then adds half
 # an ulp of the output dtype (output_tolerance).
 TENSOR_CORE_ROUNDOFF = 2 * U32
-# A sanity bound on the norm-wise error ||got - ref|| / ||ref||: the element-wise tolerance is the
-# check; the relative error is reported and must stay within a few ulps of the output dtype
-# (its rounding alone gives ~2^-p / sqrt(3) for p significand bits).
-MAX_REL_ULPS = 4
-SIGNIFICAND_BITS = {"fp16": 11, "bf16": 8}
-# Below this many outputs a norm is dominated by one or two values, which cancellation can make
-# tiny (their absolute error is still bounded by the element-wise tolerance).
-MIN_ELEMENTS_FOR_NORM = 64
+# The norm-wise sanity bound: gpu_support.assert_meets_reference.
 
 
 def w4a16_float32_error(x_f64, w_f64, pre_activation):
     """The bound on |v32 - v| of ck_gemm_w4a16's float32 value (see the comment above)."""
     return dot_float32_error(x_f64, w_f64, pre_activation, TENSOR_CORE_ROUNDOFF)
-
-
-def assert_meets_reference(got, value, error32, dtype, ctx):
-    """got (float64 values of a W4A16 output) within the element-wise tolerance of the exact
-    value, and within MAX_REL_ULPS in norm; prints ||err|| / ||ref|| and the largest |err|."""
-    err = np.abs(got - value)
-    norm = np.linalg.norm(value)
-    rel = np.linalg.norm(got - value) / norm if norm > 0 else 0.0
-    print(f"{ctx}: ||err||/||ref|| = {rel:.3g}, max |err| = {err.max():.3g}")
-    assert_within(got, value, output_tolerance(value, error32, dtype), f"out ({dtype}), {ctx}")
-    if value.size >= MIN_ELEMENTS_FOR_NORM:
-        assert rel <= MAX_REL_ULPS * 2.0**-SIGNIFICAND_BITS[dtype], \
-            f"{ctx}: ||err||/||ref|| = {rel:.3g}"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1557,6 +1557,18 @@ def block4_prepacked_sizes(fmt, n, k, blocksize):
     return w_bytes, rows * (k // block4_unit_group(fmt, blocksize)) * BLOCK4_UNIT_BYTES[fmt]
 
 
+def quantize_block4(fmt, x, dtype, blocksize):
+    """(packed, scales, global_scale or None) of x [N, K] in `fmt`'s native storage:
+    quantize_nf4 (blocksize), quantize_mxfp4 or quantize_nvfp4 (its own global scale)."""
+    if fmt == "nf4":
+        packed, absmax = quantize_nf4(x, dtype, blocksize)
+        return packed, absmax, None
+    if fmt == "mxfp4":
+        packed, scales = quantize_mxfp4(x, dtype)
+        return packed, scales, None
+    return quantize_nvfp4(x, dtype)
+
+
 def _block4_codes(fmt, packed, k):
     return unpack_nf4(packed, k) if fmt == "nf4" else unpack_fp4(packed, k)
 

@@ -80,13 +80,7 @@ def random_weight(rng, fmt, blocksize, n, k, dtype, source):
     'codes': uniformly random code bytes and random scales (see the module doc)."""
     if source == "quantized":
         w = ref.random_input(rng, (n, k), dtype, scale=1.0 / math.sqrt(k))
-        if fmt == "nf4":
-            packed, absmax = ref.quantize_nf4(w, dtype, blocksize)
-            return packed, absmax, None
-        if fmt == "mxfp4":
-            packed, scales = ref.quantize_mxfp4(w, dtype)
-            return packed, scales, None
-        return ref.quantize_nvfp4(w, dtype)
+        return ref.quantize_block4(fmt, w, dtype, blocksize)
     packed = rng.integers(0, 256, size=(n, k // 2), dtype=np.uint8)
     blocks = k // blocksize
     if fmt == "nf4":

@@ -15,17 +15,6 @@ import reference as ref
 FORMAT_BLOCKS = [("nf4", 32), ("nf4", 64), ("nf4", 128), ("mxfp4", 32), ("nvfp4", 16)]
 
 
-def quantize(fmt, w, blocksize, dtype="fp32"):
-    """(packed, scales, global_scale or None) of w [N, K] in `fmt`."""
-    if fmt == "nf4":
-        packed, absmax = ref.quantize_nf4(w, dtype, blocksize)
-        return packed, absmax, None
-    if fmt == "mxfp4":
-        packed, scales = ref.quantize_mxfp4(w, dtype)
-        return packed, scales, None
-    return ref.quantize_nvfp4(w, dtype)
-
-
 def header_code_at(w_prepacked, n, k, row, col):
     """The code of (row, col) read from the prepacked bytes by the header's formula: tile (i, c)
     at (i * K128 / 128 + c) * 512, (row r, slice s) at (4r + s) * 16, word col % 32 // 8, nibble e
@@ -48,7 +37,7 @@ def test_prepack_is_the_header_layout(seed, fmt, blocksize):
     if k % blocksize:
         k = 512
     w = rng.standard_normal((n, k)).astype(np.float32)
-    packed, scales, _ = quantize(fmt, w, blocksize)
+    packed, scales, _ = ref.quantize_block4(fmt, w, "fp32", blocksize)
     w_out, s_out = ref.block4_prepack(fmt, packed, scales, n, k, blocksize)
     w_bytes, s_bytes = ref.block4_prepacked_sizes(fmt, n, k, blocksize)
     assert (w_out.size, s_out.size) == (w_bytes, s_bytes)
@@ -79,7 +68,8 @@ def test_gemm_reference_multiplies_the_dequantized_weight(seed, fmt, blocksize, 
     """One-hot rows of x pick columns of w' exactly: the GEMM's weight is ck_dequantize's."""
     rng = np.random.default_rng(seed)
     n, k = 9, 256
-    packed, scales, g = quantize(fmt, rng.standard_normal((n, k)).astype(np.float32), blocksize)
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    packed, scales, g = ref.quantize_block4(fmt, w, "fp32", blocksize)
     cols = rng.choice(k, size=5, replace=False)
     x = np.zeros((5, k), np.float32)
     x[np.arange(5), cols] = 1
@@ -120,7 +110,7 @@ def test_quantization_error_on_gaussian_weights(seed, capsys):
         p, s, z = ref.quantize_int4(w, "fp32", 64, mode)
         errors[f"int4 {mode} g64"] = rel(ref.dequantize_int4(p, s, z, 4096, 64, mode, "fp32"))
     for fmt, blocksize in FORMAT_BLOCKS:
-        p, s, g = quantize(fmt, w, blocksize)
+        p, s, g = ref.quantize_block4(fmt, w, "fp32", blocksize)
         name = f"{fmt} b{blocksize}"
         errors[name] = rel(ref.dequantized_block4_weight(fmt, p, s, g, 4096, blocksize, "fp32")
                            if fmt != "nf4" else ref.dequantize_nf4(p, s, 4096, blocksize, "fp32"))

@@ -967,39 +967,60 @@ MOE_FORWARD_CASES = (
 # ck_moe_workspace_size validates the struct as ck_moe_forward does, pointers excepted: the
 # forward's cases that change no pointer (router_dtype matters only with logits: left out), and
 # the two pointers it does need.
-MOE_WORKSPACE_SIZE = {key: value for key, value in MOE_FORWARD.items()
-                      if not key.startswith("workspace")}
-MOE_WORKSPACE_SIZE_CASES = (
-    [("null-params", dict(params_ptr=0), INVALID, ["params"]),
-     ("null-bytes", dict(bytes_ptr=0), INVALID, ["bytes"])]
-    + [case for case in MOE_FORWARD_CASES
-       if not any(key.endswith("_ptr") or key.startswith("workspace") or key == "router_dtype"
-                  for key in case[1])]
-)
+def workspace_size_table(call, call_cases, keep):
+    """(valid fields, cases) of a ck_<family>_workspace_size from its call's table: the call's
+    fields less the workspace; a NULL struct, a NULL size, then the call's cases that keep(case)
+    says the size query checks too."""
+    fields = {key: value for key, value in call.items() if not key.startswith("workspace")}
+    cases = ([("null-params", dict(params_ptr=0), INVALID, ["params"]),
+              ("null-bytes", dict(bytes_ptr=0), INVALID, ["bytes"])]
+             + [case for case in call_cases if keep(case)])
+    return fields, cases
+
+
+MOE_WORKSPACE_SIZE, MOE_WORKSPACE_SIZE_CASES = workspace_size_table(
+    MOE_FORWARD, MOE_FORWARD_CASES,
+    lambda case: not any(key.endswith("_ptr") or key.startswith("workspace")
+                         or key == "router_dtype" for key in case[1]))
+
+
+def params_struct(struct, fields):
+    """The `struct` (a cuda_wrapper params class) of a row's fields (pointer fields written
+    <field>_ptr), or None (NULL) for params_ptr=0."""
+    if fields.get("params_ptr", 1) == 0:
+        return None
+    return struct(**{name[:-len("_ptr")] if name.endswith("_ptr") else name: value
+                     for name, value in fields.items() if name != "params_ptr"})
+
+
+def workspace_size_call(export, struct):
+    """The call of a row of `export` (ck_<family>_workspace_size: the struct and a size_t*;
+    bytes_ptr=0 passes NULL for the size), returning the size."""
+    def call(fields):
+        fields = dict(fields)
+        nbytes = ctypes.c_size_t(0)
+        pointer = None if fields.pop("bytes_ptr", 1) == 0 else ctypes.byref(nbytes)
+        getattr(ck.load_library(), export)(params_struct(struct, fields), pointer)
+        return nbytes.value
+    return call
+
+
+def workspace_call(raw_name, struct):
+    """The call of a row of an export that takes the struct and a workspace (workspace_ptr,
+    workspace_bytes): cuda_wrapper.raw.<raw_name>."""
+    def call(fields):
+        fields = dict(fields)
+        workspace = fields.pop("workspace_ptr"), fields.pop("workspace_bytes")
+        getattr(ck.raw, raw_name)(params_struct(struct, fields), *workspace, stream=0)
+    return call
 
 
 def moe_params(fields):
-    """The MoeParams of a row's fields (pointer fields written <field>_ptr), or None (NULL) for
-    params_ptr=0."""
-    if fields.get("params_ptr", 1) == 0:
-        return None
-    return ck.MoeParams(**{name[:-len("_ptr")] if name.endswith("_ptr") else name: value
-                           for name, value in fields.items() if name != "params_ptr"})
+    return params_struct(ck.MoeParams, fields)
 
 
-def moe_workspace_size(fields):
-    """ck_moe_workspace_size of a row's fields (bytes_ptr=0: NULL for the size); returns it."""
-    fields = dict(fields)
-    nbytes = ctypes.c_size_t(0)
-    pointer = None if fields.pop("bytes_ptr", 1) == 0 else ctypes.byref(nbytes)
-    ck.load_library().ck_moe_workspace_size(moe_params(fields), pointer)
-    return nbytes.value
-
-
-def moe_forward(fields):
-    fields = dict(fields)
-    workspace = fields.pop("workspace_ptr"), fields.pop("workspace_bytes")
-    ck.raw.moe_forward(moe_params(fields), *workspace, stream=0)
+moe_workspace_size = workspace_size_call("ck_moe_workspace_size", ck.MoeParams)
+moe_forward = workspace_call("moe_forward", ck.MoeParams)
 
 
 # ck_attention_forward takes a ck_attention_params_t (cuda_wrapper.AttentionParams), its rows
@@ -1054,11 +1075,7 @@ ATTENTION_FORWARD_CASES = (
 
 
 def attention_forward(fields):
-    fields = dict(fields)
-    params = None if fields.pop("params_ptr", 1) == 0 else ck.AttentionParams(
-        **{name[:-len("_ptr")] if name.endswith("_ptr") else name: value
-           for name, value in fields.items()})
-    ck.raw.attention_forward(params, stream=0)
+    ck.raw.attention_forward(params_struct(ck.AttentionParams, fields), stream=0)
 
 
 # ck_attention_decode takes a ck_attention_decode_params_t (cuda_wrapper.AttentionDecodeParams)
@@ -1135,41 +1152,16 @@ ATTENTION_DECODE_CASES = (
 
 # ck_attention_decode_workspace_size validates the struct as ck_attention_decode does, pointers
 # excepted (block_table says only whether the cache is paged): the cases that change no pointer.
-ATTENTION_DECODE_WORKSPACE_SIZE = {key: value for key, value in ATTENTION_DECODE.items()
-                                   if not key.startswith("workspace")}
-ATTENTION_DECODE_WORKSPACE_SIZE_CASES = (
-    [("null-params", dict(params_ptr=0), INVALID, ["params"]),
-     ("null-bytes", dict(bytes_ptr=0), INVALID, ["bytes"])]
-    + [case for case in ATTENTION_DECODE_CASES
-       if not any(key.endswith("_ptr") and key != "block_table_ptr" or
-                  key.startswith("workspace") for key in case[1])
-       and case[0] not in ("null-params",) and not case[0].startswith("misaligned-block_table")]
-)
+ATTENTION_DECODE_WORKSPACE_SIZE, ATTENTION_DECODE_WORKSPACE_SIZE_CASES = workspace_size_table(
+    ATTENTION_DECODE, ATTENTION_DECODE_CASES,
+    lambda case: not any(key.endswith("_ptr") and key != "block_table_ptr" or
+                         key.startswith("workspace") for key in case[1])
+    and case[0] not in ("null-params",) and not case[0].startswith("misaligned-block_table"))
 
 
-def decode_params(fields):
-    """The AttentionDecodeParams of a row's fields (pointer fields written <field>_ptr), or None
-    (NULL) for params_ptr=0."""
-    if fields.get("params_ptr", 1) == 0:
-        return None
-    return ck.AttentionDecodeParams(**{name[:-len("_ptr")] if name.endswith("_ptr") else name:
-                                       value for name, value in fields.items()
-                                       if name != "params_ptr"})
-
-
-def attention_decode_workspace_size(fields):
-    """ck_attention_decode_workspace_size of a row's fields (bytes_ptr=0: NULL); returns it."""
-    fields = dict(fields)
-    nbytes = ctypes.c_size_t(0)
-    pointer = None if fields.pop("bytes_ptr", 1) == 0 else ctypes.byref(nbytes)
-    ck.load_library().ck_attention_decode_workspace_size(decode_params(fields), pointer)
-    return nbytes.value
-
-
-def attention_decode(fields):
-    fields = dict(fields)
-    workspace = fields.pop("workspace_ptr"), fields.pop("workspace_bytes")
-    ck.raw.attention_decode(decode_params(fields), *workspace, stream=0)
+attention_decode_workspace_size = workspace_size_call("ck_attention_decode_workspace_size",
+                                                      ck.AttentionDecodeParams)
+attention_decode = workspace_call("attention_decode", ck.AttentionDecodeParams)
 
 
 # The entry points that take a parameter struct: how a row's arguments become a call.

@@ -309,7 +309,7 @@ class AttentionParams(_ParamsStruct):
     ]
 
 
-class AttentionDecodeParams(ctypes.Structure):
+class AttentionDecodeParams(_ParamsStruct):
     """ck_attention_decode_params_t, field for field in the header's order: the arguments of
     ck_attention_decode and ck_attention_decode_workspace_size (passed by reference).
 
@@ -341,14 +341,6 @@ class AttentionDecodeParams(ctypes.Structure):
         ("num_splits", ctypes.c_int32),
     ]
 
-    def __init__(self, **fields):
-        fields.setdefault("struct_size", ctypes.sizeof(AttentionDecodeParams))
-        super().__init__(**fields)
-
-    def __repr__(self):
-        return "AttentionDecodeParams(%s)" % ", ".join(
-            "%s=%s" % (name, hex(getattr(self, name) or 0) if ctype is _VOIDP else
-                       getattr(self, name)) for name, ctype in self._fields_)
 
 # Every export of cuda_kernels.h: name -> (restype, ((argument, ctypes type), ...)). The argument
 # names are the raw level's (raw.<name without ck_>), which are the header's with "_ptr" added

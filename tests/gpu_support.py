@@ -191,6 +191,14 @@ def assert_meets_reference(got, value, error32, dtype, ctx):
             f"{ctx}: ||err||/||ref|| = {rel:.3g}"
 
 
+def write_buffers(buffers, hosts):
+    """Writes each host array into its device buffer; a None buffer (an optional input left
+    out) is skipped."""
+    for buffer, host in zip(buffers, hosts):
+        if buffer is not None:
+            buffer.write(host)
+
+
 def assert_within(got, want, tol, what):
     """|got - want| <= tol element by element (NaN fails); the message locates the worst."""
     err = np.abs(got - want)

@@ -32,8 +32,8 @@ import cuda_wrapper as ck
 import reference as ref
 from fuzz_support import decode_num_splits
 from gpu_support import (
-    CK_DTYPE, POISON, GuardedBuffer, KernelCall, assert_bitwise_equal, assert_graph_replays,
-    assert_within, compute_capability, random_normal, synchronize,
+    CK_DTYPE, GuardedBuffer, KernelCall, POISON, assert_bitwise_equal, assert_graph_replays,
+    assert_within, compute_capability, random_normal, synchronize, write_buffers,
 )
 
 pytestmark = pytest.mark.gpu
@@ -140,8 +140,7 @@ class DecodeCall(KernelCall):
 
     def refill(self, rng):
         self._draw(rng)
-        for buffer, host in zip((self.q, self.k, self.v), self.device_inputs()):
-            buffer.write(host)
+        write_buffers((self.q, self.k, self.v), self.device_inputs())
         if self.table is not None:
             self.table.write(self.block_table)
 
@@ -340,9 +339,8 @@ def test_paged_equals_contiguous(seed, page_size, num_splits):
     paged.host_q, paged.k_cache, paged.v_cache = (contiguous.host_q, contiguous.k_cache,
                                                   contiguous.v_cache)
     paged._paginate(rng)
-    for buffer, host in zip((paged.q, paged.k, paged.v, paged.table),
-                            paged.device_inputs() + (paged.block_table,)):
-        buffer.write(host)
+    write_buffers((paged.q, paged.k, paged.v, paged.table),
+                  paged.device_inputs() + (paged.block_table,))
     assert paged.splits == contiguous.splits
     contiguous.launch()
     paged.launch()
@@ -408,8 +406,7 @@ def test_lse_null_writes_the_same_out(seed, num_splits):
     without = DecodeCall(rng, "bf16", 128, 8, 2, 2, [300, 7], num_splits=num_splits, lse=False)
     without.host_q, without.k_cache, without.v_cache = (with_lse.host_q, with_lse.k_cache,
                                                         with_lse.v_cache)
-    for buffer, host in zip((without.q, without.k, without.v), without.device_inputs()):
-        buffer.write(host)
+    write_buffers((without.q, without.k, without.v), without.device_inputs())
     without.launch()
     without.check(context(seed, lse=None, splits=num_splits))
     assert_bitwise_equal(without.outputs["out"].read("out without lse"), want,

@@ -24,8 +24,8 @@ import pytest
 import cuda_wrapper as ck
 import reference as ref
 from gpu_support import (
-    CK_DTYPE, POISON, GuardedBuffer, KernelCall, assert_bitwise_equal, assert_graph_replays,
-    assert_within, compute_capability, random_normal, synchronize,
+    CK_DTYPE, GuardedBuffer, KernelCall, POISON, assert_bitwise_equal, assert_graph_replays,
+    assert_within, compute_capability, random_normal, synchronize, write_buffers,
 )
 
 pytestmark = pytest.mark.gpu
@@ -78,8 +78,7 @@ class AttentionCall(KernelCall):
 
     def refill(self, rng):
         self._draw(rng)
-        for buffer, host in zip((self.q, self.k, self.v), self.host):
-            buffer.write(host)
+        write_buffers((self.q, self.k, self.v), self.host)
 
     def params(self, **changes):
         total_q, heads_q, head_dim = self.shape_q
@@ -224,8 +223,7 @@ def test_lse_null_writes_the_same_out(seed, dtype):
     without = AttentionCall(rng, dtype, 128, 4, 2, True, lengths_q=[65, 0, 127],
                             lengths_k=[200, 5, 64], lse=False)
     without.host = with_lse.host
-    for buffer, host in zip((without.q, without.k, without.v), without.host):
-        buffer.write(host)
+    write_buffers((without.q, without.k, without.v), without.host)
     without.launch()
     without.check(context(seed, dtype=dtype, lse=None))
     assert_bitwise_equal(without.outputs["out"].read("out without lse"), got,

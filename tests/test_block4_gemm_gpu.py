@@ -40,7 +40,7 @@ from gpu_support import (
     assert_forced_variant_unsupported, assert_graph_replays, assert_meets_reference,
     assert_override_read_on_every_call, assert_relu_output, assert_within, dot_float32_error,
     dtype_arg, force_variant, output_tolerance, ptr_or_null, random_normal, shape_id, small_enough,
-    synchronize, to_host,
+    synchronize, to_host, write_buffers,
 )
 
 pytestmark = pytest.mark.gpu
@@ -145,10 +145,8 @@ class Block4Call(KernelCall):
         x = random_normal(rng, (m, k), self.dtype)
         packed, scales, g = random_weight(rng, self.fmt, self.blocksize, n, k, self.dtype, source)
         bias = None if self.bias is None else random_normal(rng, n, self.dtype)
-        for buffer, host in zip((self.x, self.packed, self.scales, self.g, self.bias),
-                                (x, packed, scales, g, bias)):
-            if buffer is not None:
-                buffer.write(host)
+        write_buffers((self.x, self.packed, self.scales, self.g, self.bias),
+                      (x, packed, scales, g, bias))
         self.inputs = (x, packed, scales, g, bias)
         self.prepack()   # outside any graph: the captured launch reads the new weight
 

@@ -24,12 +24,12 @@ import pytest
 import cuda_wrapper as ck
 import reference as ref
 from gpu_support import (
-    CK_ACTIVATION, CK_DTYPE, CK_GRANULARITY, CK_LAYOUT, POISON, SANITIZE, SECOND_ORDER_SLACK,
-    U32, GuardedBuffer, KernelCall, assert_bitwise_equal, assert_graph_replays,
+    CK_ACTIVATION, CK_DTYPE, CK_GRANULARITY, CK_LAYOUT, GuardedBuffer, KernelCall, POISON,
+    SANITIZE, SECOND_ORDER_SLACK, U32, assert_bitwise_equal, assert_graph_replays,
     assert_override_read_on_every_call, assert_relu_output, assert_within, compute_capability,
     dot_float32_error, dtype_arg, epilogue_cases, force_variant, output_tolerance, ptr_or_null,
-    random_normal, random_scales, scalar_store_layout, scalar_store_params, scale_count,
-    shape_id, small_enough, synchronize, to_host,
+    random_normal, random_scales, scalar_store_layout, scalar_store_params, scale_count, shape_id,
+    small_enough, synchronize, to_host, write_buffers,
 )
 
 pytestmark = pytest.mark.gpu
@@ -178,10 +178,8 @@ class GemmInt8ScaledCall(KernelCall):
         scale_a = random_int8_scales(rng, self.scale_a.shape[0], k)
         scale_b = random_int8_scales(rng, self.scale_b.shape[0], k)
         bias = None if self.bias is None else random_normal(rng, n, self.out_dtype, 2.0)
-        for buffer, host in zip((self.a, self.b, self.scale_a, self.scale_b, self.bias),
-                                (a, b, scale_a, scale_b, bias)):
-            if buffer is not None:
-                buffer.write(host)
+        write_buffers((self.a, self.b, self.scale_a, self.scale_b, self.bias),
+                      (a, b, scale_a, scale_b, bias))
         self.inputs = (a, b, scale_a, scale_b, bias)
 
     def check(self, ctx):
@@ -231,9 +229,7 @@ class LinearCall(KernelCall):
 
     def refill(self, rng):
         self.inputs = random_linear_inputs(rng, *self.mnk, self.dtype, self.bias is not None)
-        for buffer, host in zip((self.x, self.w, self.bias), self.inputs):
-            if buffer is not None:
-                buffer.write(host)
+        write_buffers((self.x, self.w, self.bias), self.inputs)
 
     def check(self, ctx):
         """Returns (the output in float64, the exact float64 reference)."""

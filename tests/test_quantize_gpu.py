@@ -17,9 +17,9 @@ import pytest
 import cuda_wrapper as ck
 import reference as ref
 from gpu_support import (
-    CK_DTYPE, CK_GRANULARITY, CK_INT4_MODE, POISON, POISON_CODES, POISON_QUANTIZED, SANITIZE,
-    GuardedBuffer, KernelCall, assert_bitwise_equal, assert_graph_replays, ptr_or_null, shape_id,
-    synchronize,
+    CK_DTYPE, CK_GRANULARITY, CK_INT4_MODE, GuardedBuffer, KernelCall, POISON, POISON_CODES,
+    POISON_QUANTIZED, SANITIZE, assert_bitwise_equal, assert_graph_replays, ptr_or_null, shape_id,
+    synchronize, write_buffers,
 )
 
 pytestmark = pytest.mark.gpu
@@ -196,9 +196,7 @@ class DequantizeInt4Call(KernelCall):
         rows = self.packed.shape[0]
         self.inputs = random_int4_inputs(rng, rows, self.cols, self.group_size, self.mode,
                                          self.out_dtype)
-        for buffer, host in zip((self.packed, self.scales, self.zeros), self.inputs):
-            if buffer is not None:
-                buffer.write(host)
+        write_buffers((self.packed, self.scales, self.zeros), self.inputs)
 
     def check(self, ctx):
         synchronize()

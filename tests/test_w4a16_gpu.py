@@ -32,7 +32,7 @@ from gpu_support import (
     assert_forced_variant_unsupported, assert_graph_replays, assert_meets_reference,
     assert_override_read_on_every_call, assert_relu_output, assert_within, compute_capability,
     dot_float32_error, dtype_arg, force_variant, output_tolerance, ptr_or_null, random_normal,
-    shape_id, small_enough, synchronize,
+    shape_id, small_enough, synchronize, write_buffers,
 )
 
 pytestmark = pytest.mark.gpu
@@ -175,10 +175,8 @@ class W4A16Call(KernelCall):
         w_packed, scales, zeros = random_weight(rng, n, k, self.dtype, self.mode,
                                                 self.group_size, source)
         bias = None if self.bias is None else random_normal(rng, n, self.dtype)
-        for buffer, host in zip((self.x, self.w, self.scales, self.zeros, self.bias),
-                                (x, w_packed, scales, zeros, bias)):
-            if buffer is not None:
-                buffer.write(host)
+        write_buffers((self.x, self.w, self.scales, self.zeros, self.bias),
+                      (x, w_packed, scales, zeros, bias))
         self.inputs = (x, w_packed, scales, zeros, bias)
         if self.prepacked:   # outside any graph: the captured launch reads the new weight
             self.prepack()

@@ -175,11 +175,7 @@ class Problem {
     }
 
     RowSpec spec_for(const std::string& kernel, double bytes) const {
-        RowSpec spec;
-        spec.family = "quantize";
-        spec.kernel = kernel;
-        spec.dtype = dtype_name(dtype_);
-        spec.shape = shape_;
+        RowSpec spec = row_spec("quantize", kernel, dtype_name(dtype_), shape_);
         spec.bytes = bytes;
         return spec;
     }

@@ -464,6 +464,17 @@ struct RowSpec {
     std::string key() const { return family + "/" + kernel + "/" + dtype + "/" + shape; }
 };
 
+// A row's identity (what --filter matches); the caller adds its floors and the rest.
+inline RowSpec row_spec(std::string family, std::string kernel, std::string dtype,
+                        std::string shape) {
+    RowSpec spec;
+    spec.family = std::move(family);
+    spec.kernel = std::move(kernel);
+    spec.dtype = std::move(dtype);
+    spec.shape = std::move(shape);
+    return spec;
+}
+
 struct Row : RowSpec {
     Timing time;
     std::string baseline_name;  // e.g. "cuBLAS fp16"; empty: no baseline

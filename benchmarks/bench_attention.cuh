@@ -249,11 +249,7 @@ class Problem {
     float scale() const { return 1.0f / std::sqrt(float(s_.head_dim)); }
 
     RowSpec spec(const std::string& kernel) const {
-        RowSpec r;
-        r.family = "attention";
-        r.kernel = kernel;
-        r.dtype = dtype_name(dtype_);
-        r.shape = shape_;
+        RowSpec r = row_spec("attention", kernel, dtype_name(dtype_), shape_);
         r.bytes = double(elem_) * double(2 * q_elems() + 2 * kv_elems());
         r.flops = 4.0 * double(s_.head_dim) * double(s_.heads_q) * allowed_pairs(s_);
         return r;

@@ -74,11 +74,7 @@ class Problem {
     }
 
     RowSpec spec_for(const std::string& kernel, double bytes) {
-        RowSpec spec;
-        spec.family = "block4";
-        spec.kernel = kernel;
-        spec.dtype = "fp16";
-        spec.shape = shape_name_;
+        RowSpec spec = row_spec("block4", kernel, "fp16", shape_name_);
         spec.bytes = bytes;
         spec.flops = 2.0 * double(m_) * double(n_) * double(k_);
         spec.copies = int(sets().size());

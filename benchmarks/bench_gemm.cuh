@@ -415,11 +415,7 @@ class Problem {
     }
     RowSpec spec_for(const std::string& kernel, const std::string& dtype, double bytes,
                      const char* ops_unit) const {
-        RowSpec spec;
-        spec.family = "gemm";
-        spec.kernel = kernel;
-        spec.dtype = dtype;
-        spec.shape = shape_name_;
+        RowSpec spec = row_spec("gemm", kernel, dtype, shape_name_);
         spec.bytes = bytes;
         spec.flops = 2.0 * mnk();
         spec.ops_unit = ops_unit;

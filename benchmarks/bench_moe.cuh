@@ -486,11 +486,7 @@ class Problem {
     }
 
     RowSpec spec(const std::string& kernel) const {
-        RowSpec s;
-        s.family = "moe";
-        s.kernel = kernel;
-        s.dtype = dtype_name(kDtype);
-        s.shape = shape_;
+        RowSpec s = row_spec("moe", kernel, dtype_name(kDtype), shape_);
         s.flops = 2.0 * double(pairs_) * 3.0 * double(m_.hidden) * double(m_.intermediate);
         return s;
     }

@@ -96,20 +96,6 @@ template <typename T> __device__ inline T from_f(float v);
 template <> __device__ inline __half from_f(float v) { return __float2half_rn(v); }
 template <> __device__ inline __nv_bfloat16 from_f(float v) { return __float2bfloat16_rn(v); }
 
-// S[c, i, j] = q_i . k_j, one thread per score (grid: j blocks, i, c).
-template <typename T>
-__global__ void __launch_bounds__(kThreads)
-    naive_scores_kernel(const T* q, const T* k, Chunk ch, int n, int d, float* s) {
-    const int j = blockIdx.x * kThreads + threadIdx.x;
-    const int i = blockIdx.y, c = blockIdx.z;
-    if (j >= n) return;
-    const T* qi = q + ch.q_offset + int64_t(i) * ch.q_row + int64_t(c) * d;
-    const T* kj = k + ch.kv_offset + int64_t(j) * ch.kv_row + int64_t(c) * ch.kv_step;
-    float acc = 0;
-    for (int e = 0; e < d; ++e) acc += to_f(qi[e]) * to_f(kj[e]);
-    s[(int64_t(c) * n + i) * n + j] = acc;
-}
-
 // S = scale S, and -inf where the causal mask hides the key (n queries, n keys: j > i).
 __global__ void __launch_bounds__(kThreads)
     scale_mask_kernel(float* s, int n, float scale, bool causal) {
@@ -154,23 +140,36 @@ __global__ void __launch_bounds__(kThreads)
         p[row * n + j] = from_f<T>(j < visible ? __expf(x[j] * scale - m) * inv : 0.f);
 }
 
-// O[i, c, :] = sum_j P[c, i, j] v_j, one thread per output element (grid: d blocks, i, c).
-template <typename T>
-__global__ void __launch_bounds__(kThreads)
-    naive_pv_kernel(const T* p, const T* v, Chunk ch, int n, int d, T* out) {
-    const int e = blockIdx.x * kThreads + threadIdx.x;
-    const int i = blockIdx.y, c = blockIdx.z;
-    if (e >= d) return;
-    const T* pi = p + (int64_t(c) * n + i) * n;
-    const T* ve = v + ch.kv_offset + int64_t(c) * ch.kv_step + e;
-    float acc = 0;
-    for (int j = 0; j < n; ++j) acc += to_f(pi[j]) * to_f(ve[int64_t(j) * ch.kv_row]);
-    out[ch.q_offset + int64_t(i) * ch.q_row + int64_t(c) * d + e] = from_f<T>(acc);
+// C[c] (rows x cols) = A[c] op(B[c]), float32 sums: A row r at a + r lda (`inner` long,
+// contiguous); kBT: op(B) = B^T, B row s at b + s ldb (scores: A = q, B = k); else op(B) = B,
+// row-major (values: A = P, B = v). Head c of each at + c x_head.
+template <typename Out> __device__ inline Out from_acc(float acc) {
+    if constexpr (std::is_same_v<Out, float>) {
+        return acc;
+    } else {
+        return from_f<Out>(acc);
+    }
 }
 
-// C[c] (rows x cols) = A[c] op(B[c]) with 16 x 16 shared-memory tiles, float32 sums: A row r at
-// a + r lda (`inner` long, contiguous); kBT: op(B) = B^T, B row s at b + s ldb (scores: A = q,
-// B = k); else op(B) = B, row-major (values: A = P, B = v).
+// The naive form: one thread per element of C, the sum in order of k (grid: cols / kThreads
+// blocks, rows, heads).
+template <bool kBT, typename T, typename Out>
+__global__ void __launch_bounds__(kThreads)
+    naive_gemm_kernel(const T* a, int64_t lda, int64_t a_head, const T* b, int64_t ldb,
+                      int64_t b_head, int rows, int cols, int inner, Out* c, int64_t ldc,
+                      int64_t c_head) {
+    const int s = blockIdx.x * kThreads + threadIdx.x;
+    const int r = blockIdx.y, z = blockIdx.z;
+    if (r >= rows || s >= cols) return;
+    const T* ar = a + z * a_head + int64_t(r) * lda;
+    const T* bz = b + z * b_head;
+    float acc = 0;
+    for (int k = 0; k < inner; ++k)
+        acc += to_f(ar[k]) * to_f(kBT ? bz[int64_t(s) * ldb + k] : bz[int64_t(k) * ldb + s]);
+    c[z * c_head + int64_t(r) * ldc + s] = from_acc<Out>(acc);
+}
+
+// The tiled form: 16 x 16 shared-memory tiles.
 template <bool kBT, typename T, typename Out>
 __global__ void __launch_bounds__(kTile * kTile)
     tiled_gemm_kernel(const T* a, int64_t lda, int64_t a_head, const T* b, int64_t ldb,
@@ -196,13 +195,7 @@ __global__ void __launch_bounds__(kTile * kTile)
         for (int kk = 0; kk < kTile; ++kk) acc += as[ty][kk] * (kBT ? bs[tx][kk] : bs[kk][tx]);
         __syncthreads();
     }
-    if (r < rows && s < cols) {
-        if constexpr (std::is_same_v<Out, float>) {
-            c[z * c_head + int64_t(r) * ldc + s] = acc;
-        } else {
-            c[z * c_head + int64_t(r) * ldc + s] = from_f<Out>(acc);
-        }
-    }
+    if (r < rows && s < cols) c[z * c_head + int64_t(r) * ldc + s] = from_acc<Out>(acc);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -460,26 +453,31 @@ class Problem {
                                          unsigned(ch.count));
                     const dim3 tiles(unsigned((n + kTile - 1) / kTile),
                                      unsigned((n + kTile - 1) / kTile), unsigned(ch.count));
-                    if (tiled) {
-                        tiled_gemm_kernel<true, T, float><<<tiles, kTile * kTile, 0, stream>>>(
+                    // S[c] = q k^T, then P[c] = softmax(S[c]), O[c] = P[c] v.
+                    const auto scores = [&](auto kernel, dim3 grid, int threads) {
+                        kernel<<<grid, threads, 0, stream>>>(
                             q + ch.q_offset, ch.q_row, d, k + ch.kv_offset, ch.kv_row, ch.kv_step,
                             n, n, d, s, n, int64_t(n) * n);
-                    } else {
-                        naive_scores_kernel<T><<<per_score, kThreads, 0, stream>>>(q, k, ch, n, d, s);
-                    }
+                    };
+                    const auto values = [&](auto kernel, dim3 grid, int threads) {
+                        kernel<<<grid, threads, 0, stream>>>(
+                            p, n, int64_t(n) * n, v + ch.kv_offset, ch.kv_row, ch.kv_step, n, d, n,
+                            o + ch.q_offset, ch.q_row, d);
+                    };
+                    if (tiled) scores(tiled_gemm_kernel<true, T, float>, tiles, kTile * kTile);
+                    else scores(naive_gemm_kernel<true, T, float>, per_score, kThreads);
                     scale_mask_kernel<<<per_score, kThreads, 0, stream>>>(s, n, scale(), s_.causal);
                     masked_softmax_kernel<T><<<dim3(unsigned(n), unsigned(ch.count)), kThreads,
                                                0, stream>>>(s, n, 1.f, false, p);
                     if (tiled) {
                         const dim3 out_tiles(unsigned((d + kTile - 1) / kTile),
                                              unsigned((n + kTile - 1) / kTile), unsigned(ch.count));
-                        tiled_gemm_kernel<false, T, T><<<out_tiles, kTile * kTile, 0, stream>>>(
-                            p, n, int64_t(n) * n, v + ch.kv_offset, ch.kv_row, ch.kv_step, n, d, n,
-                            o + ch.q_offset, ch.q_row, d);
+                        values(tiled_gemm_kernel<false, T, T>, out_tiles, kTile * kTile);
                     } else {
-                        naive_pv_kernel<T><<<dim3(unsigned((d + kThreads - 1) / kThreads),
-                                                  unsigned(n), unsigned(ch.count)),
-                                             kThreads, 0, stream>>>(p, v, ch, n, d, o);
+                        values(naive_gemm_kernel<false, T, T>,
+                               dim3(unsigned((d + kThreads - 1) / kThreads), unsigned(n),
+                                    unsigned(ch.count)),
+                               kThreads);
                     }
                 }
             });

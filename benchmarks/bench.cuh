@@ -303,6 +303,38 @@ inline void fill_random_bytes(void* out, int64_t bytes, uint64_t seed, cudaStrea
     fill_uniform(out, CK_DTYPE_UINT8, bytes, seed, -0.49f, 255.49f, stream);
 }
 
+// Copies an fp16 or bf16 buffer to the host as float (exact), after the stream's work.
+inline std::vector<float> download_as_float(const DeviceBuffer& buf, ck_dtype_t dtype,
+                                            cudaStream_t stream) {
+    std::vector<uint16_t> bits(buf.bytes() / sizeof(uint16_t));
+    CK_BENCH_CHECK(cudaMemcpyAsync(bits.data(), buf.as(), buf.bytes(), cudaMemcpyDeviceToHost,
+                                   stream));
+    CK_BENCH_CHECK(cudaStreamSynchronize(stream));
+    std::vector<float> values(bits.size());
+    for (size_t i = 0; i < bits.size(); ++i) {
+        if (dtype == CK_DTYPE_BF16) {
+            const uint32_t w = uint32_t(bits[i]) << 16;
+            std::memcpy(&values[i], &w, sizeof(float));
+        } else {
+            values[i] = __half2float(__half_raw{bits[i]});
+        }
+    }
+    return values;
+}
+
+// ||a - ref|| / ||ref|| in float64 (||a - ref|| when ref is all zeros; nan when a has non-finite
+// values): how far a baseline's output is from another's, for a row's note.
+inline double relative_difference(const std::vector<float>& a, const std::vector<float>& ref) {
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+        const double r = double(ref[i]);
+        const double d = double(a[i]) - r;
+        diff += d * d;
+        norm += r * r;
+    }
+    return norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+}
+
 // ------------------------------------------------------------------------------------------------
 // Timing
 // ------------------------------------------------------------------------------------------------
@@ -776,12 +808,17 @@ class Bench {
     }
     Row* run(const RowSpec& spec, const Launch& launch, const TimingConfig& config) {
         if (!wants(spec)) return nullptr;
+        return &record(spec, time(launch, config));
+    }
+
+    // Records a row timed elsewhere (e.g. by time_sequence), with run()'s progress line.
+    Row& record(const RowSpec& spec, const Timing& timing) {
         Row row;
         static_cast<RowSpec&>(row) = spec;
-        row.time = time(launch, config);
+        row.time = timing;
         std::fprintf(stderr, "  %-60s %10.1f us  %7.0f GB/s\n", spec.key().c_str(),
                      row.time.median_us, row.gbps());
-        return &add(std::move(row));
+        return add(std::move(row));
     }
 
     // Records a row timed elsewhere.

@@ -347,13 +347,9 @@ class Problem {
         StepStatus once;
         sequence(once, 0);
         once.require(shape_.c_str());
-        Row row;
-        static_cast<RowSpec&>(row) = spec;
-        row.copies = int(copies_.size());
-        row.time = t;
-        std::fprintf(stderr, "  %-60s %10.1f us  %7.0f GB/s\n", row.key().c_str(),
-                     row.time.median_us, row.gbps());
-        Row& added = bench_.add(std::move(row));
+        RowSpec s = spec;
+        s.copies = int(copies_.size());
+        Row& added = bench_.record(s, t);
         Bench::append_note(added, "||O - ours|| / ||ours|| " +
                                       format("%.2e", relative_difference(download(baseline_out_),
                                                                          reference)));
@@ -362,29 +358,7 @@ class Problem {
     }
 
     std::vector<float> download(const DeviceBuffer& buf) const {
-        CK_BENCH_CHECK(cudaStreamSynchronize(bench_.stream()));
-        const size_t n = buf.bytes() / elem_;
-        std::vector<uint16_t> bits(n);
-        CK_BENCH_CHECK(cudaMemcpy(bits.data(), buf.as(), buf.bytes(), cudaMemcpyDeviceToHost));
-        std::vector<float> values(n);
-        for (size_t i = 0; i < n; ++i) {
-            if (dtype_ == CK_DTYPE_BF16) {
-                const uint32_t w = uint32_t(bits[i]) << 16;
-                std::memcpy(&values[i], &w, sizeof(float));
-            } else {
-                values[i] = __half2float(__half_raw{bits[i]});
-            }
-        }
-        return values;
-    }
-
-    static double relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
-        double num = 0, den = 0;
-        for (size_t i = 0; i < a.size(); ++i) {
-            num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-            den += double(b[i]) * b[i];
-        }
-        return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+        return download_as_float(buf, dtype_, bench_.stream());
     }
 
     cudaDataType_t cuda_type() const { return dtype_ == CK_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_16F; }

@@ -400,25 +400,9 @@ struct Summary {
     std::string ours_diff, grouped_diff;  // ||out - naive|| / ||naive||
 };
 
-inline std::vector<__half> download_half(const DeviceBuffer& buf, cudaStream_t stream) {
-    std::vector<__half> host(buf.bytes() / sizeof(__half));
-    CK_BENCH_CHECK(cudaMemcpyAsync(host.data(), buf.as(), buf.bytes(), cudaMemcpyDeviceToHost,
-                                   stream));
-    CK_BENCH_CHECK(cudaStreamSynchronize(stream));
-    return host;
-}
-
-// ||a - ref|| / ||ref|| in float64, as "1.2e-03" ("nan" when a has non-finite values).
-inline std::string relative_difference(const std::vector<__half>& a,
-                                       const std::vector<__half>& ref) {
-    double diff = 0, norm = 0;
-    for (size_t i = 0; i < ref.size(); ++i) {
-        const double r = double(__half2float(ref[i]));
-        const double d = double(__half2float(a[i])) - r;
-        diff += d * d;
-        norm += r * r;
-    }
-    return format("%.1e", norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff));
+// ||a - ref|| / ||ref|| of two fp16 outputs, as "1.2e-03" ("nan" when a has non-finite values).
+inline std::string difference_note(const std::vector<float>& a, const std::vector<float>& ref) {
+    return format("%.1e", relative_difference(a, ref));
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -454,7 +438,8 @@ class Problem {
         std::string naive_how;
         const Timing naive_time = time_sequence(naive_sequence(), &naive_how);
         summary.naive_us = naive_time.median_us;
-        const std::vector<__half> reference = download_half(out_naive_, bench_.stream());
+        const std::vector<float> reference =
+            download_as_float(out_naive_, kDtype, bench_.stream());
 
         Row* ours_row = bench_.wants(ours) ? time_ours(ours, naive_time, reference, &summary)
                                            : nullptr;
@@ -717,21 +702,18 @@ class Problem {
 
     // Records a row timed by time_sequence (Bench::run's bookkeeping and progress line).
     Row& record(const RowSpec& s, const Timing& timing, double bytes) {
-        Row row;
-        static_cast<RowSpec&>(row) = s;
-        row.bytes = bytes;
-        row.copies = copies_;
-        row.time = timing;
-        std::fprintf(stderr, "  %-60s %10.1f us  %7.0f GB/s\n", row.key().c_str(),
-                     row.time.median_us, row.gbps());
-        return bench_.add(std::move(row));
+        RowSpec spec = s;
+        spec.bytes = bytes;
+        spec.copies = copies_;
+        return bench_.record(spec, timing);
     }
 
     Row* time_ours(const RowSpec& s, const Timing& naive_time,
-                   const std::vector<__half>& reference, Summary* summary) {
+                   const std::vector<float>& reference, Summary* summary) {
         std::string how;
         const Timing t = time_sequence(ours_sequence(), &how);
-        summary->ours_diff = relative_difference(download_half(out_, bench_.stream()), reference);
+        summary->ours_diff =
+            difference_note(download_as_float(out_, kDtype, bench_.stream()), reference);
         Row& row = record(s, t, ours_bytes());
         Bench::set_baseline(row, "naive fp16", naive_time);
         Bench::append_note(row, "E=" + std::to_string(m_.experts) + " top-" +
@@ -745,7 +727,7 @@ class Problem {
         return &row;
     }
 
-    const Row* time_grouped(const RowSpec& s, const std::vector<__half>& reference,
+    const Row* time_grouped(const RowSpec& s, const std::vector<float>& reference,
                             Summary* summary) {
 #if CK_BENCH_HAVE_GROUPED_GEMM
         // A cuBLAS that cannot run this call (e.g. no fp16 support in its grouped GEMM) skips
@@ -763,7 +745,7 @@ class Problem {
         std::string how;
         const Timing t = time_sequence(grouped_sequence(), &how);
         summary->grouped_diff =
-            relative_difference(download_half(out_grouped_, bench_.stream()), reference);
+            difference_note(download_as_float(out_grouped_, kDtype, bench_.stream()), reference);
         Row& row = record(s, t, fp16_bytes());
         Bench::append_note(row, "||out - naive|| / ||naive|| " + summary->grouped_diff);
         Bench::append_note(row, how);

@@ -287,7 +287,7 @@ using SmallHiNarrow = SmallMConfig<2, 1, 8>;  // m > 8: 16 columns, 8 warps on K
 constexpr int64_t kMinBlocksPerSm = 2;
 
 // ---------------------------------------------------------------------------------------------
-// Prepack (ck_w4a16_prepack): interchange -> prepacked layout (kernels/w4a16_fragment.cuh).
+// Prepack (ck_w4a16_prepack): interchange -> prepacked layout (gemm/w4a16_prepacked.cuh).
 // One thread per 16-byte output vector (a row's 32-k slice): it reads the slice's 16 bytes from
 // the interchange row (when inside the matrix), permutes each word's nibbles and makes the codes
 // unsigned; padding rows and slices at k >= K get code 8. A second kernel, one thread per

@@ -8,7 +8,7 @@
 // u is the unsigned 4-bit code (symmetric codes are stored biased by 8, with zero point 8).
 // Rows and columns outside [m, n) are never written.
 //
-// Layout (ck_w4a16_prepack, kernels/w4a16_fragment.cuh): the weight is 512-byte tiles of
+// Layout (ck_w4a16_prepack, gemm/w4a16_prepacked.cuh): the weight is 512-byte tiles of
 // 8 rows x 128 k, tile (i, c) at (i * chunks + c) * 512; lane l = 4g + s of a warp reads the
 // 16 bytes at l * 16 (row g, k slice 32s .. 32s + 31 of the chunk). Rows are padded to a multiple
 // of 8 and k to a multiple of 128 with the zero point, so every chunk < prepacked_chunks(k) of

@@ -9,7 +9,7 @@
 //
 // Layout: x [M, K] dtype row-major (16-byte aligned, K % 32 == 0); bias [N] dtype or nullptr;
 // out [M, N] dtype (2-byte aligned only; rows and columns outside [M, N) are never written).
-// The weight is prepacked (kernels/w4a16_fragment.cuh): 512-byte tiles of 8 rows x 128 k, tile
+// The weight is prepacked (gemm/w4a16_prepacked.cuh): 512-byte tiles of 8 rows x 128 k, tile
 // (i, c) at (i * chunks + c) * 512; lane l = 4g + s of a warp owns the 16 bytes at l * 16: row
 // g, k slice 32s .. 32s + 31, as four words, and the INT4 dequantizer (Dequant<Int4Zp>) turns word i into the pairs that
 // match x's 32-bit words 4i .. 4i + 3 of the same slice. Rows are padded to a multiple of 8 and

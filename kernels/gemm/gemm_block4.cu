@@ -15,8 +15,9 @@
 // [ceil(n / 8)][k / G][8]. Padding: rows >= n hold a zero code (NF4 7, E2M1 0) and a zero unit,
 // k >= K (to the 128 of a tile) a zero code: they dequantize to +-0.
 //
-// The prepack is a permutation of bytes (one thread per 16-byte vector of 32 codes, one per
-// unit): a few operations per byte, bytes / copy bandwidth. The reference kernel is
+// The prepack is a permutation of bytes (the codes by gemm_w4a16.cu's prepack_codes, one thread
+// per 16-byte vector of 32 codes; the scales here, one thread per unit): a few operations per
+// byte, bytes / copy bandwidth. The reference kernel is
 // gemm_w4a16.cu's: 64x64 output tiles, the dequantized weight (rounded to dtype) and x staged as
 // float in shared memory, float FMAs; simple, for M > 16 until a tensor-core path serves the
 // block formats, and obviously right.
@@ -33,39 +34,6 @@ namespace {
 // ---------------------------------------------------------------------------------------------
 // The zero code of a format's padding: NF4's value 0.0 is code 7; E2M1's +0 is code 0.
 constexpr uint32_t kNf4ZeroWord = 0x77777777u, kE2m1ZeroWord = 0u;
-
-// One native 4-byte word (8 consecutive k of a row, two per byte) -> the prepacked word (nibble
-// e holds k prepacked_nibble_k(e)). kHighFirst: element 2i in the high nibble (NF4).
-template <bool kHighFirst> __device__ __forceinline__ uint32_t prepack_word(uint32_t w) {
-    uint32_t out = 0;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-        const int k = prepacked_nibble_k(e);
-        const int src = kHighFirst ? k ^ 1 : k;
-        out |= ((w >> (4 * src)) & 0xfu) << (4 * e);
-    }
-    return out;
-}
-
-template <bool kHighFirst>
-__global__ void block4_prepack_codes_kernel(const uint8_t* __restrict__ packed, int64_t n, int64_t k,
-                                            uint8_t* __restrict__ w_out) {
-    const int64_t chunks = prepacked_chunks(k);
-    const int64_t slices = chunks * (kPackK / kPackSliceK);  // per padded row
-    const int64_t vectors = prepacked_rows(n) * slices;
-    const uint32_t zero = kHighFirst ? kNf4ZeroWord : kE2m1ZeroWord;
-    for (int64_t v = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; v < vectors;
-         v += int64_t(gridDim.x) * blockDim.x) {
-        const int64_t row = v / slices, k0 = (v % slices) * kPackSliceK;
-        uint4 out = make_uint4(zero, zero, zero, zero);
-        if (row < n && k0 < k) {
-            const uint4 in = *reinterpret_cast<const uint4*>(packed + row * (k / 2) + k0 / 2);
-            out = make_uint4(prepack_word<kHighFirst>(in.x), prepack_word<kHighFirst>(in.y),
-                             prepack_word<kHighFirst>(in.z), prepack_word<kHighFirst>(in.w));
-        }
-        *reinterpret_cast<uint4*>(w_out + prepacked_vector_offset(row, k0, chunks)) = out;
-    }
-}
 
 // Units: NF4 the float32 absmax of block j; MXFP4 the E8M0 byte of block j; NVFP4 the E4M3 bytes
 // of blocks 2j (low byte) and 2j + 1. Padding rows get 0.
@@ -88,8 +56,6 @@ __global__ void block4_prepack_scales_kernel(const Unit* __restrict__ in_units, 
         out[prepacked_group_index(row, j, units)] = u;
     }
 }
-
-constexpr int kPrepackThreads = 256;
 
 // ---------------------------------------------------------------------------------------------
 // Reference kernel (w4a16_reference.cuh's tiling, as gemm_w4a16.cu's): a loader's word of 8
@@ -134,26 +100,17 @@ cudaError_t launch_reference(const GemmW4A16Args& a, cudaStream_t stream) {
     });
 }
 
-// A grid-stride launch over `items`: enough blocks to fill the GPU, never more than items need.
-unsigned prepack_blocks(int64_t items) {
-    const int64_t per_gpu = int64_t(std::max(sm_count(), 1)) * 8;
-    return unsigned(std::max<int64_t>(1, std::min(ceil_div(items, kPrepackThreads), per_gpu)));
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
 // Launchers (arguments validated by cuda_kernels.cu)
 // ---------------------------------------------------------------------------------------------
 cudaError_t block4_prepack(const Block4PrepackArgs& a, cudaStream_t stream) {
-    const int64_t vectors = prepacked_rows(a.n) * prepacked_chunks(a.k) * (kPackK / kPackSliceK);
-    if (a.format == CK_BLOCK4_NF4)
-        block4_prepack_codes_kernel<true><<<prepack_blocks(vectors), kPrepackThreads, 0, stream>>>(
-            a.packed, a.n, a.k, a.w_out);
-    else
-        block4_prepack_codes_kernel<false><<<prepack_blocks(vectors), kPrepackThreads, 0, stream>>>(
-            a.packed, a.n, a.k, a.w_out);
-    cudaError_t err = cudaGetLastError();
+    const bool nf4 = a.format == CK_BLOCK4_NF4;  // bitsandbytes: element 2i in the high nibble
+    const cudaError_t err = prepack_codes(
+        {a.packed, a.n, a.k, /*interleave=*/0, /*flip=*/0u, nf4 ? kNf4ZeroWord : kE2m1ZeroWord,
+         /*high_first=*/nf4, a.w_out},
+        stream);
     if (err != cudaSuccess) return err;
 
     const int64_t units = a.k / block4_unit_group(a.format, a.blocksize);

@@ -288,14 +288,13 @@ constexpr int64_t kMinBlocksPerSm = 2;
 
 // ---------------------------------------------------------------------------------------------
 // Prepack (ck_w4a16_prepack): interchange -> prepacked layout (gemm/w4a16_prepacked.cuh).
-// One thread per 16-byte output vector (a row's 32-k slice): it reads the slice's 16 bytes from
-// the interchange row (when inside the matrix), permutes each word's nibbles and makes the codes
-// unsigned; padding rows and slices at k >= K get code 8. A second kernel, one thread per
+// prepack_codes (also the block formats' codes): one thread per 16-byte output vector (a row's
+// 32-k slice) reads the slice's 16 bytes from the source row (when inside the matrix) and
+// permutes each word's nibbles; the INT4 prepack makes the codes unsigned (flip) and pads rows
+// and slices at k >= K with code 8. A second kernel, one thread per
 // prepacked scale, copies scales (0 for padding rows) and zeros (8 for padding rows).
 // Run once per weight: simple beats fast here.
 // ---------------------------------------------------------------------------------------------
-constexpr int kPrepackThreads = 256;
-
 // The interchange row that prepacked row `row` takes: itself, or with interleave = n / 2 (the
 // MoE gate+up weight) tile 2i = rows 8i .. 8i + 7 of the first half, tile 2i + 1 the same rows
 // of the second half.
@@ -305,33 +304,36 @@ __device__ __forceinline__ int64_t prepack_source_row(int64_t row, int64_t inter
     return (tile % 2) * interleave + (tile / 2) * kPackRows + row % kPackRows;
 }
 
-// Word of 8 codes (k = nibble) -> prepacked word (nibble e holds k prepacked_nibble_k(e)).
-__device__ __forceinline__ uint32_t prepack_word(uint32_t w) {
+// Word of 8 codes -> prepacked word (nibble e holds k prepacked_nibble_k(e)). The source holds
+// k in nibble k, or (kHighFirst) in nibble k ^ 1: element 2i in the high nibble of byte i.
+template <bool kHighFirst> __device__ __forceinline__ uint32_t prepack_word(uint32_t w) {
     uint32_t r = 0;
 #pragma unroll
-    for (int e = 0; e < 8; ++e) r |= ((w >> (4 * prepacked_nibble_k(e))) & 0xFu) << (4 * e);
+    for (int e = 0; e < 8; ++e) {
+        const int k = prepacked_nibble_k(e);
+        r |= ((w >> (4 * (kHighFirst ? k ^ 1 : k))) & 0xFu) << (4 * e);
+    }
     return r;
 }
 
-__global__ void __launch_bounds__(kPrepackThreads)
-w4a16_prepack_weight_kernel(const uint8_t* __restrict__ w, bool symmetric, int64_t n, int64_t k,
-                            int64_t interleave, uint8_t* __restrict__ w_out) {
-    const int64_t chunks = prepacked_chunks(k);
+template <bool kHighFirst>
+__global__ void __launch_bounds__(kPrepackThreads) prepack_codes_kernel(const PrepackCodesArgs a) {
+    const int64_t chunks = prepacked_chunks(a.k);
     const int64_t slices = chunks * (kPackK / kPackSliceK);
-    const int64_t vectors = prepacked_rows(n) * slices;
-    const uint32_t pad = 0x88888888u;  // code 8 everywhere
+    const int64_t vectors = prepacked_rows(a.n) * slices;
     for (int64_t v = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; v < vectors;
          v += int64_t(gridDim.x) * blockDim.x) {
         const int64_t row = v / slices, k0 = v % slices * kPackSliceK;
-        uint4 out = make_uint4(pad, pad, pad, pad);
-        if (row < n && k0 < k) {  // k % 32 == 0: a slice is all inside or all padding
-            const int64_t src = prepack_source_row(row, interleave);
-            const uint4 in = *reinterpret_cast<const uint4*>(w + src * (k / 2) + k0 / 2);
-            const uint32_t flip = symmetric ? 0x88888888u : 0u;  // two's complement q -> q + 8
-            out = make_uint4(prepack_word(in.x ^ flip), prepack_word(in.y ^ flip),
-                             prepack_word(in.z ^ flip), prepack_word(in.w ^ flip));
+        uint4 out = make_uint4(a.pad, a.pad, a.pad, a.pad);
+        if (row < a.n && k0 < a.k) {  // k % 32 == 0: a slice is all inside or all padding
+            const int64_t src = prepack_source_row(row, a.interleave);
+            const uint4 in = *reinterpret_cast<const uint4*>(a.w + src * (a.k / 2) + k0 / 2);
+            out = make_uint4(prepack_word<kHighFirst>(in.x ^ a.flip),
+                             prepack_word<kHighFirst>(in.y ^ a.flip),
+                             prepack_word<kHighFirst>(in.z ^ a.flip),
+                             prepack_word<kHighFirst>(in.w ^ a.flip));
         }
-        *reinterpret_cast<uint4*>(w_out + prepacked_vector_offset(row, k0, chunks)) = out;
+        *reinterpret_cast<uint4*>(a.w_out + prepacked_vector_offset(row, k0, chunks)) = out;
     }
 }
 
@@ -388,16 +390,23 @@ cudaError_t gemm_w4a16_small_m(const GemmW4A16Args& args, cudaStream_t stream) {
     });
 }
 
-cudaError_t w4a16_prepack(const W4A16PrepackArgs& args, cudaStream_t stream) {
-    // Grid-stride loops: a few waves of blocks cover any size.
-    const int64_t max_blocks = 8 * std::max(sm_count(), 1);
+cudaError_t prepack_codes(const PrepackCodesArgs& args, cudaStream_t stream) {
     const int64_t vectors = prepacked_rows(args.n) * prepacked_chunks(args.k) * (kPackK / kPackSliceK);
-    w4a16_prepack_weight_kernel<<<unsigned(std::min(ceil_div(vectors, kPrepackThreads), max_blocks)),
-                                  kPrepackThreads, 0, stream>>>(args.w, args.zeros == nullptr,
-                                                                args.n, args.k, args.interleave,
-                                                                args.w_out);
-    const int64_t values = prepacked_rows(args.n) * args.groups;
-    const unsigned blocks = unsigned(std::min(ceil_div(values, kPrepackThreads), max_blocks));
+    if (args.high_first)
+        prepack_codes_kernel<true><<<prepack_blocks(vectors), kPrepackThreads, 0, stream>>>(args);
+    else
+        prepack_codes_kernel<false><<<prepack_blocks(vectors), kPrepackThreads, 0, stream>>>(args);
+    return cudaGetLastError();
+}
+
+cudaError_t w4a16_prepack(const W4A16PrepackArgs& args, cudaStream_t stream) {
+    const uint32_t code8 = 0x88888888u;  // code 8 everywhere: the padding; the symmetric flip
+    const cudaError_t err = prepack_codes(
+        {args.w, args.n, args.k, args.interleave, args.zeros == nullptr ? code8 : 0u, code8,
+         /*high_first=*/false, args.w_out},
+        stream);
+    if (err != cudaSuccess) return err;
+    const unsigned blocks = prepack_blocks(prepacked_rows(args.n) * args.groups);
     return dispatch_half_dtype(args.dtype, [&](auto tag) {
         using T = decltype(tag);
         w4a16_prepack_groups_kernel<T><<<blocks, kPrepackThreads, 0, stream>>>(

@@ -124,4 +124,26 @@ struct W4A16PrepackArgs {
 };
 cudaError_t w4a16_prepack(const W4A16PrepackArgs& args, cudaStream_t stream);
 
+// The codes half of a prepack, shared by the INT4 and block-format prepacks: w [n, k / 2] (k %
+// 32 == 0), two codes per byte -> the prepacked tiles of w_out (w4a16_prepacked_bytes(n, k)).
+// Each code is XOR-ed with the nibbles of `flip` (0x88888888 turns two's complement q into
+// q + 8); padding rows and k get the word `pad`; high_first: element 2i sits in the high nibble
+// of byte i (bitsandbytes' NF4), else in the low one; interleave as in W4A16PrepackArgs.
+struct PrepackCodesArgs {
+    const uint8_t* w;
+    int64_t n, k, interleave;
+    uint32_t flip, pad;
+    bool high_first;
+    uint8_t* w_out;
+};
+cudaError_t prepack_codes(const PrepackCodesArgs& args, cudaStream_t stream);
+
+// The grid of the prepack kernels' grid-stride loops over `items`: enough blocks of
+// kPrepackThreads to fill the GPU, never more than the items need.
+constexpr int kPrepackThreads = 256;
+inline unsigned prepack_blocks(int64_t items) {
+    const int64_t per_gpu = int64_t(std::max(sm_count(), 1)) * 8;
+    return unsigned(std::max<int64_t>(1, std::min(ceil_div(items, int64_t(kPrepackThreads)), per_gpu)));
+}
+
 }  // namespace ck

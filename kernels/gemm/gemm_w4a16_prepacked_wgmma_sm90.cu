@@ -149,14 +149,14 @@ static_assert(kSmemBytes <= 227 * 1024, "one CTA per SM");
 // ---------------------------------------------------------------------------------------------
 
 // The group layout of a call, from the one encoding (group_shift): step groups per 128-k chunk (4,
-// 2, 1 for groups of 32, 64, 128; 0 when a row is one group), units scale units a chunk uses,
-// and slice s's unit s >> slice_shift.
+// 2, 1 for groups of 32, 64, 128; 0 when a row is one group), and slice s's unit
+// s >> slice_shift.
 struct WgmmaGroups {
-    int step, units, slice_shift;
+    int step, slice_shift;
 };
 inline WgmmaGroups wgmma_groups(int group_shift) {
-    if (group_shift > 7) return {0, 1, 2};  // one group per row: every chunk reads group 0
-    return {kPackK >> group_shift, kPackK >> group_shift, group_shift - 5};
+    if (group_shift > 7) return {0, 2};  // one group per row: every chunk reads group 0
+    return {kPackK >> group_shift, group_shift - 5};
 }
 
 // Byte offset, in a weight stage, of the 16-byte vector (tile T, row g, slice s), swizzled as TMA

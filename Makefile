@@ -13,7 +13,8 @@
 #   make clean
 #
 # Variables: ARCHS (SM versions, default "75 80 86 89 90"), CUDA_HOME, PYTHON, PREFIX,
-# FUZZ_EXAMPLES, FUZZ_SHAPES and FUZZ_JOBS (make fuzz), PLOT_RESULTS and PLOT_PYTHON (make plots).
+# SANITIZE_TOOLS, SANITIZE_TESTS and SANITIZE_JOBS (make sanitize), FUZZ_EXAMPLES, FUZZ_SHAPES and
+# FUZZ_JOBS (make fuzz), PLOT_RESULTS and PLOT_PYTHON (make plots).
 #
 # Every core builds at once unless the command line says -j; a make run by another make keeps
 # its parent's job server, and `make clean ...` stays serial so that clean ends before the rest.
@@ -112,13 +113,26 @@ SANITIZER ?= $(CUDA_HOME)/bin/compute-sanitizer
 # Tests marked `cublas` run cuBLASLt's own kernels: racecheck reports shared-memory hazards inside
 # them (nvjet_sm90_*) and initcheck cannot see their bulk (TMA) stores, so those two tools check
 # the library's kernels only.
+# make sanitize: each tool over the GPU tests (SANITIZE_TESTS), split into SANITIZE_JOBS processes
+# by CK_TEST_SHARD (the sanitizers are CPU-bound; one GPU serves them all), each logging to
+# build/sanitize/<tool>-<i>.log. racecheck and initcheck leave out the cuBLAS tests (cuBLAS's own
+# kernels are not ours to check); every tool leaves out the tests that fail a CUDA call on purpose.
+SANITIZE_TOOLS ?= memcheck racecheck initcheck
+SANITIZE_TESTS ?= tests
+SANITIZE_JOBS  ?= $(CORES)
 sanitize: $(LIB) $(PYDEPS)
-	@for tool in memcheck racecheck initcheck; do \
+	@mkdir -p $(BUILD)/sanitize
+	@for tool in $(SANITIZE_TOOLS); do \
 	  markers="gpu and not cuda_api_error"; \
 	  if [ $$tool != memcheck ]; then markers="$$markers and not cublas"; fi; \
-	  echo "== compute-sanitizer --tool $$tool ($$markers)"; \
-	  CK_SANITIZE=1 $(SANITIZER) --tool $$tool --error-exitcode 1 --target-processes all \
-	    $(PYTHON) -m pytest tests -q -m "$$markers" -x -p no:cacheprovider || exit 1; \
+	  echo "== compute-sanitizer --tool $$tool ($$markers; $(SANITIZE_JOBS) processes)"; \
+	  seq 0 $$(($(SANITIZE_JOBS) - 1)) | xargs -P $(SANITIZE_JOBS) -I{} sh -c '\
+	    log=$(BUILD)/sanitize/'$$tool'-{}.log; \
+	    CK_SANITIZE=1 CK_TEST_SHARD={}/$(SANITIZE_JOBS) $(SANITIZER) --tool '$$tool' \
+	      --error-exitcode 1 --target-processes all $(PYTHON) -m pytest $(SANITIZE_TESTS) -q \
+	      -m "'"$$markers"'" -p no:cacheprovider > $$log 2>&1; rc=$$?; \
+	    if [ $$rc = 0 ] || [ $$rc = 5 ]; then echo "'$$tool' {}: $$(tail -n 1 $$log)"; \
+	    else echo "'$$tool' {}: FAILED, see $$log"; exit 1; fi' || exit 1; \
 	done
 
 # The long robustness runs (make test runs the same tests with small budgets): the ABI fuzzer

@@ -1,6 +1,7 @@
 """Shared pytest setup: the repo root on sys.path (pytest puts tests/ there itself), the markers,
-a seed per test, and the one skip of GPU tests: a test marked `gpu` (a GPU test file says
-`pytestmark = pytest.mark.gpu`) is skipped, with the reason, where has_gpu() is false."""
+a seed per test, the CK_TEST_SHARD split of a run, and the one skip of GPU tests: a test marked
+`gpu` (a GPU test file says `pytestmark = pytest.mark.gpu`) is skipped, with the reason, where
+has_gpu() is false."""
 import functools
 import os
 import sys
@@ -33,6 +34,14 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    shard = os.environ.get("CK_TEST_SHARD")
+    if shard:
+        # CK_TEST_SHARD=i/n keeps every n-th collected test from the i-th (0 <= i < n): n
+        # processes split a long run (make sanitize's racecheck) evenly, every case in one.
+        index, count = (int(part) for part in shard.split("/"))
+        if not 0 <= index < count:
+            raise pytest.UsageError(f"CK_TEST_SHARD={shard}: want i/n with 0 <= i < n")
+        items[:] = items[index::count]
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if gpu_items and not has_gpu():
         skip = pytest.mark.skip(reason="needs a CUDA device (none visible, or the library "
@@ -52,7 +61,7 @@ def seed(request):
 
 # The library reads these on every call to force a kernel variant (cuda_kernels.h).
 KERNEL_OVERRIDES = ("CK_GEMM_INT8_KERNEL", "CK_GEMM_INT4_KERNEL", "CK_GEMM_W4A16_KERNEL",
-                    "CK_MOE_KERNEL")
+                    "CK_GEMM_BLOCK4_KERNEL", "CK_MOE_KERNEL")
 
 
 @pytest.fixture(autouse=True)

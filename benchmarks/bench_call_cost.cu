@@ -159,7 +159,9 @@ int main(int argc, char** argv) {
         {"cudaGetDevice", nullptr, [&] { int d; cudaGetDevice(&d); sink = sink + d; }},
         {"cudaGetLastError", nullptr, [&] { sink = sink + int(cudaGetLastError()); }},
         {"cudaDeviceGetAttribute (SM count)", nullptr, [&] {
-             int v; cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, 0); sink = sink + v; }},
+             int v;
+             cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, 0);
+             sink = sink + v; }},
         {"cudaFuncSetAttribute (dynamic smem)", nullptr, [&] {
              sink = sink + int(cudaFuncSetAttribute(
                  empty_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024)); }},

@@ -5,6 +5,8 @@
 #   make bench           a first look: representative rows of every family beside cuBLAS and
 #                        the roofline (ck_bench --sample) -> benchmarks/results/<gpu>-sample.*
 #   make bench-full      the whole sweep, every family at every shape -> benchmarks/results/
+#   make bench-call-cost the host time of one call: CUDA runtime calls, an empty launch and three
+#                        entry points at M=1 (build/bench_call_cost; prints a table)
 #   make demo            quantize a weight matrix on the GPU and report the error of each format
 #   make sanitize        GPU tests under compute-sanitizer memcheck, racecheck and initcheck
 #   make fuzz            the long robustness runs: the ABI fuzzer, the GPU shape sweep, memcheck
@@ -59,7 +61,7 @@ HEADERS     := cuda_kernels.h $(wildcard kernels/*/*.cuh)
 # otherwise a private virtual environment built from requirements.txt.
 PYTHON ?= $(shell python3 -c 'import numpy, pytest, hypothesis' >/dev/null 2>&1 && echo python3 || echo .venv/bin/python)
 
-.PHONY: all test bench bench-full demo sanitize fuzz fuzz-memcheck install plots clean FORCE
+.PHONY: all test bench bench-full bench-call-cost demo sanitize fuzz fuzz-memcheck install plots clean FORCE
 all: $(LIB)
 
 $(BUILD)/cuda_kernels.o: cuda_kernels.cu $(HEADERS) | $(BUILD)/kernels
@@ -90,6 +92,10 @@ $(BUILD)/c_smoke: tests/c/smoke.c cuda_kernels.h $(LIB) | $(BUILD)/kernels
 $(BUILD)/ck_bench: benchmarks/bench.cu benchmarks/*.cuh cuda_kernels.h $(LIB) | $(BUILD)/kernels
 	$(NVCC) $(NVCC_ALL) $< -L. -lcuda_kernels -lcublasLt -lcublas -Xlinker -rpath='$$ORIGIN/..' -o $@
 
+# Host-side cost per call (benchmarks/bench_call_cost.cu): links the library like a C++ user.
+$(BUILD)/bench_call_cost: benchmarks/bench_call_cost.cu cuda_kernels.h $(LIB) | $(BUILD)/kernels
+	$(NVCC) $(NVCC_ALL) $< -L. -lcuda_kernels -Xlinker -rpath='$$ORIGIN/..' -o $@
+
 .venv/bin/python: requirements.txt
 	python3 -m venv .venv
 	.venv/bin/python -m pip install --quiet --disable-pip-version-check -r requirements.txt
@@ -105,6 +111,9 @@ bench: $(BUILD)/ck_bench
 
 bench-full: $(BUILD)/ck_bench
 	$(BUILD)/ck_bench --out benchmarks/results
+
+bench-call-cost: $(BUILD)/bench_call_cost
+	$(BUILD)/bench_call_cost
 
 demo: $(LIB) $(PYDEPS)
 	$(PYTHON) benchmarks/demo.py

@@ -1319,8 +1319,12 @@ def _as_dtype_enum(value, name="dtype"):
         return None
     if isinstance(value, DType):
         return value
-    if isinstance(value, str) and value.lower() in _DTYPE_NAMES:
-        return _DTYPE_NAMES[value.lower()]
+    if isinstance(value, str):
+        found = _DTYPE_NAMES.get(value)
+        if found is None:
+            found = _DTYPE_NAMES.get(value.lower())
+        if found is not None:
+            return found
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
         return DType(value)
     try:
@@ -1756,6 +1760,8 @@ def _is_device(obj):
         return kind.on_device(obj)
     if type(obj) is np.ndarray:
         return False
+    if type(obj) is DeviceArray:   # (its interface is a dict built on every read)
+        return True
     try:
         return hasattr(obj, "__cuda_array_interface__")
     except Exception:  # noqa: BLE001 - it has one but will not give it: _cai says why
@@ -2147,6 +2153,130 @@ class _Call:
             dev._free(idle)
 
 
+# ------------------------------------------------------------------------------------------------
+# Framework fast paths: the common call on torch or CuPy arrays without _Call
+# ------------------------------------------------------------------------------------------------
+# A convenience function first tries its fast path where every array is a C-contiguous CUDA
+# array of one framework on the current device, and neither out= nor stream= is given; the
+# path reads each array once, allocates the results from the framework and calls raw.<name>.
+# Anything it does not expect (another kind, dtype or shape, a Python scalar, a second device)
+# makes it return None, and the general path takes the call: the same checks, in the same
+# order, with the same messages. The results are the general path's, bit for bit.
+_INT8 = np.dtype(np.int8)
+_FP32 = np.dtype(np.float32)
+_FLOAT_DTYPES = (DType.FP32, DType.FP16, DType.BF16)
+
+
+def _fast_kind(primary, out, stream):
+    """The kind (torch or CuPy) of a call that may take its fast path, or None."""
+    if out is not None or stream is not None:
+        return None
+    kind = _kind(primary)
+    if kind is None or not kind.on_device(primary):
+        return None
+    return kind
+
+
+def _fast_device(kind, primary):
+    """The device of the call's first array when it is the current device, else None (the
+    general path makes it current for the call)."""
+    index = kind.device_index(primary)
+    return index if kind.current_device() == index else None
+
+
+def _fast_view(kind, obj, index, np_dtype=None):
+    """(ptr, shape, NumPy dtype) of obj when it is a C-contiguous CUDA array of `kind` on device
+    `index` (with NumPy dtype np_dtype, when given), else None."""
+    if _kind(obj) is not kind or not kind.on_device(obj):
+        return None
+    try:
+        view = kind.view(obj, "")
+    except (TypeError, ValueError):
+        return None
+    if (np_dtype is not None and view[2] != np_dtype) or kind.device_index(obj) != index:
+        return None
+    return view
+
+
+def _fast_matrix(shape):
+    """(rows, cols) of a non-empty 1-D or 2-D shape, else None."""
+    if len(shape) == 2:
+        rows, cols = shape
+    elif len(shape) == 1:
+        rows, cols = 1, shape[0]
+    else:
+        return None
+    return (rows, cols) if rows and cols else None
+
+
+def _fast_granularity(size, count):
+    """PER_TENSOR for one scale, PER_ROW for `count` of them (as _scale_granularity), or None."""
+    return PER_TENSOR if size == 1 else PER_ROW if size == count else None
+
+
+def _quantize_int8_fast(kind, x, gran, scales, dtype):
+    """quantize_int8's fast path (see above): x, and static scales when given, of one kind."""
+    index = _fast_device(kind, x)
+    view = _fast_view(kind, x, index) if index is not None else None
+    if view is None:
+        return None
+    ptr, shape, np_dtype = view
+    try:
+        override = _as_dtype_enum(dtype, "x dtype") if dtype is not None else None
+        x_dtype = _ck_dtype(x, np_dtype, override, "x")
+    except (TypeError, ValueError):
+        return None
+    matrix = _fast_matrix(shape)
+    if x_dtype not in _FLOAT_DTYPES or matrix is None:
+        return None
+    rows, cols = matrix
+    n_scales = 1 if gran == PER_TENSOR else rows
+    if scales is not None:
+        s_view = _fast_view(kind, scales, index, _FP32)
+        if s_view is None or math.prod(s_view[1]) != n_scales:
+            return None
+    stream = kind.stream(index)
+    q, q_ptr = kind.empty(shape, _INT8, DType.INT8, x)
+    if scales is None:
+        s, s_ptr = kind.empty((n_scales,), _FP32, DType.FP32, x)
+    else:
+        s, s_ptr = scales, s_view[0]
+    raw.quantize_int8(ptr, x_dtype, rows, cols, gran, DYNAMIC if scales is None else STATIC,
+                      s_ptr, q_ptr, stream)
+    return q, s
+
+
+def _gemm_int8_scaled_fast(kind, a, b, scale_a, scale_b, bias, lay, act, ck_out):
+    """gemm_int8_scaled's fast path (see above): a, b, the scales and the bias of one kind."""
+    index = _fast_device(kind, a)
+    if index is None:
+        return None
+    views = [_fast_view(kind, obj, index, dtype) for obj, dtype in (
+        (a, _INT8), (b, _INT8), (scale_a, _FP32), (scale_b, _FP32))]
+    if bias is not None:
+        views.append(_fast_view(kind, bias, index, _NUMPY_OF[ck_out]))
+    if None in views:
+        return None
+    (a_ptr, a_shape, _), (b_ptr, b_shape, _), (sa_ptr, sa_shape, _), (sb_ptr, sb_shape, _) = \
+        views[:4]
+    matrix = _fast_matrix(a_shape)
+    if matrix is None or len(b_shape) != 2:
+        return None
+    m, k = matrix
+    n, k_b = b_shape if lay == LAYOUT_NK else b_shape[::-1]
+    a_gran = _fast_granularity(math.prod(sa_shape), m)
+    b_gran = _fast_granularity(math.prod(sb_shape), n)
+    if k_b != k or n == 0 or a_gran is None or b_gran is None or \
+            (bias is not None and math.prod(views[4][1]) != n):
+        return None
+    stream = kind.stream(index)
+    out, out_ptr = kind.empty((n,) if len(a_shape) == 1 else (m, n), _NUMPY_OF[ck_out], ck_out,
+                              a)
+    raw.gemm_int8_scaled(a_ptr, b_ptr, lay, m, n, k, sa_ptr, a_gran, sb_ptr, b_gran,
+                         views[4][0] if bias is not None else 0, act, out_ptr, ck_out, stream)
+    return out
+
+
 def _granularity(value, scales_size=None, rows=None):
     if value is None:   # inferred from the number of scales
         if scales_size == 1:
@@ -2155,18 +2285,26 @@ def _granularity(value, scales_size=None, rows=None):
             return PER_ROW
         raise ValueError("scales has %s values: 1 (per tensor) or rows=%s (per row) expected"
                          % (scales_size, rows))
-    return _named_enum(value, "granularity", "'tensor' or 'row'",
-                       {"tensor": PER_TENSOR, "per_tensor": PER_TENSOR, "row": PER_ROW,
-                        "per_row": PER_ROW})
+    return _named_enum(value, "granularity", "'tensor' or 'row'", _GRANULARITIES)
+
+
+# The names of the enum arguments (made once: these are parsed on every call).
+_GRANULARITIES = {"tensor": PER_TENSOR, "per_tensor": PER_TENSOR, "row": PER_ROW,
+                  "per_row": PER_ROW}
+_LAYOUTS = {"nk": LAYOUT_NK, "kn": LAYOUT_KN}
+_ACTIVATIONS = {"none": ACTIVATION_NONE, "relu": ACTIVATION_RELU}
 
 
 def _named_enum(value, what, choices, names):
     """An enum value from one of its `names` (case-insensitive) or the int itself; an unknown
     name raises ValueError saying `what` takes `choices`."""
     if isinstance(value, str):
-        if value.lower() not in names:
+        found = names.get(value)
+        if found is None:
+            found = names.get(value.lower())
+        if found is None:
             raise ValueError("%s=%r: use %s" % (what, value, choices))
-        return names[value.lower()]
+        return found
     return int(value)
 
 
@@ -2195,6 +2333,11 @@ def quantize_int8(x, granularity="tensor", scales=None, dtype=None, stream=None,
     of shape (1,) or (rows,)).
     """
     gran = _granularity(granularity)
+    kind = _fast_kind(x, out, stream)
+    if kind is not None:
+        result = _quantize_int8_fast(kind, x, gran, scales, dtype)
+        if result is not None:
+            return result
     with _Call(x, stream) as call:
         xa = call.input(x, "x", dtype, matrix=True, need=_FLOAT_INPUT)
         rows, cols = _matrix(xa.shape, "x")
@@ -2428,16 +2571,14 @@ def dequantize_nvfp4(packed, scales, global_scale, cols, out_dtype="fp32", strea
 
 def _layout(value):
     """LAYOUT_NK / LAYOUT_KN from "nk" / "kn" (or the int itself)."""
-    return _named_enum(value, "layout", "'nk' (b is [N, K]) or 'kn' (b is [K, N])",
-                       {"nk": LAYOUT_NK, "kn": LAYOUT_KN})
+    return _named_enum(value, "layout", "'nk' (b is [N, K]) or 'kn' (b is [K, N])", _LAYOUTS)
 
 
 def _activation(value):
     """ACTIVATION_NONE / ACTIVATION_RELU from None, "none" or "relu" (or the int itself)."""
     if value is None:
         return ACTIVATION_NONE
-    return _named_enum(value, "activation", "None, 'none' or 'relu'",
-                       {"none": ACTIVATION_NONE, "relu": ACTIVATION_RELU})
+    return _named_enum(value, "activation", "None, 'none' or 'relu'", _ACTIVATIONS)
 
 
 def _gemm_shape(a, b, layout, a_name="a", b_name="b"):
@@ -2512,6 +2653,11 @@ def gemm_int8_scaled(a, b, scale_a, scale_b, bias=None, activation=None, out_dty
     lay = _layout(layout)
     act = _activation(activation)
     ck_out = _as_dtype_enum(out_dtype, "out_dtype")
+    kind = _fast_kind(a, out, stream)
+    if kind is not None:
+        result = _gemm_int8_scaled_fast(kind, a, b, scale_a, scale_b, bias, lay, act, ck_out)
+        if result is not None:
+            return result
     with _Call(a, stream) as call:
         aa = call.input(a, "a", matrix=True, need=np.int8)
         ba = call.input(b, "b", need=np.int8)

@@ -157,6 +157,47 @@ def test_torch_gemms(torch):
                         ck.permute_columns(x, perm), "permute_columns")
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+def test_torch_common_calls_take_the_fast_path(torch, dtype, monkeypatch):
+    """quantize_int8 and gemm_int8_scaled on torch tensors alone (no Python scalar, out= or
+    stream=) run without a _Call and give the NumPy path's bits."""
+    rng = np.random.default_rng(19)
+    bf16 = dtype == "bf16"
+    x = random_normal(rng, (4, 256), dtype, 3.0)
+    a = rng.integers(-127, 128, (4, 256), dtype=np.int8)
+    b = rng.integers(-127, 128, (64, 256), dtype=np.int8)
+    scale_a = rng.uniform(0.001, 0.01, 4).astype(np.float32)
+    scale_b = rng.uniform(0.001, 0.01, 64).astype(np.float32)
+    bias = random_normal(rng, (64,), dtype)
+    want_q = ck.quantize_int8(x, granularity="row", dtype=dtype_arg(dtype))
+    want_t = ck.quantize_int8(x, dtype=dtype_arg(dtype))
+    want_y = ck.gemm_int8_scaled(a, b, scale_a, scale_b, bias=bias, activation="relu",
+                                 out_dtype=dtype)
+    want_1d = ck.gemm_int8_scaled(a[0], b, scale_a[:1], scale_b, out_dtype=dtype)
+    xt, at, bt = to_torch(torch, x, dtype), to_torch(torch, a), to_torch(torch, b)
+    sat, sbt, biast = (to_torch(torch, scale_a), to_torch(torch, scale_b),
+                       to_torch(torch, bias, dtype))
+
+    class NoCall:
+        def __init__(self, *args):
+            raise AssertionError("the common call must not build a _Call")
+
+    monkeypatch.setattr(ck, "_Call", NoCall)
+    for got, want, what in zip(ck.quantize_int8(xt, granularity="row"), want_q,
+                               ("q per row", "scales per row")):
+        assert_torch_result(torch, got, want, what)
+    for got, want, what in zip(ck.quantize_int8(xt), want_t, ("q", "scale")):
+        assert_torch_result(torch, got, want, what)
+    q_static, s_static = ck.quantize_int8(xt, scales=sat[:1])
+    assert s_static.data_ptr() == sat.data_ptr()
+    assert_torch_result(torch, q_static, ck.quantize_int8(x, scales=scale_a[:1],
+                                                          dtype=dtype_arg(dtype))[0], "static q")
+    got = ck.gemm_int8_scaled(at, bt, sat, sbt, bias=biast, activation="relu", out_dtype=dtype)
+    assert_torch_result(torch, got, want_y, "gemm_int8_scaled", bf16)
+    got = ck.gemm_int8_scaled(at[0], bt, sat[:1], sbt, out_dtype=dtype)
+    assert_torch_result(torch, got, want_1d, "gemm_int8_scaled, 1-D a", bf16)
+
+
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 def test_torch_w4a16(torch, dtype):
     rng = np.random.default_rng(13)

@@ -498,6 +498,83 @@ def test_cupy_bad_inputs_are_refused_before_anything_is_allocated(cupy, launches
     assert cupy.log == [] and not launches
 
 
+# The common calls that take the framework fast path (no _Call): one C-contiguous array per
+# argument, of one kind, on the current device, no out= or stream=.
+def fast_path_calls():
+    x16 = FakeCupyArray((3, 64), np.float16, 0x1000)
+    x32 = FakeCupyArray((64,), np.float32, 0x1800)
+    a = FakeCupyArray((3, 32), np.int8, 0x2000)
+    b = FakeCupyArray((16, 32), np.int8, 0x3000)
+    b_kn = FakeCupyArray((32, 16), np.int8, 0x3800)
+    sa = FakeCupyArray((3,), np.float32, 0x4000)
+    sb = FakeCupyArray((16,), np.float32, 0x5000)
+    s1 = FakeCupyArray((1,), np.float32, 0x6000)
+    bias = FakeCupyArray((16,), np.uint16, 0x7000)
+    return {
+        "quantize per row": lambda: ck.quantize_int8(x16, granularity="row"),
+        "quantize per tensor, 1-D": lambda: ck.quantize_int8(x32),
+        "quantize static": lambda: ck.quantize_int8(x16, scales=s1),
+        "gemm per row": lambda: ck.gemm_int8_scaled(a, b, sa, sb, out_dtype="fp16"),
+        "gemm per tensor, kn, bf16 bias, relu": lambda: ck.gemm_int8_scaled(
+            a, b_kn, s1, s1, bias=bias, activation="relu", out_dtype="bf16", layout="kn"),
+        "gemm 1-D a": lambda: ck.gemm_int8_scaled(FakeCupyArray((32,), np.int8, 0x2000), b, s1,
+                                                  sb),
+    }
+
+
+@pytest.mark.parametrize("name", list(fast_path_calls()))
+def test_cupy_common_calls_take_the_fast_path(cupy, launches, monkeypatch, name):
+    """Without a _Call, the same allocations, launch arguments and results as the general
+    path."""
+    def run():
+        cupy.log.clear()
+        cupy.next_ptr[0] = 0x7E0000000000
+        launches.clear()
+        result = fast_path_calls()[name]()
+        results = result if isinstance(result, tuple) else (result,)
+        return (list(cupy.log), launches[-1],
+                [(r.shape, r.dtype, r.data.ptr) for r in results])
+
+    with monkeypatch.context() as m:
+        m.setattr(ck, "_fast_kind", lambda *args: None)
+        general = run()
+
+    class NoCall:
+        def __init__(self, *args):
+            raise AssertionError("the common call must not build a _Call")
+
+    monkeypatch.setattr(ck, "_Call", NoCall)
+    assert run() == general
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda a, b, s: ck.gemm_int8_scaled(a, FakeCupyArray((16, 48), np.int8, 0x3000), s, s),
+     ValueError, "K=32"),
+    (lambda a, b, s: ck.gemm_int8_scaled(a, b, FakeCupyArray((2,), np.float32, 0x4000), s),
+     ValueError, "scale_a has 2 values"),
+    (lambda a, b, s: ck.gemm_int8_scaled(a, b, FakeCupyArray((1,), np.float64, 0x4000), s),
+     TypeError, "scale_a has dtype float64"),
+    (lambda a, b, s: ck.gemm_int8_scaled(a, b, s, s, bias=FakeCupyArray((16,), np.float32,
+                                                                        0x7000),
+                                         out_dtype="fp16"),
+     TypeError, "bias has dtype float32"),
+    (lambda a, b, s: ck.gemm_int8_scaled(FakeCupyArray((3, 32), np.uint8, 0x2000), b, s, s),
+     TypeError, "a has dtype uint8"),
+    (lambda a, b, s: ck.quantize_int8(FakeCupyArray((3, 32), np.float32, 0x1000), scales=s,
+                                      granularity="row"),
+     ValueError, "scales has 1 values"),
+], ids=["k-mismatch", "scale-count", "scale-dtype", "bias-dtype", "a-dtype", "static-count"])
+def test_cupy_fast_path_leaves_bad_calls_to_the_general_path(cupy, launches, call, error,
+                                                              match):
+    """What the fast path does not take gets the general path's exception, and no launch."""
+    a = FakeCupyArray((3, 32), np.int8, 0x2000)
+    b = FakeCupyArray((16, 32), np.int8, 0x3000)
+    s = FakeCupyArray((1,), np.float32, 0x4000)
+    with pytest.raises(error, match=match):
+        call(a, b, s)
+    assert not launches
+
+
 def test_cupy_out_is_used_in_place(cupy, launches):
     x = FakeCupyArray((2, 64), np.float32, 0x1000)
     q_out = FakeCupyArray((2, 64), np.int8, 0x9000)

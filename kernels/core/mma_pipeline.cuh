@@ -87,11 +87,13 @@ template <class Tile> struct MmaWarpTile {
 };
 
 // Launches kernel(args...) over a 1-D grid of one block per kBM x kBN output tile, with the
-// tile's dynamic shared memory (opting in above 48 KB).
+// tile's dynamic shared memory (opting in above 48 KB, once per device: `opted_in` is a static of
+// the caller for this one kernel, see allow_dynamic_smem_once).
 template <class Tile, class Kernel, class... Args>
-cudaError_t launch_tiles(Kernel kernel, int64_t m, int64_t n, cudaStream_t stream, Args... args) {
+cudaError_t launch_tiles(Kernel kernel, std::atomic<uint64_t>& opted_in, int64_t m, int64_t n,
+                         cudaStream_t stream, Args... args) {
     if (tile_grid(m, n, Tile::kBM, Tile::kBN) == 0) return cudaErrorInvalidConfiguration;
-    const cudaError_t e = allow_dynamic_smem(kernel, Tile::kSmemBytes);
+    const cudaError_t e = allow_dynamic_smem_once(kernel, Tile::kSmemBytes, opted_in);
     if (e != cudaSuccess) return e;
     return launch_tile_grid(kernel, m, n, Tile::kBM, Tile::kBN, Tile::kThreads, Tile::kSmemBytes,
                             stream, args...);

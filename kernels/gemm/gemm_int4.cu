@@ -272,8 +272,9 @@ gemm_int4_mma_kernel(const uint8_t* __restrict__ a, const uint8_t* __restrict__ 
 
 template <class Tile, bool kScaled, typename OutT>
 cudaError_t launch_mma(const IntGemmArgs& g, cudaStream_t stream) {
-    return launch_tiles<Tile>(gemm_int4_mma_kernel<Tile, kScaled, OutT>, g.m, g.n, stream,
-                              g.a_as<uint8_t>(), g.b_as<uint8_t>(), g.k / kKPerByte,
+    static std::atomic<uint64_t> opted_in{0};  // per device, for this one kernel
+    return launch_tiles<Tile>(gemm_int4_mma_kernel<Tile, kScaled, OutT>, opted_in, g.m, g.n,
+                              stream, g.a_as<uint8_t>(), g.b_as<uint8_t>(), g.k / kKPerByte,
                               make_epilogue<OutT>(g));
 }
 

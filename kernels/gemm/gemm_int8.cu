@@ -287,8 +287,10 @@ gemm_int8_mma_kernel(const int8_t* __restrict__ a, const int8_t* __restrict__ b,
 
 template <class Tile, ck_layout_t kLayout, typename OutT>
 cudaError_t launch_mma(const IntGemmArgs& g, cudaStream_t stream) {
-    return launch_tiles<Tile>(gemm_int8_mma_kernel<Tile, kLayout, OutT>, g.m, g.n, stream,
-                              g.a_as<int8_t>(), g.b_as<int8_t>(), g.k, make_epilogue<OutT>(g));
+    static std::atomic<uint64_t> opted_in{0};  // per device, for this one kernel
+    return launch_tiles<Tile>(gemm_int8_mma_kernel<Tile, kLayout, OutT>, opted_in, g.m, g.n,
+                              stream, g.a_as<int8_t>(), g.b_as<int8_t>(), g.k,
+                              make_epilogue<OutT>(g));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -320,7 +320,8 @@ cudaError_t launch_sm90(const IntGemmArgs& args, cudaStream_t stream) {
     const int64_t tiles = int64_t(grid.tiles_m) * grid.tiles_n;
     const int blocks = int(std::min<int64_t>(tiles, std::max(sm_count(), 1)));
     auto kernel = gemm_int8_wgmma_kernel<OutT, kConsumers, kBlockN>;
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Config::kSmemBytes);
+    static std::atomic<uint64_t> opted_in{0};  // per device, for this one kernel
+    err = allow_dynamic_smem_once(kernel, Config::kSmemBytes, opted_in);
     if (err != cudaSuccess) return err;
     kernel<<<blocks, Config::kThreads, Config::kSmemBytes, stream>>>(map_a, map_b, grid, ep);
     return cudaGetLastError();

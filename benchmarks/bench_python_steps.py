@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""The pieces of a convenience call's host time, one by one (what bench_python_overhead.py
+measures whole): ctypes calls by argument count, the wrapper's argument parsing, the framework
+calls a fast path makes (torch and CuPy allocation, data pointers, current stream and device),
+and the DeviceArray path's pool steps (cudaGetDevice, cudaEventRecord, capture checks).
+
+    python3 benchmarks/bench_python_steps.py [--calls 20000] [--profile]
+
+Each row: the best of 5 loops of --calls calls, in us per call. --profile adds a cProfile of
+quantize_int8 on a DeviceArray (the slowest path) sorted by own time. torch or CuPy missing:
+their rows are skipped. Exit status: 0, or 2 without a CUDA device. Nothing is written.
+"""
+import argparse
+import sys
+import timeit
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # cuda_wrapper.py lives there
+import cuda_wrapper as ck  # noqa: E402
+
+M, N, K = 1, 4096, 4096
+EXIT_NO_DEVICE = 2
+
+
+def timer(calls):
+    def row(label, fn, n=calls):
+        fn()
+        us = min(timeit.repeat(fn, number=n, repeat=5)) / n * 1e6
+        print("%-62s %8.3f" % (label, us), flush=True)
+    return row
+
+
+def library_rows(row):
+    lib = ck.load_library()
+    row("ctypes: ck_version (no argument)", lib.ck_version)
+    row("ctypes: ck_w4a16_prepacked_groups (3 int64)",
+        lambda: lib.ck_w4a16_prepacked_groups(N, K, 128))
+    row("ctypes: ck_block4_prepacked_scales_bytes (enum + 3 int64)",
+        lambda: lib.ck_block4_prepacked_scales_bytes(0, N, K, 64))
+    row("raw.w4a16_prepacked_groups (the raw level's pass-through)",
+        lambda: ck.raw.w4a16_prepacked_groups(N, K, 128))
+    row("_layout('nk')", lambda: ck._layout("nk"))
+    row("_as_dtype_enum('fp16')", lambda: ck._as_dtype_enum("fp16"))
+    row("_granularity('row')", lambda: ck._granularity("row"))
+
+
+def torch_rows(row, calls):
+    try:
+        import torch
+    except ImportError:
+        print("skipped: torch is not installed")
+        return
+    x = torch.zeros(M, K, dtype=torch.float16, device="cuda")
+    a = torch.zeros(M, K, dtype=torch.int8, device="cuda")
+    b = torch.zeros(N, K, dtype=torch.int8, device="cuda")
+    sa = torch.ones(M, dtype=torch.float32, device="cuda")
+    sb = torch.ones(N, dtype=torch.float32, device="cuda")
+    kind = ck._kind(x)
+    row("torch: x.new_empty((1, 4096), dtype=int8)", lambda: x.new_empty((M, K), dtype=torch.int8))
+    row("torch: torch.empty((1, 4096), dtype=int8, device=x.device)",
+        lambda: torch.empty((M, K), dtype=torch.int8, device=x.device))
+    row("torch: x.data_ptr()", x.data_ptr)
+    row("torch: x.is_contiguous()", x.is_contiguous)
+    row("torch: tuple(x.shape)", lambda: tuple(x.shape))
+    row("torch: x.get_device()", x.get_device)
+    row("torch: _cuda_getCurrentRawStream(0)", lambda: torch._C._cuda_getCurrentRawStream(0))
+    row("torch: _cuda_getDevice()", torch._C._cuda_getDevice)
+    row("wrapper: _torch_compiling()", ck._torch_compiling)
+    row("wrapper: kind.view(x) (dtype, contiguity, pointer, shape)", lambda: kind.view(x, "x"))
+    row("wrapper: _fast_view(a) (kind.view and the device)",
+        lambda: ck._fast_view(kind, a, 0, ck._INT8))
+    row("wrapper: kind.empty (new_empty, data_ptr)",
+        lambda: kind.empty((M, K), ck._INT8, ck.DType.INT8, x))
+    row("wrapper: _foreign_capture() (torch's capture query)", ck._foreign_capture)
+    row("quantize_int8(x, granularity='row'), launches", lambda: ck.quantize_int8(x, "row"),
+        min(calls, 2000))
+    torch.cuda.synchronize()
+    row("gemm_int8_scaled(a, b, sa, sb, out_dtype='fp16'), launches",
+        lambda: ck.gemm_int8_scaled(a, b, sa, sb, out_dtype="fp16"), min(calls, 2000))
+    torch.cuda.synchronize()
+
+
+def cupy_rows(row):
+    try:
+        import cupy
+        cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:  # noqa: BLE001 - not installed, or built for another CUDA
+        print("skipped: CuPy is not usable (%s)" % e)
+        return
+    x = cupy.zeros((M, K), cupy.float16)
+    row("cupy: cupy.empty((1, 4096), int8)", lambda: cupy.empty((M, K), np.int8))
+    row("cupy: x.data.ptr", lambda: x.data.ptr)
+    row("cupy: x.flags.c_contiguous", lambda: x.flags.c_contiguous)
+    row("cupy: get_current_stream().ptr", lambda: cupy.cuda.get_current_stream().ptr)
+    row("cupy: runtime.getDevice()", cupy.cuda.runtime.getDevice)
+
+
+def device_array_rows(row, profile):
+    x = ck.DeviceArray.from_numpy(np.zeros((M, K), np.float16))
+    row("DeviceArray.empty((1, 4096), int8) and free()",
+        lambda: ck.DeviceArray.empty((M, K), np.int8).free())
+    row("cuda.current_device() (cudaGetDevice through ctypes)", ck.cuda.current_device)
+    block = x._block
+    row("pool.record(block, 0) (cudaEventRecord through ctypes)", lambda: ck._pool.record(block, 0))
+    row("_any_capture()", ck._any_capture)
+    ck.cuda.device_synchronize()
+    if profile:
+        import cProfile
+        import pstats
+        def calls():
+            for _ in range(3000):
+                ck.quantize_int8(x, granularity="row")   # the results go back to the pool
+
+        profiler = cProfile.Profile()
+        profiler.runcall(calls)
+        ck.cuda.device_synchronize()
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(20)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--calls", type=int, default=20000, help="calls per timed loop")
+    parser.add_argument("--profile", action="store_true",
+                        help="also cProfile quantize_int8 on a DeviceArray")
+    args = parser.parse_args()
+    if ck.device_count() < 1:
+        print("no CUDA device visible: nothing to measure")
+        return EXIT_NO_DEVICE
+    row = timer(args.calls)
+    print("%-62s %8s" % ("step", "us/call"))
+    library_rows(row)
+    torch_rows(row, args.calls)
+    cupy_rows(row)
+    device_array_rows(row, args.profile)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -154,6 +154,13 @@ template <typename T> struct Dequant<Int4Zp, T> {
 // (the Block of word i, i < 4, of a lane's 32-k slice from the slice's unit) and word(), which
 // has Dequant<Int4Zp, T>::word's contract: word q (nibble e = prepacked_nibble_k(e) of its
 // 8 k) -> pairs p[j] = (nibble j, nibble j + 4) packed as T.
+//
+// The streaming kernel's path (gemm_w4a16_prepacked_stream.cu) beside it: fast_word() writes
+// the bits word() writes, for less work per code, on the blocks fast_ok() accepts (every block
+// where kFastAlways); fast_block() is its Block. The kernel takes it for two tiles' words when
+// every lane's blocks are accepted (a warp vote, so the branch is uniform, as mma.sync needs)
+// and word() otherwise. word() stays the plain statement of the rounding (the reference kernel's
+// path); each fast_word says why its bits are the same.
 // ---------------------------------------------------------------------------------------------
 struct Nf4 {};
 struct Mxfp4 {};
@@ -209,6 +216,72 @@ __device__ __forceinline__ void dequant_e2m1_word(uint32_t q, float scale, uint3
     p[3] = pack_rounded<T>(e2m1_float<3>(q) * scale, e2m1_float<7>(q) * scale);
 }
 
+// The sign bits of pair j (nibbles j and j + 4: bits 4j + 3 and 4j + 19) moved to bits 15 and
+// 31, the sign bits of the packed pair (the caller masks them with kPairSigns): one shift for
+// both nibbles.
+constexpr uint32_t kPairSigns = 0x80008000u;
+template <int kPair> __device__ __forceinline__ uint32_t e2m1_pair_signs(uint32_t q) {
+    static_assert(kPair >= 0 && kPair < 4, "pairs (j, j + 4), j < 4");
+    return shift_bits<12 - 4 * kPair>(q);
+}
+
+// The magnitude of the E2M1 code in nibble kNibble as a float32 times 2^-126, exactly (sign
+// dropped): e2m1_float's bits without the sign and without its multiply by 2^126.
+template <int kNibble> __device__ __forceinline__ float e2m1_magnitude_2m126(uint32_t q) {
+    static_assert(kNibble >= 0 && kNibble < 8, "a 32-bit word holds 8 codes");
+    return __uint_as_float(shift_bits<22 - 4 * kNibble>(q) & 0x01c00000u);
+}
+
+// The E2M1 word of dequant_e2m1_word<T> from scale126 = scale * 2^126 when that is finite (the
+// caller checks): the same bits for one shift, one mask and one multiply per code, and one
+// shift and one LOP3 per pair for both signs (word(): two shifts, two masks and two multiplies
+// per code). Why the same:
+//  - scale126 is scale * 2^126 exactly (a multiply by a power of two is exact unless it
+//    overflows, and scaling up cannot underflow; a subnormal scale becomes normal);
+//  - |value| * 2^-126 (exact, subnormal for 0.5: multiplies keep subnormals, no -ftz) times
+//    scale126 is the real |value| * scale, so the one float32 rounding of the product is the
+//    rounding of |value| * scale, which word() computes as value * 2^126 * scale (both factors
+//    exact there too): the same float32 up to the sign;
+//  - IEEE multiplication gives the sign XOR of the operands' signs for every non-NaN result
+//    (zeros included), and round to nearest is symmetric (float32 and then T), so flipping the
+//    sign bit of the rounded T by the code's sign gives the bits of the signed product. The
+//    product is never NaN: scale126 is finite and the magnitude finite.
+template <typename T>
+__device__ __forceinline__ void dequant_e2m1_word_scaled(uint32_t q, float scale126, uint32_t (&p)[4]) {
+    p[0] = and_xor(e2m1_pair_signs<0>(q), kPairSigns,
+                   pack_rounded<T>(e2m1_magnitude_2m126<0>(q) * scale126,
+                                   e2m1_magnitude_2m126<4>(q) * scale126));
+    p[1] = and_xor(e2m1_pair_signs<1>(q), kPairSigns,
+                   pack_rounded<T>(e2m1_magnitude_2m126<1>(q) * scale126,
+                                   e2m1_magnitude_2m126<5>(q) * scale126));
+    p[2] = and_xor(e2m1_pair_signs<2>(q), kPairSigns,
+                   pack_rounded<T>(e2m1_magnitude_2m126<2>(q) * scale126,
+                                   e2m1_magnitude_2m126<6>(q) * scale126));
+    p[3] = and_xor(e2m1_pair_signs<3>(q), kPairSigns,
+                   pack_rounded<T>(e2m1_magnitude_2m126<3>(q) * scale126,
+                                   e2m1_magnitude_2m126<7>(q) * scale126));
+}
+
+// E2M1 magnitudes straight in T: the three magnitude bits (2 exponent, 1 mantissa) placed as
+// the lowest two exponent bits and the top mantissa bit of T make |value| * 2^-kExp for every
+// code, as in e2m1_float (field e >= 1: 2^(e - bias) (1 + m / 2) = 2^(e - 1) (1 + m / 2) 2^-kExp;
+// e = 0: the subnormal m / 2 * 2^(1 - bias) = m / 2 * 2^-kExp). fp16 (bias 15, 10 mantissa
+// bits): bits 11 .. 9, 2^-14; bf16 (bias 127, 7 mantissa bits): bits 8 .. 6, 2^-126.
+template <typename T> struct E2m1InT;
+template <> struct E2m1InT<__half> {
+    static constexpr int kLowBit = 9, kExp = 14;
+};
+template <> struct E2m1InT<__nv_bfloat16> {
+    static constexpr int kLowBit = 6, kExp = 126;
+};
+
+// Pair j's two magnitudes (nibbles j and j + 4) as packed T, |value| * 2^-kExp: one shift and
+// one mask.
+template <typename T, int kPair> __device__ __forceinline__ uint32_t e2m1_pair_magnitudes(uint32_t q) {
+    constexpr int kLow = E2m1InT<T>::kLowBit;
+    return shift_bits<kLow - 4 * kPair>(q) & (0x7u << kLow) * 0x10001u;
+}
+
 // NF4: codes index bitsandbytes' 16 values; the unit is the block's float32 absmax (blocks of
 // 32, 64 or 128 along K, one unit per block). The values sit in shared memory: 16 words in 16
 // banks, so a warp's lookups never conflict (equal codes broadcast).
@@ -233,6 +306,29 @@ template <typename T> struct Dequant<Nf4, T> {
             p[j] = pack_rounded<T>(b.table[(q >> (4 * j)) & 0xf] * b.scale,
                                    b.table[(q >> (4 * j + 16)) & 0xf] * b.scale);
     }
+
+    // The fast path: word()'s operations (the table value times the float32 absmax, one
+    // rounding to T), with the byte offset of each code's value taken by one shift and one
+    // mask. No exact shortcut fits NF4: its values are not symmetric (no sign trick) and
+    // neither they nor their products with an arbitrary absmax are exact in T (two roundings).
+    static constexpr bool kFastAlways = true;
+    using FastBlock = Block;
+    __device__ __forceinline__ static bool fast_ok(uint32_t, const float*) { return true; }
+    __device__ __forceinline__ static FastBlock fast_block(uint32_t unit, int i, const float* table) {
+        return block(unit, i, table);
+    }
+    __device__ __forceinline__ static void fast_word(uint32_t q, const FastBlock& b, uint32_t (&p)[4]) {
+        p[0] = pack_rounded<T>(value<0>(q, b.table) * b.scale, value<4>(q, b.table) * b.scale);
+        p[1] = pack_rounded<T>(value<1>(q, b.table) * b.scale, value<5>(q, b.table) * b.scale);
+        p[2] = pack_rounded<T>(value<2>(q, b.table) * b.scale, value<6>(q, b.table) * b.scale);
+        p[3] = pack_rounded<T>(value<3>(q, b.table) * b.scale, value<7>(q, b.table) * b.scale);
+    }
+    // The value of nibble kNibble's code: its byte offset in the table (code * 4, bits 2 .. 5)
+    // straight from the word.
+    template <int kNibble> __device__ __forceinline__ static float value(uint32_t q, const float* table) {
+        const uint32_t offset = shift_bits<2 - 4 * kNibble>(q) & 0x3cu;
+        return *reinterpret_cast<const float*>(reinterpret_cast<const char*>(table) + offset);
+    }
 };
 
 // MXFP4: E2M1 codes; the unit is the 32-k block's E8M0 byte, 2^(s - 127) (0 is the float32
@@ -250,6 +346,43 @@ template <typename T> struct Dequant<Mxfp4, T> {
     }
     __device__ __forceinline__ static void word(uint32_t q, const Block& b, uint32_t (&p)[4]) {
         dequant_e2m1_word<T>(q, b.scale, p);
+    }
+
+    // The fast path, for scales up to 2 (s <= 128; past that, and NaN, word()): one T multiply
+    // per pair. The scale is a power of two, so value * scale is exact in float32 and word()
+    // rounds once, to T. Here |value| * 2^-kExp (E2m1InT, exact in T) times scale2 = the scale
+    // times 2^kExp rounded to T, one rounding to nearest by __hmul2_rn (subnormals kept):
+    //  - bf16: 2^(s - 1) is a normal bf16 for 0 <= s <= 128, so the product is the real
+    //    value * scale, rounded once: word()'s bits;
+    //  - fp16: 2^(s - 113) is an fp16 (normal or subnormal) for 89 <= s <= 128: the same. For
+    //    s <= 88 it rounds to 0, and the product is +0; word()'s product is then below
+    //    6 * 2^-39, under half the smallest fp16 subnormal (2^-25), and rounds to +-0 too.
+    // No product reaches the overflow (|value| * scale <= 12). The sign: as in
+    // dequant_e2m1_word_scaled, an XOR of the code's sign bit into the rounded magnitude
+    // (products of a non-negative scale: -0 codes give -0, as word()'s -0 * scale).
+    static constexpr bool kFastAlways = false;
+    static constexpr uint32_t kMaxFastUnit = 127 + 1;  // 2^1
+    struct FastBlock {
+        uint32_t scale2;  // 2^(s - 127 + kExp) rounded to T, in both halves
+    };
+    __device__ __forceinline__ static bool fast_ok(uint32_t unit, const float*) {
+        return unit <= kMaxFastUnit;
+    }
+    __device__ __forceinline__ static FastBlock fast_block(uint32_t unit, int, const float*) {
+        // Exponent field s + kExp (>= 14, <= 254 for s <= 128): a normal float32, exactly.
+        const float scaled = __uint_as_float((unit + E2m1InT<T>::kExp) << 23);
+        return {pack_rounded<T>(scaled, scaled)};
+    }
+    __device__ __forceinline__ static void fast_word(uint32_t q, const FastBlock& b, uint32_t (&p)[4]) {
+        const typename Pair<T>::V s = as_pair<T>(b.scale2);
+        p[0] = and_xor(e2m1_pair_signs<0>(q), kPairSigns,
+                       pair_bits(__hmul2_rn(as_pair<T>(e2m1_pair_magnitudes<T, 0>(q)), s)));
+        p[1] = and_xor(e2m1_pair_signs<1>(q), kPairSigns,
+                       pair_bits(__hmul2_rn(as_pair<T>(e2m1_pair_magnitudes<T, 1>(q)), s)));
+        p[2] = and_xor(e2m1_pair_signs<2>(q), kPairSigns,
+                       pair_bits(__hmul2_rn(as_pair<T>(e2m1_pair_magnitudes<T, 2>(q)), s)));
+        p[3] = and_xor(e2m1_pair_signs<3>(q), kPairSigns,
+                       pair_bits(__hmul2_rn(as_pair<T>(e2m1_pair_magnitudes<T, 3>(q)), s)));
     }
 };
 
@@ -282,6 +415,22 @@ template <typename T> struct Dequant<Nvfp4, T> {
     }
     __device__ __forceinline__ static void word(uint32_t q, const Block& b, uint32_t (&p)[4]) {
         dequant_e2m1_word<T>(q, b.scale, p);
+    }
+
+    // The fast path: dequant_e2m1_word_scaled (the same bits) for blocks whose scale times
+    // 2^126 is finite (|scale| < 4), both of the unit's; word() for the others (and NaN).
+    struct FastBlock {
+        float scale126;
+    };
+    static constexpr bool kFastAlways = false;
+    __device__ __forceinline__ static bool fast_ok(uint32_t unit, const float* table) {
+        return isfinite(table[unit & 0xffu] * 0x1p126f) && isfinite(table[(unit >> 8) & 0xffu] * 0x1p126f);
+    }
+    __device__ __forceinline__ static FastBlock fast_block(uint32_t unit, int i, const float* table) {
+        return {block(unit, i, table).scale * 0x1p126f};
+    }
+    __device__ __forceinline__ static void fast_word(uint32_t q, const FastBlock& b, uint32_t (&p)[4]) {
+        dequant_e2m1_word_scaled<T>(q, b.scale126, p);
     }
 };
 

@@ -166,6 +166,18 @@ __device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t b, uint32_t c) {
 #endif
 }
 
+// lop3.b32 with lookup table 0x6A: (a & b) ^ c in one instruction (a mask immediate b, as in
+// and_or: ptxas may otherwise split the AND and the XOR).
+__device__ __forceinline__ uint32_t and_xor(uint32_t a, uint32_t b, uint32_t c) {
+#if defined(__CUDA_ARCH__)
+    uint32_t d;
+    asm("lop3.b32 %0, %1, %2, %3, 0x6A;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+#else
+    return (a & b) ^ c;
+#endif
+}
+
 // 32-bit word i (a compile-time constant after unrolling) of a 16-byte vector.
 __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
     return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;

@@ -277,10 +277,12 @@ cudaError_t launch_small_m(const GemmW4A16Args& a, cudaStream_t stream) {
 // (x traffic from L2 per weight byte = m / (2 * kTiles) with kHi, which matters at m = 16);
 // narrower ones keep enough warps streaming when N is small. Each keeps 64-128 bytes of the
 // weight in flight per lane: kTiles * kUnroll * 16. ptxas (CUDA 13, sm_80/sm_90, no spills):
-// LoWide 225-232 registers, LoNarrow 156-162, HiWide 225-238, HiMid 154-179, HiNarrow 139-146;
-// so 2 blocks of 4 warps (or 1 of 8) per SM for the wide ones. Not yet tuned on a GPU.
+// LoWide 225-232 registers, LoNarrow 156-164, HiWide 225-238, HiMid 154-179, HiNarrow 139-146;
+// so 2 blocks of 4 warps (or 1 of 8) per SM for the wide ones, 3 blocks of 4 for LoNarrow. With
+// 8 warps LoNarrow fit one block per SM, and its 256 blocks on 14336 x 4096 ran in two waves:
+// 4 warps (all blocks resident) took 7-14% less time at M = 1 (benchmarks/NOTES.md).
 using SmallLoWide = SmallMConfig<4, 2, 4>;    // m <= 8: 32 columns, 128 B per lane in flight
-using SmallLoNarrow = SmallMConfig<2, 2, 8>;  // m <= 8: 16 columns, 8 warps on K
+using SmallLoNarrow = SmallMConfig<2, 2, 4>;  // m <= 8: 16 columns, 4 warps on K
 using SmallHiWide = SmallMConfig<8, 1, 4>;    // m > 8: 64 columns, 128 B per lane
 using SmallHiMid = SmallMConfig<4, 1, 4>;     // m > 8: 32 columns
 using SmallHiNarrow = SmallMConfig<2, 1, 8>;  // m > 8: 16 columns, 8 warps on K

@@ -1,6 +1,6 @@
-"""CPU emulation of the block 4-bit formats' fast dequantization (Dequant<Nf4 | Mxfp4 | Nvfp4,
-T>::fast_word in kernels/core/dequant.cuh, which the small-M kernel of ck_gemm_block4_prepacked
-takes): the same bit operations on 32-bit words of 8 codes (shifts, masks, the sign XOR) and
+"""CPU emulation of the block 4-bit formats' cheaper dequantization in kernels/core/dequant.cuh
+(Dequant<Mxfp4, T>::fast_word, which the small-M kernel of ck_gemm_block4_prepacked takes, and
+Dequant<Nf4, T>::word's table offsets): the same bit operations on 32-bit words of 8 codes (shifts, masks, the sign XOR) and
 the same IEEE arithmetic, done here in NumPy (float32 multiplies; a T multiply as the exact
 product rounded once to T, as __hmul2_rn does), checked against the reference dequantization
 (tests/reference.py's dequantize_<format>, ck_dequantize_<format>'s bits) for every code at
@@ -8,14 +8,11 @@ every nibble position:
 
 - MXFP4: every E8M0 scale fast_ok accepts (0 .. 128) in fp16 and bf16, and the first one it
   refuses (129), where the formula does go wrong: the bound is where it has to be.
-- NVFP4: every E4M3 byte for global scales that put block scales in every float32 range
-  (subnormal, near the 4 = 2^128 / 2^126 bound, negative), fp16 and bf16; fast_ok's test
-  (scale * 2^126 finite) decides which blocks take it.
 - NF4: the byte offset of each code's value (one shift and one mask) is the table index * 4.
 
 Not a test of the GPU (tests/test_block4_gemm_gpu.py runs the kernel): it checks the reasoning
 in dequant.cuh's comments on every input that reasoning is about. The constants below mirror
-dequant.cuh's (E2m1InT, the shifts of e2m1_pair_signs and e2m1_magnitude_2m126).
+dequant.cuh's (E2m1InT, the shifts of e2m1_pair_signs).
 """
 
 import numpy as np
@@ -127,58 +124,6 @@ def test_mxfp4_fast_word_needs_its_bound(dtype):
     unit = MXFP4_MAX_FAST_UNIT + 1
     assert not np.array_equal(pairs(mxfp4_fast_words(q, unit, dtype)),
                               mxfp4_reference(codes, unit, dtype))
-
-
-# ---------------------------------------------------------------------------------------------
-# NVFP4: e2m1_magnitude_2m126 times scale * 2^126 in float32, rounded to T, the sign XOR
-# ---------------------------------------------------------------------------------------------
-# Global scales: a power of two and not; ones that make block scales subnormal float32 (and
-# products that underflow), cross the |scale| < 4 bound at different E4M3 bytes, or are negative.
-GLOBAL_SCALES = [1.0, 3.0, 1 / 3, 2688 / 0.37, 1e-3, 0.11, 7e37, 1e38, 3e38, -1.5, -2688 / 5.0]
-
-
-def nvfp4_fast(q, block_scale, dtype):
-    """fast_ok and fast_word for one block scale (float32): None where fast_ok refuses it."""
-    with np.errstate(over="ignore"):
-        scale126 = np.float32(block_scale) * np.float32(2.0 ** 126)
-    if not np.isfinite(scale126):
-        return None
-    out = []
-    for j in range(4):
-        prods = []
-        for e in (j, j + 4):
-            mag = (shift_bits(q, 22 - 4 * e) & np.uint64(0x01C00000)).astype(np.uint32).view(np.float32)
-            prods.append(t_bits(ref.to_dtype(mag * scale126, dtype)))
-        signs = shift_bits(q, 12 - 4 * j) & np.uint64(PAIR_SIGNS)
-        out.append(((prods[1] << np.uint64(16)) | prods[0]) ^ signs)
-    return np.stack(out, axis=1)
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_nvfp4_fast_word_is_the_reference_where_accepted(dtype):
-    q, codes = words_with_every_code_everywhere()
-    bytes_ = np.arange(256, dtype=np.uint8)
-    fast_blocks = refused = 0
-    for g in GLOBAL_SCALES:
-        g32 = np.array([g], dtype=np.float32)
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            block_scales = ref.e4m3_decode(bytes_) / g32[0]   # the kernel's table, float32
-        for b in bytes_:
-            got = nvfp4_fast(q, block_scales[b], dtype)
-            if got is None:
-                refused += 1
-                assert not (np.isfinite(block_scales[b]) and abs(block_scales[b]) < 3.9), (
-                    f"g={g}, E4M3 {b:#x}: a scale of {block_scales[b]} refused")
-                continue
-            fast_blocks += 1
-            with np.errstate(over="ignore", invalid="ignore"):
-                want = reference_bits(codes, lambda packed, cols: ref.dequantize_nvfp4(
-                    packed, np.full((1, -(-cols // 16)), b, np.uint8), g32, cols, dtype))
-            got = pairs(got)
-            assert np.array_equal(got, want), (
-                f"{dtype}, g={g}, E4M3 {b:#x} (scale {block_scales[b]!r}): "
-                f"fast {got[got != want][:4]} vs reference {want[got != want][:4]}")
-    assert fast_blocks > 1000 and refused > 100   # both sides of the bound were reached
 
 
 # ---------------------------------------------------------------------------------------------

@@ -305,59 +305,40 @@ def test_dequantized_weight_is_bitwise_ck_dequantize(fmt, blocksize, dtype, vari
 # The small-M kernel's two dequantization paths (core/dequant.cuh: fast_word where every lane's
 # blocks of a tile pair allow it, word() otherwise), each bit for bit
 # ---------------------------------------------------------------------------------------------
-# MXFP4 takes the fast path for E8M0 <= 128 (scales up to 2); NVFP4 where block scale * 2^126 is
-# finite (|e4m3 / g| < 4). Random codes put almost every tile pair of the main tests on the
-# MXFP4 fallback (their scales reach 2^4) and every NVFP4 one on the fast path, so the scales
-# here are drawn per regime: all blocks fast, all fallback, or both in one call, alternating by
+# MXFP4 (the format with a fast path) takes it for E8M0 <= 128 (scales up to 2). Random codes
+# put almost every tile pair of the main tests on the fallback (their scales reach 2^4), so the
+# scales here are drawn per regime: all blocks fast, all fallback, or both in one call, alternating by
 # 16-row tile pair and 128-k chunk (each warp's steps then take both branches).
 MXFP4_MAX_FAST_E8M0 = 128
 MXFP4_MAX_FINITE_E8M0 = {"fp16": 140, "bf16": 252}   # 6 * 2^(s - 127) finite in dtype
 PATH_REGIMES = ("fast", "fallback", "mixed")
 
 
-def nvfp4_fast_bytes(g):
-    """The E4M3 bytes whose block scale e4m3 / g (float32) times 2^126 is finite, and the
-    other finite ones."""
-    b = np.arange(256, dtype=np.uint8)
-    with np.errstate(over="ignore", invalid="ignore"):
-        scale126 = ref.e4m3_decode(b) / np.float32(g) * np.float32(2.0 ** 126)
-    finite = ~np.isin(b, E4M3_NAN_BYTES)
-    return b[finite & np.isfinite(scale126)], b[finite & ~np.isfinite(scale126)]
-
-
-def path_regime_weight(rng, fmt, n, k, dtype, regime):
-    """(packed, scales, g) with random codes and scales chosen for `regime`; w' finite."""
+def path_regime_weight(rng, n, k, dtype, regime):
+    """(packed, E8M0 scales) of an MXFP4 weight with random codes and scales chosen for
+    `regime`; w' finite."""
     packed = rng.integers(0, 256, size=(n, k // 2), dtype=np.uint8)
-    if fmt == "mxfp4":
-        blocks, g = k // 32, None
-        fast = rng.integers(0, MXFP4_MAX_FAST_E8M0 + 1, size=(n, blocks))
-        fast.flat[:4] = (0, 88, 89, MXFP4_MAX_FAST_E8M0)   # the ends of the fp16 cases
-        slow = rng.integers(MXFP4_MAX_FAST_E8M0 + 1, MXFP4_MAX_FINITE_E8M0[dtype] + 1,
-                            size=(n, blocks))
-    else:
-        blocks = k // 16
-        g = np.array([10.0 ** rng.uniform(-0.6, 0.6)], np.float32)
-        fast_bytes, slow_bytes = nvfp4_fast_bytes(g[0])
-        fast = rng.choice(fast_bytes, size=(n, blocks))
-        slow = rng.choice(slow_bytes, size=(n, blocks))
+    blocks = k // 32
+    fast = rng.integers(0, MXFP4_MAX_FAST_E8M0 + 1, size=(n, blocks))
+    fast.flat[:4] = (0, 88, 89, MXFP4_MAX_FAST_E8M0)   # the ends of the fp16 cases
+    slow = rng.integers(MXFP4_MAX_FAST_E8M0 + 1, MXFP4_MAX_FINITE_E8M0[dtype] + 1,
+                        size=(n, blocks))
     per_chunk = 128 * blocks // k
     use_fast = {"fast": np.ones((n, blocks), bool), "fallback": np.zeros((n, blocks), bool),
                 "mixed": (np.arange(n)[:, None] // 16 + np.arange(blocks)[None, :] // per_chunk)
                 % 2 == 0}[regime]
-    return packed, np.where(use_fast, fast, slow).astype(np.uint8), g
+    return packed, np.where(use_fast, fast, slow).astype(np.uint8)
 
 
 @pytest.mark.parametrize("regime", PATH_REGIMES)
 @pytest.mark.parametrize("dtype", ref.BLOCK4_GEMM_DTYPES)
-@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
-def test_small_m_fast_and_fallback_paths_bitwise(fmt, dtype, regime, monkeypatch, seed):
-    """Every w' of the weight, read through the small-M kernel by one-hot x (16 columns per call,
-    M = 16; and M = 1 on a few columns), equals ck_dequantize_<fmt>'s bits."""
+def test_small_m_fast_and_fallback_paths_bitwise(dtype, regime, monkeypatch, seed):
+    """Every w' of an MXFP4 weight, read through the small-M kernel by one-hot x (16 columns per
+    call, M = 16; and M = 1 on a few columns), equals ck_dequantize_mxfp4's bits."""
     rng = np.random.default_rng(seed)
     n, k = 136, 256
-    packed, scales, g = path_regime_weight(rng, fmt, n, k, dtype, regime)
-    w_ref = ref.dequantized_block4_weight(fmt, packed, scales, g, k, 32 if fmt == "mxfp4" else 16,
-                                          dtype)
+    packed, scales = path_regime_weight(rng, n, k, dtype, regime)
+    w_ref = ref.dequantized_block4_weight("mxfp4", packed, scales, None, k, 32, dtype)
     assert np.isfinite(ref.to_f32(w_ref, dtype)).all()
     column_sets = [np.arange(c, c + 16) for c in range(0, k, 16)]
     column_sets += [np.array([c]) for c in rng.choice(k, size=4, replace=False)]
@@ -366,13 +347,13 @@ def test_small_m_fast_and_fallback_paths_bitwise(fmt, dtype, regime, monkeypatch
         use_variant(monkeypatch, "small_m", m)
         x = np.zeros((m, k), np.float32)
         x[np.arange(m), cols] = 1
-        call = Block4Call(ref.to_dtype(x, dtype), (packed, scales, g), fmt,
-                          32 if fmt == "mxfp4" else 16, None, "none", dtype)
+        call = Block4Call(ref.to_dtype(x, dtype), (packed, scales, None), "mxfp4", 32, None,
+                          "none", dtype)
         call.launch()
         synchronize()
         got = call.out.read(f"out, seed={seed}")
         want = ref.to_dtype(ref.to_f32(w_ref[:, cols].T, dtype) + np.float32(0), dtype)  # -0 -> +0
-        assert_bitwise_equal(got, want, f"{fmt} {regime} ({dtype}), columns {cols[0]}.., "
+        assert_bitwise_equal(got, want, f"mxfp4 {regime} ({dtype}), columns {cols[0]}.., "
                                         f"m={m}, seed={seed}")
 
 

@@ -155,12 +155,14 @@ template <typename T> struct Dequant<Int4Zp, T> {
 // has Dequant<Int4Zp, T>::word's contract: word q (nibble e = prepacked_nibble_k(e) of its
 // 8 k) -> pairs p[j] = (nibble j, nibble j + 4) packed as T.
 //
-// The streaming kernel's path (gemm_w4a16_prepacked_stream.cu) beside it: fast_word() writes
-// the bits word() writes, for less work per code, on the blocks fast_ok() accepts (every block
-// where kFastAlways); fast_block() is its Block. The kernel takes it for two tiles' words when
-// every lane's blocks are accepted (a warp vote, so the branch is uniform, as mma.sync needs)
-// and word() otherwise. word() stays the plain statement of the rounding (the reference kernel's
-// path); each fast_word says why its bits are the same.
+// A format with kFastPath (MXFP4) also has a fast path for the streaming kernel
+// (gemm_w4a16_prepacked_stream.cu): fast_word() writes the bits word() writes, for less work per
+// code, on the blocks fast_ok() accepts; fast_block() is its Block. The kernel takes it for two
+// tiles' words when every lane's blocks are accepted (a warp vote, so the branch is uniform, as
+// mma.sync needs) and word() otherwise. word() stays the plain statement of the rounding (the
+// reference kernel's path); fast_word says why its bits are the same. (NVFP4's scale * 2^126
+// shortcut, one float32 multiply per code for |scale| < 4, gave the same bits but measured
+// slower on the H100 at M = 16 with its per-block vote: benchmarks/NOTES.md.)
 // ---------------------------------------------------------------------------------------------
 struct Nf4 {};
 struct Mxfp4 {};
@@ -225,43 +227,6 @@ template <int kPair> __device__ __forceinline__ uint32_t e2m1_pair_signs(uint32_
     return shift_bits<12 - 4 * kPair>(q);
 }
 
-// The magnitude of the E2M1 code in nibble kNibble as a float32 times 2^-126, exactly (sign
-// dropped): e2m1_float's bits without the sign and without its multiply by 2^126.
-template <int kNibble> __device__ __forceinline__ float e2m1_magnitude_2m126(uint32_t q) {
-    static_assert(kNibble >= 0 && kNibble < 8, "a 32-bit word holds 8 codes");
-    return __uint_as_float(shift_bits<22 - 4 * kNibble>(q) & 0x01c00000u);
-}
-
-// The E2M1 word of dequant_e2m1_word<T> from scale126 = scale * 2^126 when that is finite (the
-// caller checks): the same bits for one shift, one mask and one multiply per code, and one
-// shift and one LOP3 per pair for both signs (word(): two shifts, two masks and two multiplies
-// per code). Why the same:
-//  - scale126 is scale * 2^126 exactly (a multiply by a power of two is exact unless it
-//    overflows, and scaling up cannot underflow; a subnormal scale becomes normal);
-//  - |value| * 2^-126 (exact, subnormal for 0.5: multiplies keep subnormals, no -ftz) times
-//    scale126 is the real |value| * scale, so the one float32 rounding of the product is the
-//    rounding of |value| * scale, which word() computes as value * 2^126 * scale (both factors
-//    exact there too): the same float32 up to the sign;
-//  - IEEE multiplication gives the sign XOR of the operands' signs for every non-NaN result
-//    (zeros included), and round to nearest is symmetric (float32 and then T), so flipping the
-//    sign bit of the rounded T by the code's sign gives the bits of the signed product. The
-//    product is never NaN: scale126 is finite and the magnitude finite.
-template <typename T>
-__device__ __forceinline__ void dequant_e2m1_word_scaled(uint32_t q, float scale126, uint32_t (&p)[4]) {
-    p[0] = and_xor(e2m1_pair_signs<0>(q), kPairSigns,
-                   pack_rounded<T>(e2m1_magnitude_2m126<0>(q) * scale126,
-                                   e2m1_magnitude_2m126<4>(q) * scale126));
-    p[1] = and_xor(e2m1_pair_signs<1>(q), kPairSigns,
-                   pack_rounded<T>(e2m1_magnitude_2m126<1>(q) * scale126,
-                                   e2m1_magnitude_2m126<5>(q) * scale126));
-    p[2] = and_xor(e2m1_pair_signs<2>(q), kPairSigns,
-                   pack_rounded<T>(e2m1_magnitude_2m126<2>(q) * scale126,
-                                   e2m1_magnitude_2m126<6>(q) * scale126));
-    p[3] = and_xor(e2m1_pair_signs<3>(q), kPairSigns,
-                   pack_rounded<T>(e2m1_magnitude_2m126<3>(q) * scale126,
-                                   e2m1_magnitude_2m126<7>(q) * scale126));
-}
-
 // E2M1 magnitudes straight in T: the three magnitude bits (2 exponent, 1 mantissa) placed as
 // the lowest two exponent bits and the top mantissa bit of T make |value| * 2^-kExp for every
 // code, as in e2m1_float (field e >= 1: 2^(e - bias) (1 + m / 2) = 2^(e - 1) (1 + m / 2) 2^-kExp;
@@ -300,24 +265,12 @@ template <typename T> struct Dequant<Nf4, T> {
     __device__ __forceinline__ static Block block(uint32_t unit, int, const float* table) {
         return {__uint_as_float(unit), table};
     }
+    // The table value times the float32 absmax, one rounding to T, with the byte offset of
+    // each code's value taken by one shift and one mask. No exact shortcut in T fits NF4: its
+    // values are not symmetric (no sign trick) and neither they nor their products with an
+    // arbitrary absmax are exact in T (two roundings).
+    static constexpr bool kFastPath = false;
     __device__ __forceinline__ static void word(uint32_t q, const Block& b, uint32_t (&p)[4]) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-            p[j] = pack_rounded<T>(b.table[(q >> (4 * j)) & 0xf] * b.scale,
-                                   b.table[(q >> (4 * j + 16)) & 0xf] * b.scale);
-    }
-
-    // The fast path: word()'s operations (the table value times the float32 absmax, one
-    // rounding to T), with the byte offset of each code's value taken by one shift and one
-    // mask. No exact shortcut fits NF4: its values are not symmetric (no sign trick) and
-    // neither they nor their products with an arbitrary absmax are exact in T (two roundings).
-    static constexpr bool kFastAlways = true;
-    using FastBlock = Block;
-    __device__ __forceinline__ static bool fast_ok(uint32_t, const float*) { return true; }
-    __device__ __forceinline__ static FastBlock fast_block(uint32_t unit, int i, const float* table) {
-        return block(unit, i, table);
-    }
-    __device__ __forceinline__ static void fast_word(uint32_t q, const FastBlock& b, uint32_t (&p)[4]) {
         p[0] = pack_rounded<T>(value<0>(q, b.table) * b.scale, value<4>(q, b.table) * b.scale);
         p[1] = pack_rounded<T>(value<1>(q, b.table) * b.scale, value<5>(q, b.table) * b.scale);
         p[2] = pack_rounded<T>(value<2>(q, b.table) * b.scale, value<6>(q, b.table) * b.scale);
@@ -357,10 +310,11 @@ template <typename T> struct Dequant<Mxfp4, T> {
     //  - fp16: 2^(s - 113) is an fp16 (normal or subnormal) for 89 <= s <= 128: the same. For
     //    s <= 88 it rounds to 0, and the product is +0; word()'s product is then below
     //    6 * 2^-39, under half the smallest fp16 subnormal (2^-25), and rounds to +-0 too.
-    // No product reaches the overflow (|value| * scale <= 12). The sign: as in
-    // dequant_e2m1_word_scaled, an XOR of the code's sign bit into the rounded magnitude
-    // (products of a non-negative scale: -0 codes give -0, as word()'s -0 * scale).
-    static constexpr bool kFastAlways = false;
+    // No product reaches the overflow (|value| * scale <= 12). The sign: IEEE multiplication
+    // gives the XOR of the operands' signs and round to nearest is symmetric, so the code's
+    // sign bit XORed into the rounded magnitude gives the signed product's bits (products of a
+    // non-negative scale: -0 codes give -0, as word()'s -0 * scale).
+    static constexpr bool kFastPath = true;
     static constexpr uint32_t kMaxFastUnit = 127 + 1;  // 2^1
     struct FastBlock {
         uint32_t scale2;  // 2^(s - 127 + kExp) rounded to T, in both halves
@@ -403,6 +357,7 @@ __device__ __forceinline__ float e4m3_float(uint32_t bits) {
 template <typename T> struct Dequant<Nvfp4, T> {
     using Unit = uint16_t;
     static constexpr int kTableFloats = 256;
+    static constexpr bool kFastPath = false;
     struct Block {
         float scale;
     };
@@ -415,22 +370,6 @@ template <typename T> struct Dequant<Nvfp4, T> {
     }
     __device__ __forceinline__ static void word(uint32_t q, const Block& b, uint32_t (&p)[4]) {
         dequant_e2m1_word<T>(q, b.scale, p);
-    }
-
-    // The fast path: dequant_e2m1_word_scaled (the same bits) for blocks whose scale times
-    // 2^126 is finite (|scale| < 4), both of the unit's; word() for the others (and NaN).
-    struct FastBlock {
-        float scale126;
-    };
-    static constexpr bool kFastAlways = false;
-    __device__ __forceinline__ static bool fast_ok(uint32_t unit, const float* table) {
-        return isfinite(table[unit & 0xffu] * 0x1p126f) && isfinite(table[(unit >> 8) & 0xffu] * 0x1p126f);
-    }
-    __device__ __forceinline__ static FastBlock fast_block(uint32_t unit, int i, const float* table) {
-        return {block(unit, i, table).scale * 0x1p126f};
-    }
-    __device__ __forceinline__ static void fast_word(uint32_t q, const FastBlock& b, uint32_t (&p)[4]) {
-        dequant_e2m1_word_scaled<T>(q, b.scale126, p);
     }
 };
 

@@ -373,9 +373,10 @@ gemm_w4a16_stream_kernel(const GemmW4A16Args a, const int stages, const int64_t 
             });
           } else {
             // A block format: the same mma on the pairs of Dequant<Format, T>, from the unit of
-            // each tile's scale word (word i of the slice may have its own block: NVFP4). Its
-            // fast path when every lane's two blocks allow it: a vote, so that the branch is
-            // uniform (mma.sync needs the whole warp); word() otherwise (the same bits).
+            // each tile's scale word (word i of the slice may have its own block: NVFP4). A
+            // format's fast path (kFastPath) when every lane's two blocks allow it: a vote, so
+            // that the branch is uniform (mma.sync needs the whole warp); word() otherwise (the
+            // same bits).
             using D = Dequant<Format, T>;
             uint4 wv[2];
             uint32_t unit[2];
@@ -385,18 +386,23 @@ gemm_w4a16_stream_kernel(const GemmW4A16Args a, const int stages, const int64_t 
                 wv[e] = *reinterpret_cast<const uint4*>(st + kL.w + t * kPackTileBytes + lane * 16);
                 unit[e] = (ScaleWords::at(sw[t / kP], t % kP) >> unit_shift) & kUnitMask;
             }
-            const bool fast = D::kFastAlways ||
-                              __all_sync(0xffffffffu, D::fast_ok(unit[0], fmt_table) && D::fast_ok(unit[1], fmt_table));
-            if (fast) {
-                mma_tile_pair(q, [&](int i, uint32_t (&p0)[4], uint32_t (&p1)[4]) {
-                    D::fast_word(word(wv[0], i), D::fast_block(unit[0], i, fmt_table), p0);
-                    D::fast_word(word(wv[1], i), D::fast_block(unit[1], i, fmt_table), p1);
-                });
-            } else {
+            auto plain = [&]() {
                 mma_tile_pair(q, [&](int i, uint32_t (&p0)[4], uint32_t (&p1)[4]) {
                     D::word(word(wv[0], i), D::block(unit[0], i, fmt_table), p0);
                     D::word(word(wv[1], i), D::block(unit[1], i, fmt_table), p1);
                 });
+            };
+            if constexpr (D::kFastPath) {
+                if (__all_sync(0xffffffffu, D::fast_ok(unit[0], fmt_table) && D::fast_ok(unit[1], fmt_table))) {
+                    mma_tile_pair(q, [&](int i, uint32_t (&p0)[4], uint32_t (&p1)[4]) {
+                        D::fast_word(word(wv[0], i), D::fast_block(unit[0], i, fmt_table), p0);
+                        D::fast_word(word(wv[1], i), D::fast_block(unit[1], i, fmt_table), p1);
+                    });
+                } else {
+                    plain();
+                }
+            } else {
+                plain();
             }
           }
         }

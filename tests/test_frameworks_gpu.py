@@ -174,6 +174,7 @@ def test_torch_common_calls_take_the_fast_path(torch, dtype, monkeypatch):
     want_y = ck.gemm_int8_scaled(a, b, scale_a, scale_b, bias=bias, activation="relu",
                                  out_dtype=dtype)
     want_1d = ck.gemm_int8_scaled(a[0], b, scale_a[:1], scale_b, out_dtype=dtype)
+    want_static = ck.quantize_int8(x, scales=scale_a[:1], dtype=dtype_arg(dtype))[0]
     xt, at, bt = to_torch(torch, x, dtype), to_torch(torch, a), to_torch(torch, b)
     sat, sbt, biast = (to_torch(torch, scale_a), to_torch(torch, scale_b),
                        to_torch(torch, bias, dtype))
@@ -190,8 +191,7 @@ def test_torch_common_calls_take_the_fast_path(torch, dtype, monkeypatch):
         assert_torch_result(torch, got, want, what)
     q_static, s_static = ck.quantize_int8(xt, scales=sat[:1])
     assert s_static.data_ptr() == sat.data_ptr()
-    assert_torch_result(torch, q_static, ck.quantize_int8(x, scales=scale_a[:1],
-                                                          dtype=dtype_arg(dtype))[0], "static q")
+    assert_torch_result(torch, q_static, want_static, "static q")
     got = ck.gemm_int8_scaled(at, bt, sat, sbt, bias=biast, activation="relu", out_dtype=dtype)
     assert_torch_result(torch, got, want_y, "gemm_int8_scaled", bf16)
     got = ck.gemm_int8_scaled(at[0], bt, sat[:1], sbt, out_dtype=dtype)

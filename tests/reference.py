@@ -2202,3 +2202,267 @@ def _attention_prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, dtype
         raise ValueError(f"softmax_scale={softmax_scale} is not a finite float32")
     qf, kf, vf = (to_f32(a, dtype).astype(np.float64) for a in (q, k, v))
     return dtype, qf, kf, vf, cu_q, cu_k, float(scale)
+
+
+# ---------------------------------------------------------------------------------------------
+# Structured-sparse INT4 weights (2:4 and 16:32 along K)
+# ---------------------------------------------------------------------------------------------
+# A weight W [N, K] (row-major, nn.Linear layout) is split along K into aligned blocks: blocks of
+# 4 for 2:4 (the pattern of PTX mma.sp m16n8k32 and cuSPARSELt: at most 2 non-zeros per block) and
+# blocks of 32 for 16:32 (at most 16 non-zeros per block). Both keep exactly half of K, so the
+# kept values of a row form a [K/2] vector in dense-k order, and a dense quantization group of
+# group_size k holds exactly group_size / 2 kept values.
+#
+#   name              | arrays                                          | definition
+#   ------------------+-------------------------------------------------+---------------------------
+#   2:4 values        | [N, K/2] in the weight's dtype, or packed INT4  | kept value j of block b of
+#                     | codes uint8 [N, K/4] (pack_int4 along the kept  | a row is value 2b + j,
+#                     | values)                                         | j = 0, 1, by position
+#   2:4 metadata      | uint32 [N, K/32] (logical, row-major)           | block b (k = 4b .. 4b+3)
+#                     |                                                 | is nibble b % 8 of word
+#                     |                                                 | b // 8: bits 4g..4g+3 hold
+#                     |                                                 | idx0 | idx1 << 2, with
+#                     |                                                 | 0 <= idx0 < idx1 <= 3
+#   16:32 values      | as 2:4 values; block c holds values 16c..16c+15 | kept values by ascending
+#                     |                                                 | position
+#   16:32 mask        | uint32 [N, K/32]                                | bit i of word c set <=>
+#                     |                                                 | k = 32c + i kept; exactly
+#                     |                                                 | 16 bits set
+#   scales, zeros     | [N, K / group_size] as quantize_int4            | groups in DENSE k (64, 128)
+#
+# Non-zero: a value whose float32 value is != 0 (NaN is non-zero; -0.0 is zero).
+# Kept positions of a block (compress): its non-zeros, then, while fewer than half the block, its
+# lowest-indexed zero positions. A position stored that way holds its (zero) value: mma.sp
+# metadata must name two distinct positions in every block, so a block with fewer than 2
+# non-zeros still stores 2 values, and the 16:32 mask always has 16 bits.
+# K must be a multiple of 32 (one metadata word or mask per 32 k) and of group_size.
+#
+# The metadata above is the logical layout, one word per 32 k of a row: exactly the 8 blocks of
+# 4 that one row of an m16n8k32 mma.sp A tile covers, each block's nibble as PTX stores the two
+# indices of a 2:4 chunk. idx0 < idx1 also keeps out the nibbles PTX calls invalid (0b0000,
+# 0b0101, 0b1010, 0b1111: a position named twice). In the instruction, the threads of each group
+# of four that the sparsity selector names (0 or 1 for m16n8k32 f16) hold the metadata of the
+# whole group, so a kernel's prepack permutes these words into that register order (as CUTLASS'
+# reorder_meta and Sparse-Marlin do); that permutation belongs to the prepack's own spec.
+SPARSE24_BLOCK = 4
+SPARSE1632_BLOCK = 32
+SPARSE_WORD_K = 32                    # k covered by one metadata word or mask
+SPARSE_GROUP_SIZES = (64, 128)        # quantization groups, counted in dense k
+
+
+def sparse_magnitude(w, dtype):
+    """The pruning key of each element: |w| as float32, with NaN -> -1, below every number."""
+    mag = np.abs(to_f32(w, dtype))
+    return np.where(np.isnan(mag), np.float32(-1), mag)
+
+
+def _sparse_blocks(arr, block, what):
+    arr = _matrix(arr)
+    if arr.shape[1] % SPARSE_WORD_K:
+        raise ValueError(f"{what}: K={arr.shape[1]} must be a multiple of {SPARSE_WORD_K}")
+    return arr.reshape(arr.shape[0], arr.shape[1] // block, block)
+
+
+def _sparse_prune(w, dtype, block):
+    """Keeps the block // 2 largest keys (sparse_magnitude) of every block of `block` k; the
+    others become +0. Ties: the lower k wins (a stable sort of the keys, descending)."""
+    w = np.asarray(w)
+    key = _sparse_blocks(sparse_magnitude(w, dtype), block, "prune")
+    order = np.argsort(-key, axis=2, kind="stable")[:, :, : block // 2]
+    keep = np.zeros(key.shape, dtype=bool)
+    np.put_along_axis(keep, order, True, axis=2)
+    return np.where(keep.reshape(w.shape), w, to_dtype(np.float32(0), dtype))
+
+
+def sparse24_prune(w, dtype):
+    """w [N, K] in dtype's representation -> the 2:4-pruned weight, same shape and dtype.
+
+    In every aligned block of 4 k, the 2 elements of largest |w| keep their value (bit for bit)
+    and the other 2 become +0. Ties in |w| (+0 and -0 tie): the lower k wins. NaN ranks below
+    every number, so it is pruned first (kept only where a block holds 3 or 4 NaN).
+    """
+    return _sparse_prune(w, dtype, SPARSE24_BLOCK)
+
+
+def sparse1632_prune(w, dtype):
+    """w [N, K] -> the 16:32-pruned weight: the 16 largest |w| of every aligned block of 32 k keep
+    their value, the other 16 become +0; ties and NaN as sparse24_prune."""
+    return _sparse_prune(w, dtype, SPARSE1632_BLOCK)
+
+
+def _sparse_kept(w, dtype, block, name):
+    """-> (kept positions [N, K/block, block/2] ascending, blocks of w): the non-zeros of each
+    block, then its lowest zero positions. ValueError where a block has > block/2 non-zeros."""
+    w = np.asarray(w)
+    blocks = _sparse_blocks(w, block, name)
+    is_zero = _sparse_blocks(to_f32(w, dtype), block, name) == 0      # NaN != 0
+    nonzeros = block - is_zero.sum(axis=2)
+    bad = np.argwhere(nonzeros > block // 2)
+    if bad.size:
+        row, b = bad[0]
+        raise ValueError(f"{name}: row {row}, k {b * block}..{b * block + block - 1} has "
+                         f"{nonzeros[row, b]} non-zeros, more than {block // 2}")
+    # Stable sort on is_zero: non-zeros first, then zeros, each by ascending k.
+    kept = np.argsort(is_zero, axis=2, kind="stable")[:, :, : block // 2]
+    return np.sort(kept, axis=2), blocks
+
+
+def sparse24_compress(w, dtype):
+    """A 2:4 weight w [N, K] (K % 32 == 0) -> (values [N, K/2] in dtype's representation,
+    metadata uint32 [N, K/32]); see the table at the top of this section.
+
+    Kept positions of a block: its non-zeros, then its lowest zero positions, to 2 (so a block of
+    zeros stores positions 0 and 1, and one non-zero at k = 3 stores positions 0 and 3).
+    ValueError where a block of 4 has more than 2 non-zeros.
+    """
+    kept, blocks = _sparse_kept(w, dtype, SPARSE24_BLOCK, "sparse24_compress")
+    values = np.take_along_axis(blocks, kept, axis=2).reshape(blocks.shape[0], -1)
+    return values, sparse24_pack_metadata(kept.reshape(blocks.shape[0], -1))
+
+
+def sparse24_pack_metadata(indices):
+    """Positions [N, K/2] (0..3; pairs idx0 < idx1 per block) -> metadata uint32 [N, K/32]:
+    block b in bits 4(b % 8) .. 4(b % 8) + 3 of word b // 8, idx0 in the low 2 bits."""
+    idx = np.asarray(indices).astype(np.uint32).reshape(len(indices), -1, 8, 2)
+    nibbles = idx[..., 0] | (idx[..., 1] << np.uint32(2))
+    shifts = (np.arange(8, dtype=np.uint32) * np.uint32(4))
+    return np.bitwise_or.reduce(nibbles << shifts, axis=2).astype(np.uint32)
+
+
+def sparse24_unpack_metadata(meta):
+    """metadata uint32 [N, K/32] -> positions uint8 [N, K/2] (inverse of sparse24_pack_metadata);
+    ValueError unless every block names two positions idx0 < idx1."""
+    meta = _matrix(_require_dtype(np.asarray(meta), np.uint32, "2:4 metadata"))
+    shifts = np.arange(8, dtype=np.uint32) * np.uint32(4)
+    nibbles = (meta[:, :, None] >> shifts) & np.uint32(0xF)
+    idx = np.stack([nibbles & np.uint32(3), nibbles >> np.uint32(2)], axis=3)
+    if (idx[..., 0] >= idx[..., 1]).any():
+        raise ValueError("2:4 metadata: every block must name two positions idx0 < idx1")
+    return idx.reshape(meta.shape[0], -1).astype(np.uint8)
+
+
+def _sparse_scatter(values, positions, block, fill):
+    """values [N, K/2] at positions [N, K/block, block/2] (within each block) -> [N, K]."""
+    rows, nblocks, _ = positions.shape
+    dense = np.full((rows, nblocks, block), fill, dtype=values.dtype)
+    np.put_along_axis(dense, positions.astype(np.int64),
+                      values.reshape(rows, nblocks, block // 2), axis=2)
+    return dense.reshape(rows, nblocks * block)
+
+
+def sparse24_decompress(values, meta, dtype):
+    """(values [N, K/2], metadata [N, K/32]) -> dense [N, K] in dtype's representation: each
+    value at its position, +0 elsewhere. decompress(compress(w)) == w bit for bit, except that a
+    -0.0 at a position not stored reads back +0.0."""
+    values = _matrix(_require_dtype(np.asarray(values), _numpy_dtype(dtype), "2:4 values"))
+    idx = sparse24_unpack_metadata(meta)
+    if idx.shape != values.shape:
+        raise ValueError(f"metadata covers {idx.shape[1]} values per row, values have "
+                         f"{values.shape[1]}")
+    positions = idx.reshape(len(idx), -1, 2)
+    return _sparse_scatter(values, positions, SPARSE24_BLOCK, to_dtype(np.float32(0), dtype))
+
+
+def sparse1632_compress(w, dtype):
+    """A 16:32 weight w [N, K] (K % 32 == 0) -> (values [N, K/2], mask uint32 [N, K/32]).
+
+    Kept positions of a block of 32: its non-zeros, then its lowest zero positions, to 16; values
+    in ascending k; bit i of the mask word set where k = 32c + i is kept (exactly 16 bits).
+    ValueError where a block has more than 16 non-zeros.
+    """
+    kept, blocks = _sparse_kept(w, dtype, SPARSE1632_BLOCK, "sparse1632_compress")
+    values = np.take_along_axis(blocks, kept, axis=2).reshape(blocks.shape[0], -1)
+    masks = np.bitwise_or.reduce(np.uint32(1) << kept.astype(np.uint32), axis=2)
+    return values, masks.astype(np.uint32)
+
+
+def sparse1632_positions(masks):
+    """mask uint32 [N, K/32] -> kept positions uint8 [N, K/32, 16] ascending; ValueError unless
+    every mask has exactly 16 bits set."""
+    masks = _matrix(_require_dtype(np.asarray(masks), np.uint32, "16:32 mask"))
+    bits = (masks[:, :, None] >> np.arange(32, dtype=np.uint32)) & np.uint32(1)
+    if (bits.sum(axis=2) != SPARSE1632_BLOCK // 2).any():
+        raise ValueError("16:32 mask: every word must have exactly 16 bits set")
+    return np.argsort(bits == 0, axis=2, kind="stable")[:, :, :16].astype(np.uint8)
+
+
+def sparse1632_decompress(values, masks, dtype):
+    """(values [N, K/2], mask [N, K/32]) -> dense [N, K]: values at the set bits in ascending k,
+    +0 elsewhere (the round trip as sparse24_decompress)."""
+    values = _matrix(_require_dtype(np.asarray(values), _numpy_dtype(dtype), "16:32 values"))
+    positions = sparse1632_positions(masks)
+    if positions.shape[1] * 16 != values.shape[1] or len(positions) != len(values):
+        raise ValueError(f"masks {masks.shape} do not match values {values.shape}")
+    return _sparse_scatter(values, positions, SPARSE1632_BLOCK, to_dtype(np.float32(0), dtype))
+
+
+def sparse1632_to_24(values, masks):
+    """16:32 (values, mask) -> 2:4 (values, metadata) where every aligned block of 4 has at most
+    2 mask bits; ValueError otherwise. With 16 bits per 32 that means exactly 2 per block of 4,
+    so the values keep their order and block b's positions are its two set bits (mod 4). The
+    stored zeros stay where the mask put them."""
+    positions = sparse1632_positions(masks).astype(np.int64)
+    per_block = np.stack([(positions // 4 == g).sum(axis=2) for g in range(8)], axis=2)
+    bad = np.argwhere(per_block > 2)
+    if bad.size:
+        row, c, g = bad[0]
+        raise ValueError(f"sparse1632_to_24: row {row}, k {32 * c + 4 * g}..{32 * c + 4 * g + 3}"
+                         f" has {per_block[row, c, g]} kept positions, more than 2")
+    idx = (positions % 4).reshape(len(positions), -1)
+    return np.asarray(values).copy(), sparse24_pack_metadata(idx)
+
+
+def _check_sparse_group(group_size, k):
+    if group_size not in SPARSE_GROUP_SIZES:
+        raise ValueError(f"group_size={group_size} is not one of {SPARSE_GROUP_SIZES}")
+    if k % group_size or k % SPARSE_WORD_K:
+        raise ValueError(f"K={k} must be a multiple of group_size={group_size} and of "
+                         f"{SPARSE_WORD_K}")
+
+
+def _sparse_quantize(values, dtype, group_size, mode, k):
+    """INT4 of the kept values: quantize_int4 on values [N, K/2] with group_size / 2 (a dense
+    group of group_size k holds exactly group_size / 2 kept values)."""
+    _check_sparse_group(group_size, k)
+    return quantize_int4(values, dtype, group_size // 2, mode)
+
+
+def sparse24_quantize(w, dtype, group_size, mode):
+    """A 2:4 weight w [N, K] -> (codes uint8 [N, K/4], metadata uint32 [N, K/32],
+    scales [N, K/group_size], zeros uint8 [N, K/group_size] or None).
+
+    (values, metadata) = sparse24_compress(w); then exactly quantize_int4's rules on the kept
+    values of each dense group (group_size 64 or 128 dense k = 32 or 64 kept values): sym
+    scale = absmax / 7, asym lo = min(min, 0), hi = max(max, 0), rint half to even, NaN -> the
+    code of 0. The pruned zeros are not among the values, and would change nothing if they were
+    (absmax, min(., 0) and max(., 0) ignore zeros), so scales and zeros equal those of
+    quantize_int4(w) on the dense pruned weight, and the codes equal its codes at the kept
+    positions. A stored zero gets the code of 0: 0 (sym) or the zero point (asym).
+    """
+    values, meta = sparse24_compress(w, dtype)
+    packed, scales, zeros = _sparse_quantize(values, dtype, group_size, mode, values.shape[1] * 2)
+    return packed, meta, scales, zeros
+
+
+def sparse24_dequantize(packed, meta, scales, zeros, k, group_size, mode, out_dtype):
+    """-> dense [N, K] in out_dtype's representation: dequantize_int4 of the kept codes (group
+    size group_size / 2) scattered to their positions; +0 at pruned positions."""
+    _check_sparse_group(group_size, k)
+    values = dequantize_int4(packed, scales, zeros, k // 2, group_size // 2, mode, out_dtype)
+    return sparse24_decompress(values, meta, out_dtype)
+
+
+def sparse1632_quantize(w, dtype, group_size, mode):
+    """A 16:32 weight w [N, K] -> (codes uint8 [N, K/4], mask uint32 [N, K/32], scales, zeros):
+    sparse1632_compress, then the kept values quantized as in sparse24_quantize."""
+    values, masks = sparse1632_compress(w, dtype)
+    packed, scales, zeros = _sparse_quantize(values, dtype, group_size, mode, values.shape[1] * 2)
+    return packed, masks, scales, zeros
+
+
+def sparse1632_dequantize(packed, masks, scales, zeros, k, group_size, mode, out_dtype):
+    """-> dense [N, K] in out_dtype's representation (as sparse24_dequantize, 16:32 masks)."""
+    _check_sparse_group(group_size, k)
+    values = dequantize_int4(packed, scales, zeros, k // 2, group_size // 2, mode, out_dtype)
+    return sparse1632_decompress(values, masks, out_dtype)
+

@@ -1,0 +1,294 @@
+"""CPU tests of the structured-sparse INT4 references in tests/reference.py (2:4 and 16:32 along
+K): pruning, compression and its metadata, quantization, 16:32 -> 2:4.
+
+Data is fresh every run (the `seed` fixture); CK_TEST_SEED=<seed> replays a failure.
+"""
+
+import numpy as np
+import pytest
+
+import reference as ref
+
+SHAPES = [(1, 32), (5, 64), (8, 256), (3, 384)]
+SCHEMES = {  # name -> (block, prune, compress, decompress)
+    "2:4": (ref.SPARSE24_BLOCK, ref.sparse24_prune, ref.sparse24_compress,
+            ref.sparse24_decompress),
+    "16:32": (ref.SPARSE1632_BLOCK, ref.sparse1632_prune, ref.sparse1632_compress,
+              ref.sparse1632_decompress),
+}
+
+
+def bits(a):
+    """The bit patterns of an array (so NaN == NaN and -0.0 != +0.0)."""
+    a = np.ascontiguousarray(a)
+    return a.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[a.itemsize])
+
+
+def blocks(a, block):
+    return a.reshape(a.shape[0], -1, block)
+
+
+def with_sparse_blocks(rng, x, block, dtype):
+    """x with about one block in four holding fewer than half non-zeros (zero to block/2 - 1
+    survivors at random positions), so that compression must store zero values."""
+    xb = blocks(ref.to_f32(x, dtype).copy(), block)
+    chosen = rng.random(xb.shape[:2]) < 0.25
+    for r, b in np.argwhere(chosen):
+        survivors = rng.choice(block, size=rng.integers(0, block // 2), replace=False)
+        keep = np.zeros(block, dtype=bool)
+        keep[survivors] = True
+        xb[r, b, ~keep] = 0
+    return ref.to_dtype(xb.reshape(x.shape), dtype)
+
+
+def prune_by_loop(w, dtype, block):
+    """The prune rule, one block at a time: sort positions by (-|w|, k), NaN as -1."""
+    mag = ref.sparse_magnitude(w, dtype)
+    out = np.full(w.shape, ref.to_dtype(np.float32(0), dtype), dtype=w.dtype)
+    for r in range(w.shape[0]):
+        for b0 in range(0, w.shape[1], block):
+            order = sorted(range(block), key=lambda i: (-float(mag[r, b0 + i]), i))
+            for i in order[: block // 2]:
+                out[r, b0 + i] = w[r, b0 + i]
+    return out
+
+
+def kept_by_loop(w, dtype, block):
+    """The compress rule, one block at a time: non-zeros, then the lowest zero positions."""
+    wf = ref.to_f32(w, dtype)
+    out = []
+    for r in range(w.shape[0]):
+        row = []
+        for b0 in range(0, w.shape[1], block):
+            nonzero = [i for i in range(block) if wf[r, b0 + i] != 0]
+            zero = [i for i in range(block) if wf[r, b0 + i] == 0]
+            row.append(sorted((nonzero + zero)[: block // 2]))
+        out.append(row)
+    return np.array(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Pruning
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dtype", ref.DTYPES)
+def test_prune_keeps_the_largest_magnitudes(dtype, shape, scheme, seed):
+    block, prune, _, _ = SCHEMES[scheme]
+    rng = np.random.default_rng(seed)
+    w = ref.random_input(rng, shape, dtype)
+    pruned = prune(w, dtype)
+    assert pruned.dtype == w.dtype and pruned.shape == w.shape
+    wf, pf = ref.to_f32(w, dtype), ref.to_f32(pruned, dtype)
+    kept = blocks(pf != 0, block)
+    assert (kept.sum(axis=2) <= block // 2).all(), f"pattern violated, seed={seed}"
+    # Kept values are unchanged bit for bit; the others are +0.
+    same = bits(pruned) == bits(w)
+    assert np.all(same | (bits(pruned) == bits(ref.to_dtype(np.float32(0), dtype)))), f"{seed}"
+    # Every kept magnitude is >= every pruned one in its block, and the kept half is the top half.
+    mag = blocks(np.abs(wf), block)
+    kept_same = blocks(same, block) & (mag > 0)
+    min_kept = np.where(kept_same, mag, np.inf).min(axis=2)
+    max_dropped = np.where(blocks(~same, block), mag, -np.inf).max(axis=2)
+    assert (min_kept >= max_dropped).all(), f"seed={seed}"
+    top_half = -np.sort(-mag, axis=2)[:, :, : block // 2].astype(np.float64).sum(axis=2)
+    assert np.array_equal(np.where(kept_same, mag, 0).astype(np.float64).sum(axis=2), top_half)
+    assert np.array_equal(bits(pruned), bits(prune_by_loop(w, dtype, block))), f"seed={seed}"
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("dtype", ref.DTYPES)
+def test_prune_ties_keep_the_lower_k(dtype, scheme, seed):
+    block, prune, _, _ = SCHEMES[scheme]
+    rng = np.random.default_rng(seed)
+    # Small integers: most blocks hold ties, +0 and -0 among them.
+    xf = rng.integers(-2, 3, size=(6, 64)).astype(np.float32)
+    xf[rng.random(xf.shape) < 0.1] = -0.0
+    w = ref.to_dtype(xf, dtype)
+    assert np.array_equal(bits(prune(w, dtype)), bits(prune_by_loop(w, dtype, block))), seed
+    # Hand-made 2:4 cases: equal magnitudes keep the lower k, whatever the sign.
+    if scheme == "2:4":
+        x = ref.to_dtype(np.array([[1, -1, 1, -1, 0, 3, -3, 3] + [0] * 24], np.float32), dtype)
+        assert ref.to_f32(prune(x, dtype), dtype)[0, :8].tolist() == [1, -1, 0, 0, 0, 3, -3, 0]
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("dtype", ref.DTYPES)
+def test_prune_ranks_nan_below_every_number(dtype, scheme, seed):
+    block, prune, _, _ = SCHEMES[scheme]
+    rng = np.random.default_rng(seed)
+    xf = ref.to_f32(ref.random_input(rng, (4, 64), dtype), dtype)
+    nan_at = rng.random(xf.shape) < 0.3
+    xf[nan_at] = np.nan
+    xf[0, :block] = 0       # a block of zeros and NaN: the zeros are kept first
+    xf[0, 1] = np.nan
+    w = ref.to_dtype(xf, dtype)
+    pruned = ref.to_f32(prune(w, dtype), dtype)
+    assert not np.isnan(pruned[0, :block]).any(), f"seed={seed}"
+    # A NaN survives only in a block where fewer than half the values are numbers.
+    numbers = blocks(~np.isnan(xf), block).sum(axis=2)
+    kept_nan = blocks(np.isnan(pruned), block).sum(axis=2)
+    assert np.array_equal(kept_nan, np.maximum(block // 2 - numbers, 0)), f"seed={seed}"
+    assert np.array_equal(bits(prune(w, dtype)), bits(prune_by_loop(w, dtype, block))), seed
+
+
+# ---------------------------------------------------------------------------------------------
+# Compression and metadata
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dtype", ref.DTYPES)
+def test_compress_round_trip_is_bit_exact(dtype, shape, scheme, seed):
+    block, prune, compress, decompress = SCHEMES[scheme]
+    rng = np.random.default_rng(seed)
+    w = prune(with_sparse_blocks(rng, ref.random_input(rng, shape, dtype), block, dtype), dtype)
+    values, meta = compress(w, dtype)
+    rows, k = shape
+    assert values.shape == (rows, k // 2) and values.dtype == w.dtype
+    assert meta.shape == (rows, k // 32) and meta.dtype == np.uint32
+    assert np.array_equal(bits(decompress(values, meta, dtype)), bits(w)), f"seed={seed}"
+    # The stored positions: every non-zero, then the lowest zero positions, ascending.
+    if scheme == "2:4":
+        positions = ref.sparse24_unpack_metadata(meta).reshape(rows, -1, 2)
+    else:
+        positions = ref.sparse1632_positions(meta)
+    assert np.array_equal(positions, kept_by_loop(w, dtype, block)), f"seed={seed}"
+    assert (np.diff(positions.astype(np.int16), axis=2) > 0).all(), f"seed={seed}"
+    stored = np.take_along_axis(blocks(w, block), positions.astype(np.int64), axis=2)
+    assert np.array_equal(bits(values), bits(stored.reshape(values.shape))), f"seed={seed}"
+
+
+def test_sparse24_metadata_layout():
+    # Row 0: block 0 keeps k = 1, 3; block 1 is all zero (positions 0, 1); block 2 one non-zero
+    # at k = 3 (positions 0, 3); blocks 3..7 keep k = 0, 2.
+    w = np.zeros((1, 32), np.float32)
+    w[0, [1, 3, 11]] = [5, -6, 7]
+    w[0, 12:32:4], w[0, 14:32:4] = 1, 2
+    values, meta = ref.sparse24_compress(w, "fp32")
+    nibbles = [1 | 3 << 2, 0 | 1 << 2, 0 | 3 << 2] + [0 | 2 << 2] * 5
+    assert int(meta[0, 0]) == sum(n << (4 * g) for g, n in enumerate(nibbles))
+    assert values[0, :6].tolist() == [5, -6, 0, 0, 0, 7]
+    assert ref.sparse24_unpack_metadata(meta)[0, :6].tolist() == [1, 3, 0, 1, 0, 3]
+    with pytest.raises(ValueError):   # a block naming the same position twice
+        ref.sparse24_unpack_metadata(np.array([[0x5]], np.uint32))
+
+
+def test_sparse1632_mask_layout():
+    w = np.zeros((1, 64), np.float32)
+    w[0, [0, 5, 31]] = [1, 2, 3]          # block 0: 3 non-zeros, then the lowest free positions
+    w[0, 32:48] = np.arange(1, 17)        # block 1: exactly 16 non-zeros
+    values, masks = ref.sparse1632_compress(w, "fp32")
+    want0 = sorted([0, 5, 31] + [i for i in range(32) if i not in (0, 5, 31)][:13])
+    assert int(masks[0, 0]) == sum(1 << i for i in want0) and int(masks[0, 1]) == 0xFFFF
+    assert values[0, :16].tolist() == [w[0, i] for i in want0]
+    with pytest.raises(ValueError):
+        ref.sparse1632_positions(np.array([[0xFFFFF]], np.uint32))   # 20 bits
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("dtype", ref.DTYPES)
+def test_compress_rejects_a_violating_weight(dtype, scheme, seed):
+    block, prune, compress, _ = SCHEMES[scheme]
+    rng = np.random.default_rng(seed)
+    w = prune(ref.random_input(rng, (4, 128), dtype), dtype)
+    r, b = rng.integers(4), rng.integers(128 // block)
+    wf = ref.to_f32(w, dtype)
+    zero_at = np.flatnonzero(wf[r, b * block : (b + 1) * block] == 0)
+    wf[r, b * block + rng.choice(zero_at)] = 1.5      # one non-zero too many in one block
+    with pytest.raises(ValueError, match=f"row {r}, k {b * block}"):
+        compress(ref.to_dtype(wf, dtype), dtype)
+    with pytest.raises(ValueError):
+        compress(ref.random_input(rng, (4, 128), dtype), dtype)   # dense, unpruned
+
+
+# ---------------------------------------------------------------------------------------------
+# INT4 quantization of the kept values
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("group_size", ref.SPARSE_GROUP_SIZES)
+@pytest.mark.parametrize("mode", ref.INT4_MODES)
+@pytest.mark.parametrize("dtype", ref.DTYPES)
+def test_quantize_equals_dense_int4_of_the_pruned_weight(dtype, mode, group_size, scheme, seed):
+    """Pruned zeros change neither absmax nor min(., 0) nor max(., 0), so the sparse scales and
+    zero points are the dense ones and every code is the dense code at its position."""
+    block, prune, compress, _ = SCHEMES[scheme]
+    quantize, dequantize = ((ref.sparse24_quantize, ref.sparse24_dequantize) if scheme == "2:4"
+                            else (ref.sparse1632_quantize, ref.sparse1632_dequantize))
+    rng = np.random.default_rng(seed)
+    rows, k = 6, 256
+    w = prune(with_sparse_blocks(rng, ref.random_input(rng, (rows, k), dtype), block, dtype),
+              dtype)
+    packed, meta, scales, zeros = quantize(w, dtype, group_size, mode)
+    d_packed, d_scales, d_zeros = ref.quantize_int4(w, dtype, group_size, mode)
+    assert packed.shape == (rows, k // 4) and meta.shape == (rows, k // 32)
+    assert np.array_equal(bits(scales), bits(d_scales)), f"seed={seed}"
+    assert (zeros is None) == (mode == "sym")
+    assert mode == "sym" or np.array_equal(zeros, d_zeros), f"seed={seed}"
+    signed = mode == "sym"
+    codes = ref.unpack_int4(packed, k // 2, signed)
+    dense_codes = ref.unpack_int4(d_packed, k, signed)
+    _, same_meta = compress(w, dtype)
+    assert np.array_equal(meta, same_meta)
+    positions = (ref.sparse24_unpack_metadata(meta).reshape(rows, -1, 2) if scheme == "2:4"
+                 else ref.sparse1632_positions(meta)).astype(np.int64)
+    at_kept = np.take_along_axis(blocks(dense_codes, block), positions, axis=2)
+    assert np.array_equal(codes, at_kept.reshape(codes.shape)), f"seed={seed}"
+    # Dequantized: the dense dequantization of the pruned weight, pruned positions included.
+    for out_dtype in (dtype, "fp32"):
+        sc, dsc = (ref.to_dtype(ref.to_f32(s, dtype), out_dtype) for s in (scales, d_scales))
+        back = dequantize(packed, meta, sc, zeros, k, group_size, mode, out_dtype)
+        want = ref.dequantize_int4(d_packed, dsc, d_zeros, k, group_size, mode, out_dtype)
+        assert np.array_equal(bits(back), bits(want)), f"{out_dtype}, seed={seed}"
+        assert (ref.to_f32(back, out_dtype)[ref.to_f32(w, dtype) == 0] == 0).all()
+
+
+def test_quantize_rejects_bad_groups():
+    w = ref.sparse24_prune(np.ones((2, 96), np.float32), "fp32")
+    for group_size in (32, -1, 96):
+        with pytest.raises(ValueError):
+            ref.sparse24_quantize(w, "fp32", group_size, "sym")
+    with pytest.raises(ValueError):      # K = 96 is not a multiple of 64
+        ref.sparse24_quantize(w, "fp32", 64, "sym")
+
+
+# ---------------------------------------------------------------------------------------------
+# 16:32 -> 2:4
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", ref.DTYPES)
+def test_1632_to_24_equals_compressing_the_dense_weight(dtype, seed):
+    rng = np.random.default_rng(seed)
+    # A 2:4-pruned weight with no zeros left keeps exactly 2 per 4, so 16 per 32: both formats
+    # store the same positions.
+    xf = ref.to_f32(ref.random_input(rng, (8, 256), dtype), dtype)
+    xf[xf == 0] = 1
+    w = ref.sparse24_prune(ref.to_dtype(xf, dtype), dtype)
+    values, meta = ref.sparse1632_to_24(*ref.sparse1632_compress(w, dtype))
+    want_values, want_meta = ref.sparse24_compress(w, dtype)
+    assert np.array_equal(bits(values), bits(want_values)), f"seed={seed}"
+    assert np.array_equal(meta, want_meta), f"seed={seed}"
+    # Quantized likewise: the codes and scales do not depend on the route.
+    packed, masks, scales, zeros = ref.sparse1632_quantize(w, dtype, 128, "asym")
+    packed24, meta24, scales24, zeros24 = ref.sparse24_quantize(w, dtype, 128, "asym")
+    assert np.array_equal(ref.sparse1632_to_24(packed, masks)[1], meta24)
+    assert np.array_equal(packed, packed24) and np.array_equal(bits(scales), bits(scales24))
+
+
+@pytest.mark.parametrize("dtype", ref.DTYPES)
+def test_1632_to_24_keeps_stored_zeros_and_rejects_a_dense_mask(dtype, seed):
+    rng = np.random.default_rng(seed)
+    w = ref.sparse24_prune(with_sparse_blocks(rng, ref.random_input(rng, (4, 128), dtype), 4,
+                                              dtype), dtype)
+    values, masks = ref.sparse1632_compress(w, dtype)
+    positions = ref.sparse1632_positions(masks).astype(np.int64)
+    per4 = np.stack([(positions // 4 == g).sum(axis=2) for g in range(8)], axis=2)
+    if (per4 <= 2).all():
+        v24, meta = ref.sparse1632_to_24(values, masks)
+        assert np.array_equal(bits(ref.sparse24_decompress(v24, meta, dtype)), bits(w))
+    else:   # the 16:32 fill put a stored zero in a block of 4 that already holds two values
+        with pytest.raises(ValueError):
+            ref.sparse1632_to_24(values, masks)
+    # 16:32-pruned random data leaves some block of 4 with 3 or 4 kept values.
+    w = ref.sparse1632_prune(ref.random_input(rng, (4, 128), dtype), dtype)
+    with pytest.raises(ValueError, match="more than 2"):
+        ref.sparse1632_to_24(*ref.sparse1632_compress(w, dtype))
+

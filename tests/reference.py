@@ -2466,3 +2466,29 @@ def sparse1632_dequantize(packed, masks, scales, zeros, k, group_size, mode, out
     values = dequantize_int4(packed, scales, zeros, k // 2, group_size // 2, mode, out_dtype)
     return sparse1632_decompress(values, masks, out_dtype)
 
+
+# ---- Importer: compressed-tensors "sparse-24-bitmask" -----------------------------------------
+# compressed-tensors (Sparse24BitMaskCompressor, format "sparse-24-bitmask") stores a 2:4 weight
+# [N, K] as three tensors: `shape` int [2, 1] = [[N], [K]]; `bitmask` uint8 [N, ceil(K/8)], the
+# bool mask of kept positions packed by numpy.packbits(mask, axis=-1, bitorder="little") (bit j
+# of byte c <=> k = 8c + j); `compressed` [N, K/2] in the weight's dtype, the weight at the mask
+# positions in row-major order (weight[mask].reshape(N, K/2)). The mask is its top-2 |w| of every
+# 4, so it marks exactly 2 positions per block of 4, zeros included.
+def import_compressed_tensors_sparse24(compressed, bitmask, shape, dtype):
+    """-> (values [N, K/2], metadata uint32 [N, K/32]) in the library's 2:4 format: the dense
+    weight (the compressed values at the mask positions, +0 elsewhere) through sparse24_compress.
+
+    ValueError unless the mask has exactly K/2 bits per row and at most 2 per block of 4."""
+    n, k = (int(v) for v in np.asarray(shape).reshape(-1))
+    compressed = _matrix(_require_dtype(np.asarray(compressed), _numpy_dtype(dtype),
+                                        "compressed"))
+    bitmask = _matrix(_require_dtype(np.asarray(bitmask), np.uint8, "bitmask"))
+    if compressed.shape != (n, k // 2) or bitmask.shape != (n, -(-k // 8)) or k % 4:
+        raise ValueError(f"shape [{n}, {k}] needs compressed [{n}, {k // 2}] and bitmask "
+                         f"[{n}, {-(-k // 8)}]; got {compressed.shape} and {bitmask.shape}")
+    mask = np.unpackbits(bitmask, axis=-1, count=k, bitorder="little").astype(bool)
+    if (mask.reshape(n, -1, 4).sum(axis=2) > 2).any() or (mask.sum(axis=1) != k // 2).any():
+        raise ValueError("bitmask: want exactly 2 kept positions in every block of 4")
+    dense = np.full((n, k), to_dtype(np.float32(0), dtype), dtype=compressed.dtype)
+    dense[mask] = compressed.reshape(-1)
+    return sparse24_compress(dense, dtype)

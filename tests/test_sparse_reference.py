@@ -1,5 +1,5 @@
 """CPU tests of the structured-sparse INT4 references in tests/reference.py (2:4 and 16:32 along
-K): pruning, compression and its metadata, quantization, 16:32 -> 2:4.
+K): pruning, compression and its metadata, quantization, 16:32 -> 2:4, the checkpoint importer.
 
 Data is fresh every run (the `seed` fixture); CK_TEST_SEED=<seed> replays a failure.
 """
@@ -292,3 +292,39 @@ def test_1632_to_24_keeps_stored_zeros_and_rejects_a_dense_mask(dtype, seed):
     with pytest.raises(ValueError, match="more than 2"):
         ref.sparse1632_to_24(*ref.sparse1632_compress(w, dtype))
 
+
+# ---------------------------------------------------------------------------------------------
+# Importer: compressed-tensors sparse-24-bitmask
+# ---------------------------------------------------------------------------------------------
+def compressed_tensors_sparse24(w, dtype):
+    """The published compressor on a dense weight: mask = top-2 |w| of every 4 (our prune's
+    choice stands in for torch.topk's, which is only required to pick 2 of the largest),
+    compressed = w[mask].reshape(N, K/2), bitmask = packbits(mask, little), shape [[N], [K]]."""
+    n, k = w.shape
+    key = blocks(ref.sparse_magnitude(w, dtype), 4)
+    order = np.argsort(-key, axis=2, kind="stable")[:, :, :2]
+    mask = np.zeros(key.shape, dtype=bool)
+    np.put_along_axis(mask, order, True, axis=2)
+    mask = mask.reshape(n, k)
+    return (w[mask].reshape(n, k // 2), np.packbits(mask, axis=-1, bitorder="little"),
+            np.array([n, k]).reshape(-1, 1))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dtype", ref.DTYPES)
+def test_import_compressed_tensors_sparse24(dtype, shape, seed):
+    rng = np.random.default_rng(seed)
+    w = ref.sparse24_prune(with_sparse_blocks(rng, ref.random_input(rng, shape, dtype), 4,
+                                              dtype), dtype)
+    compressed, bitmask, ct_shape = compressed_tensors_sparse24(w, dtype)
+    assert bitmask.shape == (shape[0], shape[1] // 8)
+    values, meta = ref.import_compressed_tensors_sparse24(compressed, bitmask, ct_shape, dtype)
+    want_values, want_meta = ref.sparse24_compress(w, dtype)
+    assert np.array_equal(bits(values), bits(want_values)), f"seed={seed}"
+    assert np.array_equal(meta, want_meta), f"seed={seed}"
+    assert np.array_equal(bits(ref.sparse24_decompress(values, meta, dtype)), bits(w)), seed
+    # A mask with three positions in one block of 4 is not 2:4.
+    bad = bitmask.copy()
+    bad[0, 0] = 0b0111 | (bad[0, 0] & 0xF0)
+    with pytest.raises(ValueError):
+        ref.import_compressed_tensors_sparse24(compressed, bad, ct_shape, dtype)

@@ -2399,8 +2399,9 @@ def sparse1632_decompress(values, masks, dtype):
 def sparse1632_to_24(values, masks):
     """16:32 (values, mask) -> 2:4 (values, metadata) where every aligned block of 4 has at most
     2 mask bits; ValueError otherwise. With 16 bits per 32 that means exactly 2 per block of 4,
-    so the values keep their order and block b's positions are its two set bits (mod 4). The
-    stored zeros stay where the mask put them."""
+    so the values (or their packed INT4 codes, which this leaves as they are) keep their order
+    and block b's positions are its two set bits (mod 4). The stored zeros stay where the mask
+    put them."""
     positions = sparse1632_positions(masks).astype(np.int64)
     per_block = np.stack([(positions // 4 == g).sum(axis=2) for g in range(8)], axis=2)
     bad = np.argwhere(per_block > 2)

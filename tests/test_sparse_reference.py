@@ -18,6 +18,13 @@ SCHEMES = {  # name -> (block, prune, compress, decompress)
 }
 
 
+def every_case(test):
+    """Parametrizes a test over every scheme (2:4, 16:32), shape and dtype."""
+    for name, values in (("dtype", ref.DTYPES), ("shape", SHAPES), ("scheme", SCHEMES)):
+        test = pytest.mark.parametrize(name, values)(test)
+    return test
+
+
 def bits(a):
     """The bit patterns of an array (so NaN == NaN and -0.0 != +0.0)."""
     a = np.ascontiguousarray(a)
@@ -70,9 +77,7 @@ def kept_by_loop(w, dtype, block):
 # ---------------------------------------------------------------------------------------------
 # Pruning
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("scheme", SCHEMES)
-@pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("dtype", ref.DTYPES)
+@every_case
 def test_prune_keeps_the_largest_magnitudes(dtype, shape, scheme, seed):
     block, prune, _, _ = SCHEMES[scheme]
     rng = np.random.default_rng(seed)
@@ -135,9 +140,7 @@ def test_prune_ranks_nan_below_every_number(dtype, scheme, seed):
 # ---------------------------------------------------------------------------------------------
 # Compression and metadata
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("scheme", SCHEMES)
-@pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("dtype", ref.DTYPES)
+@every_case
 def test_compress_round_trip_is_bit_exact(dtype, shape, scheme, seed):
     block, prune, compress, decompress = SCHEMES[scheme]
     rng = np.random.default_rng(seed)

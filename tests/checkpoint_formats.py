@@ -292,3 +292,72 @@ def _check_groups(k, group_size, groups):
     want = ref.int4_groups_per_row(k, group_size)
     if groups != want:
         raise ValueError(f"K={k} with group_size={group_size} has {want} groups, not {groups}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Sparse-Marlin 2:4 ("marlin_24")
+# ---------------------------------------------------------------------------------------------
+# The layout is defined beside its importer (reference.py, "Importer: Sparse-Marlin"); this is
+# the packer that writes it, step by step as the published one does: remove the bias 8, compress
+# each output's K codes to 2 per block of 4 with CUTLASS' choice of positions, restore the bias,
+# then lay out the codes, the metadata and the scales.
+def marlin24_cutlass_positions(nonzero):
+    """bool [..., 4] (which codes of a block are non-zero) -> (idx0, idx1), CUTLASS' encoding of
+    2:4 metadata: the positions of the two non-zeros; with fewer, positions chosen by these
+    Boolean expressions (a block of zeros names 2 and 3, a lone non-zero at 0 names 0 and 2,
+    at 1: 1 and 2, at 2 or 3: 2 and 3)."""
+    m0, m1, m3 = nonzero[..., 0], nonzero[..., 1], nonzero[..., 3]
+    both, second_only, neither = m0 & m1, ~m0 & m1, ~m0 & ~m1
+    idx0 = second_only.astype(np.uint8) | (neither.astype(np.uint8) << 1)
+    idx1 = (both | neither | m3).astype(np.uint8) | ((second_only | ~m1).astype(np.uint8) << 1)
+    return idx0, idx1
+
+
+def marlin24_compress(codes):
+    """codes [K, N] in 0..15 (uint4b8), 2:4 along K after the bias -> (Q [K/2, N] codes,
+    M uint16 [N, K/16] logical metadata); see marlin24_cutlass_positions."""
+    codes = _codes(codes, "marlin_24 codes")
+    k, n = codes.shape
+    centred = codes.T.astype(np.int16).reshape(n, k // 4, 4) - ref.MARLIN24_BIAS
+    if ((centred != 0).sum(axis=2) > 2).any():
+        raise ValueError("marlin_24 codes must hold at most 2 codes != 8 in every block of 4 k")
+    idx0, idx1 = marlin24_cutlass_positions(centred != 0)
+    kept = np.stack([idx0, idx1], axis=2).astype(np.int64)
+    q = np.take_along_axis(centred, kept, axis=2).reshape(n, k // 2) + ref.MARLIN24_BIAS
+    nibbles = (idx0 | (idx1 << 2)).astype(np.uint16).reshape(n, k // 16, 4)
+    meta = np.bitwise_or.reduce(nibbles << (np.arange(4, dtype=np.uint16) * 4), axis=2)
+    return q.T.astype(np.uint8), meta.astype(np.uint16)
+
+
+def marlin24_pack(codes, scales, group_size):
+    """codes [K, N] in 0..15 (2:4 along K after the bias 8), scales [G, N] -> (qweight int32
+    [K/32, 2N], meta int16 [K/32, 2N], s [G, N]): the marlin_24 checkpoint."""
+    return marlin24_layout(*marlin24_compress(codes), scales, group_size)
+
+
+def marlin24_layout(q, meta, scales, group_size):
+    """Q [K/2, N] codes, M uint16 [N, K/16], scales [G, N] -> the checkpoint's three tensors."""
+    q = _codes(q, "marlin_24 Q")
+    k, n = 2 * q.shape[0], q.shape[1]
+    offsets = ref.marlin24_meta_offsets(n, k)
+    if np.asarray(meta).shape != offsets.shape:
+        raise ValueError(f"M must be [N, K/16] = {offsets.shape}, got {np.asarray(meta).shape}")
+    if group_size not in ref.MARLIN24_GROUP_SIZES or (group_size > 0 and k % group_size):
+        raise ValueError(f"group_size={group_size} must be one of {ref.MARLIN24_GROUP_SIZES} "
+                         f"and divide K={k}")
+    _check_groups(k, group_size, np.asarray(scales).shape[0])
+
+    rows = ref.marlin24_tiles_to_rows(q)
+    span = ref.MARLIN24_PERM_SPAN
+    rows = rows.reshape(-1, span)[:, ref.marlin24_weight_perm()].reshape(rows.shape)
+    qweight = _pack_words(rows, axis=1)
+
+    flat = np.empty(offsets.size, dtype=np.uint16)
+    flat[offsets.reshape(-1)] = np.asarray(meta, dtype=np.uint16).reshape(-1)
+    meta_words = flat.view(np.int16).reshape(k // 32, 2 * n)
+
+    scales = np.asarray(scales)
+    if scales.shape[0] > 1:   # a single group is stored unpermuted
+        perm = ref.marlin24_scale_perm()
+        scales = scales.reshape(-1, len(perm))[:, perm].reshape(scales.shape)
+    return qweight, meta_words, np.ascontiguousarray(scales)

@@ -2493,3 +2493,143 @@ def import_compressed_tensors_sparse24(compressed, bitmask, shape, dtype):
     dense = np.full((n, k), to_dtype(np.float32(0), dtype), dtype=compressed.dtype)
     dense[mask] = compressed.reshape(-1)
     return sparse24_compress(dense, dtype)
+
+
+# ---- Importer: Sparse-Marlin ("marlin_24", vLLM's gptq_marlin_24) ----------------------------
+# A symmetric 4-bit 2:4 weight of K inputs and N outputs (K % 32 == 0, N % 64 == 0: the tiles
+# below) is stored as three tensors:
+#   qweight int32 [K/32, 2N]: the codes q in 0..15 of the compressed weight Q [K/2, N], where
+#       w = (q - 8) * s (the format "uint4b8") and Q[j, n] is kept value j of output n (values
+#       2b and 2b + 1 are block b's, by ascending position). Q is cut into 16 x 16 tiles; tile
+#       (t, u) = Q[16t .. 16t+15, 16u .. 16u+15] goes row-major to elements 256u + 16r + c of row
+#       t of a [K/32, 16N] array; each aligned run of 1024 elements of a row is permuted by
+#       marlin24_weight_perm() (out[j] = in[perm[j]]); then elements 8w .. 8w+7 of a row form
+#       word w, element 8w + i in bits 4i .. 4i+3 (word 0 of row 0 thus holds Q[0, 0], Q[8, 0],
+#       Q[0, 4], Q[8, 4], Q[1, 0], Q[9, 0], Q[1, 4], Q[9, 4]).
+#   meta int16 [K/32, 2N]: the positions. Logically M [N, K/16] int16: M[n, c] covers blocks
+#       4c .. 4c+3 of output n, block 4c + i in bits 4i .. 4i+3 as idx0 | idx1 << 2 (the nibble
+#       of the library's 2:4 metadata, idx0 < idx1). M is scattered into a flat buffer of N K/16
+#       halves by marlin24_meta_offsets (CUTLASS' reordering of sparse GEMM metadata:
+#       ColumnMajorInterleaved<2> with its 2 x 2 swizzle), viewed as [K/32, 2N].
+#   s [G, N] (fp16): one scale per group of group_size k (128, or -1: one group of all K); with
+#       more than one group every aligned run of 64 scales of the flattened [G, N] is permuted by
+#       marlin24_scale_perm() (out[j] = in[perm[j]]); a single group (per-channel, or group 128
+#       with K = 128) is stored as it is.
+MARLIN24_TILE = 16           # Q is permuted in 16 x 16 tiles
+MARLIN24_PERM_SPAN = 1024    # one weight permutation covers 4 tiles (16 rows x 64 columns of Q)
+MARLIN24_ROW_GROUP = 64      # the metadata reorder works on 64 rows (outputs) at a time
+MARLIN24_BIAS = 8            # w = (q - 8) * s
+MARLIN24_GROUP_SIZES = (128, GROUP_ROW)
+MARLIN24_NIBBLE_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)   # the order of each run of 8 (see below)
+
+
+def marlin24_weight_perm():
+    """The permutation of each run of 1024 tile elements: for each of the 32 threads' indices i,
+    the rows 2(i % 4), 2(i % 4) + 1, 2(i % 4 + 4), 2(i % 4 + 4) + 1 at column 8((i // 4) % 2)
+    of tile (i // 4) // 2, then the same four rows 4 columns on, each of those eight for the
+    columns j = 0..3 after it (+j); every run of eight is then reordered by
+    MARLIN24_NIBBLE_ORDER (nibble p of a word holds element order[p] of its run)."""
+    perm = []
+    for i in range(32):
+        col = i // 4
+        first = [16 * row + 256 * (col // 2) + 8 * (col % 2) + 4 * half
+                 for half in (0, 1)
+                 for row in (2 * (i % 4), 2 * (i % 4) + 1, 2 * (i % 4 + 4), 2 * (i % 4 + 4) + 1)]
+        for j in range(4):
+            perm.extend(p + j for p in first)
+    order = list(MARLIN24_NIBBLE_ORDER)
+    return np.array(perm, dtype=np.int64).reshape(-1, 8)[:, order].reshape(-1)
+
+
+def marlin24_scale_perm():
+    """The permutation of each run of 64 group scales: 8i + (0, 4, 1, 5, 2, 6, 3, 7)."""
+    return np.array([8 * i + j for i in range(8) for j in (0, 4, 1, 5, 2, 6, 3, 7)],
+                    dtype=np.int64)
+
+
+def marlin24_meta_offsets(n, k):
+    """int64 [N, K/16]: where M[r, c] stands in the flat metadata buffer. Rows are renumbered
+    within each group of 64 (r -> 64(r // 64) + 2(r % 2) + (r % 8) // 4 + 32((r % 4) // 2)
+    + 4((r % 64) // 8)), the 2 x 2 blocks of (renumbered row, column) swizzled (an even row's
+    odd column and the next odd row's even column trade places), and the result stored column
+    pairs major: offset = (col // 2) 2N + 2 row + col % 2."""
+    if n % MARLIN24_ROW_GROUP or k % SPARSE_WORD_K:
+        raise ValueError(f"marlin_24 needs N % {MARLIN24_ROW_GROUP} == 0 and K % "
+                         f"{SPARSE_WORD_K} == 0; got N={n}, K={k}")
+    r = np.arange(n, dtype=np.int64)[:, None]
+    c = np.arange(k // 16, dtype=np.int64)[None, :]
+    row = (r // 64 * 64 + (r % 2) * 2 + (r % 8) // 4 + (r % 4) // 2 * 32
+           + (r % 64) // 8 * 4) + 0 * c
+    col = c + 0 * r
+    swap = ((row % 2 == 0) & (col % 2 == 1)).astype(np.int64) \
+        - ((row % 2 == 1) & (col % 2 == 0)).astype(np.int64)
+    row, col = row + swap, col - swap
+    return (col // 2) * n * 2 + row * 2 + col % 2
+
+
+def marlin24_tiles_to_rows(q):
+    """Q [K/2, N] -> [K/32, 16N]: the 16 x 16 tiles of each 16-row band, tile after tile."""
+    rows, n = q.shape
+    t = MARLIN24_TILE
+    return q.reshape(rows // t, t, n // t, t).transpose(0, 2, 1, 3).reshape(rows // t, n * t)
+
+
+def marlin24_rows_to_tiles(rows, n):
+    """The inverse of marlin24_tiles_to_rows: [K/32, 16N] -> Q [K/2, N]."""
+    t = MARLIN24_TILE
+    bands = rows.shape[0]
+    return rows.reshape(bands, n // t, t, t).transpose(0, 2, 1, 3).reshape(bands * t, n)
+
+
+def import_marlin24(qweight, meta, scales, group_size, dtype):
+    """A marlin_24 checkpoint -> (codes uint8 [N, K/4], metadata uint32 [N, K/32],
+    scales [N, K/g] in dtype's representation, g) in the library's 2:4 format (sym INT4).
+
+    The stored values and positions are kept as they are: code q becomes the signed code q - 8
+    (nibble q ^ 8), M's two halves of each 32 k form one metadata word (M[n, 2w] in the low 16
+    bits). g is group_size, except that per-channel scales (group_size -1) become groups of 128
+    k (64 where K % 128 != 0) holding the same scale, which dequantize to the same bits.
+    ValueError on shapes that do not fit the format, or metadata naming a position twice."""
+    qweight = _matrix(_require_dtype(np.asarray(qweight), np.int32, "marlin_24 qweight"))
+    meta = _matrix(_require_dtype(np.asarray(meta), np.int16, "marlin_24 meta"))
+    scales = _matrix(_require_dtype(np.asarray(scales), _numpy_dtype(dtype), "marlin_24 s"))
+    k, n = qweight.shape[0] * 2 * MARLIN24_TILE, qweight.shape[1] // 2
+    if qweight.shape[1] % 2 or meta.shape != qweight.shape:
+        raise ValueError(f"qweight {qweight.shape} and meta {meta.shape} must both be "
+                         f"[K/32, 2N] (4-bit codes)")
+    if group_size not in MARLIN24_GROUP_SIZES:
+        raise ValueError(f"group_size={group_size} is not one of {MARLIN24_GROUP_SIZES}")
+    offsets = marlin24_meta_offsets(n, k)          # checks N and K against the tiles
+    # Per-channel scales become the library's largest group that divides K.
+    out_group = group_size if group_size != GROUP_ROW else next(
+        (g for g in sorted(SPARSE_GROUP_SIZES, reverse=True) if k % g == 0), None)
+    groups = 1 if group_size == GROUP_ROW else k // group_size
+    if out_group is None or k % out_group or scales.shape != (groups, n):
+        raise ValueError(f"K={k}, N={n} with group_size={group_size} needs s [{groups}, {n}] "
+                         f"and K a multiple of {max(SPARSE_GROUP_SIZES)} (per-channel: of "
+                         f"{min(SPARSE_GROUP_SIZES)}); got s {scales.shape}")
+
+    words = qweight.view(np.uint32)
+    nibbles = (words[:, :, None] >> (np.arange(8, dtype=np.uint32) * np.uint32(4))) & 0xF
+    rows = nibbles.reshape(words.shape[0], -1)
+    perm = marlin24_weight_perm()
+    unpermuted = np.empty_like(rows)
+    unpermuted.reshape(-1, MARLIN24_PERM_SPAN)[:, perm] = rows.reshape(-1, MARLIN24_PERM_SPAN)
+    q = marlin24_rows_to_tiles(unpermuted, n).T                        # [N, K/2], 0..15
+    signed = q.astype(np.int16) - MARLIN24_BIAS
+    codes = pack_int4(signed, signed=True)
+
+    halves = meta.reshape(-1).view(np.uint16)[offsets].astype(np.uint32)  # M [N, K/16]
+    metadata = halves[:, 0::2] | (halves[:, 1::2] << np.uint32(16))
+    sparse24_unpack_metadata(metadata)                                  # idx0 < idx1 throughout
+
+    if group_size == GROUP_ROW:
+        out_scales = np.repeat(scales.T, k // out_group, axis=1)
+    elif groups == 1:
+        out_scales = scales.T
+    else:
+        flat = scales.reshape(-1, len(marlin24_scale_perm()))
+        unpermuted_scales = np.empty_like(flat)
+        unpermuted_scales[:, marlin24_scale_perm()] = flat
+        out_scales = unpermuted_scales.reshape(groups, n).T
+    return codes, metadata.astype(np.uint32), np.ascontiguousarray(out_scales), out_group

@@ -1,5 +1,7 @@
 """CPU tests of the structured-sparse INT4 references in tests/reference.py (2:4 and 16:32 along
-K): pruning, compression and its metadata, quantization, 16:32 -> 2:4, the checkpoint importer.
+K): pruning, compression and its metadata, quantization, 16:32 -> 2:4, the checkpoint importers
+(compressed-tensors sparse-24-bitmask, and Sparse-Marlin's marlin_24 against the packer in
+tests/checkpoint_formats.py).
 
 Data is fresh every run (the `seed` fixture); CK_TEST_SEED=<seed> replays a failure.
 """
@@ -7,6 +9,7 @@ Data is fresh every run (the `seed` fixture); CK_TEST_SEED=<seed> replays a fail
 import numpy as np
 import pytest
 
+import checkpoint_formats as cf
 import reference as ref
 
 SHAPES = [(1, 32), (5, 64), (8, 256), (3, 384)]
@@ -331,3 +334,142 @@ def test_import_compressed_tensors_sparse24(dtype, shape, seed):
     bad[0, 0] = 0b0111 | (bad[0, 0] & 0xF0)
     with pytest.raises(ValueError):
         ref.import_compressed_tensors_sparse24(compressed, bad, ct_shape, dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# Importer: Sparse-Marlin marlin_24
+# ---------------------------------------------------------------------------------------------
+MARLIN24_SHAPES = [(32, 64), (128, 128), (192, 64), (256, 64), (384, 192)]   # (K, N)
+
+# The published encoding of CUTLASS' 2:4 metadata, case by case: which codes of a block of 4 are
+# non-zero -> the nibble idx0 | idx1 << 2.
+CUTLASS_NIBBLES = {
+    (1, 1, 0, 0): 0b0100, (1, 0, 1, 0): 0b1000, (0, 1, 1, 0): 0b1001, (1, 0, 0, 1): 0b1100,
+    (0, 1, 0, 1): 0b1101, (0, 0, 1, 1): 0b1110, (0, 0, 0, 0): 0b1110, (0, 0, 0, 1): 0b1110,
+    (0, 0, 1, 0): 0b1110, (0, 1, 0, 0): 0b1001, (1, 0, 0, 0): 0b1000,
+}
+
+
+def test_marlin24_cutlass_positions_follow_the_published_table():
+    for nonzero, nibble in CUTLASS_NIBBLES.items():
+        idx0, idx1 = cf.marlin24_cutlass_positions(np.array(nonzero, dtype=bool))
+        assert int(idx0) | int(idx1) << 2 == nibble, nonzero
+
+
+def test_marlin24_permutations_are_permutations():
+    assert np.array_equal(np.sort(ref.marlin24_weight_perm()), np.arange(1024))
+    assert np.array_equal(np.sort(ref.marlin24_scale_perm()), np.arange(64))
+    for n, k in [(64, 32), (128, 64), (192, 96), (320, 256)]:
+        offsets = ref.marlin24_meta_offsets(n, k)
+        assert offsets.shape == (n, k // 16)
+        assert np.array_equal(np.sort(offsets.reshape(-1)), np.arange(n * k // 16))
+
+
+def test_marlin24_layout_hand_example():
+    """K = 256, N = 64 (group 128: 2 groups); each place below worked out by hand from the
+    published definitions."""
+    k, n = 256, 64
+    q = (np.arange(k // 2 * n).reshape(k // 2, n) % 15 + 1).astype(np.uint8)
+    meta = (np.arange(n * k // 16).reshape(n, k // 16) * 0x1111 % 0xFFFF).astype(np.uint16)
+    scales = ref.to_dtype(np.arange(2 * n, dtype=np.float32).reshape(2, n) + 1, "fp16")
+    qweight, meta_words, s = cf.marlin24_layout(q, meta, scales, 128)
+    assert qweight.shape == meta_words.shape == (k // 32, 2 * n)
+    # Word 0 of row 0: Q[0, 0], Q[8, 0], Q[0, 4], Q[8, 4], Q[1, 0], Q[9, 0], Q[1, 4], Q[9, 4].
+    want = [q[0, 0], q[8, 0], q[0, 4], q[8, 4], q[1, 0], q[9, 0], q[1, 4], q[9, 4]]
+    assert int(qweight.view(np.uint32)[0, 0]) == sum(int(v) << (4 * i) for i, v in enumerate(want))
+    # Row 1 of qweight starts with Q rows 16 and 24 (the next band of 16).
+    assert int(qweight.view(np.uint32)[1, 0]) & 0xFF == int(q[16, 0]) | int(q[24, 0]) << 4
+    # Metadata: the flat buffer opens with M[0, 0], M[4, 0], M[0, 1], M[4, 1], M[1, 0], M[5, 0],
+    # M[1, 1], M[5, 1]; M[2, c] is 32 rows (64 halves) on, M[8, 0] 4 rows (8 halves) on; column
+    # pair 1 (M[:, 2..3]) starts after the 2N halves of pair 0.
+    flat = meta_words.reshape(-1).view(np.uint16)
+    rows, cols = [0, 4, 0, 4, 1, 5, 1, 5], [0, 0, 1, 1, 0, 0, 1, 1]
+    assert np.array_equal(flat[:8], meta[rows, cols])
+    assert flat[64] == meta[2, 0] and flat[66] == meta[2, 1] and flat[8] == meta[8, 0]
+    assert flat[2 * n] == meta[0, 2]
+    # Scales: each run of 64 as 0, 4, 1, 5, 2, 6, 3, 7, then 8, 12, ...
+    assert np.array_equal(s[0, :10], scales[0, [0, 4, 1, 5, 2, 6, 3, 7, 8, 12]])
+
+
+def random_marlin24_codes(rng, k, n):
+    """Codes [K, N] in 0..15 whose centred codes (q - 8) are 2:4 along K, with blocks holding
+    fewer than 2 non-zeros (every branch of CUTLASS' position choice) and every code present."""
+    centred = rng.integers(-8, 8, size=(n, k)).astype(np.int16)
+    sparse = ref.sparse24_prune(centred.astype(np.float32), "fp32").astype(np.int16)
+    sparse = ref.to_f32(with_sparse_blocks(rng, sparse.astype(np.float32), 4, "fp32"),
+                        "fp32").astype(np.int16)
+    sparse[0, :4] = [-8, 0, 0, 7]
+    return (sparse + ref.MARLIN24_BIAS).T.astype(np.uint8)
+
+
+def marlin24_dequantized(codes, scales, group_size, dtype):
+    """The checkpoint's own dequantization: w[n, k] = (q[k, n] - 8) * s[g(k), n], one float32
+    product rounded to dtype (exact: a small integer times a 16-bit float)."""
+    k = codes.shape[0]
+    g = np.zeros(k, dtype=np.int64) if group_size == ref.GROUP_ROW else np.arange(k) // group_size
+    w = (codes.astype(np.float32) - ref.MARLIN24_BIAS) * ref.to_f32(scales, dtype)[g]
+    return ref.to_dtype(w.T.astype(np.float32), dtype)
+
+
+# (K, N, group_size) that the format and the library's groups both hold: K = 32 has no group of
+# 128, nor a library group for per-channel scales (rejected in the next test).
+MARLIN24_CASES = [(k, n, g) for k, n in MARLIN24_SHAPES for g in ref.MARLIN24_GROUP_SIZES
+                  if k % max(g, 64) == 0]
+
+
+@pytest.mark.parametrize("k, n, group_size", MARLIN24_CASES)
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_import_marlin24(dtype, k, n, group_size, seed):
+    rng = np.random.default_rng(seed)
+    codes = random_marlin24_codes(rng, k, n)
+    groups = 1 if group_size == ref.GROUP_ROW else k // group_size
+    scales = cf.random_scales(rng, groups, n, k, dtype)
+    qweight, meta, s = cf.marlin24_pack(codes, scales, group_size)
+
+    packed, metadata, lib_scales, lib_group = ref.import_marlin24(qweight, meta, s, group_size,
+                                                                  dtype)
+    assert packed.shape == (n, k // 4) and metadata.shape == (n, k // 32), seed
+    assert lib_group == (group_size if group_size > 0 else (128 if k % 128 == 0 else 64)), seed
+    got = ref.sparse24_dequantize(packed, metadata, lib_scales, None, k, lib_group, "sym", dtype)
+    assert np.array_equal(bits(got), bits(marlin24_dequantized(codes, scales, group_size,
+                                                              dtype))), f"seed={seed}"
+    # The dense codes agree everywhere; the stored positions are the checkpoint's (CUTLASS'
+    # choice), so a block of zeros names positions 2 and 3 where sparse24_compress names 0, 1.
+    dense = ref.sparse24_decompress(ref.unpack_int4(packed, k // 2, signed=True)
+                                    .astype(np.float32), metadata, "fp32")
+    assert np.array_equal(dense, codes.T.astype(np.float32) - ref.MARLIN24_BIAS), seed
+    idx = ref.sparse24_unpack_metadata(metadata).reshape(n, -1, 2)
+    assert (idx[0, 0] == [0, 3]).all(), seed
+
+
+def test_import_marlin24_rejects_what_the_format_cannot_hold(seed):
+    rng = np.random.default_rng(seed)
+    k, n = 128, 64
+    codes = random_marlin24_codes(rng, k, n)
+    scales = cf.random_scales(rng, 1, n, k, "fp16")
+    qweight, meta, s = cf.marlin24_pack(codes, scales, 128)
+    ok = dict(qweight=qweight, meta=meta, scales=s, group_size=128, dtype="fp16")
+    ref.import_marlin24(**ok)
+    bad_cases = {
+        "qweight dtype": (TypeError, dict(qweight=qweight.view(np.uint32))),
+        "meta dtype": (TypeError, dict(meta=meta.view(np.uint16))),
+        "scales dtype": (TypeError, dict(dtype="bf16")),
+        "group 64": (ValueError, dict(group_size=64)),
+        "scales shape": (ValueError, dict(scales=s[:, :32])),
+        "meta shape": (ValueError, dict(meta=meta[:, :64])),
+        "N % 64": (ValueError, dict(qweight=qweight[:, :96], meta=meta[:, :96],
+                                    scales=s[:, :48])),
+        "per-channel K % 64": (ValueError, dict(qweight=qweight[:1], meta=meta[:1],
+                                                scales=s[:1], group_size=-1)),
+    }
+    for what, (error, change) in bad_cases.items():
+        with pytest.raises(error):
+            ref.import_marlin24(**{**ok, **change})
+            pytest.fail(what)
+    # Metadata naming one position twice (idx0 == idx1) is not 2:4 metadata.
+    broken = meta.copy()
+    broken.reshape(-1).view(np.uint16)[0] &= np.uint16(0xFFF0)
+    with pytest.raises(ValueError, match="idx0 < idx1"):
+        ref.import_marlin24(**{**ok, "meta": broken})
+    with pytest.raises(ValueError, match="at most 2"):
+        cf.marlin24_pack(np.full((k, n), 1, dtype=np.uint8), scales, 128)

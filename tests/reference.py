@@ -2205,6 +2205,154 @@ def _attention_prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, dtype
 
 
 # ---------------------------------------------------------------------------------------------
+# Fused Q/K/V projection with rotary position embedding (RoPE)
+# ---------------------------------------------------------------------------------------------
+# One GEMM for the three projections of an attention layer, written where attention reads them:
+#   - x [T, H] (tokens, hidden) times W [N, H], N = (Hq + 2 Hkv) D: rows 0 .. Hq D - 1 are Wq
+#     (head h at rows h D .. h D + D - 1), then Hkv D rows of Wk, then Hkv D rows of Wv (the
+#     q_proj, k_proj and v_proj weights of a checkpoint stacked in that order, as vLLM's
+#     qkv_proj holds them); W is any 4-bit format's dequantized weight (dequantized_int4_weight,
+#     dequantized_block4_weight), in the dtype's representation. Optional bias [N].
+#   - y = x W^T + bias, split into q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, D]: token-major, heads,
+#     then D contiguous; the layout attention_forward reads (3-D, packed tokens).
+#   - RoPE (optional) rotates q and k, never v. Token t's position is positions[t] (int32 [T],
+#     0 <= p < P); the angles come from the caller's table cos_sin float32 [P, R]: row p holds
+#     cos(p theta_i) for i < R/2, then sin(p theta_i) (vLLM's cos_sin_cache layout), R = rotary_dim
+#     even and <= D. The table carries the frequencies (base 10000 or 500000, Llama-3's scaled
+#     ones, YaRN, ...), so the library computes no trigonometry; rope_cos_sin_cache builds the
+#     plain one. With c = cos_sin[p, i], s = cos_sin[p, R/2 + i], i < R/2:
+#       rotate-half (Llama, GPT-NeoX): a = y[i], b = y[i + R/2] ->
+#           y'[i] = a c - b s,  y'[i + R/2] = b c + a s;
+#       interleaved (GPT-J):           a = y[2i], b = y[2i + 1] ->
+#           y'[2i] = a c - b s, y'[2i + 1] = b c + a s;
+#     components R .. D - 1 pass unchanged.
+#   - Values: exact (float64) y, rotated with the table's float32 values taken as exact, rounded
+#     once to the dtype. A float32 kernel is within dot_float32_error of y, and rope_float32_error
+#     carries that bound through its rotation.
+ROPE_STYLES = ("neox", "interleaved")
+ROPE_DEFAULT_BASE = 10000.0
+
+
+def qkv_output_columns(num_heads_q, num_heads_kv, head_dim):
+    """N = (Hq + 2 Hkv) D, the rows of W; ValueError unless Hkv >= 1 divides Hq and D >= 1."""
+    if num_heads_kv < 1 or num_heads_q < num_heads_kv or num_heads_q % num_heads_kv:
+        raise ValueError(f"num_heads_q={num_heads_q} must be a positive multiple of "
+                         f"num_heads_kv={num_heads_kv} >= 1")
+    if head_dim < 1:
+        raise ValueError(f"head_dim={head_dim} must be >= 1")
+    return (num_heads_q + 2 * num_heads_kv) * head_dim
+
+
+def qkv_split(y, num_heads_q, num_heads_kv, head_dim):
+    """y [T, N] -> (q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, D]), copies."""
+    y = _matrix(np.asarray(y))
+    n = qkv_output_columns(num_heads_q, num_heads_kv, head_dim)
+    if y.shape[1] != n:
+        raise ValueError(f"(Hq + 2 Hkv) D = {n} columns expected, got {y.shape[1]}")
+    t, q_cols, kv_cols = y.shape[0], num_heads_q * head_dim, num_heads_kv * head_dim
+    return (y[:, :q_cols].reshape(t, num_heads_q, head_dim).copy(),
+            y[:, q_cols:q_cols + kv_cols].reshape(t, num_heads_kv, head_dim).copy(),
+            y[:, q_cols + kv_cols:].reshape(t, num_heads_kv, head_dim).copy())
+
+
+def rope_cos_sin_cache(max_position, rotary_dim, base=ROPE_DEFAULT_BASE):
+    """float32 [max_position, rotary_dim]: row p = cos(p theta_i), then sin(p theta_i), with
+    theta_i = base^(-2i / rotary_dim), i < rotary_dim / 2; computed in float64, rounded once (the
+    frameworks compute p theta_i in float32, whose rounding grows with p: any table is valid)."""
+    if rotary_dim < 2 or rotary_dim % 2 or max_position < 1 or not base > 1:
+        raise ValueError(f"rotary_dim={rotary_dim} must be even and >= 2, max_position="
+                         f"{max_position} >= 1 and base={base} > 1")
+    theta = float(base) ** (-np.arange(0, rotary_dim, 2, dtype=np.float64) / rotary_dim)
+    angle = np.arange(max_position, dtype=np.float64)[:, None] * theta[None, :]
+    return np.concatenate([np.cos(angle), np.sin(angle)], axis=1).astype(np.float32)
+
+
+def _rope_operands(shape, positions, cos_sin, style):
+    """-> (index arrays of the a and b halves [R/2], c and s [T, 1, R/2] as float64)."""
+    if style not in ROPE_STYLES:
+        raise ValueError(f"style={style!r} is not one of {ROPE_STYLES}")
+    cos_sin = _matrix(_require_dtype(np.asarray(cos_sin), np.float32, "cos_sin"))
+    rotary_dim = cos_sin.shape[1]
+    t, _, head_dim = shape
+    if rotary_dim < 2 or rotary_dim % 2 or rotary_dim > head_dim:
+        raise ValueError(f"the cos/sin table's rotary_dim={rotary_dim} must be even, >= 2 and "
+                         f"<= head_dim={head_dim}")
+    positions = _require_dtype(np.asarray(positions), np.int32, "positions").reshape(-1)
+    if positions.size != t:
+        raise ValueError(f"positions needs one entry per token ({t}), got {positions.size}")
+    if positions.size and (positions.min() < 0 or positions.max() >= cos_sin.shape[0]):
+        raise ValueError(f"positions must lie in [0, {cos_sin.shape[0]}) (the table's rows)")
+    half = rotary_dim // 2
+    i = np.arange(half)
+    a_idx, b_idx = (i, i + half) if style == "neox" else (2 * i, 2 * i + 1)
+    rows = cos_sin[positions].astype(np.float64)
+    return a_idx, b_idx, rows[:, None, :half], rows[:, None, half:]
+
+
+def apply_rope_f64(x, positions, cos_sin, style="neox"):
+    """x [T, heads, D] (float64 values) rotated by token: the formulas above, in float64."""
+    x = np.asarray(x, dtype=np.float64)
+    a_idx, b_idx, c, s = _rope_operands(x.shape, positions, cos_sin, style)
+    out = x.copy()
+    a, b = x[:, :, a_idx], x[:, :, b_idx]
+    out[:, :, a_idx] = a * c - b * s
+    out[:, :, b_idx] = b * c + a * s
+    return out
+
+
+def rope_float32_error(error, x_abs, positions, cos_sin, style="neox"):
+    """The bound on a float32 rotation's error, given a bound `error` [T, heads, D] on its inputs'
+    error and their exact magnitudes x_abs: each output a c - b s (b c + a s) is two float32
+    products and a sum (or one of them fused) of inputs each off by at most its error, so it is
+    within |c| e_a + |s| e_b + gamma_2 (|c| (|a| + e_a) + |s| (|b| + e_b)). Components past R
+    keep their error."""
+    error = np.asarray(error, dtype=np.float64)
+    x_abs = np.asarray(x_abs, dtype=np.float64)
+    a_idx, b_idx, c, s = _rope_operands(error.shape, positions, cos_sin, style)
+    c, s = np.abs(c), np.abs(s)
+    gamma2 = 2 * 2.0**-24 / (1 - 2 * 2.0**-24)
+    ea, eb = error[:, :, a_idx], error[:, :, b_idx]
+    ma, mb = x_abs[:, :, a_idx] + ea, x_abs[:, :, b_idx] + eb
+    out = error.copy()
+    out[:, :, a_idx] = c * ea + s * eb + gamma2 * (c * ma + s * mb)
+    out[:, :, b_idx] = c * eb + s * ea + gamma2 * (c * mb + s * ma)
+    return out
+
+
+def qkv_projection_f64(x, w, num_heads_q, num_heads_kv, dtype=None, bias=None, positions=None,
+                       cos_sin=None, style="neox"):
+    """The fused projection in exact arithmetic -> (q, k, v) float64 [T, Hq | Hkv, D].
+
+    x [T, H], w [N, H] (a dequantized weight) and bias [N] in the representation of dtype
+    ('fp16' or 'bf16'; None infers it from x). positions and cos_sin both or neither: RoPE on q
+    and k as the section's top describes."""
+    dtype = dtype or dtype_of(x)
+    if dtype not in W4A16_DTYPES:
+        raise ValueError(f"dtype={dtype!r} is not one of {W4A16_DTYPES}")
+    wf = _matrix(np.asarray(w))
+    head_dim = wf.shape[0] // max(num_heads_q + 2 * num_heads_kv, 1)
+    if qkv_output_columns(num_heads_q, num_heads_kv, head_dim) != wf.shape[0]:
+        raise ValueError(f"W has {wf.shape[0]} rows, not a multiple (Hq + 2 Hkv) D of "
+                         f"Hq + 2 Hkv = {num_heads_q + 2 * num_heads_kv}")
+    if (positions is None) != (cos_sin is None):
+        raise ValueError("RoPE needs both positions and cos_sin (or neither)")
+    q, k, v = qkv_split(linear_f64(x, w, bias, "none", dtype), num_heads_q, num_heads_kv,
+                        head_dim)
+    if positions is not None:
+        q = apply_rope_f64(q, positions, cos_sin, style)
+        k = apply_rope_f64(k, positions, cos_sin, style)
+    return q, k, v
+
+
+def qkv_projection(x, w, num_heads_q, num_heads_kv, dtype=None, bias=None, positions=None,
+                   cos_sin=None, style="neox"):
+    """The fused projection, ideally: qkv_projection_f64's values rounded once to the dtype."""
+    dtype = dtype or dtype_of(x)
+    return tuple(round_f64_to_dtype(a, dtype) for a in qkv_projection_f64(
+        x, w, num_heads_q, num_heads_kv, dtype, bias, positions, cos_sin, style))
+
+
+# ---------------------------------------------------------------------------------------------
 # Structured-sparse INT4 weights (2:4 and 16:32 along K)
 # ---------------------------------------------------------------------------------------------
 # A weight W [N, K] (row-major, nn.Linear layout) is split along K into aligned blocks: blocks of

@@ -1,6 +1,7 @@
-"""The 4-bit checkpoint formats that ck_import_gptq and ck_import_awq read, built bit-exactly
-from integer codes in NumPy: the executable spec of the importers (cuda_kernels.h, "Importers
-from checkpoint formats"; ../shared/DESIGN.md section 3).
+"""The 4-bit checkpoint formats that ck_import_gptq and ck_import_awq read, and the Sparse-Marlin
+2:4 format that reference.import_marlin24 reads, built bit-exactly from integer codes in NumPy:
+the executable spec of the importers (cuda_kernels.h, "Importers from checkpoint formats";
+../shared/DESIGN.md section 3).
 
 Which published packing each function reproduces:
   gptq_pack / gptq_unpack   GPTQ's 4-bit format as AutoGPTQ and GPTQ-for-LLaMa write and read
@@ -17,6 +18,9 @@ Which published packing each function reproduces:
       nibble p of qweight[k, c] holds column n = 8 c + (0, 2, 4, 6, 1, 3, 5, 7)[p]; qzeros
       int32 [G, N / 8] packed the same way, holding the zero point itself; scales [G, N];
       groups of group_size consecutive k. w[k, n] = (q(k, n) - z(g, n)) * scales[g, n].
+  marlin24_pack             Sparse-Marlin's "marlin_24" layout (vLLM's gptq_marlin_24), defined
+      in reference.py beside its importer: CUTLASS' 2:4 compression of the codes, 16 x 16
+      tiles permuted for the kernel's threads, reordered metadata, permuted group scales.
 
 Words are assembled as uint32 and viewed as int32: a code >= 8 in nibble 7 sets the sign bit,
 exactly as the checkpoints' int32 tensors hold it (two's complement wraparound).

@@ -38,7 +38,10 @@ def pytest_collection_modifyitems(config, items):
     if shard:
         # CK_TEST_SHARD=i/n keeps every n-th collected test from the i-th (0 <= i < n): n
         # processes split a long run (make sanitize's racecheck) evenly, every case in one.
-        index, count = (int(part) for part in shard.split("/"))
+        try:
+            index, count = (int(part) for part in shard.split("/"))
+        except ValueError:
+            index, count = -1, 0
         if not 0 <= index < count:
             raise pytest.UsageError(f"CK_TEST_SHARD={shard}: want i/n with 0 <= i < n")
         items[:] = items[index::count]

@@ -129,7 +129,7 @@ def test_mxfp4_fast_word_needs_its_bound(dtype):
 # ---------------------------------------------------------------------------------------------
 # NF4: the byte offset of a code's value
 # ---------------------------------------------------------------------------------------------
-def test_nf4_fast_word_table_offsets(seed):
+def test_nf4_word_table_offsets(seed):
     rng = np.random.default_rng(seed)
     q = rng.integers(0, 1 << 32, size=4096, dtype=np.uint64)
     q = np.concatenate([q, words_with_every_code_everywhere()[0]])

@@ -16,8 +16,8 @@ ck_gemm_block4_prepacked) against tests/reference.py.
   bias or not, ReLU or not; the Llama-3-8B QKV and 70B shapes at M = 1 and 16.
 - w' bit for bit: one-hot rows of x select weight columns, which the GEMM returns exactly (a
   single non-zero product), and they equal ck_dequantize_<format>'s output on the device.
-- The small-M kernel's fast and fallback dequantization (MXFP4 scales up to 2 and past it,
-  NVFP4 block scales under 4 and past it, alone and mixed in one call), every w' bit for bit.
+- The small-M kernel's fast and fallback dequantization (MXFP4, the format with a fast path:
+  scales up to 2 and past it, alone and mixed in one call), every w' bit for bit.
 - Where the formats coincide (an MXFP4 weight with codes of magnitude <= 3 is a symmetric INT4
   g32 weight with q = 2 value and scale 2^(e - 1)), ck_gemm_block4_prepacked and
   ck_gemm_w4a16_prepacked give the same bits at M <= 16 (the same streaming kernel and plan).

@@ -18,6 +18,10 @@ U32 = 2.0**-24   # the unit roundoff of float32
 # probabilities differ by 1.6% or more), equal ones are exact ties.
 GRID_STEP = 1.0 / 64
 
+# A draw whose h overflows (about one in 500 in fp16) is replaced; this many failures in a row
+# would mean the draw is broken, not unlucky.
+MAX_REDRAWS = 50
+
 
 def grid_logits(rng, shape, distinct=None):
     """float32 logits, multiples of 1/64 in [-16, 16]; `distinct` values at most (ties are
@@ -301,7 +305,7 @@ def test_out_of_range_ids_contribute_nothing(dtype, seed):
     rng = np.random.default_rng(seed)
     tokens, experts, top_k = 9, 8, 3
     bad_values = np.array([-1, experts, experts + 5, -2**31, 2**31 - 1], np.int32)
-    while True:
+    for _ in range(MAX_REDRAWS):
         x, ids, weights, w13, w2 = random_layer(rng, tokens, 64, 32, experts, top_k, dtype)
         bad = rng.random(ids.shape) < 0.4
         bad[0] = True                               # token 0: no valid pair at all
@@ -309,6 +313,8 @@ def test_out_of_range_ids_contribute_nothing(dtype, seed):
         ids_zero = np.where(bad, 0, ids).astype(np.int32)
         if np.isfinite(ref.moe_pairs_f64(x, ids_zero, w13, w2, dtype)["y"]).all():
             break
+    else:
+        pytest.fail(f"seed={seed}: {MAX_REDRAWS} draws all overflowed")
     ids_bad = np.where(bad, rng.choice(bad_values, size=ids.shape), ids).astype(np.int32)
     got = ref.moe_layer_reference(x, ids_bad, weights, w13, w2, dtype)
     want = ref.moe_layer_reference(x, ids_zero, np.where(bad, 0, weights).astype(np.float32),
@@ -329,11 +335,13 @@ def test_layer_is_linear_in_the_routing_weights(dtype, seed):
     Linearity needs finite pairs (0 * inf is NaN): random_layer's 100x rows can round h to inf
     in fp16 (about one draw in 500), so such a draw is replaced by the next one."""
     rng = np.random.default_rng(seed)
-    while True:
+    for _ in range(MAX_REDRAWS):
         x, ids, weights, w13, w2 = random_layer(rng, 7, 64, 64, 6, 3, dtype)
         y = ref.moe_pairs_f64(x, ids, w13, w2, dtype)["y"]
         if np.isfinite(y).all():
             break
+    else:
+        pytest.fail(f"seed={seed}: {MAX_REDRAWS} draws all overflowed")
     total = np.zeros_like(y[:, 0])
     for j in range(3):
         one_hot = np.zeros_like(weights)

@@ -279,20 +279,34 @@ def test_1632_to_24_equals_compressing_the_dense_weight(dtype, seed):
     assert np.array_equal(packed, packed24) and np.array_equal(bits(scales), bits(scales24))
 
 
+def two_per_block_of_4_1632(rng, rows, k, dtype):
+    """(w, kept): a weight and a 16:32 mask holding exactly 2 positions in every block of 4 (so
+    it converts to 2:4), with about one kept value in four equal to 0, as a pruned checkpoint
+    whose kept weights quantized to 0 stores them."""
+    x = ref.to_f32(ref.random_input(rng, (rows, k), dtype), dtype)
+    x[x == 0] = 1
+    w = ref.to_f32(ref.sparse24_prune(ref.to_dtype(x, dtype), dtype), dtype)
+    kept = w != 0
+    w[kept & (rng.random(w.shape) < 0.25)] = 0
+    return ref.to_dtype(w, dtype), kept
+
+
 @pytest.mark.parametrize("dtype", ref.DTYPES)
 def test_1632_to_24_keeps_stored_zeros_and_rejects_a_dense_mask(dtype, seed):
     rng = np.random.default_rng(seed)
-    w = ref.sparse24_prune(with_sparse_blocks(rng, ref.random_input(rng, (4, 128), dtype), 4,
-                                              dtype), dtype)
-    values, masks = ref.sparse1632_compress(w, dtype)
-    positions = ref.sparse1632_positions(masks).astype(np.int64)
-    per4 = np.stack([(positions // 4 == g).sum(axis=2) for g in range(8)], axis=2)
-    if (per4 <= 2).all():
-        v24, meta = ref.sparse1632_to_24(values, masks)
-        assert np.array_equal(bits(ref.sparse24_decompress(v24, meta, dtype)), bits(w))
-    else:   # the 16:32 fill put a stored zero in a block of 4 that already holds two values
-        with pytest.raises(ValueError):
-            ref.sparse1632_to_24(values, masks)
+    w, kept = two_per_block_of_4_1632(rng, 4, 128, dtype)
+    # The 16:32 pair (values, mask) of that checkpoint: the stored zeros stay where the mask has
+    # them (sparse1632_compress would move them to the lowest free positions of each 32).
+    masks = np.bitwise_or.reduce(kept.reshape(4, -1, 32).astype(np.uint32)
+                                 << np.arange(32, dtype=np.uint32), axis=2).astype(np.uint32)
+    values = w[kept].reshape(4, -1)
+    v24, meta = ref.sparse1632_to_24(values, masks)
+    assert np.array_equal(bits(v24), bits(values)), f"seed={seed}"
+    assert np.array_equal(ref.sparse24_unpack_metadata(meta).reshape(4, -1, 2) + 4 *
+                          np.arange(128 // 4)[None, :, None],
+                          np.argwhere(kept)[:, 1].reshape(4, -1, 2)), f"seed={seed}"
+    assert np.array_equal(bits(ref.sparse24_decompress(v24, meta, dtype)), bits(w)), seed
+    assert (ref.to_f32(v24, dtype) == 0).any(), f"seed={seed}: no stored zero drawn"
     # 16:32-pruned random data leaves some block of 4 with 3 or 4 kept values.
     w = ref.sparse1632_prune(ref.random_input(rng, (4, 128), dtype), dtype)
     with pytest.raises(ValueError, match="more than 2"):

@@ -2645,7 +2645,8 @@ def import_compressed_tensors_sparse24(compressed, bitmask, shape, dtype):
 
 # ---- Importer: Sparse-Marlin ("marlin_24", vLLM's gptq_marlin_24) ----------------------------
 # A symmetric 4-bit 2:4 weight of K inputs and N outputs (K % 32 == 0, N % 64 == 0: the tiles
-# below) is stored as three tensors:
+# below; the Sparse-Marlin kernels also want K and N multiples of 128) is stored as three tensors
+# (B_24, B_meta and s in vLLM's loader; fp16 scales there):
 #   qweight int32 [K/32, 2N]: the codes q in 0..15 of the compressed weight Q [K/2, N], where
 #       w = (q - 8) * s (the format "uint4b8") and Q[j, n] is kept value j of output n (values
 #       2b and 2b + 1 are block b's, by ascending position). Q is cut into 16 x 16 tiles; tile

@@ -154,28 +154,31 @@ __device__ __forceinline__ void mma_16x8x16(float (&c)[4], uint32_t a0, uint32_t
 #endif
 }
 
-// lop3.b32 with lookup table 0xEA: (a & b) | c in one instruction. Written out, the mask and
-// the magic exponent are two immediates, and a LOP3 takes only one: ptxas then emits two.
-__device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t b, uint32_t c) {
+// lop3.b32: the three-input bitwise function whose truth table is kLut (its value on the
+// operands a = 0xF0, b = 0xCC, c = 0xAA), in one instruction. Written out in C, a function with
+// two immediates (a mask and a magic exponent, say) takes two: a LOP3 holds only one.
+template <uint32_t kLut>
+__device__ __forceinline__ uint32_t lop3(uint32_t a, uint32_t b, uint32_t c) {
 #if defined(__CUDA_ARCH__)
     uint32_t d;
-    asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    asm("lop3.b32 %0, %1, %2, %3, %4;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c), "n"(kLut));
     return d;
 #else
-    return (a & b) | c;
+    uint32_t d = 0;   // the table, minterm by minterm
+    for (int i = 0; i < 8; ++i)
+        if (kLut >> i & 1) d |= (i & 4 ? a : ~a) & (i & 2 ? b : ~b) & (i & 1 ? c : ~c);
+    return d;
 #endif
 }
 
-// lop3.b32 with lookup table 0x6A: (a & b) ^ c in one instruction (a mask immediate b, as in
-// and_or: ptxas may otherwise split the AND and the XOR).
+// (a & b) | c: table 0xF0 & 0xCC | 0xAA = 0xEA.
+__device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t b, uint32_t c) {
+    return lop3<0xEA>(a, b, c);
+}
+
+// (a & b) ^ c: table 0xF0 & 0xCC ^ 0xAA = 0x6A.
 __device__ __forceinline__ uint32_t and_xor(uint32_t a, uint32_t b, uint32_t c) {
-#if defined(__CUDA_ARCH__)
-    uint32_t d;
-    asm("lop3.b32 %0, %1, %2, %3, 0x6A;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-#else
-    return (a & b) ^ c;
-#endif
+    return lop3<0x6A>(a, b, c);
 }
 
 // 32-bit word i (a compile-time constant after unrolling) of a 16-byte vector.

@@ -27,6 +27,7 @@ import numpy as np
 
 DTYPES = ("fp32", "fp16", "bf16")
 NUMPY_DTYPE = {"fp32": np.float32, "fp16": np.float16, "bf16": np.uint16}
+F32_ROUNDOFF = 2.0**-24   # the unit roundoff of float32 (the error bounds below)
 
 GRANULARITIES = ("tensor", "row")
 INT8_QMAX = 127
@@ -1981,7 +1982,7 @@ def attention_decode_kv_bytes(seqlens_k, num_heads_kv, head_dim, dtype):
 # the second-order terms. A worst case: measured errors are smaller (P's roundings and the
 # float32 sums partly cancel). For logits of order 1 the bound is a few ulps of the output for
 # fp16 and mainly P's rounding for bf16; a wrong mask or a wrong kv head moves O by far more.
-ATTENTION_F32_ROUNDOFF = 2.0**-24
+ATTENTION_F32_ROUNDOFF = F32_ROUNDOFF
 ATTENTION_MMA_ROUNDOFF = 2 * ATTENTION_F32_ROUNDOFF
 ATTENTION_EXP_ERROR = 2.0**-22
 ATTENTION_LOG_ERROR = 2.0**-21
@@ -2310,7 +2311,7 @@ def rope_float32_error(error, x_abs, positions, cos_sin, style="neox"):
     x_abs = np.asarray(x_abs, dtype=np.float64)
     a_idx, b_idx, c, s = _rope_operands(error.shape, positions, cos_sin, style)
     c, s = np.abs(c), np.abs(s)
-    gamma2 = 2 * 2.0**-24 / (1 - 2 * 2.0**-24)
+    gamma2 = 2 * F32_ROUNDOFF / (1 - 2 * F32_ROUNDOFF)
     ea, eb = error[:, :, a_idx], error[:, :, b_idx]
     ma, mb = x_abs[:, :, a_idx] + ea, x_abs[:, :, b_idx] + eb
     out = error.copy()

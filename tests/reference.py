@@ -2708,9 +2708,8 @@ def marlin24_meta_offsets(n, k):
                          f"{SPARSE_WORD_K} == 0; got N={n}, K={k}")
     r = np.arange(n, dtype=np.int64)[:, None]
     c = np.arange(k // 16, dtype=np.int64)[None, :]
-    row = (r // 64 * 64 + (r % 2) * 2 + (r % 8) // 4 + (r % 4) // 2 * 32
-           + (r % 64) // 8 * 4) + 0 * c
-    col = c + 0 * r
+    row, col = np.broadcast_arrays(r // 64 * 64 + (r % 2) * 2 + (r % 8) // 4 + (r % 4) // 2 * 32
+                                   + (r % 64) // 8 * 4, c)
     swap = ((row % 2 == 0) & (col % 2 == 1)).astype(np.int64) \
         - ((row % 2 == 1) & (col % 2 == 0)).astype(np.int64)
     row, col = row + swap, col - swap
@@ -2782,4 +2781,4 @@ def import_marlin24(qweight, meta, scales, group_size, dtype):
         unpermuted_scales = np.empty_like(flat)
         unpermuted_scales[:, marlin24_scale_perm()] = flat
         out_scales = unpermuted_scales.reshape(groups, n).T
-    return codes, metadata.astype(np.uint32), np.ascontiguousarray(out_scales), out_group
+    return codes, metadata, np.ascontiguousarray(out_scales), out_group

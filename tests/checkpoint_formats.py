@@ -328,9 +328,10 @@ def marlin24_compress(codes):
     idx0, idx1 = marlin24_cutlass_positions(centred != 0)
     kept = np.stack([idx0, idx1], axis=2).astype(np.int64)
     q = np.take_along_axis(centred, kept, axis=2).reshape(n, k // 2) + ref.MARLIN24_BIAS
-    nibbles = (idx0 | (idx1 << 2)).astype(np.uint16).reshape(n, k // 16, 4)
-    meta = np.bitwise_or.reduce(nibbles << (np.arange(4, dtype=np.uint16) * 4), axis=2)
-    return q.T.astype(np.uint8), meta.astype(np.uint16)
+    # The nibbles are the library's 2:4 metadata; M holds each 32-k word as two 16-bit halves.
+    words = ref.sparse24_pack_metadata(kept.reshape(n, k // 2))
+    halves = np.stack([words & np.uint32(0xFFFF), words >> np.uint32(16)], axis=2)
+    return q.T.astype(np.uint8), halves.reshape(n, k // 16).astype(np.uint16)
 
 
 def marlin24_pack(codes, scales, group_size):

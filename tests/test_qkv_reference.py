@@ -150,7 +150,8 @@ def test_rope_scores_depend_on_the_relative_position_only(seed):
         qr = ref.apply_rope_f64(q, np.array([p], dtype=np.int32), cos_sin)
         kr = ref.apply_rope_f64(k, np.array([p - delta], dtype=np.int32), cos_sin)
         scores.append(float(np.sum(qr * kr)))
-    assert np.ptp(scores) <= 1e-5 * np.sum(np.abs(q * k)) * 10, f"seed={seed}: {scores}"
+    # The table's entries are rounded to float32 (2^-24 relative each): far below 1e-4.
+    assert np.ptp(scores) <= 1e-4 * np.sum(np.abs(q * k)), f"seed={seed}: {scores}"
 
 
 def test_rope_rejects_bad_tables_and_positions():

@@ -276,12 +276,13 @@ cudaError_t launch_small_m(const GemmW4A16Args& a, cudaStream_t stream) {
 // kMinBlocksPerSm blocks, else the last. Wider blocks read x fewer times per weight byte
 // (x traffic from L2 per weight byte = m / (2 * kTiles) with kHi, which matters at m = 16);
 // narrower ones keep enough warps streaming when N is small. Each keeps 64-128 bytes of the
-// weight in flight per lane: kTiles * kUnroll * 16. ptxas (CUDA 13, sm_80/sm_90, no spills):
-// LoWide 225-232 registers, LoNarrow 156-164, HiWide 225-238, HiMid 154-179, HiNarrow 139-146;
-// so 2 blocks of 4 warps (or 1 of 8) per SM for the wide ones, 3 blocks of 4 for LoNarrow. With
-// 8 warps LoNarrow fit one block per SM, and its 256 blocks on 14336 x 4096 ran in two waves:
-// 4 warps (all blocks resident) took 7-14% less time at M = 1 (benchmarks/NOTES.md).
-using SmallLoWide = SmallMConfig<4, 2, 4>;    // m <= 8: 32 columns, 128 B per lane in flight
+// weight in flight per lane: kTiles * kUnroll * 16. ptxas (CUDA 13, sm_90, no spills): LoWide
+// 119-124 registers, LoNarrow 153-164, HiWide 224-230, HiMid 160-162, HiNarrow 144-146; so 4
+// blocks of 4 warps per SM for LoWide, 3 for LoNarrow, 2 (or 1 of 8) for the wide Hi ones.
+// Both Lo shapes were chosen by timing at M = 1 (benchmarks/NOTES.md): LoNarrow with 4 warps
+// (every block resident) beat 8, and LoWide with one chunk per step (4 blocks per SM) beat two
+// (2 blocks per SM): more resident warps hide more latency than deeper per-lane loads.
+using SmallLoWide = SmallMConfig<4, 1, 4>;    // m <= 8: 32 columns, 64 B per lane in flight
 using SmallLoNarrow = SmallMConfig<2, 2, 4>;  // m <= 8: 16 columns, 4 warps on K
 using SmallHiWide = SmallMConfig<8, 1, 4>;    // m > 8: 64 columns, 128 B per lane
 using SmallHiMid = SmallMConfig<4, 1, 4>;     // m > 8: 32 columns

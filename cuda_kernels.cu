@@ -429,6 +429,102 @@ const ck::Variant<ck::GemmBlock4Args> kGemmBlock4Rows[] = {
 };
 const auto kGemmBlock4 = ck::variant_table("CK_GEMM_BLOCK4_KERNEL", kGemmBlock4Rows, block4_facts);
 
+// The two prepacks, checked in the order cuda_kernels.h gives, then launched; rope: the fused
+// Q/K/V weight's rotary pairs (ck_qkv_prepack), or none.
+ck_status_t w4a16_prepack_checked(const Check& check, const uint8_t* w_packed, const void* scales,
+                                  const uint8_t* zeros, ck_dtype_t dtype, int64_t n, int64_t k,
+                                  int64_t group_size, ck_int4_mode_t mode, uint8_t* w_prepacked,
+                                  void* scales_prepacked, uint8_t* zeros_prepacked,
+                                  const ck::RopePairs& rope, ck_stream_t stream) {
+    CK_TRY(check_prepack_pointers(check, w_packed, scales, zeros, dtype, mode, w_prepacked,
+                                  scales_prepacked, zeros_prepacked));
+    CK_TRY(check.gemm_shape(1, n, k, 2));
+    CK_TRY(check.multiple_of(k, 32, "k", "a lane dequantizes 32 weights of a row from 16 bytes"));
+    CK_TRY(check.group_size(group_size));
+    CK_TRY(check_prepacked_size(check, false, 1, n, k, group_size));
+    ck::W4A16PrepackArgs args{};
+    CK_TRY(prepack_operands(check, w_packed, scales, zeros, dtype, n, k, group_size, w_prepacked,
+                            scales_prepacked, zeros_prepacked, args));
+    args.rope = rope;
+    return check.launch([&] { return ck::w4a16_prepack(args, stream); });
+}
+
+ck_status_t block4_prepack_checked(const Check& check, ck_block4_format_t format,
+                                   const uint8_t* packed, const void* scales, int64_t n, int64_t k,
+                                   int64_t blocksize, uint8_t* w_prepacked, void* scales_prepacked,
+                                   const ck::RopePairs& rope, ck_stream_t stream) {
+    CK_TRY(check.not_null({{packed, "packed"}, {scales, "scales"}, {w_prepacked, "w_prepacked"},
+                           {scales_prepacked, "scales_prepacked"}}));
+    CK_TRY(check.enum_value(format, kBlock4Formats, "format", "ck_block4_format_t"));
+    CK_TRY(check.gemm_shape(1, n, k, 2));
+    CK_TRY(check_block4_weight(check, format, n, k, blocksize));
+    CK_TRY(check.aligned(packed, 16, "packed", "16-byte vector loads"));
+    if (format == CK_BLOCK4_NF4) CK_TRY(check.element_aligned(scales, CK_DTYPE_FP32, "scales"));
+    CK_TRY(check.aligned(w_prepacked, 16, "w_prepacked", "16-byte vector stores"));
+    CK_TRY(check.aligned(scales_prepacked, 16, "scales_prepacked", "the GEMM's 16-byte copies"));
+    ck::Block4PrepackArgs args{format, packed, scales, n, k, blocksize, w_prepacked, scales_prepacked, rope};
+    return check.launch([&] { return ck::block4_prepack(args, stream); });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fused Q/K/V projection: the layer description (the [prepack] fields of ck_qkv_params_t).
+// ---------------------------------------------------------------------------------------------
+constexpr int kWeight4Formats = 4;  // the values of ck_weight4_format_t
+constexpr int kRopeStyles = 3;      // the values of ck_rope_style_t
+static_assert(CK_WEIGHT4_NF4 - 1 == CK_BLOCK4_NF4 && CK_WEIGHT4_MXFP4 - 1 == CK_BLOCK4_MXFP4 &&
+                  CK_WEIGHT4_NVFP4 - 1 == CK_BLOCK4_NVFP4 && CK_WEIGHT4_NVFP4 == kWeight4Formats - 1,
+              "the block formats follow INT4 in ck_weight4_format_t's order");
+ck_block4_format_t block4_of(ck_weight4_format_t format) { return ck_block4_format_t(format - 1); }
+
+// Heads and head sizes the fused projection takes: at most 2^20 heads of at most 2^20 values.
+constexpr int64_t kQkvMaxDim = int64_t(1) << 20;
+
+// The struct and its [prepack] fields; n: the weight's rows (Hq + 2 Hkv) D.
+ck_status_t check_qkv_layer(const Check& check, const ck_qkv_params_t* p, int64_t& n) {
+    CK_TRY(check.not_null(p, "params"));
+    CK_TRY(check.struct_size(p->struct_size, sizeof(ck_qkv_params_t), "ck_qkv_params_t"));
+    CK_TRY(check.half_dtype(p->dtype, "params->dtype"));
+    CK_TRY(check.enum_value(p->format, kWeight4Formats, "params->format", "ck_weight4_format_t"));
+    CK_TRY(check.enum_value(p->rope_style, kRopeStyles, "params->rope_style", "ck_rope_style_t"));
+    if (p->num_heads_kv < 1 || p->num_heads_kv > kQkvMaxDim || p->num_heads_q < p->num_heads_kv ||
+        p->num_heads_q > kQkvMaxDim || p->num_heads_q % p->num_heads_kv)
+        return check.fail(CK_STATUS_INVALID_VALUE,
+                          "params->num_heads_q=%lld must be a multiple of params->num_heads_kv="
+                          "%lld, both in [1, 2^20]", (long long)p->num_heads_q,
+                          (long long)p->num_heads_kv);
+    if (p->head_dim < 8 || p->head_dim > kQkvMaxDim || p->head_dim % 8)
+        return check.fail(CK_STATUS_INVALID_VALUE,
+                          "params->head_dim=%lld must be a multiple of 8 in [8, 2^20]",
+                          (long long)p->head_dim);
+    if (p->rope_style != CK_ROPE_NONE &&
+        (p->rotary_dim < 2 || p->rotary_dim > p->head_dim || p->rotary_dim % 2))
+        return check.fail(CK_STATUS_INVALID_VALUE,
+                          "params->rotary_dim=%lld must be even and in [2, head_dim=%lld]",
+                          (long long)p->rotary_dim, (long long)p->head_dim);
+    n = (p->num_heads_q + 2 * p->num_heads_kv) * p->head_dim;  // < 2^42: no overflow
+    if (p->hidden < 32 || p->hidden > ck::kPackMaxDim)
+        return check.fail(CK_STATUS_INVALID_VALUE, "params->hidden=%lld must be in [32, 2^40]",
+                          (long long)p->hidden);
+    if (p->format == CK_WEIGHT4_INT4) {
+        CK_TRY(check.enum_value(p->mode, 2, "params->mode", "ck_int4_mode_t"));
+        CK_TRY(check.multiple_of(p->hidden, 32, "params->hidden",
+                                 "a lane dequantizes 32 weights of a row from 16 bytes"));
+        CK_TRY(check.group_size(p->group_size));
+        return check_prepacked_size(check, false, 1, n, p->hidden, p->group_size);
+    }
+    if (p->mode != CK_INT4_SYMMETRIC)
+        return check.fail(CK_STATUS_INVALID_VALUE,
+                          "params->mode=%d must be CK_INT4_SYMMETRIC (0) for a block format",
+                          int(p->mode));
+    return check_block4_weight(check, block4_of(p->format), n, p->hidden, p->group_size);
+}
+
+// The prepack's pairing of rotate-half rotations (w4a16_prepacked.cuh), or none.
+ck::RopePairs qkv_rope_pairs(const ck_qkv_params_t& p) {
+    if (p.rope_style != CK_ROPE_NEOX) return {};
+    return {(p.num_heads_q + p.num_heads_kv) * p.head_dim, p.head_dim, p.rotary_dim};
+}
+
 // ---------------------------------------------------------------------------------------------
 // Importers: the rules both checkpoint formats share (see cuda_kernels.h).
 // ---------------------------------------------------------------------------------------------
@@ -1050,17 +1146,9 @@ ck_status_t ck_w4a16_prepack(const uint8_t* w_packed, const void* scales, const 
                              ck_dtype_t dtype, int64_t n, int64_t k, int64_t group_size,
                              ck_int4_mode_t mode, uint8_t* w_prepacked, void* scales_prepacked,
                              uint8_t* zeros_prepacked, ck_stream_t stream) {
-    const Check check("ck_w4a16_prepack");
-    CK_TRY(check_prepack_pointers(check, w_packed, scales, zeros, dtype, mode, w_prepacked,
-                                  scales_prepacked, zeros_prepacked));
-    CK_TRY(check.gemm_shape(1, n, k, 2));
-    CK_TRY(check.multiple_of(k, 32, "k", "a lane dequantizes 32 weights of a row from 16 bytes"));
-    CK_TRY(check.group_size(group_size));
-    CK_TRY(check_prepacked_size(check, false, 1, n, k, group_size));
-    ck::W4A16PrepackArgs args{};
-    CK_TRY(prepack_operands(check, w_packed, scales, zeros, dtype, n, k, group_size, w_prepacked,
-                            scales_prepacked, zeros_prepacked, args));
-    return check.launch([&] { return ck::w4a16_prepack(args, stream); });
+    return w4a16_prepack_checked(Check("ck_w4a16_prepack"), w_packed, scales, zeros, dtype, n, k,
+                                 group_size, mode, w_prepacked, scales_prepacked, zeros_prepacked,
+                                 ck::RopePairs{}, stream);
 }
 
 ck_status_t ck_gemm_w4a16_prepacked(const void* x, ck_dtype_t dtype, const uint8_t* w_prepacked,
@@ -1090,18 +1178,8 @@ int64_t ck_block4_prepacked_scales_bytes(ck_block4_format_t format, int64_t n, i
 ck_status_t ck_block4_prepack(ck_block4_format_t format, const uint8_t* packed, const void* scales,
                               int64_t n, int64_t k, int64_t blocksize, uint8_t* w_prepacked,
                               void* scales_prepacked, ck_stream_t stream) {
-    const Check check("ck_block4_prepack");
-    CK_TRY(check.not_null({{packed, "packed"}, {scales, "scales"}, {w_prepacked, "w_prepacked"},
-                           {scales_prepacked, "scales_prepacked"}}));
-    CK_TRY(check.enum_value(format, kBlock4Formats, "format", "ck_block4_format_t"));
-    CK_TRY(check.gemm_shape(1, n, k, 2));
-    CK_TRY(check_block4_weight(check, format, n, k, blocksize));
-    CK_TRY(check.aligned(packed, 16, "packed", "16-byte vector loads"));
-    if (format == CK_BLOCK4_NF4) CK_TRY(check.element_aligned(scales, CK_DTYPE_FP32, "scales"));
-    CK_TRY(check.aligned(w_prepacked, 16, "w_prepacked", "16-byte vector stores"));
-    CK_TRY(check.aligned(scales_prepacked, 16, "scales_prepacked", "the GEMM's 16-byte copies"));
-    ck::Block4PrepackArgs args{format, packed, scales, n, k, blocksize, w_prepacked, scales_prepacked};
-    return check.launch([&] { return ck::block4_prepack(args, stream); });
+    return block4_prepack_checked(Check("ck_block4_prepack"), format, packed, scales, n, k,
+                                  blocksize, w_prepacked, scales_prepacked, ck::RopePairs{}, stream);
 }
 
 ck_status_t ck_gemm_block4_prepacked(const void* x, ck_dtype_t dtype, ck_block4_format_t format,
@@ -1137,6 +1215,115 @@ ck_status_t ck_gemm_block4_prepacked(const void* x, ck_dtype_t dtype, ck_block4_
     args.gemm.derive();
     args.gemm.global_scale = global_scale;
     return ck::run_variant(check, kGemmBlock4, args, stream);
+}
+
+ck_status_t ck_qkv_prepack(const ck_qkv_params_t* params, const uint8_t* packed, const void* scales,
+                           const uint8_t* zeros, uint8_t* w_prepacked, void* scales_prepacked,
+                           uint8_t* zeros_prepacked, ck_stream_t stream) {
+    const Check check("ck_qkv_prepack");
+    int64_t n = 0;
+    CK_TRY(check_qkv_layer(check, params, n));
+    const ck_qkv_params_t& p = *params;
+    if (p.format == CK_WEIGHT4_INT4)
+        return w4a16_prepack_checked(check, packed, scales, zeros, p.dtype, n, p.hidden,
+                                     p.group_size, p.mode, w_prepacked, scales_prepacked,
+                                     zeros_prepacked, qkv_rope_pairs(p), stream);
+    if (zeros || zeros_prepacked)
+        return check.fail(CK_STATUS_INVALID_VALUE,
+                          "zeros and zeros_prepacked must be NULL for a block format");
+    return block4_prepack_checked(check, block4_of(p.format), packed, scales, n, p.hidden,
+                                  p.group_size, w_prepacked, scales_prepacked, qkv_rope_pairs(p),
+                                  stream);
+}
+
+ck_status_t ck_qkv_projection(const ck_qkv_params_t* params, ck_stream_t stream) {
+    const Check check("ck_qkv_projection");
+    int64_t n = 0;
+    CK_TRY(check_qkv_layer(check, params, n));
+    const ck_qkv_params_t& p = *params;
+    CK_TRY(check.not_null({{p.x, "params->x"}, {p.w_prepacked, "params->w_prepacked"},
+                           {p.scales_prepacked, "params->scales_prepacked"}, {p.q, "params->q"},
+                           {p.k, "params->k"}, {p.v, "params->v"}}));
+    const bool int4 = p.format == CK_WEIGHT4_INT4;
+    if (int4) {
+        CK_TRY(check.zero_points(p.mode, p.zeros_prepacked, "params->zeros_prepacked"));
+    } else if (p.zeros_prepacked) {
+        return check.fail(CK_STATUS_INVALID_VALUE,
+                          "params->zeros_prepacked must be NULL for a block format");
+    }
+    if (p.format == CK_WEIGHT4_NVFP4) CK_TRY(check.not_null(p.global_scale, "params->global_scale"));
+    else if (p.global_scale)
+        return check.fail(CK_STATUS_INVALID_VALUE,
+                          "params->global_scale must be NULL (NVFP4 only)");
+    CK_TRY(check.gemm_shape(p.tokens, n, p.hidden, dtype_size(p.dtype), "params->tokens"));
+    const bool rope = p.rope_style != CK_ROPE_NONE;
+    if (rope) {
+        CK_TRY(check.not_null({{p.positions, "params->positions"}, {p.cos_sin, "params->cos_sin"}}));
+        int64_t table_bytes;
+        if (p.max_position < 1 ||
+            __builtin_mul_overflow(p.max_position, p.rotary_dim * 4, &table_bytes))
+            return check.fail(CK_STATUS_INVALID_VALUE,
+                              "params->max_position=%lld must be >= 1, and the cos/sin table's "
+                              "bytes representable in int64_t", (long long)p.max_position);
+    }
+    CK_TRY(check.aligned(p.x, 16, "params->x", "16-byte vector loads"));
+    CK_TRY(check.aligned(p.w_prepacked, 16, "params->w_prepacked", "16-byte vector loads"));
+    CK_TRY(check.aligned(p.scales_prepacked, 16, "params->scales_prepacked",
+                         "16-byte asynchronous copies"));
+    if (p.zeros_prepacked)
+        CK_TRY(check.aligned(p.zeros_prepacked, 16, "params->zeros_prepacked",
+                             "16-byte asynchronous copies"));
+    CK_TRY(check.element_aligned({{p.global_scale, CK_DTYPE_FP32, "params->global_scale"},
+                                  {p.positions, CK_DTYPE_INT32, "params->positions"},
+                                  {p.cos_sin, CK_DTYPE_FP32, "params->cos_sin"},
+                                  {p.bias, p.dtype, "params->bias"},
+                                  {p.q, p.dtype, "params->q"},
+                                  {p.k, p.dtype, "params->k"},
+                                  {p.v, p.dtype, "params->v"}}));
+    const int64_t es = int64_t(dtype_size(p.dtype));
+    const int64_t q_bytes = p.tokens * p.num_heads_q * p.head_dim * es;
+    const int64_t kv_bytes = p.tokens * p.num_heads_kv * p.head_dim * es;
+    const int64_t x_bytes = p.tokens * p.hidden * es;
+    if (overlaps(p.q, q_bytes, p.k, kv_bytes) || overlaps(p.q, q_bytes, p.v, kv_bytes) ||
+        overlaps(p.k, kv_bytes, p.v, kv_bytes))
+        return check.fail(CK_STATUS_INVALID_VALUE, "params->q, k and v overlap");
+    if (overlaps(p.x, x_bytes, p.q, q_bytes) || overlaps(p.x, x_bytes, p.k, kv_bytes) ||
+        overlaps(p.x, x_bytes, p.v, kv_bytes))
+        return check.fail(CK_STATUS_INVALID_VALUE, "params->q, k or v overlaps params->x");
+
+    // One GEMM call on the format's kernels whose epilogue (FloatEpilogue::qkv) splits, adds the
+    // bias and rotates; the GEMM's own output and bias are unused.
+    const int64_t group = int4 ? p.group_size : ck::block4_unit_group(block4_of(p.format), p.group_size);
+    ck::GemmW4A16Args g = gemm_w4a16_operands(p.x, p.dtype, p.w_prepacked, p.scales_prepacked,
+                                              p.zeros_prepacked, group, nullptr,
+                                              CK_ACTIVATION_NONE, p.tokens, n, p.hidden, p.q, true);
+    if (!int4) {
+        g.groups = p.hidden / group;  // K is a multiple of the unit group: no partial one
+        g.derive();
+        g.global_scale = p.global_scale;
+    }
+    ck::QkvOut& o = g.qkv;
+    o.q = p.q;
+    o.k = p.k;
+    o.v = p.v;
+    o.bias = p.bias;
+    o.heads_q = p.num_heads_q;
+    o.heads_kv = p.num_heads_kv;
+    o.head_dim = p.head_dim;
+    o.rope = p.rope_style;
+    if (rope) {
+        o.positions = p.positions;
+        o.cos_sin = p.cos_sin;
+        o.max_position = p.max_position;
+        o.rotary_dim = p.rotary_dim;
+    }
+    const auto word_aligned = [](const void* a) { return reinterpret_cast<uintptr_t>(a) % 4 == 0; };
+    o.pair_aligned = word_aligned(p.q) && word_aligned(p.k) && word_aligned(p.v);
+    if (int4) return ck::run_variant(check, kGemmW4A16, g, stream);
+    ck::GemmBlock4Args b{};
+    b.format = block4_of(p.format);
+    b.gemm = g;
+    return ck::run_variant(check, kGemmBlock4, b, stream);
 }
 
 ck_status_t ck_import_gptq(const int32_t* qweight, const int32_t* qzeros, const void* scales,

@@ -530,6 +530,115 @@ CK_API ck_status_t ck_gemm_block4_prepacked(const void* x, ck_dtype_t dtype,
                                             int64_t k, void* out, ck_stream_t stream);
 
 /* ---------------------------------------------------------------------------------------------
+ * Fused Q/K/V projection with rotary position embedding (any 4-bit weight format)
+ *
+ * One GEMM for the three projections of an attention layer, written where the attention entry
+ * points read them, with no split, transpose or rotation kernel after it:
+ *   y = x[T, H] W[N, H]^T + bias[N],  N = (Hq + 2 Hkv) D
+ *   q[t, h, :] = y[t, h D .. h D + D - 1]                    h < Hq     ([T, Hq, D])
+ *   k[t, h, :] = y[t, (Hq + h) D ..]                          h < Hkv    ([T, Hkv, D])
+ *   v[t, h, :] = y[t, (Hq + Hkv + h) D ..]                    h < Hkv    ([T, Hkv, D])
+ * W is the q_proj, k_proj and v_proj weights of a checkpoint stacked in that order (rows 0 ..
+ * Hq D - 1 are Wq, head h at rows h D .. h D + D - 1; then Wk, then Wv: vLLM's qkv_proj), in
+ * any of the four 4-bit formats, dequantized exactly as ck_gemm_w4a16_prepacked (INT4) or
+ * ck_gemm_block4_prepacked (NF4, MXFP4, NVFP4) does; the products and sums in float32.
+ * RoPE (optional) rotates q and k, never v, in float32 before the one rounding to dtype. Token
+ * t's position is positions[t]; the angles come from the caller's table cos_sin float32
+ * [max_position, R]: row p holds cos(p theta_i) for i < R / 2, then sin(p theta_i) (vLLM's
+ * cos_sin_cache), R = rotary_dim, so the table carries the frequencies (base 10000 or 500000,
+ * Llama-3's scaling, YaRN) and the library computes no trigonometry. With c = cos_sin[p, i],
+ * s = cos_sin[p, R / 2 + i], i < R / 2, in each head:
+ *   CK_ROPE_NEOX (rotate-half: Llama, GPT-NeoX):  a = y[i], b = y[i + R / 2]
+ *   CK_ROPE_INTERLEAVED (GPT-J):                  a = y[2i], b = y[2i + 1]
+ *   a' = a c - b s, b' = b c + a s (two float32 products and a difference, each rounded);
+ *   components R .. D - 1 pass unchanged.
+ * A position outside [0, max_position) reads the nearest row of the table (nothing is read
+ * out of bounds; the positions are device data and are not validated).
+ * The result is within float32 accumulation and rotation rounding of the exact value
+ * (tests/reference.py, qkv_projection), not bitwise equal to any other entry point's.
+ *
+ * The weight is prepared once by ck_qkv_prepack from the format's native storage (as
+ * ck_w4a16_prepack or ck_block4_prepack take it) for one layer description: with CK_ROPE_NEOX
+ * it also reorders the q and k rows of each head so that the two outputs of each rotation are
+ * computed side by side (the byte layout is otherwise that of the format's prepack, and its
+ * sizes are ck_w4a16_prepacked_bytes(N, H) and ck_w4a16_prepacked_groups(N, H, group_size)
+ * values of dtype (INT4) or ck_block4_prepacked_scales_bytes(format, N, H, group_size)). A
+ * weight prepared for one head geometry, rope_style or rotary_dim gives wrong values with
+ * another.
+ *
+ * Kernels: those of ck_gemm_w4a16_prepacked (INT4; CK_GEMM_W4A16_KERNEL forces one) or of
+ * ck_gemm_block4_prepacked (CK_GEMM_BLOCK4_KERNEL), with this epilogue: the weight streams once
+ * for T <= 16; larger T runs tensor-core tiles for INT4 and the simple tiled kernel for the
+ * block formats.
+ * ------------------------------------------------------------------------------------------- */
+typedef enum ck_weight4_format {
+    CK_WEIGHT4_INT4 = 0,   /* ck_w4a16_prepack's weight: dtype scales, zeros or none */
+    CK_WEIGHT4_NF4 = 1,    /* ck_block4_prepack's CK_BLOCK4_NF4 weight */
+    CK_WEIGHT4_MXFP4 = 2,  /* ... CK_BLOCK4_MXFP4 */
+    CK_WEIGHT4_NVFP4 = 3   /* ... CK_BLOCK4_NVFP4 (with its float32 global scale) */
+} ck_weight4_format_t;
+
+typedef enum ck_rope_style {
+    CK_ROPE_NONE = 0,         /* no rotation */
+    CK_ROPE_NEOX = 1,         /* rotate-half pairs (i, i + R / 2): Llama, GPT-NeoX, Qwen */
+    CK_ROPE_INTERLEAVED = 2   /* adjacent pairs (2i, 2i + 1): GPT-J */
+} ck_rope_style_t;
+
+/* One projection layer and one call (see the convention at the top of this header). Fields
+ * marked [prepack] describe the weight and are all that ck_qkv_prepack reads. */
+typedef struct ck_qkv_params {
+    size_t struct_size;            /* sizeof(ck_qkv_params_t) */
+    int64_t tokens;                /* T >= 1 */
+    int64_t hidden;                /* H [prepack]: >= 32, a multiple of 32 and of the block */
+    int64_t num_heads_q;           /* Hq [prepack]: a positive multiple of num_heads_kv */
+    int64_t num_heads_kv;          /* Hkv [prepack] >= 1 */
+    int64_t head_dim;              /* D [prepack]: a multiple of 8 */
+    ck_dtype_t dtype;              /* x, bias, q, k, v and INT4 scales [prepack]: FP16 or BF16 */
+    ck_weight4_format_t format;    /* [prepack] */
+    int64_t group_size;            /* [prepack] INT4: 32, 64, 128 or CK_GROUP_ROW; NF4: its
+                                    * blocksize 32, 64 or 128; MXFP4 32; NVFP4 16 */
+    ck_int4_mode_t mode;           /* [prepack] INT4 only (zeros_prepacked given exactly when
+                                    * CK_INT4_ASYMMETRIC); default CK_INT4_SYMMETRIC */
+    ck_rope_style_t rope_style;    /* [prepack] default CK_ROPE_NONE */
+    int64_t rotary_dim;            /* R [prepack]: even, 2 .. D (ignored without RoPE) */
+    const void* x;                 /* [T, H] dtype, 16-byte aligned */
+    const uint8_t* w_prepacked;    /* from ck_qkv_prepack, 16-byte aligned */
+    const void* scales_prepacked;  /* 16-byte aligned */
+    const uint8_t* zeros_prepacked;  /* INT4 asymmetric only, 16-byte aligned */
+    const float* global_scale;     /* NVFP4's float32 global scale (device), else NULL */
+    const void* bias;              /* [N] dtype in W's row order, or NULL */
+    const int32_t* positions;      /* [T] with RoPE, else NULL */
+    const float* cos_sin;          /* [max_position, R] float32 with RoPE, else NULL */
+    int64_t max_position;          /* >= 1 with RoPE */
+    void* q;                       /* [T, Hq, D] dtype */
+    void* k;                       /* [T, Hkv, D] dtype */
+    void* v;                       /* [T, Hkv, D] dtype */
+} ck_qkv_params_t;
+
+/* Prepares the stacked weight W [N, H] of the layer `params` describes (its [prepack] fields;
+ * the others are ignored) for ck_qkv_projection. Inputs, as the format's own prepack takes them:
+ * INT4: packed [N, H / 2] (ck_quantize_int4's codes), scales [N, groups] of dtype, zeros
+ * [N, groups] uint8 or NULL (as ck_w4a16_prepack); NF4 / MXFP4 / NVFP4: packed [N, H / 2] in
+ * the format's nibble order and scales [N, H / blocksize] (as ck_block4_prepack; zeros NULL).
+ * Outputs: w_prepacked (ck_w4a16_prepacked_bytes(N, H) bytes), scales_prepacked and, for INT4
+ * asymmetric, zeros_prepacked (sizes above); every byte is written. Requirements: as the
+ * format's prepack and ck_qkv_projection's for the [prepack] fields; no output overlapping an
+ * input. */
+CK_API ck_status_t ck_qkv_prepack(const ck_qkv_params_t* params, const uint8_t* packed,
+                                  const void* scales, const uint8_t* zeros, uint8_t* w_prepacked,
+                                  void* scales_prepacked, uint8_t* zeros_prepacked,
+                                  ck_stream_t stream);
+
+/* The projection: q, k, v from x and the prepared weight, as the section above defines them.
+ * Requirements: the [prepack] fields as ck_qkv_prepack was given them; T >= 1; the sizes' byte
+ * counts representable in int64_t; x and the weight's pointers 16-byte aligned, global_scale,
+ * positions and cos_sin 4-byte aligned, bias, q, k and v aligned to dtype (4-byte aligned
+ * q, k and v store pairs at once). q, k and v must not overlap each other or any input.
+ * Invalid values return CK_STATUS_INVALID_VALUE; a format, blocksize or dtype the kernels do not
+ * serve CK_STATUS_UNSUPPORTED. */
+CK_API ck_status_t ck_qkv_projection(const ck_qkv_params_t* params, ck_stream_t stream);
+
+/* ---------------------------------------------------------------------------------------------
  * Importers from checkpoint formats into the interchange format (device to device).
  *
  * GPTQ (AutoGPTQ / GPTQ-for-LLaMa, 4 bits): qweight int32 [K / 8, N], code of (k, n) in bits

@@ -102,6 +102,8 @@ __all__ = [
     "gemm_int4_scaled", "QuantizedLinear", "MoeParams", "moe_route", "moe_prepack",
     "moe_workspace_size", "moe_forward", "QuantizedMoE", "AttentionParams", "attention",
     "AttentionDecodeParams", "attention_decode_workspace_size", "attention_decode",
+    "WEIGHT4_INT4", "WEIGHT4_NF4", "WEIGHT4_MXFP4", "WEIGHT4_NVFP4", "ROPE_NONE", "ROPE_NEOX",
+    "ROPE_INTERLEAVED", "QkvParams",
     "quantize_tensor", "dequantize_tensor", "int8_matmul", "torch_ops",
 ]
 
@@ -147,6 +149,13 @@ MOE_SWIGLU = 0          # ck_moe_activation_t: silu(gate) * up
 BLOCK4_NF4 = 0          # ck_block4_format_t
 BLOCK4_MXFP4 = 1
 BLOCK4_NVFP4 = 2
+WEIGHT4_INT4 = 0        # ck_weight4_format_t: INT4, then the block formats in BLOCK4_ order
+WEIGHT4_NF4 = 1
+WEIGHT4_MXFP4 = 2
+WEIGHT4_NVFP4 = 3
+ROPE_NONE = 0           # ck_rope_style_t
+ROPE_NEOX = 1
+ROPE_INTERLEAVED = 2
 
 # Host-side storage of each library dtype (bf16 as its bit pattern).
 _NUMPY_OF = {
@@ -342,6 +351,42 @@ class AttentionDecodeParams(_ParamsStruct):
     ]
 
 
+class QkvParams(_ParamsStruct):
+    """ck_qkv_params_t, field for field in the header's order: the layer description of
+    ck_qkv_prepack and the call of ck_qkv_projection (passed by reference).
+
+    Device pointers are ints (0 for NULL), enums ints. struct_size defaults to
+    ctypes.sizeof(QkvParams); every other field to 0, the header's default where it has one
+    (symmetric INT4, no RoPE, no bias). tests/test_abi.py checks the layout against the header's.
+    """
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("tokens", _I64),
+        ("hidden", _I64),
+        ("num_heads_q", _I64),
+        ("num_heads_kv", _I64),
+        ("head_dim", _I64),
+        ("dtype", _ENUM),
+        ("format", _ENUM),
+        ("group_size", _I64),
+        ("mode", _ENUM),
+        ("rope_style", _ENUM),
+        ("rotary_dim", _I64),
+        ("x", _VOIDP),
+        ("w_prepacked", _VOIDP),
+        ("scales_prepacked", _VOIDP),
+        ("zeros_prepacked", _VOIDP),
+        ("global_scale", _VOIDP),
+        ("bias", _VOIDP),
+        ("positions", _VOIDP),
+        ("cos_sin", _VOIDP),
+        ("max_position", _I64),
+        ("q", _VOIDP),
+        ("k", _VOIDP),
+        ("v", _VOIDP),
+    ]
+
+
 # Every export of cuda_kernels.h: name -> (restype, ((argument, ctypes type), ...)). The argument
 # names are the raw level's (raw.<name without ck_>), which are the header's with "_ptr" added
 # to each device pointer; a third field gives the header's name where the raw level says it
@@ -429,6 +474,12 @@ DECLARATIONS = {
         ("scales_ptr", _PTR, "scales_prepacked"), ("global_scale_ptr", _PTR),
         ("blocksize", _I64), ("bias_ptr", _PTR), ("activation", _ENUM), ("m", _I64), ("n", _I64),
         ("k", _I64), ("out_ptr", _PTR), _STREAM)),
+    "ck_qkv_prepack": (_STATUS, (
+        ("params", ctypes.POINTER(QkvParams)), ("packed_ptr", _PTR), ("scales_ptr", _PTR),
+        ("zeros_ptr", _PTR), ("w_out_ptr", _PTR, "w_prepacked"),
+        ("scales_out_ptr", _PTR, "scales_prepacked"), ("zeros_out_ptr", _PTR, "zeros_prepacked"),
+        _STREAM)),
+    "ck_qkv_projection": (_STATUS, (("params", ctypes.POINTER(QkvParams)), _STREAM)),
     "ck_import_gptq": (_STATUS, (
         ("qweight_ptr", _PTR), ("qzeros_ptr", _PTR), ("scales_ptr", _PTR), ("g_idx_ptr", _PTR),
         ("dtype", _ENUM), ("n", _I64), ("k", _I64), ("group_size", _I64),

@@ -157,6 +157,25 @@ def dot_float32_error(x_f64, w_f64, pre_activation, u=U32):
     return (gamma * abs_dot + U32 * np.abs(pre_activation)) * SECOND_ORDER_SLACK
 
 
+def qkv_tolerances(x, w, b, hq, hkv, positions, cos_sin, style, dtype, u=U32):
+    """(exact q, k, v; their element-wise tolerances) of the fused projection
+    (ref.qkv_projection_f64): dot_float32_error of y (accumulation roundoff u) split by head,
+    carried through the rotation of q and k (ref.rope_float32_error), then the rounding to
+    dtype. positions None: no rotation."""
+    d = w.shape[0] // (hq + 2 * hkv)
+    y = ref.linear_f64(x, w, b, "none", dtype)
+    as_f64 = lambda a: ref.to_f32(a, dtype).astype(np.float64)  # noqa: E731
+    error = dot_float32_error(as_f64(x), as_f64(w), y, u)
+    exact = ref.qkv_projection_f64(x, w, hq, hkv, dtype, b, positions, cos_sin, style)
+    bounds = []
+    for idx, (e, m) in enumerate(zip(ref.qkv_split(error, hq, hkv, d),
+                                     ref.qkv_split(np.abs(y), hq, hkv, d))):
+        if idx < 2 and positions is not None:
+            e = ref.rope_float32_error(e, m, positions, cos_sin, style)
+        bounds.append(e)
+    return exact, [output_tolerance(v, e, dtype) for v, e in zip(exact, bounds)]
+
+
 def output_tolerance(value, float32_error, out_dtype):
     """float32 error plus, for fp16/bf16, half an ulp of out_dtype at |v| + that error (ulp grows
     with the magnitude, and |v32| <= |v| + error). The smallest fp32 subnormal is added so that

@@ -2345,6 +2345,25 @@ def qkv_projection_f64(x, w, num_heads_q, num_heads_kv, dtype=None, bias=None, p
     return q, k, v
 
 
+def qkv_prepack_rows(num_heads_q, num_heads_kv, head_dim, rotary_dim=0, style=None):
+    """The weight rows ck_qkv_prepack lays out, in order: row j of the prepacked weight is row
+    rows[j] of W. The identity, except for the rotate-half style ('neox'), where in each head of
+    q and k row 2i holds row i and row 2i + 1 row i + R / 2 (i < R / 2), so that the two outputs
+    of one rotation are adjacent columns of the GEMM."""
+    n = qkv_output_columns(num_heads_q, num_heads_kv, head_dim)
+    rows = np.arange(n)
+    if style != "neox":
+        return rows
+    if rotary_dim < 2 or rotary_dim % 2 or rotary_dim > head_dim:
+        raise ValueError(f"rotary_dim={rotary_dim} must be even and in [2, {head_dim}]")
+    half = rotary_dim // 2
+    for h in range(num_heads_q + num_heads_kv):
+        base = h * head_dim
+        rows[base:base + rotary_dim:2] = base + np.arange(half)
+        rows[base + 1:base + rotary_dim:2] = base + half + np.arange(half)
+    return rows
+
+
 def qkv_projection(x, w, num_heads_q, num_heads_kv, dtype=None, bias=None, positions=None,
                    cos_sin=None, style="neox"):
     """The fused projection, ideally: qkv_projection_f64's values rounded once to the dtype."""

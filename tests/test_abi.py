@@ -222,7 +222,8 @@ def expected_field_ctype(c_type):
 
 # The header's parameter structs and the wrapper's ctypes.Structure of each.
 PARAM_STRUCTS = [("ck_moe_params", ck.MoeParams), ("ck_attention_params", ck.AttentionParams),
-                 ("ck_attention_decode_params", ck.AttentionDecodeParams)]
+                 ("ck_attention_decode_params", ck.AttentionDecodeParams),
+                 ("ck_qkv_params", ck.QkvParams)]
 
 
 @pytest.mark.parametrize("tag, cls", PARAM_STRUCTS)
@@ -284,6 +285,10 @@ def test_wrapper_enums_match_header():
     assert ck.GROUP_ROW == header_macro("CK_GROUP_ROW")
     assert header_enum("BLOCK4") == {"NF4": ck.BLOCK4_NF4, "MXFP4": ck.BLOCK4_MXFP4,
                                      "NVFP4": ck.BLOCK4_NVFP4}
+    assert header_enum("WEIGHT4") == {"INT4": ck.WEIGHT4_INT4, "NF4": ck.WEIGHT4_NF4,
+                                      "MXFP4": ck.WEIGHT4_MXFP4, "NVFP4": ck.WEIGHT4_NVFP4}
+    assert header_enum("ROPE") == {"NONE": ck.ROPE_NONE, "NEOX": ck.ROPE_NEOX,
+                                   "INTERLEAVED": ck.ROPE_INTERLEAVED}
 
 
 def test_wrapper_gemm_enums_match_header():
@@ -1164,11 +1169,125 @@ attention_decode_workspace_size = workspace_size_call("ck_attention_decode_works
 attention_decode = workspace_call("attention_decode", ck.AttentionDecodeParams)
 
 
+# ck_qkv_projection takes a ck_qkv_params_t (cuda_wrapper.QkvParams), ck_qkv_prepack the same
+# struct (its [prepack] fields) and the native weight in, the prepacked one out. Rules
+# (cuda_kernels.h): dtype fp16 or bf16; format and rope_style known values; 1 <= Hkv <= 2^20
+# dividing Hq <= 2^20; D a multiple of 8 in [8, 2^20]; with RoPE, rotary_dim even in [2, D],
+# positions and cos_sin given (4-byte aligned) and max_position >= 1; hidden in [32, 2^40], a
+# multiple of 32 (and of the block); INT4: a valid mode with zero points exactly when
+# asymmetric, group 32/64/128/row; block formats: mode 0, no zero points, the format's block
+# sizes, NVFP4's global_scale (and only NVFP4's); tokens >= 1; x and the weight 16-byte
+# aligned, bias/q/k/v aligned to dtype; q, k and v clear of each other and of x.
+QX, QW, QS, QZ, QG, QB, QPOS, QCS, QQ, QK, QV = (0x7F0020000000 + i * 0x10000000 for i in range(11))
+QKV_SIZEOF = ctypes.sizeof(ck.QkvParams)
+QKV_LAYER = dict(hidden=4096, num_heads_q=32, num_heads_kv=8, head_dim=128, dtype=DType.FP16,
+                 format=ck.WEIGHT4_INT4, group_size=128, mode=ck.INT4_SYMMETRIC,
+                 rope_style=ck.ROPE_NEOX, rotary_dim=128)
+QKV_PROJECTION = dict(QKV_LAYER, tokens=16, x_ptr=QX, w_prepacked_ptr=QW, scales_prepacked_ptr=QS,
+                      zeros_prepacked_ptr=0, global_scale_ptr=0, bias_ptr=QB, positions_ptr=QPOS,
+                      cos_sin_ptr=QCS, max_position=4096, q_ptr=QQ, k_ptr=QK, v_ptr=QV)
+QKV_NF4 = dict(format=ck.WEIGHT4_NF4, group_size=64)
+QKV_NVFP4 = dict(format=ck.WEIGHT4_NVFP4, group_size=16)
+
+
+def qkv_layer_cases():
+    """What both entry points check of the layer description (the [prepack] fields)."""
+    return ([("null-params", dict(params_ptr=0), INVALID, ["params"])]
+            + bad("struct_size", (0, 8, QKV_SIZEOF - 8, QKV_SIZEOF + 8, 2**40), INVALID)
+            + bad_dtypes("dtype", NOT_HALF_DTYPES)
+            + bad("format", (4, -1), INVALID)
+            + bad("rope_style", (3, -1), INVALID)
+            + bad("num_heads_kv", (0, -1, 2**20 + 1), INVALID)
+            + bad("num_heads_q", (0, -32, 4, 2**21), INVALID)
+            + [("heads-not-divisible", dict(num_heads_kv=3), INVALID,
+                ["num_heads_q", "num_heads_kv"])]
+            + bad("head_dim", (0, -128, 4, 12, 2**21), INVALID)
+            + bad("rotary_dim", (0, 1, 127, 130, -2), INVALID)
+            + [("rotary_dim-ignored-without-rope", dict(rope_style=ck.ROPE_NONE, rotary_dim=-1,
+                                                       hidden=48), UNSUPPORTED, ["hidden"])]
+            + bad("hidden", (0, 16, -64, 2**41), INVALID)
+            + bad("hidden", (48, 4100), UNSUPPORTED)
+            + bad("mode", (2, -1), INVALID)
+            + bad("group_size", BAD_GROUP_SIZES, UNSUPPORTED)
+            + [("nf4-blocksize-16", dict(QKV_NF4, group_size=16), UNSUPPORTED, ["blocksize"]),
+               ("mxfp4-blocksize-64", dict(format=ck.WEIGHT4_MXFP4, group_size=64), UNSUPPORTED,
+                ["blocksize"]),
+               ("nvfp4-blocksize-32", dict(QKV_NVFP4, group_size=32), UNSUPPORTED, ["blocksize"]),
+               ("nf4-asymmetric", dict(QKV_NF4, mode=ck.INT4_ASYMMETRIC), INVALID, ["mode"])])
+
+
+QKV_PROJECTION_CASES = (
+    null("x", "w_prepacked", "scales_prepacked", "q", "k", "v", "positions", "cos_sin")
+    + qkv_layer_cases()
+    + [("null-zeros_prepacked-asymmetric", dict(mode=ck.INT4_ASYMMETRIC), INVALID,
+        ["zeros_prepacked"]),
+       ("zeros_prepacked-symmetric", dict(zeros_prepacked_ptr=QZ), INVALID, ["zeros_prepacked"]),
+       ("zeros_prepacked-nf4", dict(QKV_NF4, zeros_prepacked_ptr=QZ), INVALID,
+        ["zeros_prepacked"]),
+       ("global_scale-int4", dict(global_scale_ptr=QG), INVALID, ["global_scale"]),
+       ("global_scale-nf4", dict(QKV_NF4, global_scale_ptr=QG), INVALID, ["global_scale"]),
+       ("null-global_scale-nvfp4", dict(QKV_NVFP4), INVALID, ["global_scale"]),
+       ("overflow-tokens", dict(tokens=BIG), INVALID, ["tokens"])]
+    + bad("tokens", (0, -1), INVALID)
+    + bad("max_position", (0, -1, BIG), INVALID)
+    + [("misaligned-%s+%d" % (name[:-4], d), {name: base + d}, MISALIGNED, [name[:-4]])
+       for name, base in (("x_ptr", QX), ("w_prepacked_ptr", QW), ("scales_prepacked_ptr", QS))
+       for d in (2, 8)]
+    + [("misaligned-zeros_prepacked+4", dict(mode=ck.INT4_ASYMMETRIC, zeros_prepacked_ptr=QZ + 4),
+        MISALIGNED, ["zeros_prepacked"]),
+       ("misaligned-global_scale+2", dict(QKV_NVFP4, global_scale_ptr=QG + 2), MISALIGNED,
+        ["global_scale"])]
+    + [("misaligned-%s+%d" % (name[:-4], d), {name: base + d}, MISALIGNED, [name[:-4]])
+       for name, base in (("positions_ptr", QPOS), ("cos_sin_ptr", QCS)) for d in (1, 2)]
+    + [("misaligned-%s+1" % name[:-4], {name: base + 1}, MISALIGNED, [name[:-4]])
+       for name, base in (("bias_ptr", QB), ("q_ptr", QQ), ("k_ptr", QK), ("v_ptr", QV))]
+    + [("k-overlaps-q", dict(k_ptr=QQ + 256), INVALID, ["q", "k", "v"]),
+       ("v-overlaps-k", dict(v_ptr=QK - 256), INVALID, ["q", "k", "v"]),
+       ("q-overlaps-x", dict(q_ptr=QX + 512), INVALID, ["q", "x"])]
+)
+
+
+def qkv_projection(fields):
+    ck.raw.qkv_projection(params_struct(ck.QkvParams, fields), stream=0)
+
+
+# ck_qkv_prepack: the row's layer fields go into the struct, its pointers are the call's.
+QKV_PREPACK = dict(QKV_LAYER, packed_ptr=B, scales_ptr=S, zeros_ptr=0, w_out_ptr=Q,
+                   scales_out_ptr=O, zeros_out_ptr=0)
+QKV_PREPACK_ASYM = dict(mode=ck.INT4_ASYMMETRIC, zeros_ptr=Z, zeros_out_ptr=BIAS)
+QKV_PREPACK_CASES = (
+    qkv_layer_cases()
+    + [("null-packed", dict(packed_ptr=0), INVALID, ["w_packed"]),
+       ("null-packed-nf4", dict(QKV_NF4, packed_ptr=0), INVALID, ["packed"]),
+       ("null-scales", dict(scales_ptr=0), INVALID, ["scales"]),
+       ("null-w_prepacked", dict(w_out_ptr=0), INVALID, ["w_prepacked"]),
+       ("null-scales_prepacked", dict(scales_out_ptr=0), INVALID, ["scales_prepacked"]),
+       ("null-zeros-asymmetric", dict(QKV_PREPACK_ASYM, zeros_ptr=0), INVALID, ["zeros"]),
+       ("zeros-symmetric", dict(zeros_ptr=Z), INVALID, ["zeros"]),
+       ("zeros-nf4", dict(QKV_NF4, zeros_ptr=Z), INVALID, ["zeros"]),
+       ("zeros_prepacked-nf4", dict(QKV_NF4, zeros_out_ptr=BIAS), INVALID, ["zeros_prepacked"]),
+       ("misaligned-w_packed+8", dict(packed_ptr=B + 8), MISALIGNED, ["w_packed"]),
+       ("misaligned-packed-nf4+8", dict(QKV_NF4, packed_ptr=B + 8), MISALIGNED, ["packed"]),
+       ("misaligned-w_prepacked+8", dict(w_out_ptr=Q + 8), MISALIGNED, ["w_prepacked"]),
+       ("misaligned-scales_prepacked+4", dict(scales_out_ptr=O + 4), MISALIGNED,
+        ["scales_prepacked"])]
+)
+
+
+def qkv_prepack(fields):
+    fields = dict(fields)
+    pointers = {name: fields.pop(name) for name in ("packed_ptr", "scales_ptr", "zeros_ptr",
+                                                    "w_out_ptr", "scales_out_ptr",
+                                                    "zeros_out_ptr")}
+    ck.raw.qkv_prepack(params_struct(ck.QkvParams, fields), **pointers, stream=0)
+
+
 # The entry points that take a parameter struct: how a row's arguments become a call.
 STRUCT_CALLS = {"ck_moe_workspace_size": moe_workspace_size, "ck_moe_forward": moe_forward,
                 "ck_attention_forward": attention_forward,
                 "ck_attention_decode_workspace_size": attention_decode_workspace_size,
-                "ck_attention_decode": attention_decode}
+                "ck_attention_decode": attention_decode, "ck_qkv_prepack": qkv_prepack,
+                "ck_qkv_projection": qkv_projection}
 
 # The entry points with bad-argument cases: the valid call of each is the table named after it
 # (QUANTIZE_INT8 for ck_quantize_int8), its cases are that table's _CASES.
@@ -1178,7 +1297,8 @@ ENTRY_POINTS = {
                   "QUANTIZE_NF4", "DEQUANTIZE_NF4", "QUANTIZE_MXFP4", "DEQUANTIZE_MXFP4",
                   "QUANTIZE_NVFP4", "DEQUANTIZE_NVFP4",
                   "GEMM_INT8", "GEMM_INT8_SCALED", "LINEAR", "GEMM_W4A16", "GEMM_W4A16_PREPACKED",
-                  "W4A16_PREPACK", "BLOCK4_PREPACK", "GEMM_BLOCK4_PREPACKED", "IMPORT_GPTQ", "IMPORT_AWQ", "PERMUTE_COLUMNS", "GEMM_INT4",
+                  "W4A16_PREPACK", "BLOCK4_PREPACK", "GEMM_BLOCK4_PREPACKED", "QKV_PREPACK",
+                  "QKV_PROJECTION", "IMPORT_GPTQ", "IMPORT_AWQ", "PERMUTE_COLUMNS", "GEMM_INT4",
                   "GEMM_INT4_SCALED", "MOE_ROUTE", "MOE_PREPACK", "MOE_WORKSPACE_SIZE",
                   "MOE_FORWARD", "ATTENTION_FORWARD", "ATTENTION_DECODE_WORKSPACE_SIZE",
                   "ATTENTION_DECODE")
@@ -1235,7 +1355,7 @@ def test_valid_baselines_are_valid_shapes():
         if "top_k" in valid:   # the MoE limits
             assert valid["top_k"] <= min(valid["experts"], 32) and valid["experts"] <= 1024
         if "hidden" in valid:
-            assert valid["hidden"] % 32 == 0 and valid["intermediate"] % 32 == 0, function
+            assert valid["hidden"] % 32 == 0 and valid.get("intermediate", 32) % 32 == 0, function
         assert all(ptr % 256 == 0 for key, ptr in valid.items() if key.endswith("_ptr"))
         assert len({case_id for case_id, *_ in cases}) == len(cases), function
 

@@ -217,22 +217,6 @@ def emulated_kernel(x, w, b, hq, hkv, positions, cos_sin, style, dtype, position
     return tuple(ref.round_f64_to_dtype(a.astype(np.float64), dtype) for a in (q, k, v))
 
 
-def projection_tolerances(x, w, b, hq, hkv, positions, cos_sin, style, dtype):
-    """(exact q, k, v; their element-wise tolerances): dot_float32_error of y split by head,
-    carried through the rotation of q and k, then the rounding to dtype."""
-    d = w.shape[0] // (hq + 2 * hkv)
-    y = ref.linear_f64(x, w, b, "none", dtype)
-    error = gs.dot_float32_error(as_f64(x, dtype), as_f64(w, dtype), y)
-    exact = ref.qkv_projection_f64(x, w, hq, hkv, dtype, b, positions, cos_sin, style)
-    bounds = []
-    for idx, (e, m) in enumerate(zip(ref.qkv_split(error, hq, hkv, d),
-                                     ref.qkv_split(np.abs(y), hq, hkv, d))):
-        if idx < 2:
-            e = ref.rope_float32_error(e, m, positions, cos_sin, style)
-        bounds.append(e)
-    return exact, [gs.output_tolerance(v, e, dtype) for v, e in zip(exact, bounds)]
-
-
 @pytest.mark.parametrize("style", ref.ROPE_STYLES)
 @pytest.mark.parametrize("dtype", ref.W4A16_DTYPES)
 @pytest.mark.parametrize("shape", SHAPES)
@@ -242,7 +226,7 @@ def test_emulated_kernel_is_within_the_bound(shape, dtype, style, seed):
     x, w, b, positions, cos_sin = random_problem(rng, shape, dtype, rotary_dim)
     hq, hkv = shape[2:4]
     got = emulated_kernel(x, w, b, hq, hkv, positions, cos_sin, style, dtype)
-    exact, tols = projection_tolerances(x, w, b, hq, hkv, positions, cos_sin, style, dtype)
+    exact, tols = gs.qkv_tolerances(x, w, b, hq, hkv, positions, cos_sin, style, dtype)
     for name, g, e, tol in zip("qkv", got, exact, tols):
         gs.assert_within(as_f64(g, dtype), e, tol, f"{name} ({dtype}, {style}), seed={seed}")
 
@@ -258,8 +242,30 @@ def test_wrong_rotation_breaks_the_bound(fault, seed):
         got = emulated_kernel(x, w, b, hq, hkv, positions, cos_sin, "neox", "fp16", 1)
     else:
         got = emulated_kernel(x, w, b, hq, hkv, positions, cos_sin, "interleaved", "fp16")
-    exact, tols = projection_tolerances(x, w, b, hq, hkv, positions, cos_sin, "neox", "fp16")
+    exact, tols = gs.qkv_tolerances(x, w, b, hq, hkv, positions, cos_sin, "neox", "fp16")
     with pytest.raises(AssertionError):
         gs.assert_within(as_f64(got[0], "fp16"), exact[0], tols[0], fault)
     # v is not rotated: the same either way.
     gs.assert_within(as_f64(got[2], "fp16"), exact[2], tols[2], "v")
+
+
+@pytest.mark.parametrize("style", ("neox", "interleaved", None))
+@pytest.mark.parametrize("shape, rotary_dim", [((1, 32, 4, 2, 16), 16), ((1, 32, 2, 1, 64), 48),
+                                               ((1, 32, 3, 3, 8), 2)])
+def test_prepack_rows_put_each_rotation_pair_side_by_side(shape, rotary_dim, style):
+    _, _, hq, hkv, d = shape
+    rows = ref.qkv_prepack_rows(hq, hkv, d, rotary_dim, style)
+    n = ref.qkv_output_columns(hq, hkv, d)
+    assert sorted(rows) == list(range(n)), "a permutation of the rows"
+    if style != "neox":
+        assert (rows == np.arange(n)).all()
+        return
+    half = rotary_dim // 2
+    for h in range(hq + 2 * hkv):
+        got = rows[h * d:(h + 1) * d] - h * d
+        if h >= hq + hkv:   # v is never rotated: its rows stay
+            assert (got == np.arange(d)).all()
+            continue
+        assert (got[0:rotary_dim:2] == np.arange(half)).all()
+        assert (got[1:rotary_dim:2] == half + np.arange(half)).all()
+        assert (got[rotary_dim:] == np.arange(rotary_dim, d)).all()

@@ -3,7 +3,8 @@
 //   Epilogue<OutT>       int32 accumulators (INT8, INT4 GEMMs): scale by row and column, bias,
 //                        activation: out[r, c] = act(fma(float(acc) * scale_a[r or 0], scale_b[c or 0], bias[c]))
 //   FloatEpilogue<T>     float accumulators (W4A16 GEMMs): out[r, c] = act(acc + bias[c]), the
-//                        bias added only where there is one.
+//                        bias added only where there is one; or, given a QkvOut, the fused
+//                        Q/K/V projection's split, bias and rotary embedding (below).
 //
 // Kernels produce accumulators in pairs of adjacent columns (the mma C-fragment layout), so the
 // store unit is a pair: one 8-byte (int32/fp32) or 4-byte (fp16/bf16) store when both columns
@@ -160,6 +161,26 @@ template <typename OutT> struct Epilogue {
     template <typename> friend struct FloatEpilogue;
 };
 
+// The fused Q/K/V projection's outputs (ck_qkv_projection; tests/reference.py,
+// qkv_projection): the GEMM's [m, n] float32 result y, n = (Hq + 2 Hkv) D, is split by column
+// into q [m, Hq, D], k and v [m, Hkv, D]; the bias (n values in the checkpoint's row order, or
+// nullptr) is added, RoPE rotates q and k (never v) in float32, and each value is rounded once.
+// The weight was prepacked with rope_pairs (w4a16_prepacked.cuh) for the rotate-half style, so
+// the two values one rotation mixes are always the two columns of one accumulator pair.
+// q == nullptr: not a projection (every plain GEMM).
+struct QkvOut {
+    void* q = nullptr;
+    void* k = nullptr;
+    void* v = nullptr;
+    const void* bias = nullptr;          // [n] dtype, logical (checkpoint) order
+    const int32_t* positions = nullptr;  // [m]: token r's row of cos_sin, clamped to [0, P)
+    const float* cos_sin = nullptr;      // [P, R]: cos(p theta_i) for i < R / 2, then sin
+    int64_t max_position = 0;            // P
+    int64_t heads_q = 0, heads_kv = 0, head_dim = 0, rotary_dim = 0;  // Hq, Hkv, D (even), R
+    int rope = CK_ROPE_NONE;             // ck_rope_style_t
+    bool pair_aligned = false;           // q, k and v 4-byte aligned: a pair is one store
+};
+
 // The epilogue of the float-accumulator (W4A16) kernels: T is __half or __nv_bfloat16.
 template <typename T> struct FloatEpilogue {
     T* out;
@@ -167,6 +188,7 @@ template <typename T> struct FloatEpilogue {
     const T* bias;        // n values or nullptr
     ck_activation_t activation;
     bool pair_aligned;    // n even and out 4-byte aligned: a pair is one 4-byte store
+    QkvOut qkv;           // a fused projection's outputs (then bias nullptr, no activation)
 
     // v + bias[c] where there is a bias (c < n). The streaming kernels add nothing without a
     // bias; the tiled ones add bias_at(c), 0 without one (a -0 sum becomes +0 there): each
@@ -181,8 +203,13 @@ template <typename T> struct FloatEpilogue {
 
     // Stores act(v0), act(v1) at columns c and c + 1 of row r, rounded once: one 4-byte store
     // when both are inside and pair_aligned, else one element at a time. The caller checks
-    // r < m and c < n; a column c + 1 past n is dropped.
+    // r < m and c < n; a column c + 1 past n is dropped. A projection (qkv.q) stores through
+    // store_qkv instead (c even).
     __device__ __forceinline__ void store_pair(int64_t r, int64_t c, float v0, float v1) const {
+        if (qkv.q) {
+            store_qkv(r, c, v0, v1);
+            return;
+        }
         T* p = out + r * n + c;
         const T h0 = from_float<T>(activate(v0, activation));
         if (c + 1 < n) {
@@ -204,6 +231,55 @@ template <typename T> struct FloatEpilogue {
     // Stores act(v) at (r, c), r < m and c < n.
     __device__ __forceinline__ void store(int64_t r, int64_t c, float v) const {
         out[r * n + c] = from_float<T>(activate(v, activation));
+    }
+
+    // The projection's store of GEMM columns c, c + 1 (c even; D even, so both lie in one
+    // head h, at j = c - h D and j + 1). In q and k with j < R, the pair is one rotation's:
+    // rotate-half, logical components a = i, b = i + R / 2 of the head (i = j / 2, the
+    // prepack's rope_pairs); interleaved, a = j, b = j + 1. With c, s = cos_sin[p, i],
+    // cos_sin[p, R / 2 + i]: a' = a c - b s, b' = b c + a s (two products and a difference,
+    // each rounded: within the reference's rope_float32_error). Elsewhere the pair is stored as
+    // it is, plus the bias.
+    __device__ __forceinline__ void store_qkv(int64_t r, int64_t c, float v0, float v1) const {
+        const int64_t d = qkv.head_dim, hq = qkv.heads_q, hkv = qkv.heads_kv;
+        const int64_t h = c / d, j = c - h * d;
+        T* base;
+        if (h < hq) base = static_cast<T*>(qkv.q) + (r * hq + h) * d;
+        else if (h < hq + hkv) base = static_cast<T*>(qkv.k) + (r * hkv + h - hq) * d;
+        else base = static_cast<T*>(qkv.v) + (r * hkv + h - hq - hkv) * d;
+        const T* bias_h = static_cast<const T*>(qkv.bias) + h * d;
+        const int64_t rd = qkv.rotary_dim;
+        if (qkv.rope != CK_ROPE_NONE && h < hq + hkv && j < rd) {
+            const bool neox = qkv.rope == CK_ROPE_NEOX;
+            const int64_t i = j / 2, ja = neox ? i : j, jb = neox ? i + rd / 2 : j + 1;
+            float a = v0, b = v1;
+            if (qkv.bias) {
+                a += to_float(bias_h[ja]);
+                b += to_float(bias_h[jb]);
+            }
+            const int64_t p = __ldg(qkv.positions + r);
+            const float* row = qkv.cos_sin + (p < 0 ? 0 : p < qkv.max_position ? p : qkv.max_position - 1) * rd;
+            const float cs = __ldg(row + i), sn = __ldg(row + rd / 2 + i);
+            const T ya = from_float<T>(__fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn)));
+            const T yb = from_float<T>(__fadd_rn(__fmul_rn(b, cs), __fmul_rn(a, sn)));
+            if (!neox && qkv.pair_aligned) {
+                store_two(base + ja, ya, yb);
+            } else {
+                base[ja] = ya;
+                base[jb] = yb;
+            }
+            return;
+        }
+        if (qkv.bias) {
+            v0 += to_float(bias_h[j]);
+            v1 += to_float(bias_h[j + 1]);
+        }
+        if (qkv.pair_aligned) {
+            store_two(base + j, from_float<T>(v0), from_float<T>(v1));
+        } else {
+            base[j] = from_float<T>(v0);
+            base[j + 1] = from_float<T>(v1);
+        }
     }
 };
 

@@ -39,17 +39,19 @@ constexpr uint32_t kNf4ZeroWord = 0x77777777u, kE2m1ZeroWord = 0u;
 // of blocks 2j (low byte) and 2j + 1. Padding rows get 0.
 template <typename Unit, int kPerUnit>
 __global__ void block4_prepack_scales_kernel(const Unit* __restrict__ in_units, const uint8_t* __restrict__ in_bytes,
-                                             int64_t n, int64_t units, Unit* __restrict__ out) {
+                                             int64_t n, int64_t units, RopePairs rope,
+                                             Unit* __restrict__ out) {
     const int64_t total = prepacked_rows(n) * units;
     for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
          i += int64_t(gridDim.x) * blockDim.x) {
         const int64_t row = i / units, j = i % units;
         Unit u = 0;
         if (row < n) {
+            const int64_t src = rope.source(row);
             if constexpr (kPerUnit == 1) {
-                u = in_units[row * units + j];
+                u = in_units[src * units + j];
             } else {  // two E4M3 bytes per unit
-                const uint8_t* p = in_bytes + (row * units + j) * 2;
+                const uint8_t* p = in_bytes + (src * units + j) * 2;
                 u = Unit(p[0] | p[1] << 8);
             }
         }
@@ -109,7 +111,7 @@ cudaError_t block4_prepack(const Block4PrepackArgs& a, cudaStream_t stream) {
     const bool nf4 = a.format == CK_BLOCK4_NF4;  // bitsandbytes: element 2i in the high nibble
     const cudaError_t err = prepack_codes(
         {a.packed, a.n, a.k, /*interleave=*/0, /*flip=*/0u, nf4 ? kNf4ZeroWord : kE2m1ZeroWord,
-         /*high_first=*/nf4, a.w_out},
+         /*high_first=*/nf4, a.w_out, a.rope},
         stream);
     if (err != cudaSuccess) return err;
 
@@ -118,17 +120,17 @@ cudaError_t block4_prepack(const Block4PrepackArgs& a, cudaStream_t stream) {
     switch (a.format) {
         case CK_BLOCK4_NF4:
             block4_prepack_scales_kernel<uint32_t, 1><<<blocks, kPrepackThreads, 0, stream>>>(
-                static_cast<const uint32_t*>(a.scales), nullptr, a.n, units,
+                static_cast<const uint32_t*>(a.scales), nullptr, a.n, units, a.rope,
                 static_cast<uint32_t*>(a.scales_out));
             break;
         case CK_BLOCK4_MXFP4:
             block4_prepack_scales_kernel<uint8_t, 1><<<blocks, kPrepackThreads, 0, stream>>>(
-                static_cast<const uint8_t*>(a.scales), nullptr, a.n, units,
+                static_cast<const uint8_t*>(a.scales), nullptr, a.n, units, a.rope,
                 static_cast<uint8_t*>(a.scales_out));
             break;
         case CK_BLOCK4_NVFP4:
             block4_prepack_scales_kernel<uint16_t, 2><<<blocks, kPrepackThreads, 0, stream>>>(
-                nullptr, static_cast<const uint8_t*>(a.scales), a.n, units,
+                nullptr, static_cast<const uint8_t*>(a.scales), a.n, units, a.rope,
                 static_cast<uint16_t*>(a.scales_out));
             break;
         default: return cudaErrorInvalidValue;  // the entry point rejects these earlier

@@ -37,6 +37,7 @@ struct Block4PrepackArgs {
     int64_t n, k, blocksize;
     uint8_t* w_out;
     void* scales_out;       // ceil(n / 8) * 8 * (k / G) units
+    RopePairs rope;         // the fused Q/K/V weight's rotary pairs (ck_qkv_prepack), or none
 };
 cudaError_t block4_prepack(const Block4PrepackArgs& args, cudaStream_t stream);
 

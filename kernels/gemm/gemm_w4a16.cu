@@ -300,9 +300,10 @@ constexpr int64_t kMinBlocksPerSm = 2;
 // ---------------------------------------------------------------------------------------------
 // The interchange row that prepacked row `row` takes: itself, or with interleave = n / 2 (the
 // MoE gate+up weight) tile 2i = rows 8i .. 8i + 7 of the first half, tile 2i + 1 the same rows
-// of the second half.
-__device__ __forceinline__ int64_t prepack_source_row(int64_t row, int64_t interleave) {
-    if (interleave == 0) return row;
+// of the second half, or the fused Q/K/V weight's rotary pairs.
+__device__ __forceinline__ int64_t prepack_source_row(int64_t row, int64_t interleave,
+                                                      const RopePairs& rope) {
+    if (interleave == 0) return rope.source(row);
     const int64_t tile = row / kPackRows;
     return (tile % 2) * interleave + (tile / 2) * kPackRows + row % kPackRows;
 }
@@ -329,7 +330,7 @@ __global__ void __launch_bounds__(kPrepackThreads) prepack_codes_kernel(const Pr
         const int64_t row = v / slices, k0 = v % slices * kPackSliceK;
         uint4 out = make_uint4(a.pad, a.pad, a.pad, a.pad);
         if (row < a.n && k0 < a.k) {  // k % 32 == 0: a slice is all inside or all padding
-            const int64_t src = prepack_source_row(row, a.interleave);
+            const int64_t src = prepack_source_row(row, a.interleave, a.rope);
             const uint4 in = *reinterpret_cast<const uint4*>(a.w + src * (a.k / 2) + k0 / 2);
             out = make_uint4(prepack_word<kHighFirst>(in.x ^ a.flip),
                              prepack_word<kHighFirst>(in.y ^ a.flip),
@@ -343,14 +344,14 @@ __global__ void __launch_bounds__(kPrepackThreads) prepack_codes_kernel(const Pr
 template <typename T>
 __global__ void __launch_bounds__(kPrepackThreads)
 w4a16_prepack_groups_kernel(const T* __restrict__ scales, const uint8_t* __restrict__ zeros,
-                            int64_t n, int64_t groups, int64_t interleave,
+                            int64_t n, int64_t groups, int64_t interleave, RopePairs rope,
                             T* __restrict__ scales_out, uint8_t* __restrict__ zeros_out) {
     const int64_t count = prepacked_rows(n) * groups;
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
          i += int64_t(gridDim.x) * blockDim.x) {
         const int64_t row = i / groups, g = i % groups;
         const int64_t dst = prepacked_group_index(row, g, groups);
-        const int64_t src = prepack_source_row(row, interleave) * groups + g;
+        const int64_t src = prepack_source_row(row, interleave, rope) * groups + g;
         scales_out[dst] = row < n ? scales[src] : from_float<T>(0.f);
         if (zeros_out) zeros_out[dst] = row < n ? zeros[src] : uint8_t(kSymmetricZero);
     }
@@ -406,7 +407,7 @@ cudaError_t w4a16_prepack(const W4A16PrepackArgs& args, cudaStream_t stream) {
     const uint32_t code8 = 0x88888888u;  // code 8 everywhere: the padding; the symmetric flip
     const cudaError_t err = prepack_codes(
         {args.w, args.n, args.k, args.interleave, args.zeros == nullptr ? code8 : 0u, code8,
-         /*high_first=*/false, args.w_out},
+         /*high_first=*/false, args.w_out, args.rope},
         stream);
     if (err != cudaSuccess) return err;
     const unsigned blocks = prepack_blocks(prepacked_rows(args.n) * args.groups);
@@ -414,7 +415,7 @@ cudaError_t w4a16_prepack(const W4A16PrepackArgs& args, cudaStream_t stream) {
         using T = decltype(tag);
         w4a16_prepack_groups_kernel<T><<<blocks, kPrepackThreads, 0, stream>>>(
             static_cast<const T*>(args.scales), args.zeros, args.n, args.groups, args.interleave,
-            static_cast<T*>(args.scales_out), args.zeros_out);
+            args.rope, static_cast<T*>(args.scales_out), args.zeros_out);
         return cudaGetLastError();
     });
 }

@@ -33,6 +33,7 @@ struct GemmW4A16Args {
     void* out;                // [m, n] dtype
     bool prepacked;           // w, scales, zeros in the prepacked layout
     const float* global_scale;  // block formats (gemm_block4.cuh): NVFP4's float32 global scale
+    QkvOut qkv;               // the fused Q/K/V projection's outputs (out, bias unused), or none
 
     // Set by derive() from the fields above, once on the host. The kernels read them as kernel
     // parameters (constant-bank operands); derived in the kernel, every value would hold a
@@ -54,7 +55,7 @@ struct GemmW4A16Args {
 
     template <typename T> __host__ __device__ const T* x_as() const { return static_cast<const T*>(x); }
     template <typename T> __host__ __device__ FloatEpilogue<T> epilogue() const {
-        return {static_cast<T*>(out), m, n, static_cast<const T*>(bias), activation, pair_aligned};
+        return {static_cast<T*>(out), m, n, static_cast<const T*>(bias), activation, pair_aligned, qkv};
     }
 };
 
@@ -121,6 +122,7 @@ struct W4A16PrepackArgs {
     uint8_t* w_out;           // w4a16_prepacked_bytes(n, k)
     void* scales_out;         // ceil(n / 8) * 8 * groups
     uint8_t* zeros_out;       // same count, or nullptr (symmetric)
+    RopePairs rope;           // the fused Q/K/V weight's rotary pairs (ck_qkv_prepack), or none
 };
 cudaError_t w4a16_prepack(const W4A16PrepackArgs& args, cudaStream_t stream);
 
@@ -135,6 +137,7 @@ struct PrepackCodesArgs {
     uint32_t flip, pad;
     bool high_first;
     uint8_t* w_out;
+    RopePairs rope;
 };
 cudaError_t prepack_codes(const PrepackCodesArgs& args, cudaStream_t stream);
 

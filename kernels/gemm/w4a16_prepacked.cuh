@@ -44,4 +44,20 @@ __host__ __device__ constexpr int64_t prepacked_group_index(int64_t row, int64_t
 // Nibble e of a prepacked word holds this k of the word's 8.
 __host__ __device__ constexpr int prepacked_nibble_k(int e) { return e < 4 ? 2 * e : 2 * (e - 4) + 1; }
 
+// The fused Q/K/V weight's rotary pairs (ck_qkv_prepack with rotate-half RoPE): in each of the
+// first `rows` / head_dim heads (those of q and k), prepacked row 2i of the head holds weight
+// row i and row 2i + 1 weight row i + R / 2 (i < R / 2, R = rotary_dim); the other rows stay.
+// The two outputs one rotation mixes then sit in adjacent columns: one accumulator pair of every
+// kernel. rows = 0 (the default): no pairing. source() is also the logical column of a GEMM
+// output column.
+struct RopePairs {
+    int64_t rows = 0, head_dim = 1, rotary_dim = 0;
+    __host__ __device__ constexpr int64_t source(int64_t row) const {
+        if (row >= rows) return row;
+        const int64_t j = row % head_dim;
+        if (j >= rotary_dim) return row;
+        return row - j + (j % 2 ? rotary_dim / 2 + j / 2 : j / 2);
+    }
+};
+
 }  // namespace ck

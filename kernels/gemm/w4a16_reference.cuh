@@ -6,7 +6,8 @@
 // 64x64 output tile per 256-thread block, K in steps of 32. Shared tiles are k-major ([k][m]
 // and [k][n]) floats so that a thread's operands for one k are plain loads; the +1 pad puts the
 // loaders' transposed stores (8 rows x 4 k-groups per warp) on 32 distinct banks. Thread
-// (ty, tx) = (tid / 16, tid % 16) owns rows ty + 16 i and columns tx + 16 j (i, j < 4).
+// (ty, tx) = (tid / 16, tid % 16) owns rows ty + 16 i and columns tx + 16 j (i, j < 4); a
+// projection's epilogue (FloatEpilogue::qkv) pairs columns of lanes tx and tx ^ 1.
 // Loaders: thread tid handles row tid / 4 and word tid % 4 (k 8 (tid % 4) .. + 7) of the step,
 // of both x (one 16-byte load) and w (one 4-byte word of 8 codes).
 #pragma once
@@ -71,6 +72,19 @@ __device__ __forceinline__ void reference_tile(const T* __restrict__ x, int64_t 
         }
     }
 
+    if (ep.qkv.q) {  // a projection stores column pairs: columns c, c + 1 are lanes tx, tx ^ 1
+#pragma unroll
+        for (int j = 0; j < kRefMicro; ++j) {
+            const int64_t c = n0 + tx + 16 * j;
+#pragma unroll
+            for (int i = 0; i < kRefMicro; ++i) {
+                const int64_t r = m0 + ty + 16 * i;
+                const float next = __shfl_xor_sync(0xffffffffu, acc[i][j], 1);
+                if (tx % 2 == 0 && r < m && c < n) ep.store_pair(r, c, acc[i][j], next);
+            }
+        }
+        return;
+    }
 #pragma unroll
     for (int j = 0; j < kRefMicro; ++j) {
         const int64_t c = n0 + tx + 16 * j;

@@ -505,10 +505,26 @@ ck_status_t check_qkv_layer(const Check& check, const ck_qkv_params_t* p, int64_
     if (p->hidden < 32 || p->hidden > ck::kPackMaxDim)
         return check.fail(CK_STATUS_INVALID_VALUE, "params->hidden=%lld must be in [32, 2^40]",
                           (long long)p->hidden);
+    // The [N, H] weight, named by the fields that make it (the format's prepack would say n and
+    // k): N within the prepacked layout, its bytes (4 per value, as the prepacks count them)
+    // within int64_t, which also bounds its prepacked bytes and values.
+    if (n > ck::kPackMaxDim)
+        return check.fail(CK_STATUS_INVALID_VALUE,
+                          "(params->num_heads_q=%lld + 2 x params->num_heads_kv=%lld) x "
+                          "params->head_dim=%lld = %lld weight rows: the prepacked layout holds "
+                          "N up to 2^40", (long long)p->num_heads_q, (long long)p->num_heads_kv,
+                          (long long)p->head_dim, (long long)n);
+    int64_t weight_bytes;
+    if (__builtin_mul_overflow(n, p->hidden * 4, &weight_bytes))
+        return check.fail(CK_STATUS_INVALID_VALUE,
+                          "the [N, params->hidden=%lld] weight of params->num_heads_q=%lld, "
+                          "params->num_heads_kv=%lld, params->head_dim=%lld overflows a 64-bit "
+                          "byte count", (long long)p->hidden, (long long)p->num_heads_q,
+                          (long long)p->num_heads_kv, (long long)p->head_dim);
+    CK_TRY(check.multiple_of(p->hidden, 32, "params->hidden",
+                             "a lane dequantizes 32 weights of a row from 16 bytes"));
     if (p->format == CK_WEIGHT4_INT4) {
         CK_TRY(check.enum_value(p->mode, 2, "params->mode", "ck_int4_mode_t"));
-        CK_TRY(check.multiple_of(p->hidden, 32, "params->hidden",
-                                 "a lane dequantizes 32 weights of a row from 16 bytes"));
         CK_TRY(check.group_size(p->group_size));
         return check_prepacked_size(check, false, 1, n, p->hidden, p->group_size);
     }
@@ -516,7 +532,21 @@ ck_status_t check_qkv_layer(const Check& check, const ck_qkv_params_t* p, int64_
         return check.fail(CK_STATUS_INVALID_VALUE,
                           "params->mode=%d must be CK_INT4_SYMMETRIC (0) for a block format",
                           int(p->mode));
-    return check_block4_weight(check, block4_of(p->format), n, p->hidden, p->group_size);
+    // The block format's blocksize and whole blocks, named as the struct names them.
+    const ck_block4_format_t format = block4_of(p->format);
+    if (!block4_blocksize_ok(format, p->group_size))
+        return check.fail(CK_STATUS_UNSUPPORTED,
+                          "params->group_size=%lld is not a blocksize of CK_WEIGHT4_%s (use %s)",
+                          (long long)p->group_size,
+                          format == CK_BLOCK4_NF4     ? "NF4"
+                          : format == CK_BLOCK4_MXFP4 ? "MXFP4"
+                                                      : "NVFP4",
+                          format == CK_BLOCK4_NF4     ? "32, 64 or 128"
+                          : format == CK_BLOCK4_MXFP4 ? "32"
+                                                      : "16");
+    CK_TRY(check.multiple_of(p->hidden, p->group_size, "params->hidden",
+                             "the last block of a row must be whole"));
+    return check_block4_weight(check, format, n, p->hidden, p->group_size);
 }
 
 // The prepack's pairing of rotate-half rotations (w4a16_prepacked.cuh), or none.
@@ -1273,9 +1303,10 @@ ck_status_t ck_qkv_projection(const ck_qkv_params_t* params, ck_stream_t stream)
     if (p.zeros_prepacked)
         CK_TRY(check.aligned(p.zeros_prepacked, 16, "params->zeros_prepacked",
                              "16-byte asynchronous copies"));
+    if (rope)
+        CK_TRY(check.element_aligned({{p.positions, CK_DTYPE_INT32, "params->positions"},
+                                      {p.cos_sin, CK_DTYPE_FP32, "params->cos_sin"}}));
     CK_TRY(check.element_aligned({{p.global_scale, CK_DTYPE_FP32, "params->global_scale"},
-                                  {p.positions, CK_DTYPE_INT32, "params->positions"},
-                                  {p.cos_sin, CK_DTYPE_FP32, "params->cos_sin"},
                                   {p.bias, p.dtype, "params->bias"},
                                   {p.q, p.dtype, "params->q"},
                                   {p.k, p.dtype, "params->k"},
@@ -1291,7 +1322,7 @@ ck_status_t ck_qkv_projection(const ck_qkv_params_t* params, ck_stream_t stream)
         overlaps(p.x, x_bytes, p.v, kv_bytes))
         return check.fail(CK_STATUS_INVALID_VALUE, "params->q, k or v overlaps params->x");
 
-    // One GEMM call on the format's kernels whose epilogue (FloatEpilogue::qkv) splits, adds the
+    // One GEMM call on the format's kernels whose epilogue (QkvEpilogue) splits, adds the
     // bias and rotates; the GEMM's own output and bias are unused.
     const int64_t group = int4 ? p.group_size : ck::block4_unit_group(block4_of(p.format), p.group_size);
     ck::GemmW4A16Args g = gemm_w4a16_operands(p.x, p.dtype, p.w_prepacked, p.scales_prepacked,

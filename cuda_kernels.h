@@ -590,9 +590,9 @@ typedef struct ck_qkv_params {
     size_t struct_size;            /* sizeof(ck_qkv_params_t) */
     int64_t tokens;                /* T >= 1 */
     int64_t hidden;                /* H [prepack]: >= 32, a multiple of 32 and of the block */
-    int64_t num_heads_q;           /* Hq [prepack]: a positive multiple of num_heads_kv */
-    int64_t num_heads_kv;          /* Hkv [prepack] >= 1 */
-    int64_t head_dim;              /* D [prepack]: a multiple of 8 */
+    int64_t num_heads_q;           /* Hq [prepack]: a multiple of num_heads_kv, at most 2^20 */
+    int64_t num_heads_kv;          /* Hkv [prepack]: 1 .. 2^20 */
+    int64_t head_dim;              /* D [prepack]: a multiple of 8, at most 2^20 */
     ck_dtype_t dtype;              /* x, bias, q, k, v and INT4 scales [prepack]: FP16 or BF16 */
     ck_weight4_format_t format;    /* [prepack] */
     int64_t group_size;            /* [prepack] INT4: 32, 64, 128 or CK_GROUP_ROW; NF4: its
@@ -607,9 +607,9 @@ typedef struct ck_qkv_params {
     const uint8_t* zeros_prepacked;  /* INT4 asymmetric only, 16-byte aligned */
     const float* global_scale;     /* NVFP4's float32 global scale (device), else NULL */
     const void* bias;              /* [N] dtype in W's row order, or NULL */
-    const int32_t* positions;      /* [T] with RoPE, else NULL */
-    const float* cos_sin;          /* [max_position, R] float32 with RoPE, else NULL */
-    int64_t max_position;          /* >= 1 with RoPE */
+    const int32_t* positions;      /* [T] with RoPE (not read without) */
+    const float* cos_sin;          /* [max_position, R] float32 with RoPE (not read without) */
+    int64_t max_position;          /* >= 1 with RoPE (not read without) */
     void* q;                       /* [T, Hq, D] dtype */
     void* k;                       /* [T, Hkv, D] dtype */
     void* v;                       /* [T, Hkv, D] dtype */
@@ -631,9 +631,10 @@ CK_API ck_status_t ck_qkv_prepack(const ck_qkv_params_t* params, const uint8_t* 
 
 /* The projection: q, k, v from x and the prepared weight, as the section above defines them.
  * Requirements: the [prepack] fields as ck_qkv_prepack was given them; T >= 1; the sizes' byte
- * counts representable in int64_t; x and the weight's pointers 16-byte aligned, global_scale,
- * positions and cos_sin 4-byte aligned, bias, q, k and v aligned to dtype (4-byte aligned
- * q, k and v store pairs at once). q, k and v must not overlap each other or any input.
+ * counts representable in int64_t; x and the weight's pointers 16-byte aligned, global_scale
+ * (and, with RoPE, positions and cos_sin) 4-byte aligned, bias, q, k and v aligned to dtype
+ * (4-byte aligned q, k and v store pairs at once). q, k and v must not overlap each other or
+ * any input.
  * Invalid values return CK_STATUS_INVALID_VALUE; a format, blocksize or dtype the kernels do not
  * serve CK_STATUS_UNSUPPORTED. */
 CK_API ck_status_t ck_qkv_projection(const ck_qkv_params_t* params, ck_stream_t stream);

@@ -289,6 +289,12 @@ void bench_quantize(Bench& bench, const Options& options) {
 #include "bench_block4.cuh"
 
 // ================================================================================================
+// Family "qkv": the fused Q/K/V projection with RoPE in the four 4-bit formats beside the unfused
+// pipeline (dequantize + cuBLAS + split) and cuBLAS fp16 on the Llama-3 shapes (bench_qkv.cuh).
+// ================================================================================================
+#include "bench_qkv.cuh"
+
+// ================================================================================================
 // Family "attention": decode attention over a contiguous or paged KV cache (ck_attention_decode)
 // against the copy bandwidth (bench_attention.cuh).
 // ================================================================================================
@@ -308,6 +314,7 @@ static const Family kFamilies[] = {
     {"gemm", bench_gemm},
     {"moe", bench_moe},
     {"block4", bench_block4},
+    {"qkv", bench_qkv},
     {"attention", bench_attention},
 };
 

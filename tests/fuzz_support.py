@@ -34,6 +34,10 @@ kind:
     Struct(ctype, ...)   a parameter struct passed by const pointer (ck_moe_params_t): a dict of
                          its fields, each with a kind of its own, or None for NULL; a wrong
                          struct_size is CK_STATUS_INVALID_VALUE
+    When(inner, when)    a field read, and checked as `inner`, only where when(args) holds (a paged
+                         cache's sizes, with block_table; max_position, with RoPE)
+    LayerPointer(inner)  a pointer argument of ck_qkv_prepack: checked as `inner` over the fields
+                         of its params (mode, dtype, format), once they pass
     WorkspaceBytes()     ck_moe_forward's size_t workspace_bytes: at least ck_moe_workspace_size
 
 and each status-returning export a list of cross-argument rules (shape multiples, overflowing
@@ -353,13 +357,15 @@ def _round_up(value, multiple):
 
 
 class Size(Kind):
-    """An int64_t size: >= `least` (1), and at most `most` where the export bounds it on its
-    own. Valid draws are multiples of `multiple`, at most draws_up_to (default: most) where rules
-    of several arguments bound it further (the MoE layer's pairs and row blocks)."""
+    """An int64_t size: >= `least` (1 unless given), and at most `most` where the export bounds
+    it on its own. Valid draws are multiples of `multiple`, at most draws_up_to (default: most)
+    where rules of several arguments bound it further (the MoE layer's pairs and row blocks)."""
 
-    def __init__(self, multiple=1, most=None, draws_up_to=None):
+    def __init__(self, multiple=1, most=None, draws_up_to=None, least=None):
         self.multiple, self.most = multiple, most
         self.draws_up_to = draws_up_to or most
+        if least is not None:
+            self.least = least
 
     def example(self):
         return 256
@@ -371,9 +377,10 @@ class Size(Kind):
                              st.sampled_from([v for v in SPECIAL_SIZES if v >= 1]),
                              st.integers(1, 2**40))
             return base.map(lambda v: _round_up(v, self.multiple))
-        base = st.one_of(st.integers(1, min(300, top)),
-                         st.sampled_from([v for v in SPECIAL_SIZES if 1 <= v <= top]),
-                         st.integers(1, top))
+        low = max(1, self.least)
+        base = st.one_of(st.integers(low, min(300, top)),
+                         st.sampled_from([v for v in SPECIAL_SIZES if low <= v <= top]),
+                         st.integers(low, top))
         return base.map(lambda v: min(_round_up(v, self.multiple),
                                       top // self.multiple * self.multiple))
 
@@ -659,14 +666,18 @@ class Count(Size):
 
 class HeadsKv(Size):
     """Attention's num_heads_kv: 1 .. num_heads_q and a divisor of it (checked once num_heads_q
-    is valid; a non-divisor is CK_STATUS_INVALID_VALUE naming both)."""
+    is valid, 1 .. heads_most; a non-divisor is CK_STATUS_INVALID_VALUE naming both)."""
+
+    def __init__(self, heads_most=None):
+        super().__init__()
+        self.heads_most = heads_most or ATTENTION_MAX_HEADS
 
     def example(self):
         return 1
 
     def _heads_q(self, args):
         heads = args["num_heads_q"]
-        return heads if 1 <= heads <= ATTENTION_MAX_HEADS else None
+        return heads if 1 <= heads <= self.heads_most else None
 
     def settle(self, name, args):
         heads, value = self._heads_q(args), args[name]
@@ -830,14 +841,14 @@ def gemm_bytes(m, n, k, out_size):
     return rule
 
 
-def multiple_of(arg, divisor, when=None):
-    """arg a multiple of divisor (CK_STATUS_UNSUPPORTED), for a positive arg; when(args): the
-    calls the rule applies to."""
+def multiple_of(arg, divisor, when=None, status=Status.UNSUPPORTED):
+    """arg a multiple of divisor (CK_STATUS_UNSUPPORTED unless `status` says otherwise), for a
+    positive arg; when(args): the calls the rule applies to."""
     def rule(args):
         value = args[arg]
         if not _positive(args, arg) or (when and not when(args)) or value % divisor == 0:
             return []
-        return [Violation(Status.UNSUPPORTED, (arg,), (value,))]
+        return [Violation(status, (arg,), (value,))]
     return rule
 
 
@@ -964,21 +975,22 @@ class Block4Scales(Pointer):
 
 
 class GlobalScale(Pointer):
-    """NVFP4's float32 global scale: required (4-byte aligned) for CK_BLOCK4_NVFP4, NULL for the
-    other formats (CK_STATUS_INVALID_VALUE naming it); an invalid format is the format's
-    violation."""
+    """NVFP4's float32 global scale: required (4-byte aligned) for CK_BLOCK4_NVFP4 (nvfp4: the
+    value of the argument `format` that means NVFP4, among `formats`), NULL for the other
+    formats (CK_STATUS_INVALID_VALUE naming it); an invalid format is the format's violation."""
 
-    def __init__(self):
+    def __init__(self, nvfp4=ck.BLOCK4_NVFP4, formats=BLOCK4_FORMATS):
         super().__init__(4)
+        self.nvfp4, self.formats = nvfp4, formats
 
     def settle(self, name, args):
-        return args[name] if args["format"] == ck.BLOCK4_NVFP4 else 0
+        return args[name] if args["format"] == self.nvfp4 else 0
 
     def violations(self, name, label, args):
-        fmt = _block4_format(args)
-        if fmt is None:
+        fmt = args["format"]
+        if not 0 <= fmt < self.formats:
             return []
-        if fmt == ck.BLOCK4_NVFP4:
+        if fmt == self.nvfp4:
             return super().violations(name, label, args)
         return [Violation(Status.INVALID_VALUE, (label,))] if args[name] else []
 
@@ -1361,12 +1373,11 @@ DECODE_MAX_SPLITS = 64
 DECODE_TARGET_CTAS, DECODE_MIN_SPLIT_KEYS = 264, 128
 
 
-class PagedOnly(Kind):
-    """A field of a paged cache (num_pages, page_size, max_blocks_per_seq): read, and checked
-    by `inner` (a kind), only when block_table is given."""
+class When(Kind):
+    """A field read, and checked by `inner` (a kind), only in the calls where when(args) holds."""
 
-    def __init__(self, inner):
-        self.inner = inner
+    def __init__(self, inner, when):
+        self.inner, self.when = inner, when
 
     def example(self):
         return self.inner.example()
@@ -1377,8 +1388,19 @@ class PagedOnly(Kind):
     def any(self):
         return self.inner.any()
 
+    def settle(self, name, args):
+        return self.inner.settle(name, args) if self.when(args) else args[name]
+
     def violations(self, name, label, args):
-        return self.inner.violations(name, label, args) if args["block_table"] else []
+        return self.inner.violations(name, label, args) if self.when(args) else []
+
+
+class PagedOnly(When):
+    """A field of a paged cache (num_pages, page_size, max_blocks_per_seq): read, and checked
+    by `inner` (a kind), only when block_table is given."""
+
+    def __init__(self, inner):
+        super().__init__(inner, lambda args: args["block_table"])
 
 
 class PageSize(Size):
@@ -1545,8 +1567,345 @@ def decode_workspace(args):
     return workspace_violations(args, _decode_workspace_spans(args))
 
 
+# ck_qkv_prepack and ck_qkv_projection (cuda_kernels.h): ck_qkv_params_t. Its [prepack] fields
+# (the layer) are checked first and alike by both: the heads and head size (at most 2^20 each,
+# the library's limit, which cuda_kernels.h does not state), RoPE's rotary_dim, hidden and the
+# format's group size or block, then the [N, H] weight's N = (Hq + 2 Hkv) D rows within the
+# prepacked layout's 2^40 and its bytes (as the prepacks count them) within int64_t. The
+# prepack then checks its pointer arguments as the format's own prepack does (ck_w4a16_prepack
+# for INT4, ck_block4_prepack for the block formats, each naming them its way); the projection
+# the struct's pointers, tokens, the cos/sin table and the overlaps of q, k and v.
+QKV_MAX_DIM = 2**20
+WEIGHT4_FORMATS, ROPE_STYLES = 4, 3
+WEIGHT4_GROUPS = {ck.WEIGHT4_INT4: GROUP_SIZES, ck.WEIGHT4_NF4: BLOCK4_BLOCKS[ck.BLOCK4_NF4],
+                  ck.WEIGHT4_MXFP4: BLOCK4_BLOCKS[ck.BLOCK4_MXFP4],
+                  ck.WEIGHT4_NVFP4: BLOCK4_BLOCKS[ck.BLOCK4_NVFP4]}
+
+
+def _weight4_format(args):
+    """The call's format when it is a valid ck_weight4_format_t, else None."""
+    fmt = args["format"]
+    return fmt if 0 <= fmt < WEIGHT4_FORMATS else None
+
+
+def _rope(args):
+    """A rotation is asked for (any rope_style but CK_ROPE_NONE: an invalid one is its own
+    violation)."""
+    return args["rope_style"] != ck.ROPE_NONE
+
+
+class Weight4Mode(Enum):
+    """ck_qkv_params_t's mode: a ck_int4_mode_t for INT4, CK_INT4_SYMMETRIC (0) for the block
+    formats (CK_STATUS_INVALID_VALUE); checked once the format is valid."""
+
+    def __init__(self):
+        super().__init__(2)
+
+    def settle(self, name, args):
+        fmt = _weight4_format(args)
+        return 0 if fmt is not None and fmt != ck.WEIGHT4_INT4 else args[name]
+
+    def violations(self, name, label, args):
+        fmt = _weight4_format(args)
+        if fmt is None:
+            return []
+        if fmt == ck.WEIGHT4_INT4:
+            return super().violations(name, label, args)
+        if args[name] != ck.INT4_SYMMETRIC:
+            return [Violation(Status.INVALID_VALUE, (label,), (args[name],))]
+        return []
+
+
+class Weight4GroupSize(GroupSize):
+    """ck_qkv_params_t's group_size: INT4's group sizes, or the block format's blocksize (as
+    Block4Size: NF4 32, 64 or 128, MXFP4 32, NVFP4 16); else CK_STATUS_UNSUPPORTED, once the
+    format is valid."""
+
+    def __init__(self):
+        super().__init__(sorted({g for sizes in WEIGHT4_GROUPS.values() for g in sizes}))
+
+    def settle(self, name, args):
+        fmt = _weight4_format(args)
+        if fmt is None or args[name] in WEIGHT4_GROUPS[fmt]:
+            return args[name]
+        return {ck.WEIGHT4_INT4: 128, ck.WEIGHT4_NF4: 64}.get(fmt, WEIGHT4_GROUPS[fmt][0])
+
+    def violations(self, name, label, args):
+        fmt = _weight4_format(args)
+        if fmt is None or args[name] in WEIGHT4_GROUPS[fmt]:
+            return []
+        return [Violation(Status.UNSUPPORTED, (label,), (args[name],))]
+
+
+QKV_GROUP_SIZE = Weight4GroupSize()
+
+
+def _qkv_block(args):
+    """The block a block-format layer's hidden must be a multiple of (its valid group size),
+    else None."""
+    fmt = _weight4_format(args)
+    if fmt in (None, ck.WEIGHT4_INT4) or args["group_size"] not in WEIGHT4_GROUPS[fmt]:
+        return None
+    return args["group_size"]
+
+
+class QkvHidden(Size):
+    """ck_qkv_params_t's hidden H: 32 .. 2^40 (else CK_STATUS_INVALID_VALUE); valid draws are
+    multiples of 32 and of a block format's block (the rules qkv_hidden_rules)."""
+
+    def __init__(self):
+        super().__init__(32, most=PREPACK_LIMIT, draws_up_to=2**32, least=32)
+
+    def example(self):
+        return 4096
+
+    def settle(self, name, args):   # before group_size: with the block it settles to
+        block = _qkv_block(dict(args, group_size=QKV_GROUP_SIZE.settle("group_size", args)))
+        if block is None or not 32 <= args[name] <= self.draws_up_to:
+            return args[name]
+        return _round_up(args[name], max(32, block))
+
+
+class RotaryDim(Size):
+    """ck_qkv_params_t's rotary_dim R: with RoPE, even and in [2, head_dim] (checked once
+    head_dim is valid; CK_STATUS_INVALID_VALUE), ignored without."""
+
+    def __init__(self):
+        super().__init__(2)
+
+    def example(self):
+        return 128
+
+    def _head_dim(self, args):
+        head_dim = args["head_dim"]
+        return head_dim if 8 <= head_dim <= QKV_MAX_DIM and head_dim % 8 == 0 else None
+
+    def settle(self, name, args):
+        head_dim = self._head_dim(args)
+        if head_dim is None or not _rope(args):
+            return args[name]
+        return min(max(args[name], 2), head_dim) // 2 * 2
+
+    def violations(self, name, label, args):
+        head_dim, value = self._head_dim(args), args[name]
+        if head_dim is None or not _rope(args) or (2 <= value <= head_dim and value % 2 == 0):
+            return []
+        return [Violation(Status.INVALID_VALUE, (label,), (value,))]
+
+
+class RopeTable(Pointer):
+    """positions and cos_sin: required with RoPE and 4-byte aligned; not read without it (any
+    value)."""
+
+    def __init__(self):
+        super().__init__(4)
+
+    def _required(self, args):
+        return _rope(args)
+
+    def violations(self, name, label, args):
+        return super().violations(name, label, args) if _rope(args) else []
+
+
+class QkvScales(Pointer):
+    """ck_qkv_prepack's scales: INT4's aligned to dtype (as ck_w4a16_prepack's), NF4's float32
+    absmax 4-byte aligned and the uint8 scales of the others anywhere (Block4Scales)."""
+
+    def alignment(self, args):
+        if args["format"] == ck.WEIGHT4_INT4:
+            return _element_size(args["dtype"])
+        return 4 if args["format"] == ck.WEIGHT4_NF4 else 1
+
+
+class LayerPointer(Pointer):
+    """A pointer argument of ck_qkv_prepack: checked only once its params pass (the library
+    checks the layer first), as `inner` (a Pointer kind) checks it over the layer's fields
+    (params->mode as ZeroPoints' mode, params->dtype as Pointer's dtype); int4_label: its name on
+    the INT4 path where ck_w4a16_prepack's differs from ck_block4_prepack's (w_packed, packed)."""
+
+    def __init__(self, inner, int4_label=None, params="params"):
+        super().__init__(inner.align, inner.optional)
+        self.inner, self.int4_label, self.params = inner, int4_label, params
+
+    def example(self):
+        return self.inner.example()
+
+    def valid(self):
+        return self.inner.valid()
+
+    def any(self):
+        return self.inner.any()
+
+    def _layer(self, args):
+        """The arguments with the params' fields, or None while the params break a rule."""
+        params = args[self.params]
+        if params is None or QKV_LAYER.violations(self.params, self.params, args):
+            return None
+        return dict(params, **{arg: value for arg, value in args.items() if arg != self.params})
+
+    def settle(self, name, args):
+        layer = self._layer(args)
+        return args[name] if layer is None else self.inner.settle(name, layer)
+
+    def violations(self, name, label, args):
+        layer = self._layer(args)
+        if layer is None:
+            return []
+        if self.int4_label and layer["format"] == ck.WEIGHT4_INT4:
+            label = self.int4_label
+        return self.inner.violations(name, label, layer)
+
+
+def _qkv_shape_valid(params):
+    """Hq, Hkv, D and H pass their own rules."""
+    heads_q, heads_kv, head_dim = params["num_heads_q"], params["num_heads_kv"], params["head_dim"]
+    return (1 <= heads_kv <= heads_q <= QKV_MAX_DIM and heads_q % heads_kv == 0
+            and 8 <= head_dim <= QKV_MAX_DIM and head_dim % 8 == 0
+            and 32 <= params["hidden"] <= PREPACK_LIMIT)
+
+
+def qkv_rows(params):
+    """N = (Hq + 2 Hkv) D, the stacked weight's rows."""
+    return (params["num_heads_q"] + 2 * params["num_heads_kv"]) * params["head_dim"]
+
+
+def qkv_weight_size(params):
+    """The [N, H] weight: N within the prepacked layout's 2^40 (CK_STATUS_INVALID_VALUE naming
+    Hq, Hkv and D), then its bytes, counted at 4 per value as the prepacks count them
+    (gemm_bytes(1, n, k, 2)), within int64_t (naming H too); once the shape's own rules pass.
+    Its prepacked bytes and values are then representable."""
+    if not _qkv_shape_valid(params):
+        return []
+    heads = ("num_heads_q", "num_heads_kv", "head_dim")
+    rows = qkv_rows(params)
+    if rows > PREPACK_LIMIT:
+        return [Violation(Status.INVALID_VALUE, heads, tuple(params[n] for n in heads))]
+    if rows * params["hidden"] * 4 > INT64_MAX:
+        names = heads + ("hidden",)
+        return [Violation(Status.INVALID_VALUE, names, tuple(params[n] for n in names))]
+    return []
+
+
+def qkv_hidden_block(params):
+    """A block format's hidden: a multiple of its block (NF4's 64 or 128; CK_STATUS_UNSUPPORTED
+    naming hidden), once hidden is valid and a multiple of 32."""
+    block, hidden = _qkv_block(params), params["hidden"]
+    if block is None or not 32 <= hidden <= PREPACK_LIMIT or hidden % 32 or hidden % block == 0:
+        return []
+    return [Violation(Status.UNSUPPORTED, ("hidden",), (hidden,))]
+
+
+QKV_LAYER_RULES = (
+    multiple_of("head_dim", 8, lambda a: a["head_dim"] <= QKV_MAX_DIM, Status.INVALID_VALUE),
+    multiple_of("hidden", 32, lambda a: 32 <= a["hidden"] <= PREPACK_LIMIT),
+    qkv_hidden_block, qkv_weight_size)
+
+
+def _qkv_layer_valid(params):
+    return not QKV_LAYER.field_violations(params)
+
+
+def qkv_tokens_bytes(params):
+    """ck_qkv_projection's GEMM [T, H] x [N, H]^T -> [T, N], each operand counted at 4 bytes per
+    value (gemm_bytes): within int64_t (CK_STATUS_INVALID_VALUE naming tokens), once the layer
+    passes (its own [N, H] is then representable)."""
+    tokens = params["tokens"]
+    if tokens < 1 or not _qkv_layer_valid(params):
+        return []
+    if tokens * max(params["hidden"], qkv_rows(params)) * 4 > INT64_MAX:
+        return [Violation(Status.INVALID_VALUE, ("tokens",), (tokens,))]
+    return []
+
+
+def qkv_table_bytes(params):
+    """With RoPE, the cos/sin table [max_position, R] float32: its bytes within int64_t
+    (CK_STATUS_INVALID_VALUE naming max_position), once R and max_position are valid."""
+    position = params["max_position"]
+    if not _rope(params) or position < 1 or not _qkv_layer_valid(params):
+        return []
+    if position * params["rotary_dim"] * 4 > INT64_MAX:
+        return [Violation(Status.INVALID_VALUE, ("max_position",), (position,))]
+    return []
+
+
+def _qkv_bytes(params):
+    """(x bytes, q bytes, k and v bytes), or None while the sizes are invalid."""
+    if QKV_PARAMS_SIZES.field_violations(params):
+        return None
+    rows = params["tokens"] * params["head_dim"] * _element_size(params["dtype"])
+    return (params["tokens"] * params["hidden"] * _element_size(params["dtype"]),
+            rows * params["num_heads_q"], rows * params["num_heads_kv"])
+
+
+def _qkv_spans(field, others):
+    """Disjoint spans of the output `field` (q, k or v): the buffers among x, q, k and v that
+    the library checks it against."""
+    def spans(params):
+        sizes = _qkv_bytes(params)
+        if sizes is None:
+            return None
+        size = dict(zip(("x", "q", "k", "v"), (sizes[0], sizes[1], sizes[2], sizes[2])))
+        return size[field], [(params[other], size[other]) for other in others]
+    return spans
+
+
+def qkv_apart(params):
+    """ck_qkv_projection: q, k and v do not overlap each other (CK_STATUS_INVALID_VALUE naming
+    them), then none of them overlaps x (naming it too); checked last."""
+    sizes = _qkv_bytes(params)
+    if sizes is None:
+        return []
+    spans = {"x": sizes[0], "q": sizes[1], "k": sizes[2], "v": sizes[2]}
+    found = []
+    for pairs, names in (((("q", "k"), ("q", "v"), ("k", "v")), ("q", "k", "v")),
+                         ((("x", "q"), ("x", "k"), ("x", "v")), ("q", "k", "v", "x"))):
+        if any(params[a] and params[b] and overlaps(params[a], spans[a], params[b], spans[b])
+               for a, b in pairs):
+            found.append(Violation(Status.INVALID_VALUE, names))
+    return found
+
+
+def _qkv_params(which):
+    """ck_qkv_params_t as ck_qkv_projection checks it ("call"), its sizes alone ("sizes": what
+    the overlap rule needs first) or its [prepack] fields alone ("layer": as ck_qkv_prepack
+    checks it, the other fields drawn and ignored)."""
+    fields = {"tokens": Size(draws_up_to=2**28), "hidden": QkvHidden(),
+              "num_heads_q": Size(most=QKV_MAX_DIM, draws_up_to=4096),
+              "num_heads_kv": HeadsKv(QKV_MAX_DIM),
+              "head_dim": Size(8, most=QKV_MAX_DIM, draws_up_to=4096), "dtype": HALVES,
+              "format": Enum(WEIGHT4_FORMATS), "group_size": QKV_GROUP_SIZE,
+              "mode": Weight4Mode(), "rope_style": Enum(ROPE_STYLES), "rotary_dim": RotaryDim(),
+              "x": Pointer(16), "w_prepacked": Pointer(16), "scales_prepacked": Pointer(16),
+              "zeros_prepacked": ZeroPoints(align=16),
+              "global_scale": GlobalScale(ck.WEIGHT4_NVFP4, WEIGHT4_FORMATS),
+              "bias": Pointer("dtype", optional=True), "positions": RopeTable(),
+              "cos_sin": RopeTable(), "max_position": When(Size(draws_up_to=2**32), _rope),
+              "q": Disjoint("dtype", _qkv_spans("q", ("x",))),
+              "k": Disjoint("dtype", _qkv_spans("k", ("x", "q"))),
+              "v": Disjoint("dtype", _qkv_spans("v", ("x", "q", "k")))}
+    layer = ("hidden", "num_heads_q", "num_heads_kv", "head_dim", "dtype", "format",
+             "group_size", "mode", "rope_style", "rotary_dim")
+    rules = QKV_LAYER_RULES
+    if which == "layer":
+        unchecked = [field for field in fields if field not in layer]
+    else:
+        rules += (qkv_tokens_bytes, qkv_table_bytes)
+        unchecked = [] if which == "call" else \
+            [field for field, kind in fields.items() if isinstance(kind, Pointer)]
+    if which == "call":
+        rules += (qkv_apart,)
+    example = dict(tokens=16, num_heads_q=32, num_heads_kv=8, head_dim=128,
+                   rope_style=ck.ROPE_NEOX, max_position=4096)
+    return Struct(ck.QkvParams, fields, rules, unchecked, example)
+
+
+QKV_LAYER = _qkv_params("layer")
+QKV_PARAMS_SIZES = _qkv_params("sizes")
+QKV_PARAMS = _qkv_params("call")
+
+
 # Exports whose fuzz description is still to be written. The set may only shrink.
-UNDESCRIBED = {"ck_qkv_prepack", "ck_qkv_projection"}
+UNDESCRIBED = set()
 
 DESCRIPTIONS = {
     "ck_version": Description({}, drive="state"),
@@ -1646,6 +2005,12 @@ DESCRIPTIONS = {
          "out_ptr": Pointer("dtype"), "stream": Stream()},
         (gemm_bytes("m", "n", "k", "dtype"), multiple_of("k", 32), block4_k_rule,
          prepack_size_rule)),
+    "ck_qkv_prepack": Description(
+        {"params": QKV_LAYER, "packed_ptr": LayerPointer(Pointer(16), "w_packed"),
+         "scales_ptr": LayerPointer(QkvScales()), "zeros_ptr": LayerPointer(ZeroPoints()),
+         "w_out_ptr": LayerPointer(Pointer(16)), "scales_out_ptr": LayerPointer(Pointer(16)),
+         "zeros_out_ptr": LayerPointer(ZeroPoints(align=16)), "stream": Stream()}),
+    "ck_qkv_projection": Description({"params": QKV_PARAMS, "stream": Stream()}),
     "ck_import_gptq": Description(_import(gptq=True), _IMPORT_RULES),
     "ck_import_awq": Description(_import(gptq=False), _IMPORT_RULES),
     "ck_permute_columns": Description(

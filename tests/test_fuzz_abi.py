@@ -29,6 +29,7 @@ visible: on a machine with one, test_fuzz_gpu.py runs this file again in a child
 CUDA_VISIBLE_DEVICES="" (and these tests skip in the parent).
 """
 import ctypes
+import re
 
 import pytest
 
@@ -54,7 +55,16 @@ REJECTIONS = {Status.INVALID_VALUE, Status.MISALIGNED, Status.UNSUPPORTED}
 # header promises any M, N >= 1; see test_gemm_past_int32_tiles_is_served_or_unsupported). Every
 # kernel's tile holds at least one output, so it can only happen where M * N > 2^31 - 1.
 GRID_LIMITED = ("ck_gemm_int8", "ck_gemm_int8_scaled", "ck_gemm_int4", "ck_gemm_int4_scaled",
-                "ck_gemm_w4a16", "ck_gemm_w4a16_prepacked", "ck_gemm_block4_prepacked")
+                "ck_gemm_w4a16", "ck_gemm_w4a16_prepacked", "ck_gemm_block4_prepacked",
+                "ck_qkv_projection")
+
+
+def gemm_mn(name, args):
+    """The M and N of a GEMM's output: its m and n, or ck_qkv_projection's tokens and
+    (num_heads_q + 2 num_heads_kv) head_dim (the stacked weight's rows)."""
+    if name == "ck_qkv_projection":
+        return args["params"]["tokens"], fz.qkv_rows(args["params"])
+    return args["m"], args["n"]
 
 
 @pytest.fixture(scope="module")
@@ -81,10 +91,11 @@ def grid_refusal(name, args, status, cuda_error, message):
     before any CUDA call (cuda_kernels.h: Sizes), with the message naming m and n."""
     if name not in GRID_LIMITED:
         return False
-    if -(-args["m"] // REFERENCE_TILE) * -(-args["n"] // REFERENCE_TILE) <= INT32_MAX:
+    m, n = gemm_mn(name, args)
+    if -(-m // REFERENCE_TILE) * -(-n // REFERENCE_TILE) <= INT32_MAX:
         return False
     assert status == Status.UNSUPPORTED and cuda_error == 0, (Status(status).name, message)
-    assert "m=%d, n=%d" % (args["m"], args["n"]) in message, message
+    assert "m=%d, n=%d" % (m, n) in message, message
     return True
 
 
@@ -374,7 +385,13 @@ def test_size_products(lib, name, case, changes, outcome):
 def test_gemm_past_int32_tiles_is_served_or_unsupported(lib, name):
     """A valid GEMM whose output needs more than 2^31 - 1 thread blocks is refused as
     CK_STATUS_UNSUPPORTED naming the shape (cuda_kernels.h: Sizes), not as a CUDA failure."""
-    args = dict(fz.example_call(name), m=2**40, n=2**20)   # 2^60 outputs, 2^62 bytes
+    args = fz.example_call(name)
+    if name == "ck_qkv_projection":   # M = 2^40 tokens, N = (4096 + 2 x 2048) x 128 = 2^20;
+        args["params"] = dict(    # q 2^60 bytes, k and v 2^59 each, x 2^53: spread apart
+            args["params"], tokens=2**40, num_heads_q=4096, num_heads_kv=2048, head_dim=128,
+            q=2**61, k=2**62, v=2**62 + 2**60)
+    else:
+        args = dict(args, m=2**40, n=2**20)   # 2^60 outputs, 2^62 bytes
     assert fz.violations(name, args) == []
     status, _ = fz.call(lib, name, args)
     message, cuda_error = message_of(lib), lib.ck_last_cuda_error()
@@ -612,3 +629,60 @@ def test_moe_prepack_overflow_names_experts(lib):
     message = message_of(lib)
     assert status == Status.INVALID_VALUE, message
     assert mentions(message, "experts") and not mentions(message, "m"), message
+
+
+# ------------------------------------------------------------------------------------------------
+# Fused Q/K/V projection: sizes past 2^31 and 2^63, the layer's limits
+# ------------------------------------------------------------------------------------------------
+# Both entry points check the layer (ck_qkv_params_t's [prepack] fields): N = (Hq + 2 Hkv) D rows
+# up to the prepacked layout's 2^40, the [N, H] weight's bytes (4 per value) within int64_t; the
+# projection also [T, H] and [T, N], and the cos/sin table [max_position, R] float32.
+QKV = ("ck_qkv_prepack", "ck_qkv_projection")
+UNSERVED = "unserved"   # CK_STATUS_UNSUPPORTED: a shape the kernels do not serve
+ROWS_2_40 = dict(num_heads_q=2**19, num_heads_kv=2**18, head_dim=2**20, rotary_dim=128)
+
+
+def qkv_call(name, **fields):
+    """The table's valid call of a Q/K/V entry point with these fields of its params changed."""
+    args = fz.example_call(name)
+    args["params"] = dict(args["params"], **fields)
+    return args
+
+
+def qkv_size_cases():
+    for name in QKV:
+        yield name, "heads-at-2^20", dict(num_heads_q=2**20, num_heads_kv=2**20), ACCEPTED
+        yield name, "head_dim-at-2^20", dict(num_heads_q=8, num_heads_kv=8, head_dim=2**20,
+                                              tokens=1), ACCEPTED
+        yield name, "rows-past-2^40", dict(ROWS_2_40, num_heads_kv=2**18 + 1), REJECTED
+        # 2^40 rows x 2^21 values x 4 bytes = 2^63; 32 values fewer fit.
+        yield name, "weight-bytes-past-2^63", dict(ROWS_2_40, hidden=2**21), REJECTED
+        yield name, "nf4-hidden-past-its-block", dict(format=ck.WEIGHT4_NF4, group_size=128,
+                                                      hidden=4096 + 64), UNSERVED
+    yield "ck_qkv_prepack", "rows-at-2^40", ROWS_2_40, ACCEPTED
+    yield "ck_qkv_prepack", "weight-bytes-just-fit", dict(ROWS_2_40, hidden=2**21 - 32), ACCEPTED
+    projection = "ck_qkv_projection"
+    yield projection, "x-bytes-past-2^32", dict(tokens=2**20, hidden=2**13), ACCEPTED
+    yield projection, "tokens-bytes-past-2^63", dict(tokens=2**49, hidden=2**12), REJECTED
+    yield projection, "table-bytes-just-fit", dict(max_position=2**54 - 1), ACCEPTED
+    yield projection, "table-bytes-past-2^63", dict(max_position=2**54), REJECTED   # x 128 x 4
+
+
+@pytest.mark.parametrize("name, case, changes, outcome", [
+    pytest.param(*case, id=f"{case[0]}-{case[1]}") for case in qkv_size_cases()])
+def test_qkv_size_products(lib, name, case, changes, outcome):
+    args = qkv_call(name, **changes)
+    status = check_validated_call(lib, name, args)   # agrees with the model, which says:
+    want = {ACCEPTED: Status.NO_DEVICE, REJECTED: Status.INVALID_VALUE,
+            UNSERVED: Status.UNSUPPORTED}[outcome]
+    assert status == want, f"{name} {case}: {Status(status).name}: {message_of(lib)!r}"
+    if outcome != ACCEPTED and not {"tokens", "max_position"} & set(changes):
+        message = message_of(lib)   # the layer's: named by its fields, not the prepack's n, k
+        assert not mentions(message, "n") and not mentions(message, "k"), message
+
+
+def test_qkv_head_limit_is_documented():
+    words = " ".join(fz.header_comment_of("ck_qkv_projection").split())
+    fields = re.search(r"typedef struct ck_qkv_params \{.*?\} ck_qkv_params_t;",
+                       fz.header_text(strip_comments=False), flags=re.S).group(0)
+    assert "2^20" in words + " ".join(fields.split())

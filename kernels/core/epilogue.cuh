@@ -3,8 +3,9 @@
 //   Epilogue<OutT>       int32 accumulators (INT8, INT4 GEMMs): scale by row and column, bias,
 //                        activation: out[r, c] = act(fma(float(acc) * scale_a[r or 0], scale_b[c or 0], bias[c]))
 //   FloatEpilogue<T>     float accumulators (W4A16 GEMMs): out[r, c] = act(acc + bias[c]), the
-//                        bias added only where there is one; or, given a QkvOut, the fused
-//                        Q/K/V projection's split, bias and rotary embedding (below).
+//                        bias added only where there is one.
+//   QkvEpilogue<T>       the same kernels' fused Q/K/V projection: the split into q, k, v, the
+//                        bias and the rotary embedding (below).
 //
 // Kernels produce accumulators in pairs of adjacent columns (the mma C-fragment layout), so the
 // store unit is a pair: one 8-byte (int32/fp32) or 4-byte (fp16/bf16) store when both columns
@@ -188,7 +189,7 @@ template <typename T> struct FloatEpilogue {
     const T* bias;        // n values or nullptr
     ck_activation_t activation;
     bool pair_aligned;    // n even and out 4-byte aligned: a pair is one 4-byte store
-    QkvOut qkv;           // a fused projection's outputs (then bias nullptr, no activation)
+    static constexpr bool kQkv = false;
 
     // v + bias[c] where there is a bias (c < n). The streaming kernels add nothing without a
     // bias; the tiled ones add bias_at(c), 0 without one (a -0 sum becomes +0 there): each
@@ -203,13 +204,8 @@ template <typename T> struct FloatEpilogue {
 
     // Stores act(v0), act(v1) at columns c and c + 1 of row r, rounded once: one 4-byte store
     // when both are inside and pair_aligned, else one element at a time. The caller checks
-    // r < m and c < n; a column c + 1 past n is dropped. A projection (qkv.q) stores through
-    // store_qkv instead (c even).
+    // r < m and c < n; a column c + 1 past n is dropped.
     __device__ __forceinline__ void store_pair(int64_t r, int64_t c, float v0, float v1) const {
-        if (qkv.q) {
-            store_qkv(r, c, v0, v1);
-            return;
-        }
         T* p = out + r * n + c;
         const T h0 = from_float<T>(activate(v0, activation));
         if (c + 1 < n) {
@@ -232,6 +228,14 @@ template <typename T> struct FloatEpilogue {
     __device__ __forceinline__ void store(int64_t r, int64_t c, float v) const {
         out[r * n + c] = from_float<T>(activate(v, activation));
     }
+};
+
+// The fused projection's epilogue (kernels instantiated for it: kQkvRows): FloatEpilogue's
+// plain output, bias and activation unused (nullptr, none); store_pair splits, adds the bias and
+// rotates instead. A separate type, so that no plain kernel carries the projection's code.
+template <typename T> struct QkvEpilogue : FloatEpilogue<T> {
+    QkvOut qkv;
+    static constexpr bool kQkv = true;
 
     // The projection's store of GEMM columns c, c + 1 (c even; D even, so both lie in one
     // head h, at j = c - h D and j + 1). In q and k with j < R, the pair is one rotation's:
@@ -240,7 +244,7 @@ template <typename T> struct FloatEpilogue {
     // cos_sin[p, R / 2 + i]: a' = a c - b s, b' = b c + a s (two products and a difference,
     // each rounded: within the reference's rope_float32_error). Elsewhere the pair is stored as
     // it is, plus the bias.
-    __device__ __forceinline__ void store_qkv(int64_t r, int64_t c, float v0, float v1) const {
+    __device__ __forceinline__ void store_pair(int64_t r, int64_t c, float v0, float v1) const {
         const int64_t d = qkv.head_dim, hq = qkv.heads_q, hkv = qkv.heads_kv;
         const int64_t h = c / d, j = c - h * d;
         T* base;
@@ -263,7 +267,7 @@ template <typename T> struct FloatEpilogue {
             const T ya = from_float<T>(__fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn)));
             const T yb = from_float<T>(__fadd_rn(__fmul_rn(b, cs), __fmul_rn(a, sn)));
             if (!neox && qkv.pair_aligned) {
-                store_two(base + ja, ya, yb);
+                FloatEpilogue<T>::store_two(base + ja, ya, yb);
             } else {
                 base[ja] = ya;
                 base[jb] = yb;
@@ -275,7 +279,7 @@ template <typename T> struct FloatEpilogue {
             v1 += to_float(bias_h[j + 1]);
         }
         if (qkv.pair_aligned) {
-            store_two(base + j, from_float<T>(v0), from_float<T>(v1));
+            FloatEpilogue<T>::store_two(base + j, from_float<T>(v0), from_float<T>(v1));
         } else {
             base[j] = from_float<T>(v0);
             base[j + 1] = from_float<T>(v1);

@@ -65,7 +65,7 @@ __global__ void block4_prepack_scales_kernel(const Unit* __restrict__ in_units, 
 // ---------------------------------------------------------------------------------------------
 static_assert(kRefBK == kPackSliceK, "a step is one 32-k slice: one scale unit per row");
 
-template <class Format, typename T>
+template <class Format, typename T, int kMode = kMoeDense>
 __global__ void __launch_bounds__(kRefThreads) gemm_block4_reference_kernel(const GemmW4A16Args args) {
     using D = Dequant<Format, T>;
     using Unit = typename D::Unit;
@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(kRefThreads) gemm_block4_reference_kernel(cons
 
     const Unit* __restrict__ units = static_cast<const Unit*>(args.scales);
     const int64_t chunks = args.chunks;
-    reference_tile<T>(args.x_as<T>(), args.m, args.n, args.k, args.epilogue<T>(),
+    reference_tile<T>(args.x_as<T>(), args.m, args.n, args.k, args.epilogue_of<T, kMode>(),
                       [&](int64_t row, int64_t k0, int ld_word, float (&wv)[kRefLoadK]) {
         const uint32_t q = *reinterpret_cast<const uint32_t*>(
             args.w + prepacked_vector_offset(row, k0, chunks) + ld_word * 4);
@@ -97,7 +97,10 @@ cudaError_t launch_reference(const GemmW4A16Args& a, cudaStream_t stream) {
     if (!grid_fits(blocks)) return cudaErrorInvalidConfiguration;
     return dispatch_half_dtype(a.dtype, [&](auto tag) {
         using T = decltype(tag);
-        gemm_block4_reference_kernel<Format, T><<<unsigned(blocks), kRefThreads, 0, stream>>>(a);
+        if (a.qkv.q)
+            gemm_block4_reference_kernel<Format, T, kQkvRows><<<unsigned(blocks), kRefThreads, 0, stream>>>(a);
+        else
+            gemm_block4_reference_kernel<Format, T><<<unsigned(blocks), kRefThreads, 0, stream>>>(a);
         return cudaGetLastError();
     });
 }

@@ -73,10 +73,10 @@ __device__ __forceinline__ float load_weight_8(const uint8_t* __restrict__ w,
     }
 }
 
-template <typename T, bool kAsym, bool kPrepacked>
+template <typename T, bool kAsym, bool kPrepacked, int kMode = kMoeDense>
 __global__ void __launch_bounds__(kRefThreads) gemm_w4a16_reference_kernel(const GemmW4A16Args args) {
     const T* __restrict__ scales = static_cast<const T*>(args.scales);
-    reference_tile<T>(args.x_as<T>(), args.m, args.n, args.k, args.epilogue<T>(),
+    reference_tile<T>(args.x_as<T>(), args.m, args.n, args.k, args.epilogue_of<T, kMode>(),
                       [&](int64_t row, int64_t k0, int ld_word, float (&wv)[kRefLoadK]) {
         int v[kRefLoadK];  // q - zero
         const float s = load_weight_8<T, kAsym, kPrepacked>(
@@ -366,6 +366,10 @@ cudaError_t gemm_w4a16_reference(const GemmW4A16Args& args, cudaStream_t stream)
     return dispatch_half_dtype(args.dtype, [&](auto tag) {
         using T = decltype(tag);
         return with_bool(args.zeros != nullptr, [&](auto asym) {
+            if (args.qkv.q)  // the fused projection reads a prepacked weight
+                return launch_tile_grid(
+                    gemm_w4a16_reference_kernel<T, decltype(asym)::value, true, kQkvRows>,
+                    args.m, args.n, kRefBM, kRefBN, kRefThreads, 0, stream, args);
             return with_bool(args.prepacked, [&](auto prepacked) {
                 return launch_tile_grid(
                     gemm_w4a16_reference_kernel<T, decltype(asym)::value, decltype(prepacked)::value>,

@@ -10,6 +10,14 @@
 
 namespace ck {
 
+// A kernel's rows and epilogue (the prepacked kernels' kMoe parameter): dense rows with the
+// plain epilogue, the two expert-grouped modes (the MoE calls below), or dense rows with the
+// fused Q/K/V projection's epilogue (QkvEpilogue, ck_qkv_projection).
+enum MoeMode : int { kMoeDense = 0, kMoeSwiGLU = 1, kMoeWeighted = 2, kQkvRows = 3 };
+__host__ __device__ constexpr bool grouped_rows(int mode) {
+    return mode == kMoeSwiGLU || mode == kMoeWeighted;
+}
+
 // One W4A16 call: out[m, n] = act(x[m, k] . w'[n, k]^T + bias[n]), w' = (q - zero) * scale
 // rounded to dtype (fp16 or bf16), as ck_dequantize_int4 computes it. Every W4A16 kernel takes
 // the call as it is (by value, as its kernel argument); what the kernels derive from it (the group
@@ -33,7 +41,6 @@ struct GemmW4A16Args {
     void* out;                // [m, n] dtype
     bool prepacked;           // w, scales, zeros in the prepacked layout
     const float* global_scale;  // block formats (gemm_block4.cuh): NVFP4's float32 global scale
-    QkvOut qkv;               // the fused Q/K/V projection's outputs (out, bias unused), or none
 
     // Set by derive() from the fields above, once on the host. The kernels read them as kernel
     // parameters (constant-bank operands); derived in the kernel, every value would hold a
@@ -45,6 +52,10 @@ struct GemmW4A16Args {
     int group_shift;
     int64_t chunks, tiles8;
     bool pair_aligned;
+    // The fused Q/K/V projection's outputs (ck_qkv_projection: out and bias unused, the kernels'
+    // kQkvRows instantiations), or none (qkv.q nullptr). Last, so that the other fields keep
+    // their offsets in the kernels' parameters.
+    QkvOut qkv;
     static constexpr int kRowGroupShift = 62;
     void derive() {
         group_shift = groups == 1 ? kRowGroupShift : group_size == 32 ? 5 : group_size == 64 ? 6 : 7;
@@ -55,7 +66,12 @@ struct GemmW4A16Args {
 
     template <typename T> __host__ __device__ const T* x_as() const { return static_cast<const T*>(x); }
     template <typename T> __host__ __device__ FloatEpilogue<T> epilogue() const {
-        return {static_cast<T*>(out), m, n, static_cast<const T*>(bias), activation, pair_aligned, qkv};
+        return {static_cast<T*>(out), m, n, static_cast<const T*>(bias), activation, pair_aligned};
+    }
+    // The epilogue of a kernel instantiated for rows and epilogue mode kMode (MoeMode).
+    template <typename T, int kMode> __host__ __device__ auto epilogue_of() const {
+        if constexpr (kMode == kQkvRows) return QkvEpilogue<T>{epilogue<T>(), qkv};
+        else return epilogue<T>();
     }
 };
 
@@ -89,7 +105,6 @@ cudaError_t gemm_w4a16_prepacked_wgmma(const GemmW4A16Args& args, cudaStream_t s
 //   kMoeWeighted: pair_out[p, c] = pair_weights[p] * sum_c (float32, [pairs, n]); x row is the
 //     sorted row (the intermediate that kMoeSwiGLU wrote).
 constexpr int kMoeBlockRows = 16;  // the streaming kernel's rows per block
-enum MoeMode : int { kMoeDense = 0, kMoeSwiGLU = 1, kMoeWeighted = 2 };
 struct MoeRows {
     const int32_t* sorted_ids;   // [blocks * kMoeBlockRows] pair id, or `pairs` (padding)
     const int32_t* block_expert; // [blocks] expert, or -1

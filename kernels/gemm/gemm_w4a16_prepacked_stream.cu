@@ -144,11 +144,11 @@ __global__ void __launch_bounds__(kMaxWarps * kLanes, 1)
 gemm_w4a16_stream_kernel(const GemmW4A16Args a, const int stages, const int64_t tile_groups,
                          const MoeRows mr) {
     if constexpr (!kHasSm80) __trap();  // never launched below sm_80 (see kHasSm80)
-    static_assert(kMoe == kMoeDense || kXRows == kMoeBlockRows, "a grouped block is 16 rows");
+    static_assert(!grouped_rows(kMoe) || kXRows == kMoeBlockRows, "a grouped block is 16 rows");
     constexpr bool kInt4 = std::is_same_v<Format, Int4Zp>;
     using Unit = typename Dequant<Format, T>::Unit;
     constexpr int kUnitsPerWord = 4 / int(sizeof(Unit));  // scale units in a 4-byte word
-    static_assert(kInt4 || (kMoe == kMoeDense && !kAsym), "block formats: dense, no zero points");
+    static_assert(kInt4 || (!grouped_rows(kMoe) && !kAsym), "block formats: dense, no zero points");
     static_assert(kUnitsPerWord * int(sizeof(Unit)) == 4 && kPackRows % kUnitsPerWord == 0,
                   "a row's unit lies in one word of its tile's 8");
     constexpr bool kHi = kXRows == 16;              // x rows 8 .. 15 exist
@@ -183,7 +183,7 @@ gemm_w4a16_stream_kernel(const GemmW4A16Args a, const int stages, const int64_t 
     // Grouped: rows r0 + g, r0 + 8 + g of the sorted pairs, on expert block_expert[blockIdx.y].
     int64_t r0 = 0, x_lo_index = g, x_hi_index = g + 8;
     bool lo_exists = g < a.m, hi_exists = g + 8 < a.m;
-    if constexpr (kMoe != kMoeDense) {
+    if constexpr (grouped_rows(kMoe)) {
         const int expert = mr.block_expert[blockIdx.y];
         if (expert < 0) return;  // past the used rows: the whole block leaves
         w_base += expert * mr.w_expert_bytes;
@@ -422,7 +422,7 @@ gemm_w4a16_stream_kernel(const GemmW4A16Args a, const int stages, const int64_t 
     // steps stay in flight while one is dequantized.
     for (int j = 0; j < stages - 1; ++j) issue(j * kL.bytes);
     int read_off = 0, write_off = (stages - 1) * kL.bytes;
-    const FloatEpilogue<T> ep = a.epilogue<T>();
+    const auto ep = a.epilogue_of<T, kMoe>();
     constexpr int kRows = 8 * kHalves;                 // output rows a block may store
     constexpr int kColPairs = kPackRows / 2;           // column pairs per tile
     constexpr int kOutPairs = kTiles * kRows * kColPairs;
@@ -614,15 +614,19 @@ cudaError_t launch_rows(const GemmW4A16Args& a, const StreamLaunch& l, cudaStrea
     switch (l.plan.tiles) {
         case 8: return launch_stream<T, 8, kXRows, kAsym, kMoe, Format>(a, l, stream);
         case 4: return launch_stream<T, 4, kXRows, kAsym, kMoe, Format>(a, l, stream);
-        case 2: return launch_stream<T, 2, kXRows, kAsym, kMoe, Format>(a, l, stream);
+        case 2:
+            if constexpr (kMoe != kQkvRows) return launch_stream<T, 2, kXRows, kAsym, kMoe, Format>(a, l, stream);
+            return cudaErrorInvalidConfiguration;
         default: return cudaErrorInvalidConfiguration;
     }
 }
 
-// The plan of the widest-scoring tile count for x_rows rows (score -1: none fits).
+// The plan of the widest-scoring tile count for x_rows rows (score -1: none fits). The fused
+// projection's kernels are instantiated for 8 and 4 tiles only (its N is a few thousand at least).
 inline StreamPlan best_plan(const GemmW4A16Args& a, int x_rows, int64_t m, int sms, int smem_limit) {
     StreamPlan best;
     for (int tiles : kTileChoices) {
+        if (a.qkv.q && tiles == 2) continue;
         const StreamPlan p = plan_for(tiles, x_rows, a.zeros != nullptr, m, a.tiles8, sms, smem_limit);
         if (p.score > best.score) best = p;  // ties go to the wider tile group (listed first)
     }
@@ -649,11 +653,14 @@ cudaError_t gemm_w4a16_prepacked_stream(const GemmW4A16Args& args, cudaStream_t 
         using T = decltype(tag);
         return with_bool(args.zeros != nullptr, [&](auto asym_tag) {
             constexpr bool kAsym = decltype(asym_tag)::value;
-            switch (x_rows) {
-                case 1: return launch_rows<T, 1, kAsym>(args, l, stream);
-                case 8: return launch_rows<T, 8, kAsym>(args, l, stream);
-                default: return launch_rows<T, 16, kAsym>(args, l, stream);
-            }
+            return with_bool(args.qkv.q != nullptr, [&](auto qkv_tag) {
+                constexpr int kMode = decltype(qkv_tag)::value ? kQkvRows : kMoeDense;
+                switch (x_rows) {
+                    case 1: return launch_rows<T, 1, kAsym, kMode>(args, l, stream);
+                    case 8: return launch_rows<T, 8, kAsym, kMode>(args, l, stream);
+                    default: return launch_rows<T, 16, kAsym, kMode>(args, l, stream);
+                }
+            });
         });
     });
 }
@@ -694,11 +701,14 @@ cudaError_t block4_stream(const GemmW4A16Args& args, cudaStream_t stream) {
                        MoeRows{}};
         if (l.plan.score < 0) return cudaErrorNotSupported;
         l.plan.smem += kTableBytes;
-        switch (x_rows) {
-            case 1: return launch_rows<T, 1, false, kMoeDense, Format>(args, l, stream);
-            case 8: return launch_rows<T, 8, false, kMoeDense, Format>(args, l, stream);
-            default: return launch_rows<T, 16, false, kMoeDense, Format>(args, l, stream);
-        }
+        return with_bool(args.qkv.q != nullptr, [&](auto qkv_tag) {
+            constexpr int kMode = decltype(qkv_tag)::value ? kQkvRows : kMoeDense;
+            switch (x_rows) {
+                case 1: return launch_rows<T, 1, false, kMode, Format>(args, l, stream);
+                case 8: return launch_rows<T, 8, false, kMode, Format>(args, l, stream);
+                default: return launch_rows<T, 16, false, kMode, Format>(args, l, stream);
+            }
+        });
     });
 }
 

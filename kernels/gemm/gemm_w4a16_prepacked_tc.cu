@@ -226,7 +226,7 @@ gemm_w4a16_tc_kernel(const GemmW4A16Args args, const TcGroups grp, const MoeRows
     const uint8_t* w_src = args.w;  // expert 0's weight, or the block's expert's
     const uint16_t* scales = static_cast<const uint16_t*>(args.scales);
     const uint8_t* z_src = args.zeros;
-    if constexpr (kMoe == kMoeDense) {
+    if constexpr (!grouped_rows(kMoe)) {
         const TileOrigin tile = grouped_tile(blockIdx.x, m, n, kBM, kBN, kGroupM);
         m0 = tile.m0, n0 = tile.n0;
     } else {
@@ -255,7 +255,7 @@ gemm_w4a16_tc_kernel(const GemmW4A16Args args, const TcGroups grp, const MoeRows
     const int x_row = tid / kXTpr, x_half = tid % kXTpr;
     bool x_row_ok = m0 + x_row < m;
     int64_t x_index = min(m0 + x_row, m - 1);
-    if constexpr (kMoe != kMoeDense) {  // the row's pair: its token's x row, or its sorted row
+    if constexpr (grouped_rows(kMoe)) {  // the row's pair: its token's x row, or its sorted row
         const int64_t pair = mr.sorted_ids[m0 + x_row];
         x_row_ok = pair < mr.pairs;
         x_index = !x_row_ok ? 0 : kMoe == kMoeSwiGLU ? pair / mr.x_div : m0 + x_row;
@@ -411,14 +411,14 @@ gemm_w4a16_tc_kernel(const GemmW4A16Args args, const TcGroups grp, const MoeRows
     // 2fw + 1 (c2 c3). Even g trades its row-2t + 1 values for the odd neighbour's row-2t values
     // (shfl.xor 4 = g ^ 1): then even g stores row 2t, columns (g, g + 1) and (g + 8, g + 9),
     // odd g row 2t + 1, columns (g - 1, g) and (g + 7, g + 8). ----
-    const FloatEpilogue<T> ep = args.epilogue<T>();
+    const auto ep = args.epilogue_of<T, kMoe>();
     const bool odd = g & 1;
 #pragma unroll
     for (int fw = 0; fw < kFW; ++fw) {
         const int64_t col = n0 + wn * Tile::kWarpN + fw * kMmaM + (g & ~1);  // the pairs' first
         float bv[4];  // the bias of columns col, col + 1, col + 8, col + 9
 #pragma unroll
-        for (int c = 0; c < 4; ++c) bv[c] = kMoe == kMoeDense ? ep.bias_at(col + (c & 1) + 8 * (c >> 1)) : 0.f;
+        for (int c = 0; c < 4; ++c) bv[c] = !grouped_rows(kMoe) ? ep.bias_at(col + (c & 1) + 8 * (c >> 1)) : 0.f;
 #pragma unroll
         for (int fx = 0; fx < kFX; ++fx) {
             if (fx % kWarpsK != warp_k) continue;  // warp-uniform: the shuffles see every lane
@@ -462,15 +462,15 @@ template <class Tile, typename T, bool kAsym, int kMoe = kMoeDense>
 cudaError_t launch_tc(const GemmW4A16Args& a, cudaStream_t stream, const MoeRows& rows = {},
                       int64_t row_blocks = 0) {
     const int64_t col_blocks = ceil_div(a.n, Tile::kBN);
-    const int64_t blocks = kMoe == kMoeDense ? ceil_div(a.m, Tile::kBM) * col_blocks : col_blocks;
-    if (!grid_fits(blocks) || (kMoe != kMoeDense && (row_blocks < 1 || row_blocks > 65535)))
+    const int64_t blocks = !grouped_rows(kMoe) ? ceil_div(a.m, Tile::kBM) * col_blocks : col_blocks;
+    if (!grid_fits(blocks) || (grouped_rows(kMoe) && (row_blocks < 1 || row_blocks > 65535)))
         return cudaErrorInvalidConfiguration;
     auto kernel = gemm_w4a16_tc_kernel<Tile, T, kAsym, kMoe>;
     constexpr int kSmem = Tile::smem_bytes(kAsym);
     static std::atomic<uint64_t> opted_in{0};
     const cudaError_t e = allow_dynamic_smem_once(kernel, kSmem, opted_in);
     if (e != cudaSuccess) return e;
-    const dim3 grid(unsigned(blocks), kMoe == kMoeDense ? 1u : unsigned(row_blocks));
+    const dim3 grid(unsigned(blocks), !grouped_rows(kMoe) ? 1u : unsigned(row_blocks));
     kernel<<<grid, Tile::kThreads, kSmem, stream>>>(a, tc_groups(a.group_shift), rows);
     return cudaGetLastError();
 }
@@ -535,12 +535,15 @@ cudaError_t gemm_w4a16_prepacked_tc(const GemmW4A16Args& args, cudaStream_t stre
         using T = decltype(tag);
         return with_bool(asym, [&](auto asym_tag) {
             constexpr bool kAsym = decltype(asym_tag)::value;
-            switch (pick) {
-                case Pick::kLarge: return launch_tc<TcLarge, T, kAsym>(args, stream);
-                case Pick::kMid: return launch_tc<TcMid, T, kAsym>(args, stream);
-                case Pick::kWide: return launch_tc<TcWide, T, kAsym>(args, stream);
-                default: return launch_tc<TcSmall, T, kAsym>(args, stream);
-            }
+            return with_bool(args.qkv.q != nullptr, [&](auto qkv_tag) {
+                constexpr int kMode = decltype(qkv_tag)::value ? kQkvRows : kMoeDense;
+                switch (pick) {
+                    case Pick::kLarge: return launch_tc<TcLarge, T, kAsym, kMode>(args, stream);
+                    case Pick::kMid: return launch_tc<TcMid, T, kAsym, kMode>(args, stream);
+                    case Pick::kWide: return launch_tc<TcWide, T, kAsym, kMode>(args, stream);
+                    default: return launch_tc<TcSmall, T, kAsym, kMode>(args, stream);
+                }
+            });
         });
     });
 }

@@ -215,7 +215,7 @@ template <bool kAsym> struct ScaleReader {
     }
 };
 
-template <typename T, bool kAsym>
+template <typename T, bool kAsym, int kMode>
 __global__ void __launch_bounds__(kThreads, 1)
 gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
                         const __grid_constant__ CUtensorMap map_w, const GemmW4A16Args args,
@@ -344,7 +344,7 @@ gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
     // Even g trades its row-2t + 1 values for the odd neighbour's row-2t values (shfl.xor 4 =
     // g ^ 1): then even g stores row 2t, columns (g, g + 1) and (g + 8, g + 9), odd g row
     // 2t + 1, columns (g - 1, g) and (g + 7, g + 8). ----
-    const FloatEpilogue<T> ep = args.epilogue<T>();
+    const auto ep = args.epilogue_of<T, kMode>();
     const int64_t m = args.m, n = args.n;
     const bool odd = g & 1;
     const int64_t col = n0 + c * kWgmmaM + w * 2 * kPackRows + (g & ~1);  // the pairs' first
@@ -369,10 +369,10 @@ gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
 // ---------------------------------------------------------------------------------------------
 // Launch
 // ---------------------------------------------------------------------------------------------
-template <typename T, bool kAsym>
+template <typename T, bool kAsym, int kMode>
 cudaError_t launch_wgmma(const GemmW4A16Args& a, const CUtensorMap& map_x,
                          const CUtensorMap& map_w, int64_t blocks, cudaStream_t stream) {
-    auto kernel = gemm_w4a16_wgmma_kernel<T, kAsym>;
+    auto kernel = gemm_w4a16_wgmma_kernel<T, kAsym, kMode>;
     static std::atomic<uint64_t> opted_in{0};
     const cudaError_t e = allow_dynamic_smem_once(kernel, kSmemBytes, opted_in);
     if (e != cudaSuccess) return e;
@@ -420,7 +420,11 @@ cudaError_t gemm_w4a16_prepacked_wgmma(const GemmW4A16Args& args, cudaStream_t s
     return dispatch_half_dtype(args.dtype, [&](auto tag) {
         using T = decltype(tag);
         return with_bool(asym, [&](auto asym_tag) {
-            return launch_wgmma<T, decltype(asym_tag)::value>(args, map_x, map_w, blocks, stream);
+            return with_bool(args.qkv.q != nullptr, [&](auto qkv_tag) {
+                constexpr int kMode = decltype(qkv_tag)::value ? kQkvRows : kMoeDense;
+                return launch_wgmma<T, decltype(asym_tag)::value, kMode>(args, map_x, map_w,
+                                                                         blocks, stream);
+            });
         });
     });
 }

@@ -7,7 +7,7 @@
 // and [k][n]) floats so that a thread's operands for one k are plain loads; the +1 pad puts the
 // loaders' transposed stores (8 rows x 4 k-groups per warp) on 32 distinct banks. Thread
 // (ty, tx) = (tid / 16, tid % 16) owns rows ty + 16 i and columns tx + 16 j (i, j < 4); a
-// projection's epilogue (FloatEpilogue::qkv) pairs columns of lanes tx and tx ^ 1.
+// projection's epilogue (QkvEpilogue) pairs columns of lanes tx and tx ^ 1.
 // Loaders: thread tid handles row tid / 4 and word tid % 4 (k 8 (tid % 4) .. + 7) of the step,
 // of both x (one 16-byte load) and w (one 4-byte word of 8 codes).
 #pragma once
@@ -31,9 +31,9 @@ static_assert(kRefThreads / 16 * kRefMicro == kRefBM && 16 * kRefMicro == kRefBN
 // The block's output tile: out = ep(x w'^T) for w' from load_weights(row, k0, word, wv), which
 // writes the 8 dequantized weights (widened to float) of weight row `row` < n at k k0 + 8 word
 // .. + 7 into wv. k % 32 == 0.
-template <typename T, class LoadWeights>
+template <typename T, class Epilogue, class LoadWeights>
 __device__ __forceinline__ void reference_tile(const T* __restrict__ x, int64_t m, int64_t n,
-                                               int64_t k, const FloatEpilogue<T>& ep,
+                                               int64_t k, const Epilogue& ep,
                                                LoadWeights&& load_weights) {
     __shared__ float sx[kRefBK][kRefBM + kRefPad];
     __shared__ float sw[kRefBK][kRefBN + kRefPad];
@@ -72,7 +72,7 @@ __device__ __forceinline__ void reference_tile(const T* __restrict__ x, int64_t 
         }
     }
 
-    if (ep.qkv.q) {  // a projection stores column pairs: columns c, c + 1 are lanes tx, tx ^ 1
+    if constexpr (Epilogue::kQkv) {  // pairs of columns c, c + 1: lanes tx, tx ^ 1
 #pragma unroll
         for (int j = 0; j < kRefMicro; ++j) {
             const int64_t c = n0 + tx + 16 * j;
@@ -83,17 +83,17 @@ __device__ __forceinline__ void reference_tile(const T* __restrict__ x, int64_t 
                 if (tx % 2 == 0 && r < m && c < n) ep.store_pair(r, c, acc[i][j], next);
             }
         }
-        return;
-    }
+    } else {
 #pragma unroll
-    for (int j = 0; j < kRefMicro; ++j) {
-        const int64_t c = n0 + tx + 16 * j;
-        if (c >= n) continue;
-        const float b = ep.bias_at(c);
+        for (int j = 0; j < kRefMicro; ++j) {
+            const int64_t c = n0 + tx + 16 * j;
+            if (c >= n) continue;
+            const float b = ep.bias_at(c);
 #pragma unroll
-        for (int i = 0; i < kRefMicro; ++i) {
-            const int64_t r = m0 + ty + 16 * i;
-            if (r < m) ep.store(r, c, acc[i][j] + b);
+            for (int i = 0; i < kRefMicro; ++i) {
+                const int64_t r = m0 + ty + 16 * i;
+                if (r < m) ep.store(r, c, acc[i][j] + b);
+            }
         }
     }
 }

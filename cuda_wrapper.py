@@ -103,7 +103,7 @@ __all__ = [
     "moe_workspace_size", "moe_forward", "QuantizedMoE", "AttentionParams", "attention",
     "AttentionDecodeParams", "attention_decode_workspace_size", "attention_decode",
     "WEIGHT4_INT4", "WEIGHT4_NF4", "WEIGHT4_MXFP4", "WEIGHT4_NVFP4", "ROPE_NONE", "ROPE_NEOX",
-    "ROPE_INTERLEAVED", "QkvParams",
+    "ROPE_INTERLEAVED", "QkvParams", "qkv_prepack", "qkv_projection", "QkvProjection",
     "quantize_tensor", "dequantize_tensor", "int8_matmul", "torch_ops",
 ]
 
@@ -2923,6 +2923,223 @@ def gemm_block4_prepacked(x, format, w_prepacked, scales_prepacked, n, blocksize
         raw.gemm_block4_prepacked(xa.ptr, xa.ck_dtype, fmt, wa.ptr, sa.ptr, g_ptr, block,
                                   bias_ptr, act, m, n, k, o.ptr, call.stream)
         return call.finish(o)
+
+
+_WEIGHT4_FORMATS = {"int4": WEIGHT4_INT4, "nf4": WEIGHT4_NF4, "mxfp4": WEIGHT4_MXFP4,
+                    "nvfp4": WEIGHT4_NVFP4}
+_WEIGHT4_DEFAULT_GROUP = {"int4": 128, "nf4": 64, "mxfp4": 32, "nvfp4": 16}
+_ROPE_STYLES = {None: ROPE_NONE, "none": ROPE_NONE, "neox": ROPE_NEOX,
+                "interleaved": ROPE_INTERLEAVED}
+
+
+def _qkv_layer(format, num_heads_q, num_heads_kv, head_dim, hidden, dtype, group_size, asym,
+               rope, rotary_dim):
+    """A QkvParams holding one layer's description (the [prepack] fields of ck_qkv_params_t)."""
+    if format not in _WEIGHT4_FORMATS:
+        raise ValueError("format=%r: one of %s" % (format, sorted(_WEIGHT4_FORMATS)))
+    if rope not in _ROPE_STYLES:
+        raise ValueError("rope=%r: None, 'neox' or 'interleaved'" % (rope,))
+    style = _ROPE_STYLES[rope]
+    return QkvParams(
+        hidden=hidden, num_heads_q=int(num_heads_q), num_heads_kv=int(num_heads_kv),
+        head_dim=int(head_dim), dtype=dtype, format=_WEIGHT4_FORMATS[format],
+        group_size=_WEIGHT4_DEFAULT_GROUP[format] if group_size is None else int(group_size),
+        mode=INT4_ASYMMETRIC if asym else INT4_SYMMETRIC, rope_style=style,
+        rotary_dim=(int(head_dim) if rotary_dim is None else int(rotary_dim)) if style else 0)
+
+
+def _qkv_rows(params):
+    return (params.num_heads_q + 2 * params.num_heads_kv) * params.head_dim
+
+
+def qkv_prepack(packed, scales, num_heads_q, num_heads_kv, head_dim, format="int4", zeros=None,
+                group_size=None, rope=None, rotary_dim=None, dtype=None, stream=None):
+    """Prepares the stacked [Wq | Wk | Wv] weight of one attention layer for
+    :func:`qkv_projection` (ck_qkv_prepack). packed uint8 [N, H // 2] and scales as the format's
+    quantizer writes them for the [N, H] weight, N = (num_heads_q + 2 num_heads_kv) head_dim:
+    format "int4" (:func:`quantize_int4`: scales fp16/bf16 [N, groups], zeros or None),
+    "nf4" (float32 absmax), "mxfp4" or "nvfp4" (uint8 scales). group_size: INT4's group (default
+    128) or NF4's blocksize (default 64). rope: None, "neox" or "interleaved" and rotary_dim
+    (default head_dim), as the projection will be called. dtype: the layer's activation dtype
+    (INT4: the scales'). Returns (w_prepacked uint8, scales_prepacked uint8 bytes,
+    zeros_prepacked uint8 or None).
+    """
+    with _Call(packed, stream) as call:
+        pa = call.input(packed, "packed", need=np.uint8)
+        if len(pa.shape) != 2 or 0 in pa.shape:
+            raise ValueError("packed must be a non-empty uint8 [N, H // 2], not of shape %s"
+                             % (pa.shape,))
+        n, k = pa.shape[0], 2 * pa.shape[1]
+        int4 = format == "int4"
+        need = None if int4 else np.float32 if format == "nf4" else np.uint8
+        sa = call.input(scales, "scales", dtype if int4 else None, need=need)
+        layer_dtype = sa.ck_dtype if int4 else _as_dtype_enum(dtype or "fp16", "dtype")
+        params = _qkv_layer(format, num_heads_q, num_heads_kv, head_dim, k, layer_dtype,
+                            group_size, zeros is not None, rope, rotary_dim)
+        if _qkv_rows(params) != n:
+            raise ValueError("packed has %d rows; the layer's (num_heads_q + 2 num_heads_kv) "
+                             "head_dim is %d" % (n, _qkv_rows(params)))
+        z_ptr = 0
+        if zeros is not None:
+            z_ptr = call.input(zeros, "zeros", need=np.uint8).ptr
+        w_bytes = raw.w4a16_prepacked_bytes(n, k)
+        if int4:
+            values = raw.w4a16_prepacked_groups(n, k, params.group_size)
+            s_bytes = values * 2
+        else:
+            values = s_bytes = raw.block4_prepacked_scales_bytes(params.format - 1, n, k,
+                                                                 params.group_size)
+        if w_bytes <= 0 or values <= 0:
+            raise ValueError("n=%d, hidden=%d, format=%r, group_size=%r cannot be prepacked "
+                             "(cuda_kernels.h)" % (n, k, format, params.group_size))
+        w_out = call.output((w_bytes,), np.uint8, DType.UINT8, None, "w_prepacked")
+        s_out = call.output((s_bytes,), np.uint8, DType.UINT8, None, "scales_prepacked")
+        z_out = (call.output((values,), np.uint8, DType.UINT8, None, "zeros_prepacked")
+                 if zeros is not None else None)
+        raw.qkv_prepack(params, pa.ptr, sa.ptr, z_ptr, w_out.ptr, s_out.ptr,
+                        z_out.ptr if z_out is not None else 0, call.stream)
+        return call.finish(w_out, s_out, z_out)
+
+
+def qkv_projection(x, w_prepacked, scales_prepacked, num_heads_q, num_heads_kv, head_dim,
+                   format="int4", zeros_prepacked=None, group_size=None, global_scale=None,
+                   bias=None, rope=None, rotary_dim=None, positions=None, cos_sin=None,
+                   dtype=None, stream=None):
+    """The fused projection (ck_qkv_projection) on a weight from :func:`qkv_prepack` (the same
+    layer arguments): x [T, H] (or [H]) fp16 or bf16 (uint16 with dtype="bf16") ->
+    (q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, D]) in the dtype of x. bias: N values in W's row
+    order or None; global_scale: NVFP4's float32. With rope: positions int32 [T] and cos_sin
+    float32 [max_position, rotary_dim] (cos(p theta_i) for i < R / 2, then sin).
+    """
+    with _Call(x, stream) as call:
+        xa = call.input(x, "x", dtype, matrix=True, need=_FLOAT_INPUT)
+        t, k = _matrix(xa.shape, "x")
+        params = _qkv_layer(format, num_heads_q, num_heads_kv, head_dim, k, xa.ck_dtype,
+                            group_size, zeros_prepacked is not None, rope, rotary_dim)
+        n = _qkv_rows(params)
+        params.tokens = t
+        params.x = xa.ptr
+        params.w_prepacked = call.input(w_prepacked, "w_prepacked", need=np.uint8).ptr
+        params.scales_prepacked = call.input(scales_prepacked, "scales_prepacked").ptr
+        if zeros_prepacked is not None:
+            params.zeros_prepacked = call.input(zeros_prepacked, "zeros_prepacked",
+                                                need=np.uint8).ptr
+        if global_scale is not None:
+            g = call.input(global_scale, "global_scale", scalar_dtype=np.float32)
+            _check_array(g, "global_scale", np.float32, 1)
+            params.global_scale = g.ptr
+        params.bias = call.optional_input(bias, "bias", n, xa.ck_dtype)
+        if params.rope_style != ROPE_NONE:
+            if positions is None or cos_sin is None:
+                raise ValueError("rope=%r needs positions and cos_sin" % (rope,))
+            pos = call.input(positions, "positions", need=np.int32)
+            _check_array(pos, "positions", np.int32, t)
+            table = call.input(cos_sin, "cos_sin", need=np.float32)
+            if len(table.shape) != 2 or table.shape[1] != params.rotary_dim:
+                raise ValueError("cos_sin must be float32 [max_position, rotary_dim=%d], not of "
+                                 "shape %s" % (params.rotary_dim, table.shape))
+            params.positions, params.cos_sin = pos.ptr, table.ptr
+            params.max_position = table.shape[0]
+        np_dtype = _NUMPY_OF[xa.ck_dtype]
+        hq, hkv, d = params.num_heads_q, params.num_heads_kv, params.head_dim
+        q = call.output((t, hq, d), np_dtype, xa.ck_dtype, None, "q")
+        kk = call.output((t, hkv, d), np_dtype, xa.ck_dtype, None, "k")
+        v = call.output((t, hkv, d), np_dtype, xa.ck_dtype, None, "v")
+        params.q, params.k, params.v = q.ptr, kk.ptr, v.ptr
+        raw.qkv_projection(params, call.stream)
+        return call.finish(q, kk, v)
+
+
+class QkvProjection:
+    """The fused Q/K/V projection of one attention layer, its weight on the GPU, prepacked:
+    (q, k, v) = split(x @ [Wq | Wk | Wv].T + bias), RoPE on q and k (ck_qkv_projection).
+
+    Build it from a float weight (:meth:`from_float`: quantized on the device in `format`,
+    "int4", "nf4", "mxfp4" or "nvfp4") or from the format's quantized storage (the
+    constructor). Call it on NumPy data (NumPy results) or on CUDA arrays (results of their
+    kind); positions: int32 [T] when the layer rotates. The weight is the checkpoint's q_proj,
+    k_proj and v_proj stacked in that order ([N, hidden], N = (num_heads_q + 2 num_heads_kv)
+    head_dim); cos_sin: float32 [max_position, rotary_dim] (cos, then sin; see cuda_kernels.h).
+    """
+
+    def __init__(self, packed, scales, num_heads_q, num_heads_kv, head_dim, format="int4",
+                 zeros=None, group_size=None, global_scale=None, bias=None, rope=None,
+                 rotary_dim=None, cos_sin=None, dtype=None):
+        like = next((a for a in (packed, scales) if _is_device(a)), None)
+        packed, scales = (_to_device(a, None, like) for a in (packed, scales))
+        zeros = None if zeros is None else _to_device(zeros, None, like)
+        if format == "int4":
+            self.dtype = _device_ck_dtype(scales, dtype, "scales")
+        else:
+            self.dtype = _as_dtype_enum(dtype or "fp16", "dtype")
+        if self.dtype not in (DType.FP16, DType.BF16):
+            raise TypeError("QkvProjection runs in fp16 or bf16, not %s" % self.dtype.name)
+        if rope is not None and cos_sin is None:
+            raise ValueError("rope=%r needs the cos_sin table" % (rope,))
+        self.layer = dict(num_heads_q=num_heads_q, num_heads_kv=num_heads_kv,
+                          head_dim=head_dim, format=format, group_size=group_size, rope=rope,
+                          rotary_dim=rotary_dim)
+        self.prepacked = qkv_prepack(packed, scales, zeros=zeros, dtype=self.dtype,
+                                     **self.layer)
+        like = self.prepacked[0]
+        self.global_scale = None if global_scale is None else _to_device(
+            np.asarray(global_scale, np.float32).reshape(1) if not _is_device(global_scale)
+            else global_scale, None, like)
+        self.bias = None if bias is None else _to_device(_layer_host_cast(bias, self.dtype),
+                                                         self.dtype, like)
+        self.cos_sin = None if cos_sin is None else _to_device(
+            cos_sin if _is_device(cos_sin) else np.asarray(cos_sin, np.float32), None, like)
+
+    @classmethod
+    def from_float(cls, weight, num_heads_q, num_heads_kv, format="int4", group_size=None,
+                   bias=None, rope=None, rotary_dim=None, cos_sin=None, dtype=None):
+        """weight [N, hidden] fp16 or bf16 (uint16 bit patterns with dtype="bf16"; float32 NumPy
+        weights are converted to fp16 first), quantized on the device: INT4 symmetric groups
+        (default 128), NF4 blocks (default 64), MXFP4 or NVFP4 (its own global scale)."""
+        if not _is_device(weight):
+            weight = _host_data(weight, "weight")
+            if weight.dtype == np.float32 and dtype is None:
+                weight = weight.astype(np.float16)
+        wd = _to_device(weight, dtype)
+        layer_dtype = _device_ck_dtype(wd, dtype, "weight")
+        rows = _cai(wd, "weight")[1][0]
+        if rows % (num_heads_q + 2 * num_heads_kv):
+            raise ValueError("weight has %d rows, not a multiple of num_heads_q + 2 num_heads_kv"
+                             % rows)
+        head_dim = rows // (num_heads_q + 2 * num_heads_kv)
+        group = _WEIGHT4_DEFAULT_GROUP.get(format) if group_size is None else group_size
+        zeros = g = None
+        if format == "int4":
+            packed, scales, zeros = quantize_int4(wd, group_size=group, dtype=layer_dtype)
+        elif format == "nf4":
+            packed, scales = quantize_nf4(wd, blocksize=group, dtype=layer_dtype)
+        elif format == "mxfp4":
+            packed, scales = quantize_mxfp4(wd, dtype=layer_dtype)
+        elif format == "nvfp4":
+            packed, scales, g = quantize_nvfp4(wd, dtype=layer_dtype)
+        else:
+            raise ValueError("format=%r: one of %s" % (format, sorted(_WEIGHT4_FORMATS)))
+        return cls(packed, scales, num_heads_q, num_heads_kv, head_dim, format=format,
+                   zeros=zeros, group_size=group, global_scale=g, bias=bias, rope=rope,
+                   rotary_dim=rotary_dim, cos_sin=cos_sin, dtype=layer_dtype)
+
+    def __call__(self, x, positions=None, stream=None):
+        """x [T, hidden] (or [hidden]) in the layer's dtype -> (q, k, v)."""
+        kind = _kind(x)
+        host_kind = None
+        if kind is not None and not kind.on_device(x):
+            host_kind, x = kind, kind.host_array(x, "x")
+        on_host = not _is_device(x)
+        xd = _to_device(_layer_host_cast(x, self.dtype), self.dtype) if on_host else x
+        if positions is not None and not _is_device(positions):
+            positions = _to_device(np.asarray(positions, np.int32), None)
+        w, s, z = self.prepacked
+        q, k, v = qkv_projection(xd, w, s, zeros_prepacked=z, global_scale=self.global_scale,
+                                 bias=self.bias, positions=positions, cos_sin=self.cos_sin,
+                                 dtype=self.dtype, stream=stream, **self.layer)
+        if on_host:
+            return tuple(_layer_host_result(a, None, host_kind) for a in (q, k, v))
+        return q, k, v
 
 
 def _checkpoint_int32(call, obj, name):

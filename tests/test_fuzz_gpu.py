@@ -1054,8 +1054,9 @@ def test_gemm_int8_past_2_31_outputs(variant, monkeypatch, seed):
 def test_abi_fuzz_where_no_device_is_visible():
     """test_fuzz_abi.py makes valid calls on fake addresses, which would launch here: it skips in
     this process and runs in a child that sees no device (CUDA_VISIBLE_DEVICES=""), with this
-    process's CK_FUZZ_PROFILE."""
+    process's CK_FUZZ_PROFILE, whole (without this process's CK_TEST_SHARD)."""
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    env.pop("CK_TEST_SHARD", None)   # this process's shard holds this test: the child runs all
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", os.path.join(REPO_ROOT, "tests", "test_fuzz_abi.py"),
          "-q", "-rs", "-p", "no:cacheprovider"],

@@ -17,6 +17,9 @@ tests/reference.py.
   head dim; RoPE none, rotate-half and interleaved; fp16 and bf16; with and without bias.
 - Positions outside the table read its nearest row (clamped); the outputs' guards stay intact
   and nothing is written past q, k, v; the call captures into a CUDA graph and replays.
+- The Python layer (cuda_wrapper.QkvProjection.from_float) in every format: NumPy in, NumPy out,
+  against the reference quantizer's weight (the library's quantizers give the same codes), and
+  the same bits from DeviceArrays in (DeviceArrays out).
 
 The tests skip without a CUDA device. CK_SANITIZE=1 keeps the smaller shapes. Each test draws a
 seed, prints it and names it in its messages; CK_TEST_SEED=<seed> replays it.
@@ -214,3 +217,40 @@ def test_graph_capture_replays_the_projection(seed):
     rng = np.random.default_rng(seed)
     call = QkvCall(rng, (4, 256, 4, 2, 64, 64), FORMATS[0], "neox", "bf16")
     assert_graph_replays(call, rng, seed)
+
+
+@pytest.mark.parametrize("style", [None, "neox"], ids=["no-rope", "neox"])
+@pytest.mark.parametrize("fmt", ["int4", "nf4", "mxfp4", "nvfp4"])
+def test_python_layer_from_float(fmt, style, seed):
+    rng = np.random.default_rng(seed)
+    tokens, hidden, hq, hkv, d = 6, 256, 4, 2, 64
+    n = ref.qkv_output_columns(hq, hkv, d)
+    w = ref.random_input(rng, (n, hidden), "fp16", scale=1.0 / math.sqrt(hidden))
+    x = random_normal(rng, (tokens, hidden), "fp16")
+    bias = random_normal(rng, n, "fp16")
+    positions = rng.integers(0, MAX_POSITION, size=tokens).astype(np.int32)
+    cos_sin = ref.rope_cos_sin_cache(MAX_POSITION, d, base=10000.0)
+    layer = ck.QkvProjection.from_float(w, hq, hkv, format=fmt, bias=bias, rope=style,
+                                        cos_sin=cos_sin if style else None)
+    got = layer(x, positions if style else None)
+    assert all(isinstance(a, np.ndarray) for a in got), [type(a) for a in got]
+    group = {"int4": 128, "nf4": 64, "mxfp4": 32, "nvfp4": 16}[fmt]
+    if fmt == "int4":
+        packed, scales, zeros = ref.quantize_int4(w, "fp16", group, "sym")
+        w_deq = ref.dequantized_int4_weight(packed, scales, zeros, group, hidden, "fp16")
+    else:
+        packed, scales, g = ref.quantize_block4(fmt, w, "fp16", group)
+        w_deq = ref.dequantized_block4_weight(fmt, packed, scales, g, hidden, group, "fp16")
+    exact, tols = qkv_tolerances(x, w_deq, bias, hq, hkv, positions if style else None,
+                                 cos_sin if style else None, style or "neox", "fp16",
+                                 TENSOR_CORE_ROUNDOFF)
+    ctx = f"QkvProjection {fmt} rope={style}, seed={seed}"
+    for name, a, want, tol in zip("qkv", got, exact, tols):
+        assert a.shape == want.shape, (name, a.shape, want.shape)
+        assert_within(ref.to_f32(a, "fp16").astype(np.float64), want, tol, f"{name}, {ctx}")
+    # Device arrays in: device arrays out, the same bits.
+    dev = layer(ck.DeviceArray.from_numpy(x),
+                ck.DeviceArray.from_numpy(positions) if style else None)
+    for name, a, b in zip("qkv", dev, got):
+        assert isinstance(a, ck.DeviceArray), (name, type(a))
+        assert_bitwise_equal(a.to_numpy(), b, f"{name} from DeviceArrays, {ctx}")

@@ -614,19 +614,15 @@ cudaError_t launch_rows(const GemmW4A16Args& a, const StreamLaunch& l, cudaStrea
     switch (l.plan.tiles) {
         case 8: return launch_stream<T, 8, kXRows, kAsym, kMoe, Format>(a, l, stream);
         case 4: return launch_stream<T, 4, kXRows, kAsym, kMoe, Format>(a, l, stream);
-        case 2:
-            if constexpr (kMoe != kQkvRows) return launch_stream<T, 2, kXRows, kAsym, kMoe, Format>(a, l, stream);
-            return cudaErrorInvalidConfiguration;
+        case 2: return launch_stream<T, 2, kXRows, kAsym, kMoe, Format>(a, l, stream);
         default: return cudaErrorInvalidConfiguration;
     }
 }
 
-// The plan of the widest-scoring tile count for x_rows rows (score -1: none fits). The fused
-// projection's kernels are instantiated for 8 and 4 tiles only (its N is a few thousand at least).
+// The plan of the widest-scoring tile count for x_rows rows (score -1: none fits).
 inline StreamPlan best_plan(const GemmW4A16Args& a, int x_rows, int64_t m, int sms, int smem_limit) {
     StreamPlan best;
     for (int tiles : kTileChoices) {
-        if (a.qkv.q && tiles == 2) continue;
         const StreamPlan p = plan_for(tiles, x_rows, a.zeros != nullptr, m, a.tiles8, sms, smem_limit);
         if (p.score > best.score) best = p;  // ties go to the wider tile group (listed first)
     }

@@ -237,8 +237,11 @@ _STREAM = ("stream", _VOIDP)   # the last argument of every entry point; 0 by de
 
 
 class _ParamsStruct(ctypes.Structure):
-    """A ck_*_params_t: struct_size defaults to ctypes.sizeof of the subclass (the layout this
-    module was written against), every other field to 0; repr shows pointers in hex."""
+    """A ck_*_params_t, field for field in the header's order (tests/test_abi.py checks the
+    layout against the header's). Device pointers are ints (0 for NULL), enums and flags ints.
+    struct_size defaults to ctypes.sizeof of the subclass (the layout this module was written
+    against), every other field to 0, which is the header's default where it has one; repr
+    shows pointers in hex."""
 
     def __init__(self, **fields):
         fields.setdefault("struct_size", ctypes.sizeof(type(self)))
@@ -251,14 +254,9 @@ class _ParamsStruct(ctypes.Structure):
 
 
 class MoeParams(_ParamsStruct):
-    """ck_moe_params_t, field for field in the header's order: the arguments of
-    ck_moe_workspace_size and ck_moe_forward (the raw level passes an instance by reference).
-
-    Device pointers are ints (0 for NULL), enums and flags ints. struct_size defaults to
-    ctypes.sizeof(MoeParams), what this module was written against; every other field to 0,
-    which is the header's default where it has one (fp32 router logits, no renormalization,
-    CK_MOE_SWIGLU). tests/test_abi.py checks the layout against the header's.
-    """
+    """ck_moe_params_t: the arguments of ck_moe_workspace_size and ck_moe_forward (the raw level
+    passes an instance by reference). Zero fields: fp32 router logits, no renormalization,
+    CK_MOE_SWIGLU."""
     _fields_ = [
         ("struct_size", ctypes.c_size_t),
         ("tokens", _I64),
@@ -287,14 +285,9 @@ class MoeParams(_ParamsStruct):
 
 
 class AttentionParams(_ParamsStruct):
-    """ck_attention_params_t, field for field in the header's order: the arguments of
-    ck_attention_forward (the raw level passes an instance by reference).
-
-    Device pointers are ints (0 for NULL), enums and flags ints. struct_size defaults to
-    ctypes.sizeof(AttentionParams); every other field to 0, the header's default where it has
-    one (no lse, one sequence, max_seqlen = the totals, softmax_scale 1 / sqrt(D), not causal).
-    tests/test_abi.py checks the layout against the header's.
-    """
+    """ck_attention_params_t: the arguments of ck_attention_forward (passed by reference). Zero
+    fields: no lse, one sequence, max_seqlen = the totals, softmax_scale 1 / sqrt(D), not
+    causal."""
     _fields_ = [
         ("struct_size", ctypes.c_size_t),
         ("dtype", _ENUM),
@@ -319,14 +312,9 @@ class AttentionParams(_ParamsStruct):
 
 
 class AttentionDecodeParams(_ParamsStruct):
-    """ck_attention_decode_params_t, field for field in the header's order: the arguments of
-    ck_attention_decode and ck_attention_decode_workspace_size (passed by reference).
-
-    Device pointers are ints (0 for NULL), enums ints. struct_size defaults to
-    ctypes.sizeof(AttentionDecodeParams); every other field to 0, the header's default where it
-    has one (no lse, a contiguous cache, softmax_scale 1 / sqrt(D), the automatic num_splits).
-    tests/test_abi.py checks the layout against the header's.
-    """
+    """ck_attention_decode_params_t: the arguments of ck_attention_decode and
+    ck_attention_decode_workspace_size (passed by reference). Zero fields: no lse, a contiguous
+    cache, softmax_scale 1 / sqrt(D), the automatic num_splits."""
     _fields_ = [
         ("struct_size", ctypes.c_size_t),
         ("dtype", _ENUM),
@@ -352,13 +340,8 @@ class AttentionDecodeParams(_ParamsStruct):
 
 
 class QkvParams(_ParamsStruct):
-    """ck_qkv_params_t, field for field in the header's order: the layer description of
-    ck_qkv_prepack and the call of ck_qkv_projection (passed by reference).
-
-    Device pointers are ints (0 for NULL), enums ints. struct_size defaults to
-    ctypes.sizeof(QkvParams); every other field to 0, the header's default where it has one
-    (symmetric INT4, no RoPE, no bias). tests/test_abi.py checks the layout against the header's.
-    """
+    """ck_qkv_params_t: the layer description of ck_qkv_prepack and the call of
+    ck_qkv_projection (passed by reference). Zero fields: symmetric INT4, no RoPE, no bias."""
     _fields_ = [
         ("struct_size", ctypes.c_size_t),
         ("tokens", _I64),

@@ -74,11 +74,8 @@ class Problem {
     }
 
     RowSpec spec_for(const std::string& kernel, double bytes) {
-        RowSpec spec = row_spec("block4", kernel, "fp16", shape_name_);
-        spec.bytes = bytes;
-        spec.flops = 2.0 * double(m_) * double(n_) * double(k_);
-        spec.copies = int(sets().size());
-        return spec;
+        return gemm_bench::weight_only_spec("block4", kernel, shape_name_, bytes, m_, n_, k_,
+                                            int(sets().size()));
     }
 
     void stream_note(Row& row, double weight_bytes) const {

@@ -131,6 +131,18 @@ inline void kernel_override_note(Row& row, const char* variable) {
     if (!forced.empty()) Bench::append_note(row, "variant forced by " + forced);
 }
 
+// A fp16 GEMM row of the weight-only families (block4, qkv): 2 M N K flops, `bytes` its floor,
+// `copies` the rotation copies of its inputs.
+inline RowSpec weight_only_spec(const char* family, const std::string& kernel,
+                                const std::string& shape, double bytes, int64_t m, int64_t n,
+                                int64_t k, int copies) {
+    RowSpec spec = row_spec(family, kernel, "fp16", shape);
+    spec.bytes = bytes;
+    spec.flops = 2.0 * double(m) * double(n) * double(k);
+    spec.copies = copies;
+    return spec;
+}
+
 inline const char* int4_mode_word(ck_int4_mode_t mode) {  // the row names' "asym " or nothing
     return mode == CK_INT4_ASYMMETRIC ? "asym " : "";
 }

@@ -87,11 +87,8 @@ class Problem {
     }
 
     RowSpec spec_for(const std::string& kernel, double bytes) {
-        RowSpec spec = row_spec("qkv", kernel, "fp16", shape_name_);
-        spec.bytes = bytes;
-        spec.flops = 2.0 * double(t_) * double(n_) * double(k_);
-        spec.copies = int(sets().size());
-        return spec;
+        return gemm_bench::weight_only_spec("qkv", kernel, shape_name_, bytes, t_, n_, k_,
+                                            int(sets().size()));
     }
 
     ck_qkv_params_t params(const Format& f, const Set& s) const {

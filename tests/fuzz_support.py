@@ -1373,11 +1373,8 @@ DECODE_MAX_SPLITS = 64
 DECODE_TARGET_CTAS, DECODE_MIN_SPLIT_KEYS = 264, 128
 
 
-class When(Kind):
-    """A field read, and checked by `inner` (a kind), only in the calls where when(args) holds."""
-
-    def __init__(self, inner, when):
-        self.inner, self.when = inner, when
+class Wrapping:
+    """A kind that draws its values as the kind self.inner does (a mixin)."""
 
     def example(self):
         return self.inner.example()
@@ -1387,6 +1384,13 @@ class When(Kind):
 
     def any(self):
         return self.inner.any()
+
+
+class When(Wrapping, Kind):
+    """A field read, and checked by `inner` (a kind), only in the calls where when(args) holds."""
+
+    def __init__(self, inner, when):
+        self.inner, self.when = inner, when
 
     def settle(self, name, args):
         return self.inner.settle(name, args) if self.when(args) else args[name]
@@ -1717,24 +1721,15 @@ class QkvScales(Pointer):
         return 4 if args["format"] == ck.WEIGHT4_NF4 else 1
 
 
-class LayerPointer(Pointer):
+class LayerPointer(Wrapping, Pointer):
     """A pointer argument of ck_qkv_prepack: checked only once its params pass (the library
     checks the layer first), as `inner` (a Pointer kind) checks it over the layer's fields
     (params->mode as ZeroPoints' mode, params->dtype as Pointer's dtype); int4_label: its name on
     the INT4 path where ck_w4a16_prepack's differs from ck_block4_prepack's (w_packed, packed)."""
 
     def __init__(self, inner, int4_label=None, params="params"):
-        super().__init__(inner.align, inner.optional)
+        Pointer.__init__(self, inner.align, inner.optional)
         self.inner, self.int4_label, self.params = inner, int4_label, params
-
-    def example(self):
-        return self.inner.example()
-
-    def valid(self):
-        return self.inner.valid()
-
-    def any(self):
-        return self.inner.any()
 
     def _layer(self, args):
         """The arguments with the params' fields, or None while the params break a rule."""

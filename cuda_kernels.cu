@@ -395,6 +395,11 @@ bool block4_blocksize_ok(ck_block4_format_t format, int64_t blocksize) {
     }
 }
 
+// The blocksizes of block4_blocksize_ok, as the messages list them.
+const char* block4_blocksizes(ck_block4_format_t format) {
+    return format == CK_BLOCK4_NF4 ? "32, 64 or 128" : format == CK_BLOCK4_MXFP4 ? "32" : "16";
+}
+
 // What both block 4-bit entry points ask of the format and the [n, k] weight's geometry (the
 // format already valid): K a multiple of 32 and of the blocksize, the prepacked layout's sizes.
 ck_status_t check_block4_weight(const Check& check, ck_block4_format_t format, int64_t n,
@@ -403,9 +408,7 @@ ck_status_t check_block4_weight(const Check& check, ck_block4_format_t format, i
     if (!block4_blocksize_ok(format, blocksize))
         return check.fail(CK_STATUS_UNSUPPORTED, "blocksize=%lld is not supported for %s (use %s)",
                           (long long)blocksize, block4_format_name(format),
-                          format == CK_BLOCK4_NF4     ? "32, 64 or 128"
-                          : format == CK_BLOCK4_MXFP4 ? "32"
-                                                      : "16");
+                          block4_blocksizes(format));
     CK_TRY(check.multiple_of(k, blocksize, "k", "the last block of a row must be whole"));
     if (n > ck::kPackMaxDim || k > ck::kPackMaxDim || ck_w4a16_prepacked_bytes(n, k) == 0)
         return check.fail(CK_STATUS_INVALID_VALUE,
@@ -538,12 +541,8 @@ ck_status_t check_qkv_layer(const Check& check, const ck_qkv_params_t* p, int64_
         return check.fail(CK_STATUS_UNSUPPORTED,
                           "params->group_size=%lld is not a blocksize of CK_WEIGHT4_%s (use %s)",
                           (long long)p->group_size,
-                          format == CK_BLOCK4_NF4     ? "NF4"
-                          : format == CK_BLOCK4_MXFP4 ? "MXFP4"
-                                                      : "NVFP4",
-                          format == CK_BLOCK4_NF4     ? "32, 64 or 128"
-                          : format == CK_BLOCK4_MXFP4 ? "32"
-                                                      : "16");
+                          block4_format_name(format) + sizeof("CK_BLOCK4_") - 1,  // "NF4", ...
+                          block4_blocksizes(format));
     CK_TRY(check.multiple_of(p->hidden, p->group_size, "params->hidden",
                              "the last block of a row must be whole"));
     return check_block4_weight(check, format, n, p->hidden, p->group_size);

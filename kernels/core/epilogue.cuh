@@ -251,13 +251,13 @@ template <typename T> struct QkvEpilogue : FloatEpilogue<T> {
         if (h < hq) base = static_cast<T*>(qkv.q) + (r * hq + h) * d;
         else if (h < hq + hkv) base = static_cast<T*>(qkv.k) + (r * hkv + h - hq) * d;
         else base = static_cast<T*>(qkv.v) + (r * hkv + h - hq - hkv) * d;
-        const T* bias_h = static_cast<const T*>(qkv.bias) + h * d;
+        const T* bias_h = qkv.bias ? static_cast<const T*>(qkv.bias) + h * d : nullptr;
         const int64_t rd = qkv.rotary_dim;
         if (qkv.rope != CK_ROPE_NONE && h < hq + hkv && j < rd) {
             const bool neox = qkv.rope == CK_ROPE_NEOX;
             const int64_t i = j / 2, ja = neox ? i : j, jb = neox ? i + rd / 2 : j + 1;
             float a = v0, b = v1;
-            if (qkv.bias) {
+            if (bias_h) {
                 a += to_float(bias_h[ja]);
                 b += to_float(bias_h[jb]);
             }
@@ -274,7 +274,7 @@ template <typename T> struct QkvEpilogue : FloatEpilogue<T> {
             }
             return;
         }
-        if (qkv.bias) {
+        if (bias_h) {
             v0 += to_float(bias_h[j]);
             v1 += to_float(bias_h[j + 1]);
         }

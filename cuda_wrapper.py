@@ -2757,12 +2757,13 @@ def gemm_w4a16(x, w_packed, scales, zeros=None, group_size=128, bias=None, activ
         return call.finish(o)
 
 
-def _packed_weight(call, w_packed, k_name="x"):
-    """(arg, n, k) of a packed int4 weight uint8 [N, K // 2]."""
-    wa = call.input(w_packed, "w_packed", need=np.uint8)
+def _packed_weight(call, w_packed, name="w_packed", cols="K"):
+    """(arg, n, k) of a packed 4-bit weight uint8 [N, K // 2] (`cols`: what the messages call
+    K)."""
+    wa = call.input(w_packed, name, need=np.uint8)
     if len(wa.shape) != 2 or wa.shape[0] == 0 or wa.shape[1] == 0:
-        raise ValueError("w_packed must be a non-empty uint8 [N, K // 2], not of shape %s"
-                         % (wa.shape,))
+        raise ValueError("%s must be a non-empty uint8 [N, %s // 2], not of shape %s"
+                         % (name, cols, wa.shape))
     return wa, wa.shape[0], 2 * wa.shape[1]
 
 
@@ -2853,11 +2854,7 @@ def block4_prepack(format, packed, scales, blocksize=None, stream=None):
     fmt, block = _block4_format(format, blocksize)
     scales_dtype = np.float32 if fmt == BLOCK4_NF4 else np.uint8
     with _Call(packed, stream) as call:
-        pa = call.input(packed, "packed", need=np.uint8)
-        if len(pa.shape) != 2 or pa.shape[0] == 0 or pa.shape[1] == 0:
-            raise ValueError("packed must be a non-empty uint8 [N, K // 2], not of shape %s"
-                             % (pa.shape,))
-        n, k = pa.shape[0], 2 * pa.shape[1]
+        pa, n, k = _packed_weight(call, packed, "packed")
         sa = call.input(scales, "scales", need=scales_dtype)
         if block > 0:
             _check_array(sa, "scales", scales_dtype, n * (k // block))
@@ -2948,11 +2945,7 @@ def qkv_prepack(packed, scales, num_heads_q, num_heads_kv, head_dim, format="int
     zeros_prepacked uint8 or None).
     """
     with _Call(packed, stream) as call:
-        pa = call.input(packed, "packed", need=np.uint8)
-        if len(pa.shape) != 2 or 0 in pa.shape:
-            raise ValueError("packed must be a non-empty uint8 [N, H // 2], not of shape %s"
-                             % (pa.shape,))
-        n, k = pa.shape[0], 2 * pa.shape[1]
+        pa, n, k = _packed_weight(call, packed, "packed", "H")
         int4 = format == "int4"
         need = None if int4 else np.float32 if format == "nf4" else np.uint8
         sa = call.input(scales, "scales", dtype if int4 else None, need=need)

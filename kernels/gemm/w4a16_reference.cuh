@@ -31,9 +31,9 @@ static_assert(kRefThreads / 16 * kRefMicro == kRefBM && 16 * kRefMicro == kRefBN
 // The block's output tile: out = ep(x w'^T) for w' from load_weights(row, k0, word, wv), which
 // writes the 8 dequantized weights (widened to float) of weight row `row` < n at k k0 + 8 word
 // .. + 7 into wv. k % 32 == 0.
-template <typename T, class Epilogue, class LoadWeights>
+template <typename T, class Ep, class LoadWeights>
 __device__ __forceinline__ void reference_tile(const T* __restrict__ x, int64_t m, int64_t n,
-                                               int64_t k, const Epilogue& ep,
+                                               int64_t k, const Ep& ep,
                                                LoadWeights&& load_weights) {
     __shared__ float sx[kRefBK][kRefBM + kRefPad];
     __shared__ float sw[kRefBK][kRefBN + kRefPad];
@@ -72,7 +72,7 @@ __device__ __forceinline__ void reference_tile(const T* __restrict__ x, int64_t 
         }
     }
 
-    if constexpr (Epilogue::kQkv) {  // pairs of columns c, c + 1: lanes tx, tx ^ 1
+    if constexpr (Ep::kQkv) {  // pairs of columns c, c + 1: lanes tx, tx ^ 1
 #pragma unroll
         for (int j = 0; j < kRefMicro; ++j) {
             const int64_t c = n0 + tx + 16 * j;

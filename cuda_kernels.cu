@@ -686,7 +686,8 @@ ck_status_t check_moe_pointers(const Check& check, const ck_moe_params_t* p) {
 }
 
 // The expert GEMMs: the weight-streaming kernel in blocks of 16 rows while an expert gets
-// few rows (decode), the tensor-core kernel in blocks of 64 or 128 rows beyond.
+// few rows (decode), the tensor-core kernel in blocks of 64 or 128 rows beyond, Hopper's
+// wgmma kernel in blocks of 128 from 65 rows per expert.
 constexpr int64_t kMoeStreamRows = 16;
 static_assert(kMoeStreamRows == ck::kMoeBlockRows, "update the variants' needs texts");
 
@@ -700,7 +701,20 @@ bool moe_tc_serves(const ck::MoeExperts& a, int cc) {
     return cc >= kMmaMinArch && a.plan.rows_per_expert() > kMoeStreamRows;
 }
 
+// The Hopper path: more than 64 rows per expert (below, its 128-row blocks would be mostly
+// padding, where tc takes 64), TMA's 32-bit coordinates over every expert's weight tiles.
+constexpr int64_t kMoeWgmmaMinRows = 64;
+static_assert(kMoeWgmmaMinRows == 64, "update the wgmma row's needs text");
+bool moe_wgmma_serves(const ck::MoeExperts& a, int) {
+    const ck::MoePlan& p = a.plan;
+    return p.rows_per_expert() > kMoeWgmmaMinRows && ck::gemm_w4a16_wgmma_available() &&
+           ck::ceil_div(2 * p.inter, int64_t(ck::kPackRows)) * p.experts <= INT32_MAX;
+}
+
 const ck::Variant<ck::MoeExperts> kMoeRows[] = {
+    {"wgmma", ck::moe_experts_wgmma, moe_wgmma_serves,
+     "more than 64 rows per expert, ceil(2 intermediate / 8) x experts below 2^31, a compute "
+     "capability 9.0 GPU and a build with sm_90a"},
     {"tc", ck::moe_experts_tc, moe_tc_serves,
      "more than 16 rows per expert and compute capability 8.0 or newer"},
     {"stream", ck::moe_experts_stream, ck::any_call, "nothing"},

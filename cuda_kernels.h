@@ -829,9 +829,11 @@ CK_API ck_status_t ck_moe_workspace_size(const ck_moe_params_t* params, size_t* 
  * allocated, nothing synchronizes and no host logic depends on the data, so the call can be
  * captured in a CUDA graph. Requires compute capability 8.0 or newer. The workspace must not
  * overlap x or out (CK_STATUS_INVALID_VALUE). T * k + min(E, T * k) * 15 must be at most
- * 65535 * 16 = 1048560 row slots (else CK_STATUS_UNSUPPORTED). The environment variable
- * CK_MOE_KERNEL (auto, tc, stream) forces the expert GEMMs' kernel, as CK_GEMM_W4A16_KERNEL
- * does. */
+ * 65535 * 16 = 1048560 row slots (else CK_STATUS_UNSUPPORTED). The expert GEMMs' kernel is
+ * chosen from the sizes: "stream" (weight streaming) up to 16 rows per expert on average,
+ * ceil(T k / min(E, T k)); "tc" (mma.sync tiles) above; "wgmma" (Hopper, compute capability
+ * 9.0) above 64. The environment variable CK_MOE_KERNEL (auto, wgmma, tc, stream) forces one,
+ * as CK_GEMM_W4A16_KERNEL does. */
 CK_API ck_status_t ck_moe_forward(const ck_moe_params_t* params, void* workspace,
                                   size_t workspace_bytes, ck_stream_t stream);
 

@@ -525,8 +525,10 @@ MOE_FEATURES_TOP = 512
 MOE_TOKENS_TOP = 520
 # The expert GEMMs run the streaming kernel in blocks of 16 rows while the experts that have
 # rows get at most 16 on average (ceil(T k / min(E, T k))), the tensor-core kernel beyond, in
-# blocks of 64 rows up to 64 per expert and of 128 above: the averages around those sizes.
+# blocks of 64 rows up to 64 per expert and of 128 above, and on Hopper the wgmma kernel in
+# blocks of 128 above 64: the averages around those sizes.
 MOE_STREAM_ROWS = 16
+MOE_WGMMA_ROWS = 64
 MOE_ROWS_PER_EXPERT = (1, 2, 15, 16, 17, 63, 64, 65, 127, 128, 129)
 # The caller's ids: distinct per token (a router's), drawn with repetition (a token's pairs may
 # name one expert twice), every pair on one expert, or some outside [0, E) (the header: such a
@@ -657,8 +659,11 @@ def moe_forward_case(rng):
     tokens, hidden, inter = dims["tokens"], dims["hidden"], dims["inter"]
     shape = (tokens, hidden, inter, experts, top_k)
     served = ["auto", "stream"]
-    if moe_rows_per_expert(tokens, experts, top_k) > MOE_STREAM_ROWS:
+    rows = moe_rows_per_expert(tokens, experts, top_k)
+    if rows > MOE_STREAM_ROWS:
         served.append("tc")
+    if rows > MOE_WGMMA_ROWS:
+        served.append("wgmma")
     variant = pick(rng, served)
     dtype, mode, group = pick(rng, ref.MOE_DTYPES), pick(rng, ref.INT4_MODES), \
         pick(rng, ref.INT4_GROUP_SIZES)

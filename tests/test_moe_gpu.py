@@ -39,8 +39,8 @@ from gpu_support import (
     CK_DTYPE, CK_INT4_MODE, GROUP_IDS, GuardedBuffer, KernelCall, POISON, SANITIZE,
     SANITIZE_MAX_MACS, SECOND_ORDER_SLACK, U32, assert_bitwise_equal,
     assert_capture_records_then_replay_writes, assert_graph_replays, assert_meets_reference,
-    assert_within, compute_capability, dtype_arg, output_tolerance, ptr_or_null, random_normal,
-    synchronize, to_device,
+    assert_within, compute_capability, dtype_arg, force_variant, output_tolerance, ptr_or_null,
+    random_normal, synchronize, to_device,
 )
 
 pytestmark = pytest.mark.gpu
@@ -597,6 +597,44 @@ def test_forward_large(dtype, shape, sm80, seed):
     call = MoECall(rng, shape, dtype, "sym", 128, "fp32", renormalize=True, source="codes")
     call.launch()
     call.check(f"seed={seed}")
+
+
+# Every expert kernel forced, on shapes that all of them serve (more than 64 rows per expert:
+# stream serves any, tc more than 16, wgmma more than 64): H = 160 and I = 96 (partial 128-k
+# chunks, a partial last tile of columns in both GEMMs), one expert, 64 experts with 104 rows
+# each on average, some experts idle.
+EACH_KERNEL_SHAPES = [(300, 384, 384, 8, 2), (128, 128, 256, 1, 1), (200, 160, 96, 4, 3),
+                      (1100, 128, 128, 64, 6)]
+MOE_KERNELS = ("stream", "tc", "wgmma")
+
+
+@pytest.mark.parametrize("variant", MOE_KERNELS)
+@pytest.mark.parametrize("shape", [s for s in EACH_KERNEL_SHAPES if moe_small_enough(s)],
+                         ids=moe_id)
+def test_forward_each_kernel(shape, variant, monkeypatch, sm80, seed):
+    """Within the reference's bound, with a tenth of the caller's ids outside [0, E) and the
+    first expert idle; the same bits again on a workspace of random bytes."""
+    force_variant(monkeypatch, MOE_KERNEL_ENV, variant)
+    i = EACH_KERNEL_SHAPES.index(shape)
+    dtype, mode = ref.MOE_DTYPES[i % 2], ref.INT4_MODES[i // 2 % 2]
+    group = GROUP_ROTATION[i % len(GROUP_ROTATION)]
+    rng = np.random.default_rng(seed)
+    tokens, _, _, experts, top_k = shape
+    ids, _ = random_ids(rng, tokens, experts, top_k)
+    if experts > top_k:
+        ids = np.where(ids == 0, experts - 1, ids).astype(np.int32)  # a repeated id is a pair too
+    bad = rng.random(ids.shape) < 0.1
+    ids = np.where(bad, rng.choice(np.array(BAD_IDS + (experts,), np.int64), size=ids.shape),
+                   ids).astype(np.int32)
+    call = MoECall(rng, shape, dtype, mode, group, "ids", ids=ids)
+    ctx = f"{variant}, {dtype}-{mode}-{GROUP_IDS[group]}, seed={seed}"
+    call.launch()
+    first = call.check(ctx).copy()
+    call.poison_outputs()
+    call.scramble_workspace(rng)
+    call.launch()
+    synchronize()
+    assert_bitwise_equal(call.out.read(f"second run, {ctx}"), first, f"second run, {ctx}")
 
 
 @pytest.mark.parametrize("router_dtype", ref.MOE_ROUTER_DTYPES)

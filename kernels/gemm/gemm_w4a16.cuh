@@ -114,11 +114,66 @@ struct MoeRows {
     const float* pair_weights;   // kMoeWeighted: [pairs]
     float* pair_out;             // kMoeWeighted: [pairs, n]
 };
+
+// The store of one accumulator fragment of the prepacked tensor-core kernels (tc and wgmma: both
+// compute out^T, and share this layout). Lane (g, t) holds c[0], c[1] = out[rows 2t, 2t + 1] of
+// column g of a 16-column block and c[2], c[3] the same of column g + 8; row is the lane's row
+// after the exchange below (2t + odd), col the block's first column + (g & ~1), odd = g & 1, bv
+// the bias of columns col, col + 1, col + 8, col + 9; out, m and n those of the call. Even g
+// trades its row-2t + 1 values for the odd neighbour's row-2t values (shfl.xor 4 = g ^ 1): then
+// even g stores row 2t, columns (g, g + 1) and (g + 8, g + 9), odd g row 2t + 1, columns
+// (g - 1, g) and (g + 7, g + 8). The whole warp calls it (the shuffles). kMode (MoeMode) picks
+// the rows and the store:
+//   kMoeSwiGLU: the 16 columns are a gate tile and its up tile (the MoE prepack's interleave):
+//     silu(gate) * up of activation columns col / 2 - (col / 2) % 8 + (g & ~1), + 1, in the
+//     sorted row `row` of the [rows, n / 2] intermediate, if the row holds a pair;
+//   kMoeWeighted: pair_weights[pair] * value into pair_out[pair] of the row's pair, if any;
+//   otherwise: ep.store_pair (plain or fused Q/K/V), rows past m dropped.
+template <typename T, int kMode, class Ep>
+__device__ __forceinline__ void store_w4a16_fragment(const Ep& ep, void* out, int64_t m, int64_t n,
+                                                     const MoeRows& mr, int64_t row, int64_t col,
+                                                     int g, bool odd, const float* c,
+                                                     const float (&bv)[4]) {
+    if constexpr (kMode == kMoeSwiGLU) {
+        const float h0 = silu(c[0]) * c[2], h1 = silu(c[1]) * c[3];
+        const float r = __shfl_xor_sync(0xffffffffu, odd ? h0 : h1, 4);
+        const int64_t h_cols = n / 2, h_col = col / 2 - (col / 2) % 8 + (g & ~1);
+        if (mr.sorted_ids[row] >= mr.pairs || h_col >= h_cols) return;
+        T* h = static_cast<T*>(out) + row * h_cols + h_col;
+        FloatEpilogue<T>::store_two(h, from_float<T>(odd ? r : h0), from_float<T>(odd ? h1 : r));
+        return;
+    }
+    const float r0 = __shfl_xor_sync(0xffffffffu, odd ? c[0] : c[1], 4);
+    const float r1 = __shfl_xor_sync(0xffffffffu, odd ? c[2] : c[3], 4);
+    const float v0 = odd ? r0 : c[0], v1 = odd ? c[1] : r0;  // columns col, col + 1
+    const float v2 = odd ? r1 : c[2], v3 = odd ? c[3] : r1;  // columns col + 8, col + 9
+    if constexpr (kMode == kMoeWeighted) {
+        const int64_t pair = mr.sorted_ids[row];
+        if (pair >= mr.pairs) return;
+        const float wgt = mr.pair_weights[pair];
+        float* o = mr.pair_out + pair * n;
+        if (col < n) *reinterpret_cast<float2*>(o + col) = make_float2(wgt * v0, wgt * v1);
+        if (col + 8 < n) *reinterpret_cast<float2*>(o + col + 8) = make_float2(wgt * v2, wgt * v3);
+        return;
+    }
+    if (row >= m) return;
+    if (col < n) ep.store_pair(row, col, v0 + bv[0], v1 + bv[1]);
+    if (col + 8 < n) ep.store_pair(row, col + 8, v2 + bv[2], v3 + bv[3]);
+}
+
 // active_experts: how many experts may have rows at once (at most): each gets
 // SMs / active_experts blocks across its columns.
 cudaError_t gemm_w4a16_prepacked_stream_grouped(const GemmW4A16Args& args, MoeMode mode,
                                                 const MoeRows& rows, int64_t blocks,
                                                 int64_t active_experts, cudaStream_t stream);
+// The Hopper kernel grouped (gemm_w4a16_wgmma_available()): blocks of kWgmmaGroupedRows rows,
+// x the sorted rows themselves ([row_blocks * kWgmmaGroupedRows, k]: for kMoeSwiGLU the caller
+// gathers each pair's token row there first; rows.x_div unused), experts the number of experts
+// whose weights follow expert 0's.
+constexpr int kWgmmaGroupedRows = 128;
+cudaError_t gemm_w4a16_prepacked_wgmma_grouped(const GemmW4A16Args& args, MoeMode mode,
+                                               const MoeRows& rows, int64_t row_blocks,
+                                               int64_t experts, cudaStream_t stream);
 // The tensor-core kernel grouped: blocks of 64 or 128 rows (gemm_w4a16_tc_grouped_rows picks
 // one from the expected rows per expert), grid tile columns x row blocks.
 int gemm_w4a16_tc_grouped_rows(int64_t rows_per_expert);

@@ -408,9 +408,7 @@ gemm_w4a16_tc_kernel(const GemmW4A16Args args, const TcGroups grp, const MoeRows
     }
 
     // ---- Epilogue. Lane (g, t) holds out[rows 2t, 2t + 1][column g] of tiles 2fw (c0 c1) and
-    // 2fw + 1 (c2 c3). Even g trades its row-2t + 1 values for the odd neighbour's row-2t values
-    // (shfl.xor 4 = g ^ 1): then even g stores row 2t, columns (g, g + 1) and (g + 8, g + 9),
-    // odd g row 2t + 1, columns (g - 1, g) and (g + 7, g + 8). ----
+    // 2fw + 1 (c2 c3): store_w4a16_fragment's layout. ----
     const auto ep = args.epilogue_of<T, kMoe>();
     const bool odd = g & 1;
 #pragma unroll
@@ -422,35 +420,9 @@ gemm_w4a16_tc_kernel(const GemmW4A16Args args, const TcGroups grp, const MoeRows
 #pragma unroll
         for (int fx = 0; fx < kFX; ++fx) {
             if (fx % kWarpsK != warp_k) continue;  // warp-uniform: the shuffles see every lane
-            const float* c = acc[fw][fx];
             const int64_t row = m0 + wm * Tile::kWarpM + fx * kMmaN + 2 * t + (odd ? 1 : 0);
-            if constexpr (kMoe == kMoeSwiGLU) {
-                // Tiles 2fw (gate: c0 c1, rows 2t and 2t + 1) and 2fw + 1 (up: c2 c3) hold the same
-                // activation column; pairs of columns as above, one row per lane.
-                const float h0 = silu(c[0]) * c[2], h1 = silu(c[1]) * c[3];
-                const float r = __shfl_xor_sync(0xffffffffu, odd ? h0 : h1, 4);
-                const int64_t h_cols = n / 2, h_col = col / 2 - (col / 2) % 8 + (g & ~1);
-                if (mr.sorted_ids[row] >= mr.pairs || h_col >= h_cols) continue;
-                T* h = static_cast<T*>(args.out) + row * h_cols + h_col;
-                FloatEpilogue<T>::store_two(h, from_float<T>(odd ? r : h0), from_float<T>(odd ? h1 : r));
-                continue;
-            }
-            const float r0 = __shfl_xor_sync(0xffffffffu, odd ? c[0] : c[1], 4);
-            const float r1 = __shfl_xor_sync(0xffffffffu, odd ? c[2] : c[3], 4);
-            const float v0 = odd ? r0 : c[0], v1 = odd ? c[1] : r0;  // columns col, col + 1
-            const float v2 = odd ? r1 : c[2], v3 = odd ? c[3] : r1;  // columns col + 8, col + 9
-            if constexpr (kMoe == kMoeWeighted) {
-                const int64_t pair = mr.sorted_ids[row];
-                if (pair >= mr.pairs) continue;
-                const float wgt = mr.pair_weights[pair];
-                float* o = mr.pair_out + pair * n;
-                if (col < n) *reinterpret_cast<float2*>(o + col) = make_float2(wgt * v0, wgt * v1);
-                if (col + 8 < n) *reinterpret_cast<float2*>(o + col + 8) = make_float2(wgt * v2, wgt * v3);
-                continue;
-            }
-            if (row >= m) continue;
-            if (col < n) ep.store_pair(row, col, v0 + bv[0], v1 + bv[1]);
-            if (col + 8 < n) ep.store_pair(row, col + 8, v2 + bv[2], v3 + bv[3]);
+            store_w4a16_fragment<T, kMoe>(ep, args.out, m, n, mr, row, col, g, odd, acc[fw][fx],
+                                          bv);
         }
     }
 }

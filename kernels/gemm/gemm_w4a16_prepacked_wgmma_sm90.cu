@@ -92,6 +92,7 @@ static_assert(kXBoxBytes % 1024 == 0 && kWStageBytes % 1024 == 0,
               "swizzled tiles keep the 1024-byte alignment of the swizzle period");
 static_assert(kTileRows128 == 4 && kTiles == 16, "the weight map's box is 128 x 4 x 16 bytes");
 static_assert(kSmemBytes <= 227 * 1024, "one CTA per SM");
+static_assert(kBM == kWgmmaGroupedRows, "a grouped block's rows are one tile row");
 
 // ---------------------------------------------------------------------------------------------
 // Shared memory, and why.
@@ -185,12 +186,15 @@ template <bool kAsym> struct ScaleReader {
     int64_t groups;
     int step, slice_shift;
 
-    __device__ ScaleReader(const GemmW4A16Args& args, const WgmmaGroups& grp, int64_t t0, int g)
+    // t0: the lane's first tile among the weight's tiles8; expert_tile0: where the weight's
+    // tiles start among those the scales hold (an expert's, grouped; 0 otherwise).
+    __device__ ScaleReader(const GemmW4A16Args& args, const WgmmaGroups& grp, int64_t t0,
+                           int64_t expert_tile0, int g)
         : groups(args.groups), step(grp.step), slice_shift(grp.slice_shift) {
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
             const bool ok = t0 + i < args.tiles8;
-            const int64_t first = ((t0 + i) * args.groups) * kPackRows + g;
+            const int64_t first = ((expert_tile0 + t0 + i) * args.groups) * kPackRows + g;
             scale_row[i] = ok ? static_cast<const uint16_t*>(args.scales) + first : nullptr;
             zero_row[i] = ok && kAsym ? args.zeros + first : nullptr;
         }
@@ -219,7 +223,7 @@ template <typename T, bool kAsym, int kMode>
 __global__ void __launch_bounds__(kThreads, 1)
 gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
                         const __grid_constant__ CUtensorMap map_w, const GemmW4A16Args args,
-                        const WgmmaGroups grp) {
+                        const WgmmaGroups grp, const MoeRows mr) {
 #ifdef CK_SM90A_DEVICE
     extern __shared__ __align__(1024) uint8_t smem_raw[];
     // Dynamic shared memory is only guaranteed 16-byte aligned: round up to the swizzle period.
@@ -232,6 +236,14 @@ gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
 
     const TileOrigin tile = grouped_tile(blockIdx.x, args.m, args.n, kBM, kBN, kGroupM);
     const int64_t m0 = tile.m0, n0 = tile.n0;
+    // Expert-grouped (kMode kMoeSwiGLU / kMoeWeighted): the tile row is a block of kBM sorted
+    // rows, all of one expert, whose weight tiles follow the previous experts' (tiles8 each).
+    int64_t expert_tile0 = 0;
+    if constexpr (grouped_rows(kMode)) {
+        const int expert = mr.block_expert[m0 / kBM];
+        if (expert < 0) return;  // past the rows in use: the whole block leaves
+        expert_tile0 = expert * args.tiles8;
+    }
     const int chunks = int(args.chunks);  // the launcher checks it fits
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
@@ -250,7 +262,7 @@ gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
         if (lane != 0) return;
         prefetch_tensor_map(&map_x);
         prefetch_tensor_map(&map_w);
-        const int64_t tile0 = n0 / kPackRows;  // the block's first weight tile
+        const int64_t tile0 = expert_tile0 + n0 / kPackRows;  // the block's first weight tile
         int stage = 0;
         uint32_t round = 0;
         for (int kc = 0; kc < chunks; ++kc) {
@@ -276,7 +288,7 @@ gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
     const int g = lane / 4, t = lane % 4;
     const int tile_a = 8 * c + 2 * w;  // T0; T1 = T0 + 1 (see "A fragments")
     const uint32_t shift = 4 * t;      // pair t of a word: nibbles t and t + 4
-    const ScaleReader<kAsym> reader(args, grp, n0 / kPackRows + tile_a, g);
+    const ScaleReader<kAsym> reader(args, grp, n0 / kPackRows + tile_a, expert_tile0, g);
     ChunkScales<kAsym> next;
     reader.load(0, next);
 
@@ -289,14 +301,6 @@ gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
     int prev_stage = -1;
     for (int kc = 0; kc < chunks; ++kc) {
         mbar_wait(&full[stage], round & 1);
-        // The previous stage's wgmmas are done: their A registers may be written again and their
-        // x tiles refilled (one stage of wgmmas in flight at a time per warpgroup; the other
-        // warpgroup fills the tensor cores while this one dequantizes).
-        wgmma_wait<0>();
-        if (prev_stage >= 0) {
-            __syncwarp();
-            if (lane == 0) mbar_arrive(&empty[prev_stage]);
-        }
         const uint8_t* xs = x_stages + stage * kXStageBytes;
         const uint8_t* ws = w_stages + stage * kWStageBytes;
         const ChunkScales<kAsym> cur = next;
@@ -325,10 +329,20 @@ gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
                 wgmma_m64n128k16_rs<T>(
                     acc, a,
                     wgmma_descriptor(xs + (q / 4) * kXBoxBytes + (q % 4) * (kWgmmaK * 2)), 1);
+                wgmma_commit();  // one group per step: the wait below counts steps
             }
         }
-        wgmma_commit();
         wgmma_fence_operands(acc);
+        // At most kSteps - 1 of this warpgroup's wgmmas stay in flight: the previous chunk's
+        // are done (its stage may be refilled) and so is this chunk's first (the next chunk's
+        // first A registers may be written). The tensor cores keep the other seven queued
+        // while this warpgroup dequantizes the next chunk: never drained to zero, as a wait
+        // for all of them at each chunk would.
+        wgmma_wait<kSteps - 1>();
+        if (prev_stage >= 0) {
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&empty[prev_stage]);
+        }
         if (kc + 1 < chunks) reader.load(kc + 1, next);  // in flight during this chunk's wgmmas
         prev_stage = stage;
         if (++stage == kStages) {
@@ -340,28 +354,20 @@ gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
     wgmma_fence_operands(acc);
 
     // ---- Epilogue (as the tc kernel's). Lane (g, t) holds out[rows 2t, 2t + 1] of column g
-    // (acc[4j], acc[4j + 1]) and column g + 8 (acc[4j + 2], acc[4j + 3]) of each 8-row block j.
-    // Even g trades its row-2t + 1 values for the odd neighbour's row-2t values (shfl.xor 4 =
-    // g ^ 1): then even g stores row 2t, columns (g, g + 1) and (g + 8, g + 9), odd g row
-    // 2t + 1, columns (g - 1, g) and (g + 7, g + 8). ----
+    // (acc[4j], acc[4j + 1]) and column g + 8 (acc[4j + 2], acc[4j + 3]) of each 8-row block j:
+    // store_w4a16_fragment's layout. ----
     const auto ep = args.epilogue_of<T, kMode>();
-    const int64_t m = args.m, n = args.n;
     const bool odd = g & 1;
     const int64_t col = n0 + c * kWgmmaM + w * 2 * kPackRows + (g & ~1);  // the pairs' first
     float bv[4];  // the bias of columns col, col + 1, col + 8, col + 9
 #pragma unroll
-    for (int i = 0; i < 4; ++i) bv[i] = ep.bias_at(col + (i & 1) + 8 * (i >> 1));
+    for (int i = 0; i < 4; ++i)
+        bv[i] = !grouped_rows(kMode) ? ep.bias_at(col + (i & 1) + 8 * (i >> 1)) : 0.f;
 #pragma unroll
     for (int j = 0; j < kWgmmaN / 8; ++j) {
-        const float* d = acc + 4 * j;
         const int64_t row = m0 + 8 * j + 2 * t + (odd ? 1 : 0);
-        const float r0 = __shfl_xor_sync(0xffffffffu, odd ? d[0] : d[1], 4);
-        const float r1 = __shfl_xor_sync(0xffffffffu, odd ? d[2] : d[3], 4);
-        const float v0 = odd ? r0 : d[0], v1 = odd ? d[1] : r0;  // columns col, col + 1
-        const float v2 = odd ? r1 : d[2], v3 = odd ? d[3] : r1;  // columns col + 8, col + 9
-        if (row >= m) continue;
-        if (col < n) ep.store_pair(row, col, v0 + bv[0], v1 + bv[1]);
-        if (col + 8 < n) ep.store_pair(row, col + 8, v2 + bv[2], v3 + bv[3]);
+        store_w4a16_fragment<T, kMode>(ep, args.out, args.m, args.n, mr, row, col, g, odd,
+                                       acc + 4 * j, bv);
     }
 #endif  // CK_SM90A_DEVICE
 }
@@ -371,14 +377,36 @@ gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
 // ---------------------------------------------------------------------------------------------
 template <typename T, bool kAsym, int kMode>
 cudaError_t launch_wgmma(const GemmW4A16Args& a, const CUtensorMap& map_x,
-                         const CUtensorMap& map_w, int64_t blocks, cudaStream_t stream) {
+                         const CUtensorMap& map_w, const MoeRows& rows, cudaStream_t stream) {
+    const int64_t blocks = ceil_div(a.m, kBM) * ceil_div(a.n, kBN);
+    if (!grid_fits(blocks)) return cudaErrorInvalidConfiguration;
     auto kernel = gemm_w4a16_wgmma_kernel<T, kAsym, kMode>;
     static std::atomic<uint64_t> opted_in{0};
     const cudaError_t e = allow_dynamic_smem_once(kernel, kSmemBytes, opted_in);
     if (e != cudaSuccess) return e;
     kernel<<<unsigned(blocks), kThreads, kSmemBytes, stream>>>(map_x, map_w, a,
-                                                                wgmma_groups(a.group_shift));
+                                                                wgmma_groups(a.group_shift), rows);
     return cudaGetLastError();
+}
+
+// The tensor maps of a call: x [m rows][k] 16-bit values, boxes of 128 rows x 64 k (one
+// 128-byte swizzle row each); the prepacked weight as bytes, (128 bytes, 4 rows per tile and
+// chunk along a tile row's chunks, `tiles` tiles) with strides 128 and chunks * 512, a box one
+// chunk of 16 tiles. tiles: the weight's tiles8, or all experts' (grouped).
+cudaError_t make_wgmma_maps(const GemmW4A16Args& args, int64_t tiles, CUtensorMap* map_x,
+                            CUtensorMap* map_w) {
+    if (args.m > INT32_MAX || args.k > INT32_MAX || tiles > INT32_MAX ||
+        args.chunks > INT32_MAX / kTileRows128)
+        return cudaErrorNotSupported;
+    const cudaError_t err = make_tensor_map_2d(map_x, CU_TENSOR_MAP_DATA_TYPE_UINT16, args.x,
+                                               args.m, args.k, args.k * 2, kBM, kSwizzleK,
+                                               CU_TENSOR_MAP_SWIZZLE_128B);
+    if (err != cudaSuccess) return err;
+    const int64_t dims[3] = {kSwizzleBytes, kTileRows128 * args.chunks, tiles};
+    const int64_t strides[2] = {kSwizzleBytes, args.chunks * kPackTileBytes};
+    const int box[3] = {kSwizzleBytes, kTileRows128, kTiles};
+    return make_tensor_map_3d(map_w, CU_TENSOR_MAP_DATA_TYPE_UINT8, args.w, dims, strides, box,
+                              CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
 }  // namespace
@@ -395,27 +423,9 @@ bool gemm_w4a16_wgmma_available() { return tma_wgmma_built_and_runnable(); }
 // ---------------------------------------------------------------------------------------------
 cudaError_t gemm_w4a16_prepacked_wgmma(const GemmW4A16Args& args, cudaStream_t stream) {
     if (args.m < 1 || !args.prepacked || !gemm_w4a16_wgmma_available()) return cudaErrorNotSupported;
-    if (args.m > INT32_MAX || args.k > INT32_MAX || args.tiles8 > INT32_MAX ||
-        args.chunks > INT32_MAX / kTileRows128)
-        return cudaErrorNotSupported;
-    const int64_t blocks = ceil_div(args.m, kBM) * ceil_div(args.n, kBN);
-    if (!grid_fits(blocks)) return cudaErrorInvalidConfiguration;
-
-    // x: [m rows][k] 16-bit values, boxes of 128 rows x 64 k (one 128-byte swizzle row each).
     CUtensorMap map_x, map_w;
-    cudaError_t err = make_tensor_map_2d(&map_x, CU_TENSOR_MAP_DATA_TYPE_UINT16, args.x, args.m,
-                                         args.k, args.k * 2, kBM, kSwizzleK,
-                                         CU_TENSOR_MAP_SWIZZLE_128B);
+    const cudaError_t err = make_wgmma_maps(args, args.tiles8, &map_x, &map_w);
     if (err != cudaSuccess) return err;
-    // The prepacked weight as bytes: (128 bytes, 4 rows per tile and chunk along a tile row's
-    // chunks, tiles8 tiles) with strides 128 and chunks * 512; a box is one chunk of 16 tiles.
-    const int64_t dims[3] = {kSwizzleBytes, kTileRows128 * args.chunks, args.tiles8};
-    const int64_t strides[2] = {kSwizzleBytes, args.chunks * kPackTileBytes};
-    const int box[3] = {kSwizzleBytes, kTileRows128, kTiles};
-    err = make_tensor_map_3d(&map_w, CU_TENSOR_MAP_DATA_TYPE_UINT8, args.w, dims, strides, box,
-                             CU_TENSOR_MAP_SWIZZLE_128B);
-    if (err != cudaSuccess) return err;
-
     const bool asym = args.zeros != nullptr;
     return dispatch_half_dtype(args.dtype, [&](auto tag) {
         using T = decltype(tag);
@@ -423,8 +433,34 @@ cudaError_t gemm_w4a16_prepacked_wgmma(const GemmW4A16Args& args, cudaStream_t s
             return with_bool(args.qkv.q != nullptr, [&](auto qkv_tag) {
                 constexpr int kMode = decltype(qkv_tag)::value ? kQkvRows : kMoeDense;
                 return launch_wgmma<T, decltype(asym_tag)::value, kMode>(args, map_x, map_w,
-                                                                         blocks, stream);
+                                                                         MoeRows{}, stream);
             });
+        });
+    });
+}
+
+// Expert-grouped: x holds the sorted rows themselves (row_blocks * kWgmmaGroupedRows of them;
+// the caller gathers the tokens' rows for kMoeSwiGLU), the weight map spans every expert's
+// tiles, and each block finds its expert in rows.block_expert.
+cudaError_t gemm_w4a16_prepacked_wgmma_grouped(const GemmW4A16Args& args, MoeMode mode,
+                                               const MoeRows& rows, int64_t row_blocks,
+                                               int64_t experts, cudaStream_t stream) {
+    if (!args.prepacked || !gemm_w4a16_wgmma_available() || !grouped_rows(mode))
+        return cudaErrorNotSupported;
+    if (row_blocks < 1 || experts < 1 || args.tiles8 > INT32_MAX / experts)
+        return cudaErrorInvalidValue;
+    GemmW4A16Args a = args;
+    a.m = row_blocks * kWgmmaGroupedRows;
+    CUtensorMap map_x, map_w;
+    const cudaError_t err = make_wgmma_maps(a, a.tiles8 * experts, &map_x, &map_w);
+    if (err != cudaSuccess) return err;
+    return dispatch_half_dtype(a.dtype, [&](auto tag) {
+        using T = decltype(tag);
+        return with_bool(a.zeros != nullptr, [&](auto asym_tag) {
+            constexpr bool kAsym = decltype(asym_tag)::value;
+            return mode == kMoeSwiGLU
+                       ? launch_wgmma<T, kAsym, kMoeSwiGLU>(a, map_x, map_w, rows, stream)
+                       : launch_wgmma<T, kAsym, kMoeWeighted>(a, map_x, map_w, rows, stream);
         });
     });
 }

@@ -165,7 +165,30 @@ moe_combine_kernel(const float* __restrict__ pair_out, const int32_t* __restrict
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Gather (the Hopper path): rows[r, :] = x[sorted_ids[r] / top_k, :] for the rows that hold a
+// pair, 0 on padding rows; 16-byte vectors (hidden % 32 == 0, x and rows 16-byte aligned).
+// ---------------------------------------------------------------------------------------------
+constexpr int kGatherThreads = 256;
+
+__global__ void __launch_bounds__(kGatherThreads)
+moe_gather_kernel(const uint4* __restrict__ x, const int32_t* __restrict__ sorted_ids,
+                  int64_t rows, int64_t pairs, int top_k, int64_t row_vectors,
+                  uint4* __restrict__ out) {
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * row_vectors;
+         i += int64_t(gridDim.x) * blockDim.x) {
+        const int64_t r = i / row_vectors, v = i % row_vectors;
+        const int64_t pair = sorted_ids[r];
+        out[i] = pair < pairs ? x[pair / top_k * row_vectors + v] : make_uint4(0, 0, 0, 0);
+    }
+}
+
 size_t align256(size_t b) { return (b + 255) / 256 * 256; }
+
+// The grid of the MoE layer's grid-stride loops over `items` threads' work.
+unsigned grid_stride_blocks(int64_t items, int threads) {
+    return unsigned(std::min<int64_t>(ceil_div(items, threads), 8 * std::max(sm_count(), 1)));
+}
 
 }  // namespace
 
@@ -207,7 +230,7 @@ MoePlan moe_plan(int64_t tokens, int64_t hidden, int64_t inter, int64_t experts,
     p.sorted_ids = take(size_t(std::max(max_rows, max_blocks * kMoeBlockRows)) * 4);
     p.block_expert = take(size_t(max_blocks) * 4);
     p.inter_rows = take(size_t(std::max(max_rows, max_blocks * kMoeBlockRows)) * size_t(inter) * 2);
-    p.pair_out = take(size_t(p.pairs) * size_t(hidden) * 4);
+    p.pair_out = take(std::max(size_t(p.pairs) * 4, size_t(max_rows) * 2) * size_t(hidden));
     p.bytes = at;
     return p;
 }
@@ -220,11 +243,10 @@ cudaError_t moe_align(const MoeAlignArgs& a, cudaStream_t stream) {
 }
 
 cudaError_t moe_combine(const MoeCombineArgs& a, cudaStream_t stream) {
-    const int64_t quads = a.tokens * (a.hidden / 4);
-    const int64_t blocks = std::min<int64_t>(ceil_div(quads, kCombineThreads), 8 * std::max(sm_count(), 1));
+    const unsigned blocks = grid_stride_blocks(a.tokens * (a.hidden / 4), kCombineThreads);
     return dispatch_half_dtype(a.dtype, [&](auto tag) {
         using T = decltype(tag);
-        moe_combine_kernel<T><<<unsigned(blocks), kCombineThreads, 0, stream>>>(
+        moe_combine_kernel<T><<<blocks, kCombineThreads, 0, stream>>>(
             a.pair_out, a.ids, a.tokens, a.hidden, int(a.experts), int(a.top_k), static_cast<T*>(a.out));
         return cudaGetLastError();
     });
@@ -290,6 +312,26 @@ cudaError_t run_experts(const MoeExperts& a, int block_rows, Gemm&& gemm, cudaSt
 }
 
 }  // namespace
+
+cudaError_t moe_experts_wgmma(const MoeExperts& a, cudaStream_t stream) {
+    const MoePlan& p = a.plan;
+    // pair_out is free until the down GEMM: the gate+up GEMM reads the gathered rows from there.
+    void* x_rows = a.workspace + p.pair_out;
+    const int64_t experts = p.experts;
+    return run_experts(a, kWgmmaGroupedRows, [&](GemmW4A16Args g, MoeMode mode, const MoeRows& rows,
+                                                 int64_t blocks) {
+        if (mode == kMoeSwiGLU) {
+            const int64_t row_count = blocks * kWgmmaGroupedRows, row_vectors = p.hidden * 2 / 16;
+            moe_gather_kernel<<<grid_stride_blocks(row_count * row_vectors, kGatherThreads),
+                                kGatherThreads, 0, stream>>>(
+                static_cast<const uint4*>(g.x), rows.sorted_ids, row_count, p.pairs,
+                int(p.top_k), row_vectors, static_cast<uint4*>(x_rows));
+            if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+            g.x = x_rows;
+        }
+        return gemm_w4a16_prepacked_wgmma_grouped(g, mode, rows, blocks, experts, stream);
+    }, stream);
+}
 
 cudaError_t moe_experts_stream(const MoeExperts& a, cudaStream_t stream) {
     return run_experts(a, kMoeBlockRows, [&](const GemmW4A16Args& g, MoeMode mode, const MoeRows& rows,

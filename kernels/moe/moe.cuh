@@ -26,8 +26,11 @@ cudaError_t moe_route(const MoeRouteArgs& a, cudaStream_t stream);
 // The workspace of one layer call: where each piece lives, from the sizes alone (no data).
 // Rows are the expert-sorted pairs padded per expert to a multiple of the grouped GEMM's rows
 // per block: at most pairs + min(experts, pairs) * (block_rows - 1), rounded up to a block. The regions
-// are sized for the largest block (kMoeMaxBlockRows) so that either path fits.
+// are sized for the largest block (kMoeMaxBlockRows) so that every path fits. pair_out also
+// holds, until the down GEMM writes it, the Hopper path's gathered token rows ([max rows,
+// hidden] dtype, moe_experts_wgmma).
 constexpr int kMoeMaxBlockRows = 128;
+static_assert(kMoeMaxBlockRows == kWgmmaGroupedRows, "the Hopper path's blocks are the largest");
 struct MoePlan {
     int64_t tokens, hidden, inter, experts, top_k, pairs;
     ck_dtype_t dtype;
@@ -48,7 +51,8 @@ MoePlan moe_plan(int64_t tokens, int64_t hidden, int64_t inter, int64_t experts,
 // The layer after routing: ids and weights [pairs] (given or routed), the weights, the output
 // and the workspace. moe_experts_stream groups the pairs in blocks of 16 rows for the
 // weight-streaming kernel (a few rows per expert: decode); moe_experts_tc in blocks of 64 or
-// 128 for the tensor-core kernel. Both then run gate+up (SwiGLU), down (weighted) and combine.
+// 128 for the tensor-core kernel, moe_experts_wgmma in blocks of 128 for the Hopper one. Each
+// then runs gate+up (SwiGLU), down (weighted) and combine.
 struct MoeExperts {
     MoePlan plan;
     int64_t group_size;  // as the caller gave it (CK_GROUP_ROW or 32, 64, 128)
@@ -66,6 +70,9 @@ struct MoeExperts {
 };
 cudaError_t moe_experts_stream(const MoeExperts& a, cudaStream_t stream);
 cudaError_t moe_experts_tc(const MoeExperts& a, cudaStream_t stream);
+// The Hopper path (gemm_w4a16_wgmma_available()): blocks of kWgmmaGroupedRows rows; the tokens'
+// rows are first gathered in sorted order (the tensor maps read contiguous rows).
+cudaError_t moe_experts_wgmma(const MoeExperts& a, cudaStream_t stream);
 
 // Groups the pairs by expert (one block): sorted_ids[r] = pair id t * top_k + j of row r,
 // `pairs` on padding rows; block_expert[b] = the expert of rows b * block_rows ..., or -1

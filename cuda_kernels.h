@@ -428,10 +428,12 @@ CK_API ck_status_t ck_w4a16_prepack(const uint8_t* w_packed, const void* scales,
 /* ck_gemm_w4a16 on a weight prepared by ck_w4a16_prepack (with the same n, k, group_size and
  * mode): out[M, N] = act(x[M, K] w'[N, K]^T + bias[N]). For M <= 16 a weight-streaming kernel
  * keeps a deep pipeline of weight bytes in flight; larger M runs tensor-core tiles (sm_80+:
- * mma.sync; M > 64 on compute capability 9.0: wgmma fed by TMA).
+ * mma.sync; M > 64 on compute capability 9.0: wgmma fed by TMA, in blocks of 128 or, where
+ * that still fills the GPU, 256 rows of x).
  * CK_GEMM_W4A16_KERNEL forces a variant: "small_m" (M <= 16, sm_80+), "tc" (sm_80+),
  * "wgmma" (M > 64 on a compute capability 9.0 GPU, M and K below 2^31), "reference" or "auto"
- * (a variant that cannot serve the call returns CK_STATUS_UNSUPPORTED).
+ * (a variant that cannot serve the call returns CK_STATUS_UNSUPPORTED); CK_GEMM_W4A16_WGMMA_ROWS
+ * (128 or 256) forces the wgmma kernel's block rows (for tests and benchmarks).
  * Requirements: as ck_gemm_w4a16; w_prepacked, scales_prepacked and zeros_prepacked 16-byte
  * aligned. out must not overlap x, the weight, its scales and zeros or the bias. */
 CK_API ck_status_t ck_gemm_w4a16_prepacked(const void* x, ck_dtype_t dtype,
@@ -832,8 +834,9 @@ CK_API ck_status_t ck_moe_workspace_size(const ck_moe_params_t* params, size_t* 
  * 65535 * 16 = 1048560 row slots (else CK_STATUS_UNSUPPORTED). The expert GEMMs' kernel is
  * chosen from the sizes: "stream" (weight streaming) up to 16 rows per expert on average,
  * ceil(T k / min(E, T k)); "tc" (mma.sync tiles) above; "wgmma" (Hopper, compute capability
- * 9.0) above 64. The environment variable CK_MOE_KERNEL (auto, wgmma, tc, stream) forces one,
- * as CK_GEMM_W4A16_KERNEL does. */
+ * 9.0) above 64, in blocks of 128 rows up to 128 rows per expert and of 256 beyond. The
+ * environment variable CK_MOE_KERNEL (auto, wgmma, tc, stream) forces one, as
+ * CK_GEMM_W4A16_KERNEL does. */
 CK_API ck_status_t ck_moe_forward(const ck_moe_params_t* params, void* workspace,
                                   size_t workspace_bytes, ck_stream_t stream);
 

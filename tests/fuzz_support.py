@@ -1027,7 +1027,7 @@ def kn_layout(args):
 # expert's padded to a whole block, at most 65535 blocks (CK_STATUS_UNSUPPORTED beyond); its
 # workspace's regions are sized for blocks of up to 128 rows.
 MOE_MAX_EXPERTS, MOE_MAX_TOP_K, MOE_MAX_PAIRS, MOE_MAX_FEATURES = 1024, 32, 2**40, 2**24
-MOE_BLOCK_ROWS, MOE_MAX_BLOCK_ROWS, MOE_MAX_BLOCKS = 16, 128, 65535
+MOE_BLOCK_ROWS, MOE_MAX_BLOCK_ROWS, MOE_MAX_BLOCKS = 16, 256, 65535
 
 
 def moe_prepacked_bytes(experts, n, k):
@@ -1129,9 +1129,10 @@ MOE_SIZE_RULES = (moe_pairs, multiple_of("hidden", 32, lambda a: a["hidden"] <= 
 
 def moe_workspace_bytes(params):
     """ck_moe_workspace_size's answer for the fields of a ck_moe_params_t, or None where it
-    rejects them: the ids and weights of the pairs, the sorted pair ids (for the larger of 128-row
+    rejects them: the ids and weights of the pairs, the sorted pair ids (for the larger of 256-row
     and 16-row blocks), the blocks' experts, the activations between the projections (2 bytes
-    per value) and the pairs' float32 outputs, each region rounded up to 256 bytes."""
+    per value) and the pairs' float32 outputs (a region that first holds the gathered 256-row
+    blocks' activations, 2 bytes per value), each region rounded up to 256 bytes."""
     if params is None or MOE_PARAMS_SIZES.violations("params", "params", {"params": params}):
         return None
     pairs = params["tokens"] * params["top_k"]
@@ -1139,7 +1140,7 @@ def moe_workspace_bytes(params):
     blocks = _moe_blocks(pairs, params["experts"], MOE_BLOCK_ROWS)
     rows = max(tiles, blocks * MOE_BLOCK_ROWS)
     regions = (pairs * 4, pairs * 4, rows * 4, blocks * 4, rows * params["intermediate"] * 2,
-               pairs * params["hidden"] * 4)
+               max(pairs * 4, tiles * 2) * params["hidden"])
     return sum(-(-region // 256) * 256 for region in regions)
 
 

@@ -526,10 +526,10 @@ MOE_TOKENS_TOP = 520
 # The expert GEMMs run the streaming kernel in blocks of 16 rows while the experts that have
 # rows get at most 16 on average (ceil(T k / min(E, T k))), the tensor-core kernel beyond, in
 # blocks of 64 rows up to 64 per expert and of 128 above, and on Hopper the wgmma kernel in
-# blocks of 128 above 64: the averages around those sizes.
+# blocks of 128 above 64 and of 256 above 128: the averages around those sizes.
 MOE_STREAM_ROWS = 16
 MOE_WGMMA_ROWS = 64
-MOE_ROWS_PER_EXPERT = (1, 2, 15, 16, 17, 63, 64, 65, 127, 128, 129)
+MOE_ROWS_PER_EXPERT = (1, 2, 15, 16, 17, 63, 64, 65, 127, 128, 129, 255, 256, 257)
 # The caller's ids: distinct per token (a router's), drawn with repetition (a token's pairs may
 # name one expert twice), every pair on one expert, or some outside [0, E) (the header: such a
 # pair contributes nothing).

@@ -601,10 +601,11 @@ def test_forward_large(dtype, shape, sm80, seed):
 
 # Every expert kernel forced, on shapes that all of them serve (more than 64 rows per expert:
 # stream serves any, tc more than 16, wgmma more than 64): H = 160 and I = 96 (partial 128-k
-# chunks, a partial last tile of columns in both GEMMs), one expert, 64 experts with 104 rows
-# each on average, some experts idle.
+# chunks, a partial last tile of columns in both GEMMs; 150 rows per expert, wgmma's 256-row
+# blocks), one expert, 64 experts with 104 rows each on average, some experts idle, 300 rows
+# per expert with a down GEMM of three 128-k chunks.
 EACH_KERNEL_SHAPES = [(300, 384, 384, 8, 2), (128, 128, 256, 1, 1), (200, 160, 96, 4, 3),
-                      (1100, 128, 128, 64, 6)]
+                      (1100, 128, 128, 64, 6), (600, 128, 384, 4, 2)]
 MOE_KERNELS = ("stream", "tc", "wgmma")
 
 

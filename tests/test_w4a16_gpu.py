@@ -478,6 +478,30 @@ def test_forced_tc_on_the_plain_layout_is_unsupported(kernel, m, monkeypatch, se
     assert_forced_variant_unsupported(call, KERNEL_ENV, kernel, must_say="prepacked")
 
 
+# The wgmma kernel's two block shapes (128 or 256 rows of x), forced: K of 1 to 8 chunks (96,
+# 128, 256, 384, 1024: the steps of one chunk still in flight while the next is dequantized),
+# partial tiles in M and N, every group size, both modes. Its automatic choice takes 256 only
+# on large outputs (test_gemm_w4a16_large).
+WGMMA_ROWS_ENV = "CK_GEMM_W4A16_WGMMA_ROWS"
+WGMMA_TILE_SHAPES = [(300, 128, 256), (512, 128, 384), (700, 136, 1024), (65, 1000, 96),
+                     (1792, 128, 256), (257, 512, 128)]
+
+
+@pytest.mark.parametrize("mode", ref.INT4_MODES)
+@pytest.mark.parametrize("group_size", ref.INT4_GROUP_SIZES, ids=lambda g: GROUP_IDS[g])
+@pytest.mark.parametrize("shape", [s for s in WGMMA_TILE_SHAPES if small_enough(*s)], ids=shape_id)
+@pytest.mark.parametrize("rows", [128, 256])
+def test_wgmma_block_rows(rows, shape, group_size, mode, monkeypatch, seed):
+    use_variant(monkeypatch, ("packed", "wgmma"), shape[0])
+    monkeypatch.setenv(WGMMA_ROWS_ENV, str(rows))
+    rng = np.random.default_rng(seed)
+    dtype = ref.W4A16_DTYPES[(WGMMA_TILE_SHAPES.index(shape) + rows // 128) % 2]
+    call = make_call(rng, shape, dtype, mode, group_size, "codes", bias=True, activation="none",
+                     prepacked=True)
+    call.launch()
+    call.check(f"wgmma {rows} rows, {dtype}, seed={seed}")
+
+
 @pytest.mark.parametrize("m", [1, 16, 64])
 def test_forced_wgmma_up_to_64_rows_is_unsupported(m, monkeypatch, seed):
     """wgmma serves m > 64 only: forced on a prepacked weight with fewer rows,

@@ -155,6 +155,15 @@ template <int kN> __device__ __forceinline__ void wgmma_fence_operands(float (&d
     for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+// The same for A fragments in registers. ptxas treats a wgmma's register operands as read when
+// the instruction issues, while the tensor cores read them later: fenced here after the
+// wgmma_wait that retires their wgmma, they stay allocated (live) until then, so that no other
+// value (a temporary, the next fragment) is written into them while they are still to be read.
+template <int kN> __device__ __forceinline__ void wgmma_fence_operands(uint32_t (&a)[kN]) {
+#pragma unroll
+    for (int i = 0; i < kN; ++i) asm volatile("" : "+r"(a[i])::"memory");
+}
+
 // wgmma.commit_group.sync.aligned: closes the group of wgmmas issued since the last commit.
 __device__ __forceinline__ void wgmma_commit() {
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
@@ -180,6 +189,12 @@ __device__ __forceinline__ uint64_t wgmma_descriptor(const void* tile,
     return uint64_t((shared_address(tile) & 0x3FFFF) >> 4) |
            (uint64_t((leading_bytes >> 4) & 0x3FFF) << 16) |
            (uint64_t((stride_bytes >> 4) & 0x3FFF) << 32) | (uint64_t(swizzle) << 62);
+}
+
+// The descriptor of the tile `bytes` further on (bytes a multiple of 16): its start address
+// field plus bytes / 16, with no carry out of the field (shared addresses stay below 2^18).
+__device__ __forceinline__ uint64_t wgmma_descriptor_advance(uint64_t desc, uint32_t bytes) {
+    return desc + (bytes >> 4);
 }
 
 // The accumulator operands of a wgmma, written once for every shape. CK_WGMMA_ACC_n(X, c) expands
@@ -232,33 +247,42 @@ __device__ __forceinline__ void wgmma_m64n256k32_s8(int32_t (&d)[128], uint64_t 
     CK_WGMMA_SS("m64n256k32.s32.s8.s8", CK_WGMMA_ACC_128, "+r", "128", "129", "130", "");
 }
 
-// wgmma.mma_async.sync.aligned.m64n128k16.f32.{f16,bf16}.{f16,bf16} with A from registers: d
-// (64 x 128 float32 accumulators, 64 per thread, in the layout of wgmma_m64n128k32_s8) += A (64
-// x 16, a[0..3]) x B^T (B: 128 x 16, K-major in shared memory, desc_b). A's fragment is the
-// mma.sync m16n8k16 A fragment of each warp's 16 rows: warp w of the warpgroup holds rows
-// 16 w .. 16 w + 15; with g = lane / 4, t = lane % 4 (lower k in the low half of a register):
+// wgmma.mma_async.sync.aligned.m64nNk16.f32.{f16,bf16}.{f16,bf16} with A from registers, N =
+// 128 or 256: d (64 x N float32 accumulators, N / 2 per thread, in the layout of
+// wgmma_m64n128k32_s8) += A (64 x 16, a[0..3]) x B^T (B: N x 16, K-major in shared memory,
+// desc_b). A's fragment is the mma.sync m16n8k16 A fragment of each warp's 16 rows: warp w of
+// the warpgroup holds rows 16 w .. 16 w + 15; with g = lane / 4, t = lane % 4 (lower k in the low
+// half of a register):
 //   a[0]: A[16w + g][2t, 2t + 1]        a[1]: A[16w + g + 8][2t, 2t + 1]
 //   a[2]: A[16w + g][2t + 8, 2t + 9]    a[3]: A[16w + g + 8][2t + 8, 2t + 9]
 // The registers of a are read asynchronously: they must not change until a wgmma_wait covers
 // this wgmma, and a wgmma_fence must separate their writes from it. accumulate = 0 overwrites d.
-#define CK_WGMMA_RS_128(kind)                                                                     \
+// The operand numbers after the accumulators (a, desc_b, accumulate) are given as strings.
+#define CK_WGMMA_RS(kind, acc, n_a0, n_a1, n_a2, n_a3, n_desc, n_accumulate)                      \
     asm volatile("{\n.reg .pred p;\n"                                                             \
-                 "setp.ne.b32 p, %69, 0;\n"                                                      \
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." kind                              \
-                 " {%0" CK_WGMMA_ACC_64(CK_WGMMA_NAME, "+f") "}, "                                \
-                 "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"                                    \
-                 : "+f"(d[0]) CK_WGMMA_ACC_64(CK_WGMMA_OPERAND, "+f")                             \
+                 "setp.ne.b32 p, %" n_accumulate ", 0;\n"                                         \
+                 "wgmma.mma_async.sync.aligned." kind " {%0" acc(CK_WGMMA_NAME, "+f") "}, "       \
+                 "{%" n_a0 ", %" n_a1 ", %" n_a2 ", %" n_a3 "}, %" n_desc ", p, 1, 1, 0;\n}\n"    \
+                 : "+f"(d[0]) acc(CK_WGMMA_OPERAND, "+f")                                         \
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate))
 
-template <typename T>
-__device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32_t (&a)[4],
-                                                    uint64_t desc_b, int accumulate) {
+template <typename T, int kN>
+__device__ __forceinline__ void wgmma_m64nk16_rs(float (&d)[kN / 2], const uint32_t (&a)[4],
+                                                 uint64_t desc_b, int accumulate) {
     static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>,
                   "16-bit float operands");
-    if constexpr (std::is_same_v<T, __half>) {
-        CK_WGMMA_RS_128("f16.f16");
+    static_assert(kN == 128 || kN == 256, "N = 128 or 256");
+    constexpr bool kHalf = std::is_same_v<T, __half>;
+    if constexpr (kN == 128 && kHalf) {
+        CK_WGMMA_RS("m64n128k16.f32.f16.f16", CK_WGMMA_ACC_64, "64", "65", "66", "67", "68", "69");
+    } else if constexpr (kN == 128) {
+        CK_WGMMA_RS("m64n128k16.f32.bf16.bf16", CK_WGMMA_ACC_64, "64", "65", "66", "67", "68", "69");
+    } else if constexpr (kHalf) {
+        CK_WGMMA_RS("m64n256k16.f32.f16.f16", CK_WGMMA_ACC_128, "128", "129", "130", "131", "132",
+                    "133");
     } else {
-        CK_WGMMA_RS_128("bf16.bf16");
+        CK_WGMMA_RS("m64n256k16.f32.bf16.bf16", CK_WGMMA_ACC_128, "128", "129", "130", "131",
+                    "132", "133");
     }
 }
 #endif  // CK_SM90A_DEVICE

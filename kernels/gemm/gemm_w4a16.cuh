@@ -166,14 +166,15 @@ __device__ __forceinline__ void store_w4a16_fragment(const Ep& ep, void* out, in
 cudaError_t gemm_w4a16_prepacked_stream_grouped(const GemmW4A16Args& args, MoeMode mode,
                                                 const MoeRows& rows, int64_t blocks,
                                                 int64_t active_experts, cudaStream_t stream);
-// The Hopper kernel grouped (gemm_w4a16_wgmma_available()): blocks of kWgmmaGroupedRows rows,
-// x the sorted rows themselves ([row_blocks * kWgmmaGroupedRows, k]: for kMoeSwiGLU the caller
-// gathers each pair's token row there first; rows.x_div unused), experts the number of experts
-// whose weights follow expert 0's.
-constexpr int kWgmmaGroupedRows = 128;
+// The Hopper kernel grouped (gemm_w4a16_wgmma_available()): blocks of block_rows rows (its two
+// tiles' x rows: kWgmmaNarrowRows or kWgmmaWideRows), x the sorted rows themselves
+// ([row_blocks * block_rows, k]: for kMoeSwiGLU the caller gathers each pair's token row there
+// first; rows.x_div unused), experts the number of experts whose weights follow expert 0's.
+constexpr int kWgmmaNarrowRows = 128, kWgmmaWideRows = 256;
 cudaError_t gemm_w4a16_prepacked_wgmma_grouped(const GemmW4A16Args& args, MoeMode mode,
-                                               const MoeRows& rows, int64_t row_blocks,
-                                               int64_t experts, cudaStream_t stream);
+                                               const MoeRows& rows, int block_rows,
+                                               int64_t row_blocks, int64_t experts,
+                                               cudaStream_t stream);
 // The tensor-core kernel grouped: blocks of 64 or 128 rows (gemm_w4a16_tc_grouped_rows picks
 // one from the expected rows per expert), grid tile columns x row blocks.
 int gemm_w4a16_tc_grouped_rows(int64_t rows_per_expert);

@@ -44,6 +44,8 @@
 // maps in kernels/core/tma.cuh. Kernel bodies exist in the sm_90a pass only (CK_SM90A_DEVICE);
 // the host never launches the empty ones of other targets (gemm_w4a16_wgmma_available()).
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 
 #include "kernels/core/dequant.cuh"
 #include "kernels/core/epilogue.cuh"
@@ -61,38 +63,54 @@ constexpr int kConsumers = 2;                         // consumer warpgroups
 constexpr int kWarpgroupThreads = 128;
 constexpr int kProducerWarp = 4 * kConsumers;         // warp 8, after the consumers: each
                                                       // warpgroup starts at a warp index % 4 == 0
-constexpr int kThreads = kConsumers * kWarpgroupThreads + 32;  // 288
-constexpr int kWgmmaM = 64, kWgmmaN = 128, kWgmmaK = 16;
+// A whole producer warpgroup (its warp 8, lane 0, issues the copies), so that setmaxnreg can
+// move registers from it to the consumers: ptxas sizes a wgmma kernel's register file in whole
+// warpgroups (168 per thread for 3), and the 256-row tile's 128 accumulators per thread need more.
+constexpr int kThreads = (kConsumers + 1) * kWarpgroupThreads;  // 384
+[[maybe_unused]] constexpr int kProducerRegisters = 40;
+[[maybe_unused]] constexpr int kConsumerRegisters = 232;  // (168 * 384 - 40 * 128) / 256
+constexpr int kWgmmaM = 64, kWgmmaK = 16;
 constexpr int kBN = kConsumers * kWgmmaM;             // 128 weight rows (output columns)
-constexpr int kBM = kWgmmaN;                          // 128 x rows (output rows)
-constexpr int kStages = 4;  // 41.5 KB each: 3 chunks in flight while one is multiplied
 constexpr int kChunkK = kPackK;                       // 128 k per stage: one prepacked tile column
 constexpr int kSteps = kChunkK / kWgmmaK;             // 8 wgmma per stage and warpgroup
 constexpr int kSwizzleBytes = 128;                    // TMA / wgmma 128-byte swizzle rows
 constexpr int kSwizzleK = kSwizzleBytes / 2;          // 64 16-bit x values per swizzle row
 constexpr int kXBoxes = kChunkK / kSwizzleK;          // 2 x boxes per stage
-constexpr int kXBoxBytes = kBM * kSwizzleBytes;       // 16 KB
-constexpr int kXStageBytes = kXBoxes * kXBoxBytes;    // 32 KB
 constexpr int kTiles = kBN / kPackRows;               // 16 weight tiles per stage
 constexpr int kTileRows128 = kPackTileBytes / kSwizzleBytes;  // 4 swizzle rows per weight tile
 constexpr int kWStageBytes = kTiles * kPackTileBytes;  // 8 KB
 constexpr int kGroupUnits = kPackK / 32;              // 4: groups a chunk can touch (size 32)
-[[maybe_unused]] constexpr int kTxBytes = kXStageBytes + kWStageBytes;   // TMA bytes per stage
 [[maybe_unused]] constexpr int kFullArrivals = 1;                        // the producer's expect_tx
 [[maybe_unused]] constexpr int kEmptyArrivals = 4 * kConsumers;        // one per consumer warp
 [[maybe_unused]] constexpr int kGroupM = 8;                            // tile rows per rasterization group
-// The 1024 bytes of slack align the tiles to the 128-byte swizzle's period; the barriers last.
-constexpr int kSmemBytes = 1024 + kStages * (kXStageBytes + kWStageBytes) + 2 * kStages * 8;
 
-static_assert(kThreads == 288 && kProducerWarp % 4 == 0, "two consumer warpgroups, then one warp");
+// The block's x rows (output rows, the wgmma's N): 128, or 256 where that still fills the GPU
+// (one A fragment, dequantized once, then feeds twice the multiply-adds), and the stages that
+// fit: 4 of 40 KB (3 chunks in flight while one is multiplied) or 3 of 72 KB.
+template <int kRows> struct WgmmaTile {
+    static constexpr int kBM = kRows;
+    static constexpr int kStages = kRows == 128 ? 4 : 3;
+    static constexpr int kXBoxBytes = kBM * kSwizzleBytes;       // 16 or 32 KB
+    static constexpr int kXStageBytes = kXBoxes * kXBoxBytes;    // 32 or 64 KB
+    static constexpr int kTxBytes = kXStageBytes + kWStageBytes;  // TMA bytes per stage
+    // The 1024 bytes of slack align the tiles to the 128-byte swizzle's period; the barriers last.
+    static constexpr int kSmemBytes = 1024 + kStages * (kXStageBytes + kWStageBytes) + 2 * kStages * 8;
+    static_assert(kRows == 128 || kRows == 256, "wgmma m64n128 or m64n256");
+    static_assert(kXBoxBytes % 1024 == 0, "swizzled tiles keep the 1024-byte alignment");
+    static_assert(kTxBytes < (1 << 20), "an mbarrier's transaction count holds a stage's bytes");
+    static_assert(kSmemBytes <= 227 * 1024, "one CTA per SM");
+};
+using WgmmaNarrow = WgmmaTile<kWgmmaNarrowRows>;
+using WgmmaWide = WgmmaTile<kWgmmaWideRows>;
+
+static_assert(kThreads == 384 && kProducerWarp % 4 == 0, "two consumer warpgroups, then the producer's");
+static_assert(kProducerRegisters * kWarpgroupThreads + kConsumerRegisters * kConsumers *
+                  kWarpgroupThreads <= 168 * kThreads, "setmaxnreg moves registers, never adds");
 static_assert(kWgmmaM == 4 * 2 * kPackRows, "a consumer warp owns two weight tiles (16 rows)");
 static_assert(kSteps == 2 * (kPackK / kPackSliceK), "two wgmma k16 steps per 32-k lane slice");
 static_assert(kGroupUnits == kPackK / kPackSliceK, "ChunkScales holds one entry per 32-k slice");
-static_assert(kXBoxBytes % 1024 == 0 && kWStageBytes % 1024 == 0,
-              "swizzled tiles keep the 1024-byte alignment of the swizzle period");
+static_assert(kWStageBytes % 1024 == 0, "swizzled tiles keep the 1024-byte alignment");
 static_assert(kTileRows128 == 4 && kTiles == 16, "the weight map's box is 128 x 4 x 16 bytes");
-static_assert(kSmemBytes <= 227 * 1024, "one CTA per SM");
-static_assert(kBM == kWgmmaGroupedRows, "a grouped block's rows are one tile row");
 
 // ---------------------------------------------------------------------------------------------
 // Shared memory, and why.
@@ -219,17 +237,20 @@ template <bool kAsym> struct ScaleReader {
     }
 };
 
-template <typename T, bool kAsym, int kMode>
+template <class Tile, typename T, bool kAsym, int kMode>
 __global__ void __launch_bounds__(kThreads, 1)
 gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
                         const __grid_constant__ CUtensorMap map_w, const GemmW4A16Args args,
                         const WgmmaGroups grp, const MoeRows mr) {
 #ifdef CK_SM90A_DEVICE
+    constexpr int kBM = Tile::kBM, kStages = Tile::kStages;
+    constexpr int kXBoxBytes = Tile::kXBoxBytes, kXStageBytes = Tile::kXStageBytes;
     extern __shared__ __align__(1024) uint8_t smem_raw[];
-    // Dynamic shared memory is only guaranteed 16-byte aligned: round up to the swizzle period.
-    uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
-                                               ~uintptr_t(1023));
-    uint8_t* x_stages = smem;                                  // [kStages][2][128][128 B]
+    // Dynamic shared memory is only guaranteed 16-byte aligned: round up to the swizzle period,
+    // as an offset into smem_raw, so that the compiler still knows every pointer below is shared
+    // (ld.shared rather than generic loads).
+    uint8_t* smem = smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023);
+    uint8_t* x_stages = smem;                                  // [kStages][2][kBM][128 B]
     uint8_t* w_stages = x_stages + kStages * kXStageBytes;     // [kStages][16 tiles][512 B]
     uint64_t* full = reinterpret_cast<uint64_t*>(w_stages + kStages * kWStageBytes);
     uint64_t* empty = full + kStages;
@@ -257,9 +278,11 @@ gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
     }
     __syncthreads();
 
-    if (warp == kProducerWarp) {
-        // ---- Producer: lane 0 issues every copy ----
-        if (lane != 0) return;
+    if (warp >= kProducerWarp) {
+        // ---- Producer: warp 8's lane 0 issues every copy; the warpgroup's registers go to the
+        // consumers first ----
+        setmaxnreg_dec<kProducerRegisters>();
+        if (warp != kProducerWarp || lane != 0) return;
         prefetch_tensor_map(&map_x);
         prefetch_tensor_map(&map_w);
         const int64_t tile0 = expert_tile0 + n0 / kPackRows;  // the block's first weight tile
@@ -267,7 +290,7 @@ gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
         uint32_t round = 0;
         for (int kc = 0; kc < chunks; ++kc) {
             mbar_wait(&empty[stage], (round & 1) ^ 1);  // the first round finds it free
-            mbar_arrive_expect_tx(&full[stage], kTxBytes);
+            mbar_arrive_expect_tx(&full[stage], Tile::kTxBytes);
             uint8_t* xs = x_stages + stage * kXStageBytes;
 #pragma unroll
             for (int b = 0; b < kXBoxes; ++b)
@@ -284,6 +307,7 @@ gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
     }
 
     // ---- Consumers: warpgroup c, warp w of it, lane (g, t) ----
+    setmaxnreg_inc<kConsumerRegisters>();
     const int c = warp / 4, w = warp % 4;
     const int g = lane / 4, t = lane % 4;
     const int tile_a = 8 * c + 2 * w;  // T0; T1 = T0 + 1 (see "A fragments")
@@ -292,16 +316,20 @@ gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
     ChunkScales<kAsym> next;
     reader.load(0, next);
 
-    float acc[kWgmmaN / 2];  // 64 x 128 float32 over the warpgroup
+    float acc[kBM / 2];  // 64 x kBM float32 over the warpgroup
 #pragma unroll
-    for (int i = 0; i < kWgmmaN / 2; ++i) acc[i] = 0.f;
+    for (int i = 0; i < kBM / 2; ++i) acc[i] = 0.f;
+
+    // Step q's A fragment, in the same registers in every chunk and live from its wgmma until
+    // the wait that retires it (wgmma_fence_operands): a wgmma reads them after it issues.
+    uint32_t a[kSteps][4] = {};
 
     int stage = 0;
     uint32_t round = 0;
     int prev_stage = -1;
     for (int kc = 0; kc < chunks; ++kc) {
         mbar_wait(&full[stage], round & 1);
-        const uint8_t* xs = x_stages + stage * kXStageBytes;
+        const uint64_t x_desc = wgmma_descriptor(x_stages + stage * kXStageBytes);
         const uint8_t* ws = w_stages + stage * kWStageBytes;
         const ChunkScales<kAsym> cur = next;
         wgmma_fence_operands(acc);
@@ -318,27 +346,27 @@ gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int q = 2 * s + h;
-                const uint32_t a[4] = {
-                    Dequant<Int4Zp, T>::pair(word(v0, 2 * h) >> shift, b0),
-                    Dequant<Int4Zp, T>::pair(word(v1, 2 * h) >> shift, b1),
-                    Dequant<Int4Zp, T>::pair(word(v0, 2 * h + 1) >> shift, b0),
-                    Dequant<Int4Zp, T>::pair(word(v1, 2 * h + 1) >> shift, b1),
-                };
+                // At most kSteps - 1 wgmmas stay in flight (one group per step): step q of the
+                // previous chunk, the last reader of a[q], is done. The tensor cores keep the
+                // other seven queued while this one is dequantized, never drained to zero as a
+                // wait for all of them at each chunk would.
+                wgmma_wait<kSteps - 1>();
+                wgmma_fence_operands(a[q]);
+                a[q][0] = Dequant<Int4Zp, T>::pair(word(v0, 2 * h) >> shift, b0);
+                a[q][1] = Dequant<Int4Zp, T>::pair(word(v1, 2 * h) >> shift, b1);
+                a[q][2] = Dequant<Int4Zp, T>::pair(word(v0, 2 * h + 1) >> shift, b0);
+                a[q][3] = Dequant<Int4Zp, T>::pair(word(v1, 2 * h + 1) >> shift, b1);
                 // The A registers were just written: fence them before the wgmma reads them.
                 wgmma_fence();
-                wgmma_m64n128k16_rs<T>(
-                    acc, a,
-                    wgmma_descriptor(xs + (q / 4) * kXBoxBytes + (q % 4) * (kWgmmaK * 2)), 1);
-                wgmma_commit();  // one group per step: the wait below counts steps
+                wgmma_m64nk16_rs<T, kBM>(
+                    acc, a[q],
+                    wgmma_descriptor_advance(x_desc, (q / 4) * kXBoxBytes + (q % 4) * (kWgmmaK * 2)),
+                    1);
+                wgmma_commit();
             }
         }
         wgmma_fence_operands(acc);
-        // At most kSteps - 1 of this warpgroup's wgmmas stay in flight: the previous chunk's
-        // are done (its stage may be refilled) and so is this chunk's first (the next chunk's
-        // first A registers may be written). The tensor cores keep the other seven queued
-        // while this warpgroup dequantizes the next chunk: never drained to zero, as a wait
-        // for all of them at each chunk would.
-        wgmma_wait<kSteps - 1>();
+        // The last step's wait retired the previous chunk's last wgmma: its stage may be refilled.
         if (prev_stage >= 0) {
             __syncwarp();
             if (lane == 0) mbar_arrive(&empty[prev_stage]);
@@ -352,6 +380,8 @@ gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
     }
     wgmma_wait<0>();
     wgmma_fence_operands(acc);
+#pragma unroll
+    for (int q = 0; q < kSteps; ++q) wgmma_fence_operands(a[q]);  // live until every wgmma is done
 
     // ---- Epilogue (as the tc kernel's). Lane (g, t) holds out[rows 2t, 2t + 1] of column g
     // (acc[4j], acc[4j + 1]) and column g + 8 (acc[4j + 2], acc[4j + 3]) of each 8-row block j:
@@ -364,7 +394,7 @@ gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
     for (int i = 0; i < 4; ++i)
         bv[i] = !grouped_rows(kMode) ? ep.bias_at(col + (i & 1) + 8 * (i >> 1)) : 0.f;
 #pragma unroll
-    for (int j = 0; j < kWgmmaN / 8; ++j) {
+    for (int j = 0; j < kBM / 8; ++j) {
         const int64_t row = m0 + 8 * j + 2 * t + (odd ? 1 : 0);
         store_w4a16_fragment<T, kMode>(ep, args.out, args.m, args.n, mr, row, col, g, odd,
                                        acc + 4 * j, bv);
@@ -375,31 +405,31 @@ gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
 // ---------------------------------------------------------------------------------------------
 // Launch
 // ---------------------------------------------------------------------------------------------
-template <typename T, bool kAsym, int kMode>
+template <class Tile, typename T, bool kAsym, int kMode>
 cudaError_t launch_wgmma(const GemmW4A16Args& a, const CUtensorMap& map_x,
                          const CUtensorMap& map_w, const MoeRows& rows, cudaStream_t stream) {
-    const int64_t blocks = ceil_div(a.m, kBM) * ceil_div(a.n, kBN);
+    const int64_t blocks = ceil_div(a.m, Tile::kBM) * ceil_div(a.n, kBN);
     if (!grid_fits(blocks)) return cudaErrorInvalidConfiguration;
-    auto kernel = gemm_w4a16_wgmma_kernel<T, kAsym, kMode>;
+    auto kernel = gemm_w4a16_wgmma_kernel<Tile, T, kAsym, kMode>;
     static std::atomic<uint64_t> opted_in{0};
-    const cudaError_t e = allow_dynamic_smem_once(kernel, kSmemBytes, opted_in);
+    const cudaError_t e = allow_dynamic_smem_once(kernel, Tile::kSmemBytes, opted_in);
     if (e != cudaSuccess) return e;
-    kernel<<<unsigned(blocks), kThreads, kSmemBytes, stream>>>(map_x, map_w, a,
-                                                                wgmma_groups(a.group_shift), rows);
+    kernel<<<unsigned(blocks), kThreads, Tile::kSmemBytes, stream>>>(
+        map_x, map_w, a, wgmma_groups(a.group_shift), rows);
     return cudaGetLastError();
 }
 
-// The tensor maps of a call: x [m rows][k] 16-bit values, boxes of 128 rows x 64 k (one
-// 128-byte swizzle row each); the prepacked weight as bytes, (128 bytes, 4 rows per tile and
-// chunk along a tile row's chunks, `tiles` tiles) with strides 128 and chunks * 512, a box one
-// chunk of 16 tiles. tiles: the weight's tiles8, or all experts' (grouped).
-cudaError_t make_wgmma_maps(const GemmW4A16Args& args, int64_t tiles, CUtensorMap* map_x,
-                            CUtensorMap* map_w) {
+// The tensor maps of a call: x [m rows][k] 16-bit values, boxes of box_rows (the tile's kBM)
+// rows x 64 k (one 128-byte swizzle row each); the prepacked weight as bytes, (128 bytes, 4 rows
+// per tile and chunk along a tile row's chunks, `tiles` tiles) with strides 128 and chunks * 512,
+// a box one chunk of 16 tiles. tiles: the weight's tiles8, or all experts' (grouped).
+cudaError_t make_wgmma_maps(const GemmW4A16Args& args, int box_rows, int64_t tiles,
+                            CUtensorMap* map_x, CUtensorMap* map_w) {
     if (args.m > INT32_MAX || args.k > INT32_MAX || tiles > INT32_MAX ||
         args.chunks > INT32_MAX / kTileRows128)
         return cudaErrorNotSupported;
     const cudaError_t err = make_tensor_map_2d(map_x, CU_TENSOR_MAP_DATA_TYPE_UINT16, args.x,
-                                               args.m, args.k, args.k * 2, kBM, kSwizzleK,
+                                               args.m, args.k, args.k * 2, box_rows, kSwizzleK,
                                                CU_TENSOR_MAP_SWIZZLE_128B);
     if (err != cudaSuccess) return err;
     const int64_t dims[3] = {kSwizzleBytes, kTileRows128 * args.chunks, tiles};
@@ -409,6 +439,23 @@ cudaError_t make_wgmma_maps(const GemmW4A16Args& args, int64_t tiles, CUtensorMa
                               CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
+// Whether blocks of 256 x rows beat blocks of 128 on an m x n output: each SM runs
+// ceil(blocks / SMs) blocks in turn, a wide one taking kWideRowCost times as long per row (one
+// dequantized A fragment feeds twice the multiply-adds); ties stay narrow.
+// CK_GEMM_W4A16_WGMMA_ROWS=128 or 256 (cuda_kernels.h) decides instead.
+constexpr double kWideRowCost = 0.85;  // 0.69-0.78 measured on the H100 (benchmarks/NOTES.md)
+bool wgmma_wide_pays(int64_t m, int64_t n) {
+    if (const char* force = std::getenv("CK_GEMM_W4A16_WGMMA_ROWS")) {
+        if (std::strcmp(force, "256") == 0) return true;
+        if (std::strcmp(force, "128") == 0) return false;
+    }
+    const int64_t sms = std::max(sm_count(), 1), tiles_n = ceil_div(n, int64_t(kBN));
+    auto busiest = [&](int rows) {  // the rows the busiest SM runs
+        return double(ceil_div(ceil_div(m, int64_t(rows)) * tiles_n, sms)) * rows;
+    };
+    return busiest(WgmmaWide::kBM) * kWideRowCost < busiest(WgmmaNarrow::kBM);
+}
+
 }  // namespace
 
 bool gemm_w4a16_wgmma_available() { return tma_wgmma_built_and_runnable(); }
@@ -416,51 +463,67 @@ bool gemm_w4a16_wgmma_available() { return tma_wgmma_built_and_runnable(); }
 // ---------------------------------------------------------------------------------------------
 // Launcher (arguments validated by cuda_kernels.cu; the variant's predicate also asks m, k and
 // tiles8 below 2^31, which TMA's 32-bit coordinates need, and checked again here).
-// ptxas (CUDA 13.0, sm_90a, 288 threads: a cap of 224 registers): 152 registers symmetric, 166
-// asymmetric, fp16 and bf16 alike, no spills, no wgmma serialization (C7514 appeared until the
-// accumulators were fenced around each stage, wgmma_fence_operands; C7513 while the scales'
+// ptxas (CUDA 13.0, sm_90a, 384 threads: 168 registers, the consumers raised to 232 by
+// setmaxnreg): no spills, no wgmma serialization for either tile (C7512, "insufficient register
+// resources", and spills while the 256-row tile had 288 threads and no setmaxnreg; C7514 until
+// the accumulators were fenced around each stage, wgmma_fence_operands; C7513 while the scales'
 // slice-to-group selects sat between the wgmmas: ChunkScales keeps them per slice).
 // ---------------------------------------------------------------------------------------------
 cudaError_t gemm_w4a16_prepacked_wgmma(const GemmW4A16Args& args, cudaStream_t stream) {
     if (args.m < 1 || !args.prepacked || !gemm_w4a16_wgmma_available()) return cudaErrorNotSupported;
+    // The fused Q/K/V projection stays on 128-row blocks: its epilogue's per-row loads (positions,
+    // cos/sin, bias) made the 256-row blocks slower from 2048 tokens (Llama-3-8B: 400 against
+    // 312 us at 2048, 1645 against 1356 at 8192; benchmarks/NOTES.md).
+    const bool wide = args.qkv.q == nullptr && wgmma_wide_pays(args.m, args.n);
     CUtensorMap map_x, map_w;
-    const cudaError_t err = make_wgmma_maps(args, args.tiles8, &map_x, &map_w);
+    const cudaError_t err = make_wgmma_maps(args, wide ? WgmmaWide::kBM : WgmmaNarrow::kBM,
+                                            args.tiles8, &map_x, &map_w);
     if (err != cudaSuccess) return err;
     const bool asym = args.zeros != nullptr;
     return dispatch_half_dtype(args.dtype, [&](auto tag) {
         using T = decltype(tag);
         return with_bool(asym, [&](auto asym_tag) {
+            constexpr bool kAsym = decltype(asym_tag)::value;
             return with_bool(args.qkv.q != nullptr, [&](auto qkv_tag) {
                 constexpr int kMode = decltype(qkv_tag)::value ? kQkvRows : kMoeDense;
-                return launch_wgmma<T, decltype(asym_tag)::value, kMode>(args, map_x, map_w,
+                return wide ? launch_wgmma<WgmmaWide, T, kAsym, kMode>(args, map_x, map_w,
+                                                                       MoeRows{}, stream)
+                            : launch_wgmma<WgmmaNarrow, T, kAsym, kMode>(args, map_x, map_w,
                                                                          MoeRows{}, stream);
             });
         });
     });
 }
 
-// Expert-grouped: x holds the sorted rows themselves (row_blocks * kWgmmaGroupedRows of them;
-// the caller gathers the tokens' rows for kMoeSwiGLU), the weight map spans every expert's
-// tiles, and each block finds its expert in rows.block_expert.
+// Expert-grouped: x holds the sorted rows themselves (row_blocks * block_rows of them; the
+// caller gathers the tokens' rows for kMoeSwiGLU), the weight map spans every expert's tiles,
+// and each block finds its expert in rows.block_expert.
 cudaError_t gemm_w4a16_prepacked_wgmma_grouped(const GemmW4A16Args& args, MoeMode mode,
-                                               const MoeRows& rows, int64_t row_blocks,
-                                               int64_t experts, cudaStream_t stream) {
+                                               const MoeRows& rows, int block_rows,
+                                               int64_t row_blocks, int64_t experts,
+                                               cudaStream_t stream) {
     if (!args.prepacked || !gemm_w4a16_wgmma_available() || !grouped_rows(mode))
         return cudaErrorNotSupported;
-    if (row_blocks < 1 || experts < 1 || args.tiles8 > INT32_MAX / experts)
+    const bool wide = block_rows == kWgmmaWideRows;
+    if ((!wide && block_rows != kWgmmaNarrowRows) || row_blocks < 1 || experts < 1 ||
+        args.tiles8 > INT32_MAX / experts)
         return cudaErrorInvalidValue;
     GemmW4A16Args a = args;
-    a.m = row_blocks * kWgmmaGroupedRows;
+    a.m = row_blocks * block_rows;
     CUtensorMap map_x, map_w;
-    const cudaError_t err = make_wgmma_maps(a, a.tiles8 * experts, &map_x, &map_w);
+    const cudaError_t err = make_wgmma_maps(a, block_rows, a.tiles8 * experts, &map_x, &map_w);
     if (err != cudaSuccess) return err;
     return dispatch_half_dtype(a.dtype, [&](auto tag) {
         using T = decltype(tag);
         return with_bool(a.zeros != nullptr, [&](auto asym_tag) {
             constexpr bool kAsym = decltype(asym_tag)::value;
-            return mode == kMoeSwiGLU
-                       ? launch_wgmma<T, kAsym, kMoeSwiGLU>(a, map_x, map_w, rows, stream)
-                       : launch_wgmma<T, kAsym, kMoeWeighted>(a, map_x, map_w, rows, stream);
+            return with_bool(wide, [&](auto wide_tag) {
+                using Tile = std::conditional_t<decltype(wide_tag)::value, WgmmaWide, WgmmaNarrow>;
+                return mode == kMoeSwiGLU
+                           ? launch_wgmma<Tile, T, kAsym, kMoeSwiGLU>(a, map_x, map_w, rows, stream)
+                           : launch_wgmma<Tile, T, kAsym, kMoeWeighted>(a, map_x, map_w, rows,
+                                                                       stream);
+            });
         });
     });
 }

@@ -313,15 +313,23 @@ cudaError_t run_experts(const MoeExperts& a, int block_rows, Gemm&& gemm, cudaSt
 
 }  // namespace
 
+// Blocks of 256 rows cost about 0.75 of 128-row blocks per row (one dequantized A fragment feeds
+// twice the multiply-adds: 0.69-0.78 on the dense layers, benchmarks/NOTES.md) but pad each
+// expert by 128 rows more on average: (r + 128) 0.75 < r + 64 from r > 128 rows per expert.
+int moe_wgmma_block_rows(const MoePlan& p) {
+    return p.rows_per_expert() > kWgmmaNarrowRows ? kWgmmaWideRows : kWgmmaNarrowRows;
+}
+
 cudaError_t moe_experts_wgmma(const MoeExperts& a, cudaStream_t stream) {
     const MoePlan& p = a.plan;
     // pair_out is free until the down GEMM: the gate+up GEMM reads the gathered rows from there.
     void* x_rows = a.workspace + p.pair_out;
     const int64_t experts = p.experts;
-    return run_experts(a, kWgmmaGroupedRows, [&](GemmW4A16Args g, MoeMode mode, const MoeRows& rows,
-                                                 int64_t blocks) {
+    const int block_rows = moe_wgmma_block_rows(p);
+    return run_experts(a, block_rows, [&](GemmW4A16Args g, MoeMode mode, const MoeRows& rows,
+                                          int64_t blocks) {
         if (mode == kMoeSwiGLU) {
-            const int64_t row_count = blocks * kWgmmaGroupedRows, row_vectors = p.hidden * 2 / 16;
+            const int64_t row_count = blocks * block_rows, row_vectors = p.hidden * 2 / 16;
             moe_gather_kernel<<<grid_stride_blocks(row_count * row_vectors, kGatherThreads),
                                 kGatherThreads, 0, stream>>>(
                 static_cast<const uint4*>(g.x), rows.sorted_ids, row_count, p.pairs,
@@ -329,7 +337,8 @@ cudaError_t moe_experts_wgmma(const MoeExperts& a, cudaStream_t stream) {
             if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
             g.x = x_rows;
         }
-        return gemm_w4a16_prepacked_wgmma_grouped(g, mode, rows, blocks, experts, stream);
+        return gemm_w4a16_prepacked_wgmma_grouped(g, mode, rows, block_rows, blocks, experts,
+                                                  stream);
     }, stream);
 }
 

@@ -29,8 +29,7 @@ cudaError_t moe_route(const MoeRouteArgs& a, cudaStream_t stream);
 // are sized for the largest block (kMoeMaxBlockRows) so that every path fits. pair_out also
 // holds, until the down GEMM writes it, the Hopper path's gathered token rows ([max rows,
 // hidden] dtype, moe_experts_wgmma).
-constexpr int kMoeMaxBlockRows = 128;
-static_assert(kMoeMaxBlockRows == kWgmmaGroupedRows, "the Hopper path's blocks are the largest");
+constexpr int kMoeMaxBlockRows = kWgmmaWideRows;  // the Hopper path's wide blocks: the largest
 struct MoePlan {
     int64_t tokens, hidden, inter, experts, top_k, pairs;
     ck_dtype_t dtype;
@@ -51,7 +50,7 @@ MoePlan moe_plan(int64_t tokens, int64_t hidden, int64_t inter, int64_t experts,
 // The layer after routing: ids and weights [pairs] (given or routed), the weights, the output
 // and the workspace. moe_experts_stream groups the pairs in blocks of 16 rows for the
 // weight-streaming kernel (a few rows per expert: decode); moe_experts_tc in blocks of 64 or
-// 128 for the tensor-core kernel, moe_experts_wgmma in blocks of 128 for the Hopper one. Each
+// 128 for the tensor-core kernel, moe_experts_wgmma in blocks of 128 or 256 for the Hopper one. Each
 // then runs gate+up (SwiGLU), down (weighted) and combine.
 struct MoeExperts {
     MoePlan plan;
@@ -70,8 +69,10 @@ struct MoeExperts {
 };
 cudaError_t moe_experts_stream(const MoeExperts& a, cudaStream_t stream);
 cudaError_t moe_experts_tc(const MoeExperts& a, cudaStream_t stream);
-// The Hopper path (gemm_w4a16_wgmma_available()): blocks of kWgmmaGroupedRows rows; the tokens'
-// rows are first gathered in sorted order (the tensor maps read contiguous rows).
+// The Hopper path (gemm_w4a16_wgmma_available()): blocks of 128 rows, or of 256 from 129 rows
+// per expert (moe_wgmma_block_rows); the tokens' rows are first gathered in sorted order (the
+// tensor maps read contiguous rows).
+int moe_wgmma_block_rows(const MoePlan& p);
 cudaError_t moe_experts_wgmma(const MoeExperts& a, cudaStream_t stream);
 
 // Groups the pairs by expert (one block): sorted_ids[r] = pair id t * top_k + j of row r,

@@ -15,22 +15,26 @@
 // outside [M, N) never written).
 //
 // Algorithm. The wgmma computes out^T, as the mma.sync kernels do: A (64 x 16, M of the
-// instruction) is the dequantized weight, from registers; B (16 x 128, N of the instruction) is
+// instruction) is the dequantized weight, from registers; B (16 x kBM, N of the instruction) is
 // x^T, whose K-major form "N rows of K contiguous values" is exactly x's row-major rows, read
-// from shared memory through a descriptor. One CTA per 128 x 128 output tile (128 x rows by 128
-// weight rows, no persistence), K in 128-k chunks (one prepacked tile column) through a
-// kStages-deep ring of shared-memory stages, each guarded by a "full" and an "empty" mbarrier:
-//   - warp 8, the producer: lane 0 issues per stage two TMA copies of x (128 rows x 64 k each:
-//     one 128-byte swizzle row per x row) and one 3-D TMA copy of the block's 16 weight tiles
+// from shared memory through a descriptor. One CTA per kBM x 128 output tile (kBM = 128 or 256
+// x rows, WgmmaTile, by 128 weight rows, no persistence), K in 128-k chunks (one prepacked tile
+// column) through a kStages-deep ring of shared-memory stages, each guarded by a "full" and an
+// "empty" mbarrier; 384 threads:
+//   - warpgroup 2, the producer, gives most of its registers to the consumers (setmaxnreg);
+//     its warp 8's lane 0 issues per stage two TMA copies of x (kBM rows x 64 k each: one
+//     128-byte swizzle row per x row) and one 3-D TMA copy of the block's 16 weight tiles
 //     (8 KB), all completing their bytes on the stage's full barrier. Scales and zero points
 //     are not staged (the zeros' global rows are 8 * groups bytes apart, which TMA's 16-byte
 //     stride rule cannot describe): each consumer lane reads its few from global memory one
 //     chunk ahead (ScaleReader), so shared memory holds only what TMA writes.
 //   - warps 0-3 and 4-7, two consumer warpgroups: warpgroup c owns weight rows 64 c .. 64 c + 63
-//     of the tile and all 128 x rows: per stage 8 wgmma m64n128k16, their 64 accumulators per
-//     thread in registers. Before each wgmma, each thread dequantizes its four A registers from
-//     the stage's weight tiles (one pair of codes per 32-bit word, see "A fragments"). At the end
-//     bias, activation and one rounding go straight from the registers to global memory.
+//     of the tile and all kBM x rows: per stage 8 wgmma m64n{kBM}k16, their kBM / 2 accumulators
+//     per thread in registers. Before each wgmma, each thread dequantizes its four A registers
+//     from the stage's weight tiles (one pair of codes per 32-bit word, see "A fragments"), once
+//     the wgmma that last read those registers (the same step of the previous chunk) is done:
+//     seven wgmmas stay queued while the eighth is dequantized. At the end bias, activation and
+//     one rounding go straight from the registers to global memory.
 //   - TMA zero-fills x rows past M and k past K and weight tiles past N8; the scale reader
 //     gives 0 for the scales (zeros) of groups past the last and of tiles past N8: partial tiles
 //     need no masking in the main loop (a zero-filled code dequantizes to (0 - 0) * 0 = 0).

@@ -200,7 +200,7 @@ install: $(LIB) cuda_kernels.pc cmake/cuda_kernels-config.cmake cmake/cuda_kerne
 # Charts of the committed results for the README (benchmarks/plot.py says what each shows).
 # matplotlib lives in its own environment under build/ so that make test never needs it;
 # PLOT_PYTHON=python3 uses an interpreter that already has it.
-PLOT_RESULTS ?= benchmarks/results/nvidia-h100-80gb-hbm3.json benchmarks/results/moe-h100-2026-11-25.md
+PLOT_RESULTS ?= benchmarks/results/nvidia-h100-80gb-hbm3.json benchmarks/results/moe-nvidia-h100-80gb-hbm3-2026-11-26.json
 PLOT_VENV    := $(BUILD)/venv-plots
 PLOT_PYTHON  ?= $(PLOT_VENV)/bin/python
 

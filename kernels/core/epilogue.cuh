@@ -228,6 +228,15 @@ template <typename T> struct FloatEpilogue {
     __device__ __forceinline__ void store(int64_t r, int64_t c, float v) const {
         out[r * n + c] = from_float<T>(activate(v, activation));
     }
+
+    // What a kernel that stores many rows of one column pair may work out once (QkvEpilogue's
+    // Column): nothing here.
+    struct Column {};
+    __device__ __forceinline__ Column column(int64_t) const { return {}; }
+    __device__ __forceinline__ void store_pair(int64_t r, int64_t c, float v0, float v1,
+                                               const Column&) const {
+        store_pair(r, c, v0, v1);
+    }
 };
 
 // The fused projection's epilogue (kernels instantiated for it: kQkvRows): FloatEpilogue's
@@ -244,45 +253,68 @@ template <typename T> struct QkvEpilogue : FloatEpilogue<T> {
     // cos_sin[p, R / 2 + i]: a' = a c - b s, b' = b c + a s (two products and a difference,
     // each rounded: within the reference's rope_float32_error). Elsewhere the pair is stored as
     // it is, plus the bias.
-    __device__ __forceinline__ void store_pair(int64_t r, int64_t c, float v0, float v1) const {
+    // Column: what depends on c alone (the head's division, where its values go, the bias), so
+    // that a kernel storing many rows of one pair works it out once (column()).
+    struct Column {
+        T* base;                 // row 0's first value of the head in q, k or v
+        int64_t row_stride;      // Hq D (q) or Hkv D (k, v)
+        int64_t ja, jb;          // where v0 and v1 go in the head
+        int64_t i;               // the rotation's cos/sin index, or -1: no rotation
+        bool adjacent;           // jb = ja + 1 with ja even: one 4-byte store where aligned
+        float bias0, bias1;      // the bias of components ja and jb (0 without one)
+    };
+    __device__ __forceinline__ Column column(int64_t c) const {
+        if (c >= this->n) return {};  // past the projection's columns: never stored
         const int64_t d = qkv.head_dim, hq = qkv.heads_q, hkv = qkv.heads_kv;
         const int64_t h = c / d, j = c - h * d;
-        T* base;
-        if (h < hq) base = static_cast<T*>(qkv.q) + (r * hq + h) * d;
-        else if (h < hq + hkv) base = static_cast<T*>(qkv.k) + (r * hkv + h - hq) * d;
-        else base = static_cast<T*>(qkv.v) + (r * hkv + h - hq - hkv) * d;
-        const T* bias_h = qkv.bias ? static_cast<const T*>(qkv.bias) + h * d : nullptr;
+        Column col;
+        if (h < hq) col.base = static_cast<T*>(qkv.q) + h * d, col.row_stride = hq * d;
+        else if (h < hq + hkv) col.base = static_cast<T*>(qkv.k) + (h - hq) * d, col.row_stride = hkv * d;
+        else col.base = static_cast<T*>(qkv.v) + (h - hq - hkv) * d, col.row_stride = hkv * d;
         const int64_t rd = qkv.rotary_dim;
-        if (qkv.rope != CK_ROPE_NONE && h < hq + hkv && j < rd) {
-            const bool neox = qkv.rope == CK_ROPE_NEOX;
-            const int64_t i = j / 2, ja = neox ? i : j, jb = neox ? i + rd / 2 : j + 1;
-            float a = v0, b = v1;
-            if (bias_h) {
-                a += to_float(bias_h[ja]);
-                b += to_float(bias_h[jb]);
-            }
+        const bool rotate = qkv.rope != CK_ROPE_NONE && h < hq + hkv && j < rd;
+        const bool neox = qkv.rope == CK_ROPE_NEOX;
+        col.i = rotate ? j / 2 : -1;
+        col.ja = rotate && neox ? j / 2 : j;
+        col.jb = rotate && neox ? j / 2 + rd / 2 : j + 1;
+        col.adjacent = !(rotate && neox);
+        const T* bias_h = qkv.bias ? static_cast<const T*>(qkv.bias) + h * d : nullptr;
+        col.bias0 = bias_h ? to_float(bias_h[col.ja]) : 0.f;
+        col.bias1 = bias_h ? to_float(bias_h[col.jb]) : 0.f;
+        return col;
+    }
+    __device__ __forceinline__ void store_pair(int64_t r, int64_t c, float v0, float v1) const {
+        store_pair(r, c, v0, v1, column(c));
+    }
+    __device__ __forceinline__ void store_pair(int64_t r, int64_t, float v0, float v1,
+                                               const Column& col) const {
+        T* base = col.base + r * col.row_stride;
+        const bool has_bias = qkv.bias != nullptr;
+        float a = v0, b = v1;
+        if (has_bias) {
+            a += col.bias0;
+            b += col.bias1;
+        }
+        if (col.i >= 0) {
+            const int64_t rd = qkv.rotary_dim;
             const int64_t p = __ldg(qkv.positions + r);
             const float* row = qkv.cos_sin + (p < 0 ? 0 : p < qkv.max_position ? p : qkv.max_position - 1) * rd;
-            const float cs = __ldg(row + i), sn = __ldg(row + rd / 2 + i);
+            const float cs = __ldg(row + col.i), sn = __ldg(row + rd / 2 + col.i);
             const T ya = from_float<T>(__fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn)));
             const T yb = from_float<T>(__fadd_rn(__fmul_rn(b, cs), __fmul_rn(a, sn)));
-            if (!neox && qkv.pair_aligned) {
-                FloatEpilogue<T>::store_two(base + ja, ya, yb);
+            if (col.adjacent && qkv.pair_aligned) {
+                FloatEpilogue<T>::store_two(base + col.ja, ya, yb);
             } else {
-                base[ja] = ya;
-                base[jb] = yb;
+                base[col.ja] = ya;
+                base[col.jb] = yb;
             }
             return;
         }
-        if (bias_h) {
-            v0 += to_float(bias_h[j]);
-            v1 += to_float(bias_h[j + 1]);
-        }
         if (qkv.pair_aligned) {
-            FloatEpilogue<T>::store_two(base + j, from_float<T>(v0), from_float<T>(v1));
+            FloatEpilogue<T>::store_two(base + col.ja, from_float<T>(a), from_float<T>(b));
         } else {
-            base[j] = from_float<T>(v0);
-            base[j + 1] = from_float<T>(v1);
+            base[col.ja] = from_float<T>(a);
+            base[col.ja + 1] = from_float<T>(b);
         }
     }
 };

@@ -119,10 +119,11 @@ struct MoeRows {
 // compute out^T, and share this layout). Lane (g, t) holds c[0], c[1] = out[rows 2t, 2t + 1] of
 // column g of a 16-column block and c[2], c[3] the same of column g + 8; row is the lane's row
 // after the exchange below (2t + odd), col the block's first column + (g & ~1), odd = g & 1, bv
-// the bias of columns col, col + 1, col + 8, col + 9; out, m and n those of the call. Even g
-// trades its row-2t + 1 values for the odd neighbour's row-2t values (shfl.xor 4 = g ^ 1): then
-// even g stores row 2t, columns (g, g + 1) and (g + 8, g + 9), odd g row 2t + 1, columns
-// (g - 1, g) and (g + 7, g + 8). The whole warp calls it (the shuffles). kMode (MoeMode) picks
+// the bias of columns col, col + 1, col + 8, col + 9, cols the epilogue's column() of col and
+// col + 8 (worked out once for all the rows a thread stores); out, m and n those of the call.
+// Even g trades its row-2t + 1 values for the odd neighbour's row-2t values (shfl.xor 4 =
+// g ^ 1): then even g stores row 2t, columns (g, g + 1) and (g + 8, g + 9), odd g row 2t + 1,
+// columns (g - 1, g) and (g + 7, g + 8). The whole warp calls it (the shuffles). kMode picks
 // the rows and the store:
 //   kMoeSwiGLU: the 16 columns are a gate tile and its up tile (the MoE prepack's interleave):
 //     silu(gate) * up of activation columns col / 2 - (col / 2) % 8 + (g & ~1), + 1, in the
@@ -133,7 +134,8 @@ template <typename T, int kMode, class Ep>
 __device__ __forceinline__ void store_w4a16_fragment(const Ep& ep, void* out, int64_t m, int64_t n,
                                                      const MoeRows& mr, int64_t row, int64_t col,
                                                      int g, bool odd, const float* c,
-                                                     const float (&bv)[4]) {
+                                                     const float (&bv)[4],
+                                                     const typename Ep::Column (&cols)[2]) {
     if constexpr (kMode == kMoeSwiGLU) {
         const float h0 = silu(c[0]) * c[2], h1 = silu(c[1]) * c[3];
         const float r = __shfl_xor_sync(0xffffffffu, odd ? h0 : h1, 4);
@@ -157,8 +159,8 @@ __device__ __forceinline__ void store_w4a16_fragment(const Ep& ep, void* out, in
         return;
     }
     if (row >= m) return;
-    if (col < n) ep.store_pair(row, col, v0 + bv[0], v1 + bv[1]);
-    if (col + 8 < n) ep.store_pair(row, col + 8, v2 + bv[2], v3 + bv[3]);
+    if (col < n) ep.store_pair(row, col, v0 + bv[0], v1 + bv[1], cols[0]);
+    if (col + 8 < n) ep.store_pair(row, col + 8, v2 + bv[2], v3 + bv[3], cols[1]);
 }
 
 // active_experts: how many experts may have rows at once (at most): each gets

@@ -417,12 +417,13 @@ gemm_w4a16_tc_kernel(const GemmW4A16Args args, const TcGroups grp, const MoeRows
         float bv[4];  // the bias of columns col, col + 1, col + 8, col + 9
 #pragma unroll
         for (int c = 0; c < 4; ++c) bv[c] = !grouped_rows(kMoe) ? ep.bias_at(col + (c & 1) + 8 * (c >> 1)) : 0.f;
+        const typename decltype(ep)::Column cols[2] = {ep.column(col), ep.column(col + 8)};
 #pragma unroll
         for (int fx = 0; fx < kFX; ++fx) {
             if (fx % kWarpsK != warp_k) continue;  // warp-uniform: the shuffles see every lane
             const int64_t row = m0 + wm * Tile::kWarpM + fx * kMmaN + 2 * t + (odd ? 1 : 0);
             store_w4a16_fragment<T, kMoe>(ep, args.out, m, n, mr, row, col, g, odd, acc[fw][fx],
-                                          bv);
+                                          bv, cols);
         }
     }
 }

@@ -397,11 +397,12 @@ gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
 #pragma unroll
     for (int i = 0; i < 4; ++i)
         bv[i] = !grouped_rows(kMode) ? ep.bias_at(col + (i & 1) + 8 * (i >> 1)) : 0.f;
+    const typename decltype(ep)::Column cols[2] = {ep.column(col), ep.column(col + 8)};
 #pragma unroll
     for (int j = 0; j < kBM / 8; ++j) {
         const int64_t row = m0 + 8 * j + 2 * t + (odd ? 1 : 0);
         store_w4a16_fragment<T, kMode>(ep, args.out, args.m, args.n, mr, row, col, g, odd,
-                                       acc + 4 * j, bv);
+                                       acc + 4 * j, bv, cols);
     }
 #endif  // CK_SM90A_DEVICE
 }
@@ -475,10 +476,7 @@ bool gemm_w4a16_wgmma_available() { return tma_wgmma_built_and_runnable(); }
 // ---------------------------------------------------------------------------------------------
 cudaError_t gemm_w4a16_prepacked_wgmma(const GemmW4A16Args& args, cudaStream_t stream) {
     if (args.m < 1 || !args.prepacked || !gemm_w4a16_wgmma_available()) return cudaErrorNotSupported;
-    // The fused Q/K/V projection stays on 128-row blocks: its epilogue's per-row loads (positions,
-    // cos/sin, bias) made the 256-row blocks slower from 2048 tokens (Llama-3-8B: 400 against
-    // 312 us at 2048, 1645 against 1356 at 8192; benchmarks/NOTES.md).
-    const bool wide = args.qkv.q == nullptr && wgmma_wide_pays(args.m, args.n);
+    const bool wide = wgmma_wide_pays(args.m, args.n);
     CUtensorMap map_x, map_w;
     const cudaError_t err = make_wgmma_maps(args, wide ? WgmmaWide::kBM : WgmmaNarrow::kBM,
                                             args.tiles8, &map_x, &map_w);

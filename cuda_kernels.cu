@@ -1158,6 +1158,25 @@ ck_status_t ck_gemm_int8_scaled(const int8_t* a, const int8_t* b, ck_layout_t b_
     return ck::run_variant(check, kGemmInt8, args, stream);
 }
 
+ck_status_t ck_int8_prepack(const int8_t* b_kn, int64_t k, int64_t n, int8_t* b_nk,
+                            ck_stream_t stream) {
+    const Check check("ck_int8_prepack");
+    CK_TRY(check.not_null({{b_kn, "b_kn"}, {b_nk, "b_nk"}}));
+    if (k < 1) return check.fail(CK_STATUS_INVALID_VALUE, "k=%lld must be >= 1", (long long)k);
+    if (n < 1) return check.fail(CK_STATUS_INVALID_VALUE, "n=%lld must be >= 1", (long long)n);
+    int64_t bytes;
+    if (__builtin_mul_overflow(k, n, &bytes))
+        return check.fail(CK_STATUS_INVALID_VALUE, "k=%lld x n=%lld overflows a 64-bit byte count",
+                          (long long)k, (long long)n);
+    CK_TRY(check.multiple_of(k, 16, "k", "rows of b_nk are written in 16-byte vectors"));
+    CK_TRY(check.multiple_of(n, 16, "n", "rows of b_kn are read in 16-byte vectors"));
+    CK_TRY(check.aligned(b_kn, 16, "b_kn", "16-byte vector loads"));
+    CK_TRY(check.aligned(b_nk, 16, "b_nk", "16-byte vector stores"));
+    if (overlaps(b_kn, bytes, b_nk, bytes))
+        return check.fail(CK_STATUS_INVALID_VALUE, "b_nk overlaps b_kn");
+    return check.launch([&] { return ck::int8_prepack(b_kn, k, n, b_nk, stream); });
+}
+
 ck_status_t ck_gemm_w4a16(const void* x, ck_dtype_t dtype, const uint8_t* w_packed,
                           const void* scales, const uint8_t* zeros, int64_t group_size,
                           ck_int4_mode_t mode, const void* bias, ck_activation_t activation,

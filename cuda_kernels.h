@@ -362,6 +362,16 @@ CK_API ck_status_t ck_gemm_int8_scaled(const int8_t* a, const int8_t* b, ck_layo
                                        ck_activation_t activation, void* out, ck_dtype_t out_dtype,
                                        ck_stream_t stream);
 
+/* A [K, N] INT8 weight (CK_LAYOUT_KN) rewritten once as [N, K] (CK_LAYOUT_NK): b_nk[n, k] =
+ * b_kn[k, n], bit for bit. The fast INT8 kernels read [N, K] only (the weight-streaming kernel
+ * for M <= 16 and Hopper's wgmma; the mma.sync tiles read both), so a [K, N] weight used more
+ * than once is worth converting: afterwards pass b_nk to ck_gemm_int8 / ck_gemm_int8_scaled with
+ * CK_LAYOUT_NK (a per-column scale_b of the [K, N] weight is the per-row one of [N, K]).
+ * Bandwidth-bound: 2 K N bytes moved. Requirements: K, N >= 1 and multiples of 16 (the [K, N]
+ * rules of ck_gemm_int8); b_kn and b_nk 16-byte aligned and not overlapping. */
+CK_API ck_status_t ck_int8_prepack(const int8_t* b_kn, int64_t k, int64_t n, int8_t* b_nk,
+                                   ck_stream_t stream);
+
 /* Weight-only INT4 linear layer (W4A16): out[M, N] = act(x[M, K] w'[N, K]^T + bias[N]).
  *
  * The weight comes in the plain interchange format that ck_quantize_int4 writes for an [N, K]

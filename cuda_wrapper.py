@@ -7,7 +7,7 @@ Three levels, from convenient to exact:
   formats (:func:`quantize_nf4` / :func:`dequantize_nf4`, :func:`quantize_mxfp4` /
   :func:`dequantize_mxfp4`, :func:`quantize_nvfp4` / :func:`dequantize_nvfp4`), the matrix products
   :func:`gemm_int8` (int32 out), :func:`gemm_int8_scaled` (W8A8 with a fused scale/bias/ReLU
-  epilogue), :func:`linear` (fp32/fp16/bf16), :func:`gemm_w4a16` (fp16/bf16 activations
+  epilogue) with :func:`int8_prepack` ([K, N] weights to [N, K]), :func:`linear` (fp32/fp16/bf16), :func:`gemm_w4a16` (fp16/bf16 activations
   times a packed INT4 weight, W4A16) with :func:`w4a16_prepack` / :func:`gemm_w4a16_prepacked`
   (its fast path), :func:`gemm_int4` / :func:`gemm_int4_scaled` (INT4 x INT4), the checkpoint
   importers :func:`import_gptq` / :func:`import_awq` with :func:`permute_columns`, the layer
@@ -96,7 +96,7 @@ __all__ = [
     "quantize_int8", "dequantize_int8", "quantize_int4", "dequantize_int4",
     "NF4_BLOCK_SIZES", "MXFP4_BLOCK", "NVFP4_BLOCK", "quantize_nf4", "dequantize_nf4",
     "quantize_mxfp4", "dequantize_mxfp4", "quantize_nvfp4", "dequantize_nvfp4",
-    "gemm_int8", "gemm_int8_scaled", "linear", "gemm_w4a16", "w4a16_prepack",
+    "gemm_int8", "gemm_int8_scaled", "int8_prepack", "linear", "gemm_w4a16", "w4a16_prepack",
     "gemm_w4a16_prepacked", "BLOCK4_NF4", "BLOCK4_MXFP4", "BLOCK4_NVFP4", "block4_prepack",
     "gemm_block4_prepacked", "import_gptq", "import_awq", "permute_columns", "gemm_int4",
     "gemm_int4_scaled", "QuantizedLinear", "MoeParams", "moe_route", "moe_prepack",
@@ -421,6 +421,8 @@ DECLARATIONS = {
     "ck_gemm_int8": (_STATUS, (
         ("a_ptr", _PTR), ("b_ptr", _PTR), ("b_layout", _ENUM), ("m", _I64), ("n", _I64),
         ("k", _I64), ("c_ptr", _PTR), _STREAM)),
+    "ck_int8_prepack": (_STATUS, (
+        ("b_kn_ptr", _PTR), ("k", _I64), ("n", _I64), ("b_nk_ptr", _PTR), _STREAM)),
     "ck_gemm_int8_scaled": (_STATUS, (
         ("a_ptr", _PTR), ("b_ptr", _PTR), ("b_layout", _ENUM), ("m", _I64), ("n", _I64),
         ("k", _I64), ("scale_a_ptr", _PTR), ("a_granularity", _ENUM), ("scale_b_ptr", _PTR),
@@ -2669,6 +2671,17 @@ def gemm_int8(a, b, layout="nk", out=None, stream=None):
         c = call.output(out_shape, np.int32, DType.INT32, out, "c")
         raw.gemm_int8(aa.ptr, ba.ptr, lay, m, n, k, c.ptr, call.stream)
         return call.finish(c)
+
+
+def int8_prepack(b_kn, out=None, stream=None):
+    """A [K, N] int8 weight (layout "kn") as [N, K] (layout "nk"), bit for bit (ck_int8_prepack):
+    the layout the fast INT8 kernels read. K and N multiples of 16."""
+    with _Call(b_kn, stream) as call:
+        ba = call.input(b_kn, "b_kn", matrix=True, need=np.int8)
+        k, n = ba.shape
+        o = call.output((n, k), np.int8, DType.INT8, out, "b_nk")
+        raw.int8_prepack(ba.ptr, k, n, o.ptr, call.stream)
+        return call.finish(o)
 
 
 def gemm_int8_scaled(a, b, scale_a, scale_b, bias=None, activation=None, out_dtype="fp32",

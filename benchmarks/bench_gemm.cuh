@@ -359,6 +359,7 @@ class Problem {
         summary.fused = scaled_row();
         reference_row();
         if (kn_rows_at(shape_, m_)) int32_row(CK_LAYOUT_KN);
+        if (kn_rows_at(shape_, m_) && m_ == kKnTokens[0]) int8_prepack_row();
         for (ck_dtype_t dtype : linear_dtypes_at(shape_, m_, ctx_.quick)) linear_row(dtype);
         if (w4a16_row_at(shape_, m_)) summary.w4a16 = w4a16_row();
         for (ck_int4_mode_t mode : kW4A16PrepackedModes) {
@@ -465,6 +466,23 @@ class Problem {
         if (kn) Bench::append_note(*row, "baseline on the [N,K] weight (cuBLASLt int8 is TN only)");
         weight_stream_note(*row, weight_elements(), /*with_target=*/true);
         return row;
+    }
+
+    // ck_int8_prepack of the [K, N] weight (the KN rows' b) into [N, K]: a one-time conversion
+    // after which the [N, K] rows' kernels serve it; floor 2 K N bytes at the copy bandwidth.
+    void int8_prepack_row() {
+        RowSpec spec = row_spec("gemm", "int8_prepack [K,N] -> [N,K]", "int8",
+                                "K=" + std::to_string(k_) + " N=" + std::to_string(n_));
+        spec.bytes = 2.0 * double(k_) * double(n_);
+        if (!bench_.wants(spec)) return;
+        allocate_int8();
+        spec.copies = int(int8_sets_.size());
+        DeviceBuffer b_nk(size_t(k_) * size_t(n_));
+        Row* row = bench_.run(spec, [this, &b_nk](int i) {
+            CK_BENCH_CHECK(ck_int8_prepack(int8_set(i).b.as<int8_t>(), k_, n_, b_nk.as<int8_t>(),
+                                           bench_.stream()));
+        });
+        Bench::append_note(*row, "one-time; the [N,K] weight then runs the gemm_int8 int32 rows");
     }
 
     // gemm_int8 scaled to fp16 with per-token x per-channel scales, bias and ReLU, vs cuBLASLt int8

@@ -812,6 +812,33 @@ def row_scales(args):
     return []
 
 
+def _int8_prepack_spans(args):
+    """ck_int8_prepack: b_nk's K N bytes must not overlap b_kn's."""
+    k, n = args["k"], args["n"]
+    if not _positive(args, "k", "n") or k * n > INT64_MAX:
+        return None
+    return k * n, [(args["b_kn_ptr"], k * n)]
+
+
+def int8_prepack_bytes(args):
+    """ck_int8_prepack: the K N bytes of each matrix fit in int64_t."""
+    if _positive(args, "k", "n") and args["k"] * args["n"] > INT64_MAX:
+        return [Violation(Status.INVALID_VALUE, ("k", "n"), (args["k"], args["n"]))]
+    return []
+
+
+def int8_prepack_apart(args):
+    """ck_int8_prepack: b_nk does not overlap b_kn (CK_STATUS_INVALID_VALUE naming both),
+    checked last."""
+    spans = _int8_prepack_spans(args)
+    if spans is None or not args["b_kn_ptr"] or not args["b_nk_ptr"]:
+        return []
+    size, ((other, other_bytes),) = spans
+    if overlaps(args["b_nk_ptr"], size, other, other_bytes):
+        return [Violation(Status.INVALID_VALUE, ("b_nk", "b_kn"))]
+    return []
+
+
 def int32_columns(args):
     """ck_permute_columns: perm's int32 indices address at most 2^31 - 1 columns."""
     rows, cols, size = args["rows"], args["cols"], _element_size(args["dtype"])
@@ -1962,6 +1989,10 @@ DESCRIPTIONS = {
     "ck_gemm_int8": Description(
         dict(_int8_gemm_shape(), c_ptr=Pointer(4), stream=Stream()),
         (gemm_bytes("m", "n", "k", 4), multiple_of("k", 16), multiple_of("n", 16, kn_layout))),
+    "ck_int8_prepack": Description(
+        {"b_kn_ptr": Pointer(16), "k": Size(16), "n": Size(16),
+         "b_nk_ptr": Disjoint(16, _int8_prepack_spans), "stream": Stream()},
+        (int8_prepack_bytes, multiple_of("k", 16), multiple_of("n", 16), int8_prepack_apart)),
     "ck_gemm_int8_scaled": Description(
         dict(_int8_gemm_shape(), **_epilogue(), out_ptr=Pointer("out_dtype"), out_dtype=FLOATS,
              stream=Stream()),

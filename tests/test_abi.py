@@ -577,6 +577,19 @@ GEMM_INT8_CASES = (
     + [("misaligned-c+%d" % d, dict(c_ptr=C + d), MISALIGNED, ["c"]) for d in (1, 2, 3)]
 )
 
+INT8_PREPACK = dict(b_kn_ptr=B, k=64, n=32, b_nk_ptr=O)
+INT8_PREPACK_CASES = (
+    null("b_kn", "b_nk")
+    + bad("k", (0, -16), INVALID)
+    + bad("n", (0, -1), INVALID)
+    + [("overflow-bytes", dict(k=BIG, n=BIG), INVALID, ["k", "n"]),
+       ("k-not-16", dict(k=40), UNSUPPORTED, ["k", "16"]),
+       ("n-not-16", dict(n=24), UNSUPPORTED, ["n", "16"]),
+       ("misaligned-b_kn+8", dict(b_kn_ptr=B + 8), MISALIGNED, ["b_kn"]),
+       ("misaligned-b_nk+1", dict(b_nk_ptr=O + 1), MISALIGNED, ["b_nk"]),
+       ("overlapping", dict(b_nk_ptr=B + 256), INVALID, ["b_nk", "b_kn"])]
+)
+
 GEMM_INT8_SCALED = dict(a_ptr=A, b_ptr=B, b_layout=NK, m=4, n=64, k=64, scale_a_ptr=SA,
                         a_granularity=ck.PER_ROW, scale_b_ptr=SB, b_granularity=ck.PER_ROW,
                         bias_ptr=BIAS, activation=ck.ACTIVATION_RELU, out_ptr=O,
@@ -1296,7 +1309,7 @@ ENTRY_POINTS = {
     for table in ("QUANTIZE_INT8", "DEQUANTIZE_INT8", "QUANTIZE_INT4", "DEQUANTIZE_INT4",
                   "QUANTIZE_NF4", "DEQUANTIZE_NF4", "QUANTIZE_MXFP4", "DEQUANTIZE_MXFP4",
                   "QUANTIZE_NVFP4", "DEQUANTIZE_NVFP4",
-                  "GEMM_INT8", "GEMM_INT8_SCALED", "LINEAR", "GEMM_W4A16", "GEMM_W4A16_PREPACKED",
+                  "GEMM_INT8", "GEMM_INT8_SCALED", "INT8_PREPACK", "LINEAR", "GEMM_W4A16", "GEMM_W4A16_PREPACKED",
                   "W4A16_PREPACK", "BLOCK4_PREPACK", "GEMM_BLOCK4_PREPACKED", "QKV_PREPACK",
                   "QKV_PROJECTION", "IMPORT_GPTQ", "IMPORT_AWQ", "PERMUTE_COLUMNS", "GEMM_INT4",
                   "GEMM_INT4_SCALED", "MOE_ROUTE", "MOE_PREPACK", "MOE_WORKSPACE_SIZE",

@@ -620,6 +620,50 @@ def test_two_streams_run_gemm_and_linear_concurrently(seed):
 
 
 # ---------------------------------------------------------------------------------------------
+# ck_int8_prepack: [K, N] -> [N, K], bit for bit, then the [N, K] GEMM gives the [K, N] one's bits
+# ---------------------------------------------------------------------------------------------
+# K and N multiples of 16 around the kernel's 64 x 64 tiles: partial tiles in either dimension,
+# one row or column of tiles, more tiles than the grid's blocks.
+PREPACK_SHAPES = [(16, 16), (48, 80), (64, 64), (1008, 16), (16, 2000), (4096, 1040),
+                  (14336, 4096)]
+
+
+@pytest.mark.parametrize("k, n", [s for s in PREPACK_SHAPES if not SANITIZE or s[0] * s[1] <= 2**22],
+                         ids=lambda v: str(v))
+def test_int8_prepack_transposes_bit_for_bit(k, n, seed):
+    """b_nk = b_kn.T on every byte value; nothing written around b_nk (guards), b_kn intact."""
+    rng = np.random.default_rng(seed)
+    b_kn = rng.integers(-128, 128, size=(k, n), dtype=np.int8)
+    src = GuardedBuffer.input(b_kn)
+    dst = GuardedBuffer.output((n, k), np.int8, POISON)
+    ck.raw.int8_prepack(src.ptr, k, n, dst.ptr)
+    synchronize()
+    assert_bitwise_equal(dst.read("b_nk"), np.ascontiguousarray(b_kn.T), f"seed={seed}")
+    assert_bitwise_equal(src.read("b_kn"), b_kn, f"b_kn intact, seed={seed}")
+
+
+@pytest.mark.parametrize("variant", ["small_m", "mma", "wgmma"])
+def test_int8_prepack_gives_the_kn_products(variant, monkeypatch, seed):
+    """ck_gemm_int8 on the prepacked [N, K] weight (the fast kernels' layout) gives the bits of
+    the [K, N] call, exact int32 either way."""
+    rng = np.random.default_rng(seed)
+    m = 9 if variant == "small_m" else 200
+    k, n = 1008, 336
+    a, b_kn = random_int8(rng, (m, k)), random_int8(rng, (k, n))
+    b_nk = ck.int8_prepack(b_kn)
+    assert b_nk.shape == (n, k) and b_nk.dtype == np.int8
+    assert_bitwise_equal(b_nk, np.ascontiguousarray(b_kn.T), f"wrapper, seed={seed}")
+    want = ck.gemm_int8(a, b_kn, layout="kn")
+    assert_bitwise_equal(want, ref.gemm_int8(a, b_kn, "kn"), f"kn, seed={seed}")
+    force_variant(monkeypatch, KERNEL_ENV, variant)
+    got = ck.gemm_int8(a, b_nk, layout="nk")
+    assert_bitwise_equal(got, want, f"{variant} on the prepacked weight, seed={seed}")
+    bd = ck.int8_prepack(ck.DeviceArray.from_numpy(b_kn))
+    assert isinstance(bd, ck.DeviceArray) and bd.shape == (n, k)
+    assert_bitwise_equal(bd.to_numpy(), b_nk, f"device, seed={seed}")
+
+
+# ---------------------------------------------------------------------------------------------
 # The wrapper's functions: NumPy in -> NumPy out, device arrays in -> DeviceArray out, out=.
 # The wrapper does no arithmetic, so each result equals the raw call's bit for bit.
 # ---------------------------------------------------------------------------------------------

@@ -21,4 +21,9 @@ cudaError_t gemm_int8_small_m(const IntGemmArgs& args, cudaStream_t stream);
 bool gemm_int8_sm90_available();
 cudaError_t gemm_int8_sm90(const IntGemmArgs& args, cudaStream_t stream);
 
+// ck_int8_prepack (kernels/gemm_int8.cu): b_nk [n, k] = b_kn [k, n]^T, any GPU; k and n
+// multiples of 16, both pointers 16-byte aligned.
+cudaError_t int8_prepack(const int8_t* b_kn, int64_t k, int64_t n, int8_t* b_nk,
+                         cudaStream_t stream);
+
 }  // namespace ck

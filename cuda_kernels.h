@@ -844,7 +844,8 @@ CK_API ck_status_t ck_moe_workspace_size(const ck_moe_params_t* params, size_t* 
  * 65535 * 16 = 1048560 row slots (else CK_STATUS_UNSUPPORTED). The expert GEMMs' kernel is
  * chosen from the sizes: "stream" (weight streaming) up to 16 rows per expert on average,
  * ceil(T k / min(E, T k)); "tc" (mma.sync tiles) above; "wgmma" (Hopper, compute capability
- * 9.0) above 64, in blocks of 128 rows up to 128 rows per expert and of 256 beyond. The
+ * 9.0) above 64, in blocks of 128 rows up to 128 rows per expert and beyond in blocks of 256
+ * with one block of 128 for an expert's last 1 ... 128 rows. The
  * environment variable CK_MOE_KERNEL (auto, wgmma, tc, stream) forces one, as
  * CK_GEMM_W4A16_KERNEL does. */
 CK_API ck_status_t ck_moe_forward(const ck_moe_params_t* params, void* workspace,

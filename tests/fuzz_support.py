@@ -1156,18 +1156,24 @@ MOE_SIZE_RULES = (moe_pairs, multiple_of("hidden", 32, lambda a: a["hidden"] <= 
 
 def moe_workspace_bytes(params):
     """ck_moe_workspace_size's answer for the fields of a ck_moe_params_t, or None where it
-    rejects them: the ids and weights of the pairs, the sorted pair ids (for the larger of 256-row
-    and 16-row blocks), the blocks' experts, the activations between the projections (2 bytes
-    per value) and the pairs' float32 outputs (a region that first holds the gathered 256-row
-    blocks' activations, 2 bytes per value), each region rounded up to 256 bytes."""
+    rejects them: the ids and weights of the pairs, the sorted pair ids (for the most rows of
+    any path: 16-row, 256-row or mixed 256/128-row blocks), the blocks' experts, the activations
+    between the projections (2 bytes per value) and the pairs' float32 outputs (a region that
+    first holds the gathered rows' activations, 2 bytes per value), each region rounded up to
+    256 bytes."""
     if params is None or MOE_PARAMS_SIZES.violations("params", "params", {"params": params}):
         return None
     pairs = params["tokens"] * params["top_k"]
+    active = min(params["experts"], pairs)
     tiles = _moe_blocks(pairs, params["experts"], MOE_MAX_BLOCK_ROWS) * MOE_MAX_BLOCK_ROWS
-    blocks = _moe_blocks(pairs, params["experts"], MOE_BLOCK_ROWS)
-    rows = max(tiles, blocks * MOE_BLOCK_ROWS)
+    blocks16 = _moe_blocks(pairs, params["experts"], MOE_BLOCK_ROWS)
+    # The Hopper path's mixed blocks: 256-row blocks padding an expert by at most 127 rows, then
+    # one 128-row block per expert.
+    wide_rows = -(-(pairs + active * 127) // 256) * 256
+    rows = max(tiles, wide_rows + active * 128, blocks16 * MOE_BLOCK_ROWS)
+    blocks = max(blocks16, wide_rows // 256 + active)
     regions = (pairs * 4, pairs * 4, rows * 4, blocks * 4, rows * params["intermediate"] * 2,
-               max(pairs * 4, tiles * 2) * params["hidden"])
+               max(pairs * 4, rows * 2) * params["hidden"])
     return sum(-(-region // 256) * 256 for region in regions)
 
 

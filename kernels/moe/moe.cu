@@ -137,6 +137,74 @@ moe_align_kernel(const int32_t* __restrict__ ids, int64_t pairs, int experts, in
     }
 }
 
+// Mixed blocks (MoePlan::wide_rows): the same steps, with per expert a count of 256-row blocks
+// and one of 128-row blocks (0 or 1), scanned together as the two halves of a 64-bit value.
+// An expert's pairs fill its 256-row blocks first, then its 128-row block.
+__global__ void __launch_bounds__(kAlignThreads)
+moe_align_mixed_kernel(const int32_t* __restrict__ ids, int64_t pairs, int experts,
+                       int64_t wide_rows, int64_t narrow_blocks, int32_t* __restrict__ sorted_ids,
+                       int32_t* __restrict__ block_expert) {
+    constexpr int kWide = kWgmmaWideRows, kNarrow = kWgmmaNarrowRows;
+    __shared__ int count[kMoeMaxExperts];
+    __shared__ int64_t wide_start[kMoeMaxExperts], wide_end[kMoeMaxExperts];
+    __shared__ int64_t narrow_start[kMoeMaxExperts];
+    __shared__ unsigned long long warp_sums[kAlignThreads / 32];
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int64_t wide_blocks = wide_rows / kWide;
+    if (tid < experts) count[tid] = 0;
+    const int32_t pad = int32_t(pairs);
+    for (int64_t r = tid; r < wide_rows + narrow_blocks * kNarrow; r += kAlignThreads)
+        sorted_ids[r] = pad;
+    __syncthreads();
+    for (int64_t p = tid; p < pairs; p += kAlignThreads) {
+        const int e = ids[p];
+        if (e >= 0 && e < experts) atomicAdd(&count[e], 1);
+    }
+    __syncthreads();
+
+    unsigned long long mine = 0;  // 256-row blocks << 32 | 128-row blocks
+    if (tid < experts) {
+        const int n = count[tid], rest = n % kWide;
+        mine = (static_cast<unsigned long long>(n / kWide + (rest > kNarrow)) << 32) |
+               (rest > 0 && rest <= kNarrow ? 1u : 0u);
+    }
+    unsigned long long inclusive = mine;
+#pragma unroll
+    for (int off = 1; off < 32; off *= 2) {
+        const unsigned long long o = __shfl_up_sync(0xffffffffu, inclusive, off);
+        if (lane >= off) inclusive += o;
+    }
+    if (lane == 31) warp_sums[warp] = inclusive;
+    __syncthreads();
+    unsigned long long before = 0, total = 0;
+    for (int w = 0; w < kAlignThreads / 32; ++w) {
+        if (w < warp) before += warp_sums[w];
+        total += warp_sums[w];
+    }
+    const unsigned long long first = before + inclusive - mine;
+    const int64_t wide_first = int64_t(first >> 32), narrow_first = int64_t(first & 0xffffffffu);
+    if (tid < experts) {
+        const int64_t wide = int64_t(mine >> 32);
+        for (int64_t b = wide_first; b < wide_first + wide; ++b) block_expert[b] = tid;
+        if (mine & 1u) block_expert[wide_blocks + narrow_first] = tid;
+        wide_start[tid] = wide_first * kWide;
+        wide_end[tid] = (wide_first + wide) * kWide;
+        narrow_start[tid] = wide_rows + narrow_first * kNarrow;
+    }
+    for (int64_t b = int64_t(total >> 32) + tid; b < wide_blocks; b += kAlignThreads)
+        block_expert[b] = -1;
+    for (int64_t b = int64_t(total & 0xffffffffu) + tid; b < narrow_blocks; b += kAlignThreads)
+        block_expert[wide_blocks + b] = -1;
+    __syncthreads();  // the padding fill and the starts are in place before the pairs land
+
+    for (int64_t p = tid; p < pairs; p += kAlignThreads) {
+        const int e = ids[p];
+        if (e < 0 || e >= experts) continue;
+        const int64_t row = atomicAdd(reinterpret_cast<unsigned long long*>(&wide_start[e]), 1ull);
+        sorted_ids[row < wide_end[e] ? row : narrow_start[e] + (row - wide_end[e])] = int32_t(p);
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Combine: one thread per 4 consecutive outputs of a token (hidden % 32 == 0): the sum over
 // j = 0 .. k-1 of the pairs whose id is valid, in that order, rounded once.
@@ -217,8 +285,12 @@ MoePlan moe_plan(int64_t tokens, int64_t hidden, int64_t inter, int64_t experts,
     p.tokens = tokens, p.hidden = hidden, p.inter = inter, p.experts = experts, p.top_k = top_k;
     p.pairs = tokens * top_k;
     p.dtype = dtype;
-    const int64_t max_rows = p.max_blocks(kMoeMaxBlockRows) * kMoeMaxBlockRows;  // either path's
-    const int64_t max_blocks = p.max_blocks(kMoeBlockRows);  // the most blocks: the smallest rows
+    // The most rows and blocks of any path: 16-row blocks have the most rows' worth of blocks
+    // for few pairs, 256-row blocks or mixed blocks (up to 255 rows more) the most rows.
+    const int64_t blocks16 = p.max_blocks(kMoeBlockRows);
+    const int64_t max_rows = std::max({p.max_blocks(kMoeMaxBlockRows) * kMoeMaxBlockRows,
+                                       p.mixed_rows(), blocks16 * kMoeBlockRows});
+    const int64_t max_blocks = std::max(blocks16, p.mixed_blocks());
     size_t at = 0;
     auto take = [&](size_t bytes) {
         const size_t here = at;
@@ -227,9 +299,9 @@ MoePlan moe_plan(int64_t tokens, int64_t hidden, int64_t inter, int64_t experts,
     };
     p.ids = take(size_t(p.pairs) * 4);
     p.weights = take(size_t(p.pairs) * 4);
-    p.sorted_ids = take(size_t(std::max(max_rows, max_blocks * kMoeBlockRows)) * 4);
+    p.sorted_ids = take(size_t(max_rows) * 4);
     p.block_expert = take(size_t(max_blocks) * 4);
-    p.inter_rows = take(size_t(std::max(max_rows, max_blocks * kMoeBlockRows)) * size_t(inter) * 2);
+    p.inter_rows = take(size_t(max_rows) * size_t(inter) * 2);
     p.pair_out = take(std::max(size_t(p.pairs) * 4, size_t(max_rows) * 2) * size_t(hidden));
     p.bytes = at;
     return p;
@@ -239,6 +311,13 @@ cudaError_t moe_align(const MoeAlignArgs& a, cudaStream_t stream) {
     moe_align_kernel<<<1, kAlignThreads, 0, stream>>>(a.ids, a.pairs, int(a.experts), a.block_rows,
                                                       a.max_rows, a.max_blocks, a.sorted_ids,
                                                       a.block_expert);
+    return cudaGetLastError();
+}
+
+cudaError_t moe_align_mixed(const MoePlan& p, const int32_t* ids, int32_t* sorted_ids,
+                            int32_t* block_expert, cudaStream_t stream) {
+    moe_align_mixed_kernel<<<1, kAlignThreads, 0, stream>>>(
+        ids, p.pairs, int(p.experts), p.wide_rows(), p.active_experts(), sorted_ids, block_expert);
     return cudaGetLastError();
 }
 
@@ -313,33 +392,91 @@ cudaError_t run_experts(const MoeExperts& a, int block_rows, Gemm&& gemm, cudaSt
 
 }  // namespace
 
-// Blocks of 256 rows cost about 0.75 of 128-row blocks per row (one dequantized A fragment feeds
-// twice the multiply-adds: 0.69-0.78 on the dense layers, benchmarks/NOTES.md) but pad each
-// expert by 128 rows more on average: (r + 128) 0.75 < r + 64 from r > 128 rows per expert.
-int moe_wgmma_block_rows(const MoePlan& p) {
-    return p.rows_per_expert() > kWgmmaNarrowRows ? kWgmmaWideRows : kWgmmaNarrowRows;
+namespace {
+
+// The tokens' rows of the first `rows` sorted rows, gathered in sorted order into x_rows.
+cudaError_t gather_rows(const MoeExperts& a, const int32_t* sorted_ids, int64_t rows, void* x_rows,
+                        cudaStream_t stream) {
+    const MoePlan& p = a.plan;
+    const int64_t row_vectors = p.hidden * 2 / 16;
+    moe_gather_kernel<<<grid_stride_blocks(rows * row_vectors, kGatherThreads), kGatherThreads, 0,
+                        stream>>>(static_cast<const uint4*>(a.x), sorted_ids, rows, p.pairs,
+                                  int(p.top_k), row_vectors, static_cast<uint4*>(x_rows));
+    return cudaGetLastError();
 }
 
-cudaError_t moe_experts_wgmma(const MoeExperts& a, cudaStream_t stream) {
+// Up to 128 rows per expert: blocks of 128 rows. Beyond, mixed blocks: 256-row blocks cost about
+// 0.75 of 128-row blocks per row (one dequantized A fragment feeds twice the multiply-adds:
+// 0.69-0.78 on the dense layers, benchmarks/NOTES.md), and an expert's last 1 ... 128 rows take
+// a 128-row block, so that no expert pads more than 127 rows (256-row blocks alone: up to 255,
+// half the experts a second block at 256 rows each on average).
+cudaError_t experts_wgmma_narrow(const MoeExperts& a, void* x_rows, cudaStream_t stream) {
     const MoePlan& p = a.plan;
-    // pair_out is free until the down GEMM: the gate+up GEMM reads the gathered rows from there.
-    void* x_rows = a.workspace + p.pair_out;
-    const int64_t experts = p.experts;
-    const int block_rows = moe_wgmma_block_rows(p);
-    return run_experts(a, block_rows, [&](GemmW4A16Args g, MoeMode mode, const MoeRows& rows,
-                                          int64_t blocks) {
+    return run_experts(a, kWgmmaNarrowRows, [&](GemmW4A16Args g, MoeMode mode,
+                                                const MoeRows& rows, int64_t blocks) {
         if (mode == kMoeSwiGLU) {
-            const int64_t row_count = blocks * block_rows, row_vectors = p.hidden * 2 / 16;
-            moe_gather_kernel<<<grid_stride_blocks(row_count * row_vectors, kGatherThreads),
-                                kGatherThreads, 0, stream>>>(
-                static_cast<const uint4*>(g.x), rows.sorted_ids, row_count, p.pairs,
-                int(p.top_k), row_vectors, static_cast<uint4*>(x_rows));
-            if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+            const cudaError_t e = gather_rows(a, rows.sorted_ids, blocks * kWgmmaNarrowRows,
+                                              x_rows, stream);
+            if (e != cudaSuccess) return e;
             g.x = x_rows;
         }
-        return gemm_w4a16_prepacked_wgmma_grouped(g, mode, rows, block_rows, blocks, experts,
-                                                  stream);
+        return gemm_w4a16_prepacked_wgmma_grouped(g, mode, rows, kWgmmaNarrowRows, blocks,
+                                                  p.experts, stream);
     }, stream);
+}
+
+cudaError_t experts_wgmma_mixed(const MoeExperts& a, void* x_rows, cudaStream_t stream) {
+    const MoePlan& p = a.plan;
+    int32_t* sorted_ids = reinterpret_cast<int32_t*>(a.workspace + p.sorted_ids);
+    int32_t* block_expert = reinterpret_cast<int32_t*>(a.workspace + p.block_expert);
+    cudaError_t e = moe_align_mixed(p, a.ids, sorted_ids, block_expert, stream);
+    if (e == cudaSuccess) e = gather_rows(a, sorted_ids, p.mixed_rows(), x_rows, stream);
+    if (e != cudaSuccess) return e;
+
+    // The two regions of sorted rows: 256-row blocks from row 0, 128-row blocks from wide_rows().
+    struct Region {
+        int block_rows;
+        int64_t first_row, first_block, blocks;
+    };
+    const int64_t wide_blocks = p.wide_rows() / kWgmmaWideRows;
+    const Region regions[2] = {{kWgmmaWideRows, 0, 0, wide_blocks},
+                               {kWgmmaNarrowRows, p.wide_rows(), wide_blocks, p.active_experts()}};
+    uint8_t* inter = a.workspace + p.inter_rows;
+    float* pair_out = reinterpret_cast<float*>(a.workspace + p.pair_out);
+    for (const MoeMode mode : {kMoeSwiGLU, kMoeWeighted}) {
+        for (const Region& r : regions) {
+            MoeRows rows{};
+            rows.sorted_ids = sorted_ids + r.first_row;
+            rows.block_expert = block_expert + r.first_block;
+            rows.pairs = p.pairs;
+            uint8_t* inter_r = inter + r.first_row * p.inter * 2;
+            GemmW4A16Args g;
+            if (mode == kMoeSwiGLU) {
+                g = projection(a, static_cast<uint8_t*>(x_rows) + r.first_row * p.hidden * 2, a.w13,
+                               a.w13_scales, a.w13_zeros, 2 * p.inter, p.hidden, inter_r, rows);
+            } else {
+                rows.pair_weights = a.weights;
+                rows.pair_out = pair_out;
+                g = projection(a, inter_r, a.w2, a.w2_scales, a.w2_zeros, p.hidden, p.inter,
+                               nullptr, rows);
+            }
+            e = gemm_w4a16_prepacked_wgmma_grouped(g, mode, rows, r.block_rows, r.blocks,
+                                                   p.experts, stream);
+            if (e != cudaSuccess) return e;
+        }
+    }
+    const MoeCombineArgs combine{pair_out, a.ids, p.tokens, p.hidden, p.experts, p.top_k, p.dtype,
+                                 a.out};
+    return moe_combine(combine, stream);
+}
+
+}  // namespace
+
+cudaError_t moe_experts_wgmma(const MoeExperts& a, cudaStream_t stream) {
+    // pair_out is free until the down GEMM: the gate+up GEMM reads the gathered rows from there.
+    void* x_rows = a.workspace + a.plan.pair_out;
+    return a.plan.rows_per_expert() > kWgmmaNarrowRows ? experts_wgmma_mixed(a, x_rows, stream)
+                                                       : experts_wgmma_narrow(a, x_rows, stream);
 }
 
 cudaError_t moe_experts_stream(const MoeExperts& a, cudaStream_t stream) {

@@ -43,6 +43,17 @@ struct MoePlan {
     }
     // The rows an expert that has any gets, on average: what picks the expert GEMMs' kernel.
     int64_t rows_per_expert() const { return ceil_div(pairs, active_experts()); }
+
+    // The Hopper path's mixed blocks (moe_experts_wgmma from 129 rows per expert): an expert
+    // with n rows takes n / 256 blocks of 256 rows, one more where the rest is over 128, else
+    // one block of 128 for a rest of 1 ... 128. Its 256-row blocks pad it by at most 127 rows,
+    // so they hold at most wide_rows() rows, followed by at most one 128-row block per expert.
+    int64_t wide_rows() const {
+        return ceil_div(pairs + active_experts() * (kWgmmaNarrowRows - 1), int64_t(kWgmmaWideRows)) *
+               kWgmmaWideRows;
+    }
+    int64_t mixed_rows() const { return wide_rows() + active_experts() * kWgmmaNarrowRows; }
+    int64_t mixed_blocks() const { return wide_rows() / kWgmmaWideRows + active_experts(); }
 };
 MoePlan moe_plan(int64_t tokens, int64_t hidden, int64_t inter, int64_t experts, int64_t top_k,
                  ck_dtype_t dtype);
@@ -69,10 +80,9 @@ struct MoeExperts {
 };
 cudaError_t moe_experts_stream(const MoeExperts& a, cudaStream_t stream);
 cudaError_t moe_experts_tc(const MoeExperts& a, cudaStream_t stream);
-// The Hopper path (gemm_w4a16_wgmma_available()): blocks of 128 rows, or of 256 from 129 rows
-// per expert (moe_wgmma_block_rows); the tokens' rows are first gathered in sorted order (the
-// tensor maps read contiguous rows).
-int moe_wgmma_block_rows(const MoePlan& p);
+// The Hopper path (gemm_w4a16_wgmma_available()): blocks of 128 rows, or from 129 rows per
+// expert mixed blocks of 256 and 128 (MoePlan::wide_rows); the tokens' rows are first gathered
+// in sorted order (the tensor maps read contiguous rows).
 cudaError_t moe_experts_wgmma(const MoeExperts& a, cudaStream_t stream);
 
 // Groups the pairs by expert (one block): sorted_ids[r] = pair id t * top_k + j of row r,
@@ -87,6 +97,12 @@ struct MoeAlignArgs {
     int32_t* block_expert;
 };
 cudaError_t moe_align(const MoeAlignArgs& a, cudaStream_t stream);
+
+// The same for MoePlan's mixed blocks: sorted_ids [mixed_rows()] (the 256-row blocks' rows,
+// then the 128-row blocks' from row wide_rows()), block_expert [mixed_blocks()] (the 256-row
+// blocks', then the 128-row blocks' from wide_rows() / 256).
+cudaError_t moe_align_mixed(const MoePlan& p, const int32_t* ids, int32_t* sorted_ids,
+                            int32_t* block_expert, cudaStream_t stream);
 
 // out[t, :] = round_to_dtype(sum_j pair_out[t * top_k + j, :]) over the pairs whose id is in
 // [0, experts), j in order.

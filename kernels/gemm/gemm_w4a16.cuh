@@ -106,7 +106,7 @@ cudaError_t gemm_w4a16_prepacked_wgmma(const GemmW4A16Args& args, cudaStream_t s
 //     sorted row (the intermediate that kMoeSwiGLU wrote).
 constexpr int kMoeBlockRows = 16;  // the streaming kernel's rows per block
 struct MoeRows {
-    const int32_t* sorted_ids;   // [blocks * kMoeBlockRows] pair id, or `pairs` (padding)
+    const int32_t* sorted_ids;   // [blocks * the call's rows per block] pair id, or `pairs`
     const int32_t* block_expert; // [blocks] expert, or -1
     int64_t pairs;
     int32_t x_div;               // kMoeSwiGLU: top_k

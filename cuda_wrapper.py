@@ -3085,12 +3085,7 @@ class QkvProjection:
         """weight [N, hidden] fp16 or bf16 (uint16 bit patterns with dtype="bf16"; float32 NumPy
         weights are converted to fp16 first), quantized on the device: INT4 symmetric groups
         (default 128), NF4 blocks (default 64), MXFP4 or NVFP4 (its own global scale)."""
-        if not _is_device(weight):
-            weight = _host_data(weight, "weight")
-            if weight.dtype == np.float32 and dtype is None:
-                weight = weight.astype(np.float16)
-        wd = _to_device(weight, dtype)
-        layer_dtype = _device_ck_dtype(wd, dtype, "weight")
+        wd, layer_dtype = _float_weight_on_device(weight, dtype)
         rows = _cai(wd, "weight")[1][0]
         if rows % (num_heads_q + 2 * num_heads_kv):
             raise ValueError("weight has %d rows, not a multiple of num_heads_q + 2 num_heads_kv"
@@ -3333,12 +3328,7 @@ class QuantizedLinear:
         """weight [out_features, in_features] (nn.Linear layout) in fp16 or bf16 (uint16 bit
         patterns with dtype="bf16"); float32 NumPy weights are converted to fp16 first. bias:
         None or out_features values."""
-        if not _is_device(weight):
-            weight = _host_data(weight, "weight")
-            if weight.dtype == np.float32 and dtype is None:
-                weight = weight.astype(np.float16)
-        wd = _to_device(weight, dtype)
-        layer_dtype = _device_ck_dtype(wd, dtype, "weight")
+        wd, layer_dtype = _float_weight_on_device(weight, dtype)
         w, s, z = quantize_int4(wd, group_size=group_size, symmetric=symmetric,
                                 dtype=layer_dtype)
         return cls(w, s, z, group_size, layer_dtype, bias=bias, activation=activation)
@@ -3498,6 +3488,17 @@ def _device_ck_dtype(a, dtype, name):
     """The library dtype of a CUDA array (dtype: the override given, if any)."""
     override = _as_dtype_enum(dtype, "dtype") if dtype is not None else None
     return _ck_dtype(a, _cai(a, name)[2], override, name)
+
+
+def _float_weight_on_device(weight, dtype):
+    """A layer's float weight on the device, with its library dtype: a device array as it is,
+    host data uploaded (float32 NumPy converted to fp16 first unless dtype says otherwise)."""
+    if not _is_device(weight):
+        weight = _host_data(weight, "weight")
+        if weight.dtype == np.float32 and dtype is None:
+            weight = weight.astype(np.float16)
+    wd = _to_device(weight, dtype)
+    return wd, _device_ck_dtype(wd, dtype, "weight")
 
 
 def _to_device(a, dtype, like=None):

@@ -80,18 +80,6 @@ __device__ __forceinline__ void load_tile(uint32_t tile, const T* src, int64_t s
     }
 }
 
-// One sequence's token range, from the offsets clamped to [0, total] (see the header's
-// device-side contract): nothing outside [0, total) is ever addressed.
-struct Span {
-    int64_t start, len;
-};
-__device__ __forceinline__ Span sequence_span(const int32_t* cu, int b, int64_t total) {
-    if (!cu) return {0, total};
-    const int64_t start = min(max(int64_t(cu[b]), int64_t(0)), total);
-    const int64_t end = min(max(int64_t(cu[b + 1]), start), total);
-    return {start, end - start};
-}
-
 // Fragment layout: attention_tile.cuh's (each thread owns two query rows of its warp's 16).
 template <typename T, int kD, bool kCausal>
 __global__ void __launch_bounds__(kThreads) attention_fwd_kernel(const AttentionArgs a) {

@@ -23,6 +23,18 @@ constexpr int kChunkElems = 8;  // a 16-byte chunk holds 8 fp16/bf16 values
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
+// One sequence's token range, from the offsets clamped to [0, total] (see the header's
+// device-side contract): nothing outside [0, total) is ever addressed.
+struct Span {
+    int64_t start, len;
+};
+__device__ __forceinline__ Span sequence_span(const int32_t* cu, int b, int64_t total) {
+    if (!cu) return {0, total};
+    const int64_t start = min(max(int64_t(cu[b]), int64_t(0)), total);
+    const int64_t end = min(max(int64_t(cu[b + 1]), start), total);
+    return {start, end - start};
+}
+
 // Two float32 values rounded to the dtype, packed low (first) and high as an mma operand.
 template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
 template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
@@ -101,23 +113,21 @@ __device__ __forceinline__ void mask_tile(float (&s)[kNT][4], float (&tile_max)[
     }
 }
 
-// The online softmax over one tile: the new row maxima m, acc and l rescaled by 2^(m_old -
-// m_new), then s = P = 2^(x - m) and l += P (this thread's part of the row sum, the unrounded
-// p, as FlashAttention sums it).
-template <int kNT, int kDT>
-__device__ __forceinline__ void online_softmax(float (&s)[kNT][4], const float (&tile_max)[2],
-                                               float (&m)[2], float (&l)[2],
-                                               float (&acc)[kDT][4]) {
+// The softmax half of the online softmax over one tile: the new row maxima m, alpha = 2^(m_old -
+// m_new) (the factor the rows' accumulators are to be rescaled by, rescale_rows), l rescaled,
+// then s = P = 2^(x - m) and l += P (this thread's part of the row sum, the unrounded p, as
+// FlashAttention sums it).
+template <int kNT>
+__device__ __forceinline__ void softmax_step(float (&s)[kNT][4], const float (&tile_max)[2],
+                                             float (&m)[2], float (&l)[2], float (&alpha)[2]) {
     float m_use[2];  // the maximum p is taken relative to; 0 while a row has seen no key
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const float m_new = fmaxf(m[r], quad_max(tile_max[r]));
         m_use[r] = m_new == -INFINITY ? 0.f : m_new;
-        const float alpha = exp2f(m[r] - m_use[r]);  // 0 while m[r] = -inf (acc, l are 0)
+        alpha[r] = exp2f(m[r] - m_use[r]);  // 0 while m[r] = -inf (acc, l are 0)
         m[r] = m_new;
-        l[r] *= alpha;
-#pragma unroll
-        for (int i = 0; i < kDT; ++i) acc[i][2 * r] *= alpha, acc[i][2 * r + 1] *= alpha;
+        l[r] *= alpha[r];
     }
 #pragma unroll
     for (int i = 0; i < kNT; ++i) {
@@ -129,10 +139,38 @@ __device__ __forceinline__ void online_softmax(float (&s)[kNT][4], const float (
     }
 }
 
-// acc += P V over the keys key0 .. key0 + 8 kNT - 1 of the V tile at `vt`: the S accumulators
-// of keys 16 kk .. 16 kk + 15 are exactly the A fragment of P (n8 tiles 2 kk and 2 kk + 1 hold
-// its columns 0-7 and 8-15), rounded to the dtype; V [keys][D] row-major is B [k = key][n = d],
-// read transposed by ldmatrix.trans.
+// acc's two rows of this thread times alpha (softmax_step's factors).
+template <int kDT>
+__device__ __forceinline__ void rescale_rows(float (&acc)[kDT][4], const float (&alpha)[2]) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+#pragma unroll
+        for (int i = 0; i < kDT; ++i) acc[i][2 * r] *= alpha[r], acc[i][2 * r + 1] *= alpha[r];
+    }
+}
+
+// The online softmax over one tile: softmax_step, and acc rescaled at once.
+template <int kNT, int kDT>
+__device__ __forceinline__ void online_softmax(float (&s)[kNT][4], const float (&tile_max)[2],
+                                               float (&m)[2], float (&l)[2],
+                                               float (&acc)[kDT][4]) {
+    float alpha[2];
+    softmax_step(s, tile_max, m, l, alpha);
+    rescale_rows(acc, alpha);
+}
+
+// The A fragments of P for P V: the S accumulators of keys 16 kk .. 16 kk + 15 (n8 tiles 2 kk
+// and 2 kk + 1 hold its columns 0-7 and 8-15), rounded to the dtype.
+template <typename T, int kNT>
+__device__ __forceinline__ void p_fragment(uint32_t (&a)[4], const float (&s)[kNT][4], int kk) {
+    a[0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+    a[1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+    a[2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    a[3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+}
+
+// acc += P V over the keys key0 .. key0 + 8 kNT - 1 of the V tile at `vt`: P's A fragments
+// (p_fragment); V [keys][D] row-major is B [k = key][n = d], read transposed by ldmatrix.trans.
 template <typename T, class S, int kNT, int kDT>
 __device__ __forceinline__ void pv_tile(float (&acc)[kDT][4], const float (&s)[kNT][4],
                                         uint32_t vt, int key0, int lane) {
@@ -140,17 +178,15 @@ __device__ __forceinline__ void pv_tile(float (&acc)[kDT][4], const float (&s)[k
     static_assert(kDT % 2 == 0, "V fragments: two n8 tiles per ldmatrix");
 #pragma unroll
     for (int kk = 0; kk < kNT / 2; ++kk) {
-        const uint32_t a0 = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
-        const uint32_t a1 = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
-        const uint32_t a2 = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-        const uint32_t a3 = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        uint32_t a[4];
+        p_fragment<T>(a, s, kk);
 #pragma unroll
         for (int dp = 0; dp < kDT / 2; ++dp) {
             uint32_t r[4];
             ldmatrix_x4_trans(r, vt + S::offset(key0 + kk * 16 + ((lane / 8) % 2) * 8 + lane % 8,
                                                 2 * dp + lane / 16));
-            mma_16x8x16<T>(acc[2 * dp], a0, a1, a2, a3, r[0], r[1]);
-            mma_16x8x16<T>(acc[2 * dp + 1], a0, a1, a2, a3, r[2], r[3]);
+            mma_16x8x16<T>(acc[2 * dp], a[0], a[1], a[2], a[3], r[0], r[1]);
+            mma_16x8x16<T>(acc[2 * dp + 1], a[0], a[1], a[2], a[3], r[2], r[3]);
         }
     }
 }

@@ -122,6 +122,13 @@ template <int kThreads> __device__ __forceinline__ void named_barrier_sync(int i
     asm volatile("bar.sync %0, %1;" ::"r"(id), "n"(kThreads) : "memory");
 }
 
+// bar.arrive id, kThreads: counts this warp's threads toward barrier `id` (as named_barrier_sync
+// with the same kThreads does) without waiting: a signal to the warps that sync on it.
+template <int kThreads> __device__ __forceinline__ void named_barrier_arrive(int id) {
+    static_assert(kThreads > 0 && kThreads % 32 == 0, "bar.arrive counts whole warps");
+    asm volatile("bar.arrive %0, %1;" ::"r"(id), "n"(kThreads) : "memory");
+}
+
 // setmaxnreg.dec.sync.aligned.u32: lowers this warpgroup's per-thread register limit to kRegs,
 // returning the rest to the pool (a producer warpgroup that needs few).
 template <int kRegs> __device__ __forceinline__ void setmaxnreg_dec() {
@@ -182,6 +189,9 @@ template <int kPending> __device__ __forceinline__ void wgmma_wait() {
 // offset the hardware ignores for that layout (1 by convention). The tile must then start
 // 1024-byte aligned; stepping K inside the 128-byte row just advances the start address, as the
 // hardware applies the XOR pattern to the final address, like TMA did when writing.
+// An N-major B tile (wgmma_m64nk16_rs's kTransB) written the same way holds rows of 64 16-bit n
+// values, one row per k: stride_bytes is then the distance between 8-k groups (1024, the rows'
+// period) and leading_bytes the distance between consecutive blocks of 64 n (another box).
 __device__ __forceinline__ uint64_t wgmma_descriptor(const void* tile,
                                                      WgmmaSwizzle swizzle = WgmmaSwizzle::k128B,
                                                      uint32_t stride_bytes = 1024,
@@ -205,10 +215,12 @@ __device__ __forceinline__ uint64_t wgmma_descriptor_advance(uint64_t desc, uint
 #define CK_WGMMA_DECADE(X, c, t)                                                                  \
     X(c, t##0) X(c, t##1) X(c, t##2) X(c, t##3) X(c, t##4) X(c, t##5) X(c, t##6) X(c, t##7)       \
     X(c, t##8) X(c, t##9)
-#define CK_WGMMA_ACC_64(X, c)                                                                     \
+#define CK_WGMMA_ACC_32(X, c)                                                                     \
     X(c, 1) X(c, 2) X(c, 3) X(c, 4) X(c, 5) X(c, 6) X(c, 7) X(c, 8) X(c, 9)                       \
-    CK_WGMMA_DECADE(X, c, 1) CK_WGMMA_DECADE(X, c, 2) CK_WGMMA_DECADE(X, c, 3)                    \
-    CK_WGMMA_DECADE(X, c, 4) CK_WGMMA_DECADE(X, c, 5) X(c, 60) X(c, 61) X(c, 62) X(c, 63)
+    CK_WGMMA_DECADE(X, c, 1) CK_WGMMA_DECADE(X, c, 2) X(c, 30) X(c, 31)
+#define CK_WGMMA_ACC_64(X, c)                                                                     \
+    CK_WGMMA_ACC_32(X, c) X(c, 32) X(c, 33) X(c, 34) X(c, 35) X(c, 36) X(c, 37) X(c, 38)          \
+    X(c, 39) CK_WGMMA_DECADE(X, c, 4) CK_WGMMA_DECADE(X, c, 5) X(c, 60) X(c, 61) X(c, 62) X(c, 63)
 #define CK_WGMMA_ACC_128(X, c)                                                                    \
     CK_WGMMA_ACC_64(X, c) X(c, 64) X(c, 65) X(c, 66) X(c, 67) X(c, 68) X(c, 69)                   \
     CK_WGMMA_DECADE(X, c, 7) CK_WGMMA_DECADE(X, c, 8) CK_WGMMA_DECADE(X, c, 9)                    \
@@ -247,42 +259,71 @@ __device__ __forceinline__ void wgmma_m64n256k32_s8(int32_t (&d)[128], uint64_t 
     CK_WGMMA_SS("m64n256k32.s32.s8.s8", CK_WGMMA_ACC_128, "+r", "128", "129", "130", "");
 }
 
+// wgmma.mma_async.sync.aligned.m64n128k16.f32.{f16,bf16}.{f16,bf16} with both matrices in shared
+// memory: d (64 x 128 float32 accumulators, 64 per thread, in the layout of wgmma_m64n128k32_s8)
+// += A (64 x 16, desc_a) x B^T (B: 128 x 16, desc_b), both K-major; accumulate = 0 overwrites d.
+template <typename T>
+__device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[64], uint64_t desc_a,
+                                                    uint64_t desc_b, int accumulate) {
+    static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>,
+                  "16-bit float operands");
+    if constexpr (std::is_same_v<T, __half>) {
+        CK_WGMMA_SS("m64n128k16.f32.f16.f16", CK_WGMMA_ACC_64, "+f", "64", "65", "66",
+                    ", 1, 1, 0, 0");
+    } else {
+        CK_WGMMA_SS("m64n128k16.f32.bf16.bf16", CK_WGMMA_ACC_64, "+f", "64", "65", "66",
+                    ", 1, 1, 0, 0");
+    }
+}
+
 // wgmma.mma_async.sync.aligned.m64nNk16.f32.{f16,bf16}.{f16,bf16} with A from registers, N =
-// 128 or 256: d (64 x N float32 accumulators, N / 2 per thread, in the layout of
-// wgmma_m64n128k32_s8) += A (64 x 16, a[0..3]) x B^T (B: N x 16, K-major in shared memory,
-// desc_b). A's fragment is the mma.sync m16n8k16 A fragment of each warp's 16 rows: warp w of
-// the warpgroup holds rows 16 w .. 16 w + 15; with g = lane / 4, t = lane % 4 (lower k in the low
-// half of a register):
+// 64, 128 or 256: d (64 x N float32 accumulators, N / 2 per thread, in the layout of
+// wgmma_m64n128k32_s8) += A (64 x 16, a[0..3]) x B (16 x N, desc_b). B is K-major in shared
+// memory (N rows of 16 k, kTransB false) or N-major (16 rows of N, kTransB true: the "transposed"
+// B of a row-major [k][n] tile, as attention's V [keys][d]). A's fragment is the mma.sync
+// m16n8k16 A fragment of each warp's 16 rows: warp w of the warpgroup holds rows 16 w .. 16 w +
+// 15; with g = lane / 4, t = lane % 4 (lower k in the low half of a register):
 //   a[0]: A[16w + g][2t, 2t + 1]        a[1]: A[16w + g + 8][2t, 2t + 1]
 //   a[2]: A[16w + g][2t + 8, 2t + 9]    a[3]: A[16w + g + 8][2t + 8, 2t + 9]
 // The registers of a are read asynchronously: they must not change until a wgmma_wait covers
 // this wgmma, and a wgmma_fence must separate their writes from it. accumulate = 0 overwrites d.
-// The operand numbers after the accumulators (a, desc_b, accumulate) are given as strings.
-#define CK_WGMMA_RS(kind, acc, n_a0, n_a1, n_a2, n_a3, n_desc, n_accumulate)                      \
+// The operand numbers after the accumulators (a, desc_b, accumulate, the transpose immediate)
+// are given as strings.
+#define CK_WGMMA_RS(kind, acc, n_a0, n_a1, n_a2, n_a3, n_desc, n_accumulate, n_trans)             \
     asm volatile("{\n.reg .pred p;\n"                                                             \
                  "setp.ne.b32 p, %" n_accumulate ", 0;\n"                                         \
                  "wgmma.mma_async.sync.aligned." kind " {%0" acc(CK_WGMMA_NAME, "+f") "}, "       \
-                 "{%" n_a0 ", %" n_a1 ", %" n_a2 ", %" n_a3 "}, %" n_desc ", p, 1, 1, 0;\n}\n"    \
+                 "{%" n_a0 ", %" n_a1 ", %" n_a2 ", %" n_a3 "}, %" n_desc ", p, 1, 1, %" n_trans  \
+                 ";\n}\n"                                                                         \
                  : "+f"(d[0]) acc(CK_WGMMA_OPERAND, "+f")                                         \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate))
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate),     \
+                   "n"(int(kTransB)))
 
-template <typename T, int kN>
+template <typename T, int kN, bool kTransB = false>
 __device__ __forceinline__ void wgmma_m64nk16_rs(float (&d)[kN / 2], const uint32_t (&a)[4],
                                                  uint64_t desc_b, int accumulate) {
     static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>,
                   "16-bit float operands");
-    static_assert(kN == 128 || kN == 256, "N = 128 or 256");
+    static_assert(kN == 64 || kN == 128 || kN == 256, "N = 64, 128 or 256");
     constexpr bool kHalf = std::is_same_v<T, __half>;
-    if constexpr (kN == 128 && kHalf) {
-        CK_WGMMA_RS("m64n128k16.f32.f16.f16", CK_WGMMA_ACC_64, "64", "65", "66", "67", "68", "69");
+    if constexpr (kN == 64 && kHalf) {
+        CK_WGMMA_RS("m64n64k16.f32.f16.f16", CK_WGMMA_ACC_32, "32", "33", "34", "35", "36", "37",
+                    "38");
+    } else if constexpr (kN == 64) {
+        CK_WGMMA_RS("m64n64k16.f32.bf16.bf16", CK_WGMMA_ACC_32, "32", "33", "34", "35", "36",
+                    "37", "38");
+    } else if constexpr (kN == 128 && kHalf) {
+        CK_WGMMA_RS("m64n128k16.f32.f16.f16", CK_WGMMA_ACC_64, "64", "65", "66", "67", "68", "69",
+                    "70");
     } else if constexpr (kN == 128) {
-        CK_WGMMA_RS("m64n128k16.f32.bf16.bf16", CK_WGMMA_ACC_64, "64", "65", "66", "67", "68", "69");
+        CK_WGMMA_RS("m64n128k16.f32.bf16.bf16", CK_WGMMA_ACC_64, "64", "65", "66", "67", "68",
+                    "69", "70");
     } else if constexpr (kHalf) {
         CK_WGMMA_RS("m64n256k16.f32.f16.f16", CK_WGMMA_ACC_128, "128", "129", "130", "131", "132",
-                    "133");
+                    "133", "134");
     } else {
         CK_WGMMA_RS("m64n256k16.f32.bf16.bf16", CK_WGMMA_ACC_128, "128", "129", "130", "131",
-                    "132", "133");
+                    "132", "133", "134");
     }
 }
 #endif  // CK_SM90A_DEVICE

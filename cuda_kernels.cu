@@ -849,6 +849,22 @@ ck_status_t check_attention_params(const Check& check, const ck_attention_params
     return CK_STATUS_SUCCESS;
 }
 
+std::string attention_facts(const ck::AttentionArgs& a) {
+    return ck::formatted("total_k=%lld, max_seqlen_q=%lld, num_heads_q=%d, batch=%d",
+                         (long long)a.total_k, (long long)a.max_seqlen_q, a.num_heads_q, a.batch);
+}
+
+bool attention_wgmma_serves(const ck::AttentionArgs& a, int) {
+    return ck::attention_wgmma_serves(a);
+}
+
+const ck::Variant<ck::AttentionArgs> kAttentionRows[] = {
+    {"wgmma", ck::attention_forward_wgmma, attention_wgmma_serves,
+     "keys (total_k >= 1), a compute capability 9.0 GPU and a build with sm_90a"},
+    {"mma", ck::attention_forward, ck::any_call, "nothing"},
+};
+const auto kAttention = ck::variant_table("CK_ATTENTION_KERNEL", kAttentionRows, attention_facts);
+
 // ---------------------------------------------------------------------------------------------
 // Attention decode: every field of ck_attention_decode_params_t, in the struct's order (the
 // pointers only when `pointers`: ck_attention_decode_workspace_size reads none, block_table
@@ -1602,7 +1618,7 @@ ck_status_t ck_attention_forward(const ck_attention_params_t* params, ck_stream_
     ck::AttentionArgs args;
     CK_TRY(check_attention_params(check, params, &args));
     CK_TRY(check_attention_gpu(check));
-    return check.launch([&] { return ck::attention_forward(args, stream); });
+    return ck::run_variant(check, kAttention, args, stream);
 }
 
 

@@ -852,7 +852,8 @@ CK_API ck_status_t ck_moe_forward(const ck_moe_params_t* params, void* workspace
                                   size_t workspace_bytes, ck_stream_t stream);
 
 /* ---------------------------------------------------------------------------------------------
- * Attention (prefill, fp16/bf16, FlashAttention-2's algorithm on mma.sync)
+ * Attention (prefill, fp16/bf16: FlashAttention-3's structure on Hopper, FlashAttention-2's
+ * algorithm on mma.sync elsewhere)
  *
  * For each sequence b, query head h and query i of the sequence (Sq queries, Sk keys), over the
  * keys j the query sees:
@@ -862,9 +863,16 @@ CK_API ck_status_t ck_moe_forward(const ck_moe_params_t* params, void* workspace
  * iff j <= i + Sk - Sq (the diagonal ends at the bottom right, as FlashAttention >= 2.1: the
  * queries are the last Sq positions of the sequence). A query that sees no key (Sk = 0, or
  * causal with i < Sq - Sk) gets O = 0 and lse = -inf exactly. tests/reference.py
- * (attention_forward_f64) is the executable spec; the kernel computes x and the softmax in
- * float32 with an online (running max) softmax over blocks of 64 keys, rounds the weights p to
- * the dtype before p v (float32 sums), and meets attention_error_bound (block_n = 64).
+ * (attention_forward_f64) is the executable spec; the kernels compute x and the softmax in
+ * float32 with an online (running max) softmax over blocks of 64 ("mma") or 128 ("wgmma") keys,
+ * round the weights p to the dtype before p v (float32 sums), and meet attention_error_bound
+ * (block_n = 64, which bounds both).
+ *
+ * Kernels: "wgmma" (compute capability 9.0 with the library's sm_90a code, and total_k >= 1:
+ * TMA, warpgroup MMAs, a producer warpgroup feeding two consumer warpgroups, 128 x 128 tiles)
+ * where it serves, "mma" (mma.sync, compute capability 8.0+) for every other call. The
+ * environment variable CK_ATTENTION_KERNEL (auto, wgmma, mma) forces one, as
+ * CK_GEMM_W4A16_KERNEL does.
  *
  * Layout: q [total_q, Hq, D], k and v [total_k, Hkv, D], out like q, contiguous (element
  * (t, h, d) at (t * H + h) * D + d); lse [total_q, Hq] float32, token-major like out. A batch is

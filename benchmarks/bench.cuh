@@ -1113,6 +1113,18 @@ class Bench {
     std::vector<std::string> families_;  // in order of first appearance
 };
 
+// "CK_GEMM_W4A16_KERNEL=tc" when the variable forces a kernel variant; empty when unset or "auto".
+inline std::string kernel_override(const char* variable) {
+    const char* value = std::getenv(variable);
+    if (!value || !*value || std::string(value) == "auto") return "";
+    return std::string(variable) + "=" + value;
+}
+
+inline void kernel_override_note(Row& row, const char* variable) {
+    const std::string forced = kernel_override(variable);
+    if (!forced.empty()) Bench::append_note(row, "variant forced by " + forced);
+}
+
 // Times a sequence as the rows of families with many launches per call do: runs it once directly
 // (fatal if it fails: callers check its output), captures one graph per rotation copy and times
 // their replays, so that host launch gaps stay out of the comparison; falls back to direct

@@ -5,7 +5,9 @@
 // Prefill. Problems: the prefill shapes of the attention targets (batch B of equal sequences of
 // S queries and S keys, Hq query heads over Hkv kv heads, head dim D, causal or not), bf16 and
 // fp16 (--quick: one small shape; --size does not apply). Rows of each (shape, dtype):
-//   ck_attention_forward          the fused kernel (one launch); baseline "cuBLAS + softmax".
+//   ck_attention_forward          the fused kernel (one launch; the automatic choice, wgmma on
+//                                 Hopper, unless CK_ATTENTION_KERNEL forces one: the row's note
+//                                 says so); baseline "cuBLAS + softmax".
 //   cuBLAS + softmax              the unfused pipeline on cuBLAS: per sequence (and kv head under
 //                                 GQA), a strided-batched GEMM S = scale Q K^T into float32, a
 //                                 softmax kernel (mask, max, exp, sum) writing P in the dtype,
@@ -326,6 +328,7 @@ class Problem {
             const ck_attention_params_t p = params(copies_[size_t(i) % copies_.size()]);
             CK_BENCH_CHECK(ck_attention_forward(&p, bench_.stream()));
         });
+        if (row) kernel_override_note(*row, "CK_ATTENTION_KERNEL");
         // The last call wrote copy (calls - 1) % copies; recompute copy 0 for the comparisons.
         const ck_attention_params_t p = params(copies_[0]);
         CK_BENCH_CHECK(ck_attention_forward(&p, bench_.stream()));

@@ -114,7 +114,7 @@ class Problem {
                 s.out.as(), bench_.stream()));
         });
         if (fp16) Bench::set_baseline(*row, "cuBLAS fp16", fp16->time);
-        gemm_bench::kernel_override_note(*row, "CK_GEMM_W4A16_KERNEL");
+        kernel_override_note(*row, "CK_GEMM_W4A16_KERNEL");
         stream_note(*row, int4_weight_bytes());
         return row;
     }
@@ -132,7 +132,7 @@ class Problem {
                 CK_ACTIVATION_NONE, m_, n_, k_, s.out.as(), bench_.stream()));
         });
         if (fp16) Bench::set_baseline(*row, "cuBLAS fp16", fp16->time);
-        gemm_bench::kernel_override_note(*row, "CK_GEMM_BLOCK4_KERNEL");
+        kernel_override_note(*row, "CK_GEMM_BLOCK4_KERNEL");
         stream_note(*row, block4_weight_bytes(fmt));
         if (int4)
             Bench::append_note(*row, "vs INT4 g128 " +

@@ -119,18 +119,6 @@ inline bool int4_scaled_row_at(int64_t m, bool quick) {
     return m == (quick ? kQuickInt4ScaledTokens : kInt4ScaledTokens);
 }
 
-// "CK_GEMM_W4A16_KERNEL=tc" when the variable forces a kernel variant; empty when unset or "auto".
-inline std::string kernel_override(const char* variable) {
-    const char* value = std::getenv(variable);
-    if (!value || !*value || std::string(value) == "auto") return "";
-    return std::string(variable) + "=" + value;
-}
-
-inline void kernel_override_note(Row& row, const char* variable) {
-    const std::string forced = kernel_override(variable);
-    if (!forced.empty()) Bench::append_note(row, "variant forced by " + forced);
-}
-
 // A fp16 GEMM row of the weight-only families (block4, qkv): 2 M N K flops, `bytes` its floor,
 // `copies` the rotation copies of its inputs.
 inline RowSpec weight_only_spec(const char* family, const std::string& kernel,

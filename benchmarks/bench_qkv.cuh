@@ -196,7 +196,7 @@ class Problem {
             CK_BENCH_CHECK(ck_qkv_projection(&p, bench_.stream()));
         });
         if (unfused) Bench::set_baseline(*row, "unfused", unfused->time);
-        gemm_bench::kernel_override_note(*row, fmt.format == CK_WEIGHT4_INT4 ? "CK_GEMM_W4A16_KERNEL"
+        kernel_override_note(*row, fmt.format == CK_WEIGHT4_INT4 ? "CK_GEMM_W4A16_KERNEL"
                                                                              : "CK_GEMM_BLOCK4_KERNEL");
         Bench::append_note(*row, "weight stream " +
                                      format("%.1f", bench_.percent_of_copy(weight, row->time.median_us)) +

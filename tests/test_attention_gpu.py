@@ -3,7 +3,8 @@
 - O within ref.attention_error_bound (block_n = 64, the kernel's key tile) of the float64
   reference ref.attention_forward_f64, element by element, and lse within its lse bound; a query
   that sees no key has O = 0 and lse = -inf exactly.
-- Shapes: one sequence of S = 1, 63, 65, 127, 129, 300 queries and keys (partial 64-row tiles),
+- Shapes: one sequence of S = 1, 63, 65, 127, 129, 300, 700 queries and keys (partial tiles of
+  64 and 128 rows; 700 wraps the Hopper kernel's ring of key tiles),
   Sq < Sk and Sq > Sk, causal (bottom-right aligned) and not; packed batches with empty
   sequences, sequences without keys and sequences shorter than their keys, and the reverse;
   GQA (32 query heads over 8 kv heads) and MQA (1 kv head); D 64 and 128; fp16 and bf16; large
@@ -12,6 +13,12 @@
 - Bad arguments return their status and write nothing; device offsets that break the header's
   promise (past the totals, longer than max_seqlen_q) never write out of bounds.
 - The wrapper's attention() gives the raw call's bits.
+- Non-finite values in the next sequence's keys and values (a packed batch) leave a sequence's
+  output as it is: its last key tile reads them, and must weigh them by nothing.
+
+Every test runs twice: on the Hopper kernel ("wgmma", compute capability 9.0 only: skipped
+elsewhere) and on the mma.sync kernel, forced through CK_ATTENTION_KERNEL. Both meet the bound
+of 64-key blocks (the wgmma kernel's 128-key blocks rescale less often).
 
 Every output is poisoned and sits between guard regions (gpu_support.GuardedBuffer): an
 unwritten element or a write out of bounds fails. The tests skip without a CUDA device. Each
@@ -25,7 +32,7 @@ import cuda_wrapper as ck
 import reference as ref
 from gpu_support import (
     CK_DTYPE, GuardedBuffer, KernelCall, POISON, assert_bitwise_equal, assert_graph_replays,
-    assert_within, compute_capability, random_normal, synchronize, write_buffers,
+    assert_within, compute_capability, force_variant, random_normal, synchronize, write_buffers,
 )
 
 pytestmark = pytest.mark.gpu
@@ -41,6 +48,17 @@ def sm80():
     cc = compute_capability()
     if cc < (8, 0):
         pytest.skip(f"ck_attention_forward needs compute capability 8.0+ (this GPU: {cc})")
+
+
+# The library's override of the prefill kernel (read on every call, like CK_GEMM_*_KERNEL).
+ATTENTION_KERNEL_ENV = "CK_ATTENTION_KERNEL"
+
+
+@pytest.fixture(autouse=True, params=["wgmma", "mma"])
+def kernel(request, monkeypatch, sm80):
+    """Every test runs on both kernels: the Hopper one (skipped on other GPUs) and mma.sync."""
+    force_variant(monkeypatch, ATTENTION_KERNEL_ENV, request.param)
+    return request.param
 
 
 class AttentionCall(KernelCall):
@@ -131,7 +149,7 @@ def context(seed, **facts):
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("seqlen", [1, 63, 65, 127, 129, 300])
+@pytest.mark.parametrize("seqlen", [1, 63, 65, 127, 129, 300, 700])
 def test_one_sequence(seed, dtype, head_dim, causal, seqlen):
     rng = np.random.default_rng(seed)
     call = AttentionCall(rng, dtype, head_dim, 4, 2, causal, seqlen, seqlen)
@@ -185,6 +203,45 @@ def test_grouped_heads(seed, dtype, heads_q, heads_kv, causal):
                          lengths_k=[129, 100])
     call.launch()
     call.check(context(seed, dtype=dtype, Hq=heads_q, Hkv=heads_kv, causal=causal))
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_many_work_items_per_block(seed, head_dim, causal):
+    """6 query blocks x 32 heads x 4 sequences = 768 work items of 128 query rows: the Hopper
+    kernel's persistent blocks (one per SM) take several each, in both orders, some of them
+    without queries (past a short sequence) or without keys."""
+    rng = np.random.default_rng(seed)
+    call = AttentionCall(rng, "bf16", head_dim, 32, 4, causal, lengths_q=[300, 5, 129, 700],
+                         lengths_k=[300, 0, 200, 700])
+    call.launch()
+    call.check(context(seed, D=head_dim, causal=causal))
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_next_sequence_nonfinite_values_stay_out(seed, dtype, head_dim, causal):
+    """Sequence 0's last key tile (100 keys of 128, or of 64 and 36) ends inside sequence 1,
+    whose k holds inf and v NaN: sequence 0's O and lse must be those of its own keys."""
+    rng = np.random.default_rng(seed)
+    call = AttentionCall(rng, dtype, head_dim, 2, 1, causal, lengths_q=[100, 30],
+                         lengths_k=[100, 60])
+    q, k, v = call.host
+    bad = 0x7C00 if dtype == "fp16" else 0x7F80              # +inf
+    k[100:].view(np.uint16)[...] = bad
+    v[100:].view(np.uint16)[...] = bad | 0x0200              # a quiet NaN
+    write_buffers((call.q, call.k, call.v), call.host)
+    call.launch()
+    synchronize()
+    ctx = context(seed, dtype=dtype, D=head_dim, causal=causal)
+    args = (q[:100], k[:100], v[:100], None, None, None, causal, dtype)
+    o, lse = ref.attention_forward_f64(*args)
+    o_tol, lse_tol = ref.attention_error_bound(*args, block_n=KERNEL_BLOCK_N)
+    got = ref.to_f32(call.outputs["out"].read(f"out, {ctx}"), dtype).astype(np.float64)
+    assert_within(got[:100], o, o_tol, f"O of sequence 0, {ctx}")
+    got_lse = call.outputs["lse"].read(f"lse, {ctx}").astype(np.float64)
+    assert_within(got_lse[:100], lse, lse_tol, f"lse of sequence 0, {ctx}")
 
 
 # ---------------------------------------------------------------------------------------------

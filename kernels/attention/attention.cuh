@@ -33,6 +33,12 @@ struct AttentionArgs {
     float scale;
     bool causal;
 };
+// The mma.sync kernel (attention_fwd.cu, compute capability 8.0+), every validated call.
 cudaError_t attention_forward(const AttentionArgs& args, cudaStream_t stream);
+
+// The Hopper kernel (attention_fwd_sm90.cu): calls with keys (total_k >= 1), on a compute
+// capability 9.0 GPU with the library's sm_90a code.
+bool attention_wgmma_serves(const AttentionArgs& args);
+cudaError_t attention_forward_wgmma(const AttentionArgs& args, cudaStream_t stream);
 
 }  // namespace ck

@@ -11,11 +11,12 @@
 // Algorithm. Work items of (128 query rows, query head, sequence); one persistent CTA per SM
 // takes one item per round, in a snake order (snake_item; WorkItem numbers them), 384 threads:
 //   - warpgroup 2, the producer, hands most of its registers to the consumers (setmaxnreg); its
-//     warp 8's lane 0 loads an item's Q tile (once its predecessor's last S = Q K^T is done),
+//     warp 8's lane 0 loads an item's Q tile (once the previous item's last S = Q K^T is done),
 //     then each K and V tile of 128 keys into a kStages-deep ring that runs on across items, K
 //     and V with barriers of their own (the consumers multiply by K while V still lands), every
-//     stage guarded by a "full" and an "empty" mbarrier. The next item's loads thus overlap the
-//     end of the current one (its last P V and its stores).
+//     buffer and stage guarded by a "full" and an "empty" mbarrier. The next item's loads thus
+//     overlap the current one's last tiles and stores. (A second Q buffer, loading the next
+//     item's Q earlier, measured no faster on the benchmark shapes.)
 //   - warpgroups 0 and 1, the consumers, own query rows 64 c .. 64 c + 63 of the tile. Per key
 //     tile: S = Q K^T (D / 16 wgmma m64n128k16, both operands K-major in shared memory, 64
 //     float32 per thread), the mask where the tile crosses the causal diagonal or the sequence's
@@ -232,7 +233,6 @@ attention_fwd_wgmma_kernel(const __grid_constant__ CUtensorMap map_q,
     const int c = warp / 4, w = warp % 4;
     const int g = lane / 4, t = lane % 4;
     const float scale_log2 = a.scale * kLog2e;
-    const uint64_t q_desc = wgmma_descriptor(q_tile + c * kWgmmaM * kSwizzleBytes);
     constexpr int kPairThreads = kConsumers * kWarpgroupThreads;
     static_assert(kConsumers == 2, "two warpgroups take turns");
 
@@ -244,7 +244,22 @@ attention_fwd_wgmma_kernel(const __grid_constant__ CUtensorMap map_q,
     auto& s = reinterpret_cast<float(&)[kNT][4]>(s_flat);
     uint32_t p[kPS][4];  // P of the previous tile, rounded: the A operand of its P V
     uint32_t q_loads = 0;
+    const uint64_t q_desc = wgmma_descriptor(q_tile + c * kWgmmaM * kSwizzleBytes);
     int64_t slot0 = 0;   // the ring slot of the item's first tile
+    // The two consumer warpgroups take turns to issue their wgmmas (FlashAttention-3's
+    // "ping-pong"): while one runs its softmax, the tensor cores serve the other. Turn k of
+    // warpgroup 0 follows turn k - 1 of warpgroup 1 (warpgroup 1 gives it a free first turn),
+    // turn k of warpgroup 1 follows turn k of warpgroup 0, across items (both take tiles + 1 turns
+    // per item): a warpgroup that finishes an item starts the next one's wgmmas as soon as the
+    // other has issued its last, not after its stores. Warpgroup 0 takes one turn more at the end,
+    // which consumes warpgroup 1's last arrival.
+    bool took_turns = false;
+    auto begin_turn = [&] {
+        if (!took_turns && c == 1) named_barrier_arrive<kPairThreads>(kTurnBarrier);
+        took_turns = true;
+        named_barrier_sync<kPairThreads>(kTurnBarrier + c);
+    };
+    auto end_turn = [&] { named_barrier_arrive<kPairThreads>(kTurnBarrier + (1 - c)); };
 
     for (int64_t round = 0; round * gridDim.x < items; ++round) {
         const int64_t index = snake_item(round);
@@ -314,15 +329,6 @@ attention_fwd_wgmma_kernel(const __grid_constant__ CUtensorMap map_q,
             fence_proxy_async_shared();  // the zeros, visible to the wgmmas that read the tile
             named_barrier_sync<kPairThreads>(kZeroBarrier);
         };
-        // The two consumer warpgroups take turns to issue their wgmmas (FlashAttention-3's
-        // "ping-pong"): while one runs its softmax, the tensor cores serve the other. In each
-        // item, turn k of warpgroup 0 follows turn k - 1 of warpgroup 1 (a free first turn), turn
-        // k of warpgroup 1 turn k of warpgroup 0; each takes tiles + 1 turns, and warpgroup 1
-        // gives no turn after its last, so that every arrival is consumed within the item.
-        auto begin_turn = [&] { named_barrier_sync<kPairThreads>(kTurnBarrier + c); };
-        auto end_turn = [&](bool last) {
-            if (c == 0 || !last) named_barrier_arrive<kPairThreads>(kTurnBarrier + (1 - c));
-        };
         // One arrival per consumer warp on an empty barrier, once the wgmmas reading it retired.
         auto release = [&](uint64_t* bar) {
             __syncwarp();
@@ -339,10 +345,15 @@ attention_fwd_wgmma_kernel(const __grid_constant__ CUtensorMap map_q,
             const bool edge = n0 + kBlockN > wi.sk.len ||
                               (kCausal && n0 + kBlockN - 1 > wg_row0 + wi.diagonal);
             if (edge) {
+                // In 32 bits (tokens < 2^31): the key's offset in the tile against the tile's
+                // key count and the thread's two last visible keys, relative to n0.
+                const int len = int(min(wi.sk.len - n0, int64_t(kBlockN)));
+                const int64_t last = row0 + wi.diagonal - n0;  // row0's last visible key
+                const int last0 = int(max(min(last, int64_t(kBlockN)), int64_t(-1)));
+                const int last1 = int(max(min(last + 8, int64_t(kBlockN)), int64_t(-1)));
                 mask_tile(s, tile_max, scale_log2, [&](int i, int e) {
-                    const int64_t key = n0 + i * 8 + 2 * t + (e & 1);
-                    const int64_t row = row0 + (e / 2) * 8;
-                    return key < wi.sk.len && (!kCausal || key <= row + wi.diagonal);
+                    const int key = i * 8 + 2 * t + (e & 1);
+                    return key < len && (!kCausal || key <= (e < 2 ? last0 : last1));
                 });
             } else {
                 mask_tile(s, tile_max, scale_log2, [](int, int) { return true; });
@@ -360,11 +371,10 @@ attention_fwd_wgmma_kernel(const __grid_constant__ CUtensorMap map_q,
         // producer loads the next item's) once the item's last S is done.
         if (tiles > 0) {
             mbar_wait(q_full, q_loads++ & 1);
-            if (c == 1) named_barrier_arrive<kPairThreads>(kTurnBarrier);  // warpgroup 0 first
             float alpha[2];
             begin_turn();
             issue_qk(0);
-            end_turn(false);
+            end_turn();
             wgmma_wait<0>();
             wgmma_fence_operands(s_flat);
             release_stage(k_empty, 0);
@@ -375,7 +385,7 @@ attention_fwd_wgmma_kernel(const __grid_constant__ CUtensorMap map_q,
                 begin_turn();
                 issue_qk(j);
                 issue_pv(j - 1);
-                end_turn(false);
+                end_turn();
                 wgmma_wait<1>();  // S of tile j (the older group) is done
                 wgmma_fence_operands(s_flat);
                 release_stage(k_empty, j);
@@ -392,7 +402,7 @@ attention_fwd_wgmma_kernel(const __grid_constant__ CUtensorMap map_q,
             zero_foreign_tail();
             begin_turn();
             issue_pv(tiles - 1);
-            end_turn(true);
+            end_turn();
             wgmma_wait<0>();
             wgmma_fence_operands(o);
 #pragma unroll
@@ -414,6 +424,7 @@ attention_fwd_wgmma_kernel(const __grid_constant__ CUtensorMap map_q,
                 a.lse[(wi.sq.start + wi.q0 + row) * a.num_heads_q + wi.h] = row_lse(m[r], sum);
         }
     }
+    if (took_turns && c == 0) begin_turn();  // the last arrival of warpgroup 1
 #endif  // CK_SM90A_DEVICE
 }
 

@@ -1973,7 +1973,8 @@ def attention_decode_kv_bytes(seqlens_k, num_heads_kv, head_dim, dtype):
 #    n = Sk + nb + num_splits roundings (additions, rescalings, the split's weight), as does l:
 #        E_acc = (2 gamma(n) + 4u) V_abs,
 #        V_abs = (1 + u_d) V_hi + (u_d tiny_d + FLT_MIN) sum_j |v_j|,
-#    4u for the division by l, the stored partial O_s, its weight and the final division.
+#    4u for the division by l, the stored partial O_s, its weight and the final division (a
+#    single pass that multiplies by the correctly rounded 1 / l instead rounds twice: 2u).
 # Bound: |O_kernel - O| <= E + ulp_d(|O| + E) / 2 with E = SLACK (E_soft + E_P + E_acc) (the
 # kernel rounds its float32 O to the dtype once), and
 #        |lse_kernel - lse| <= SLACK (ln(sum_j w_j e^{tau_j}) + 2 gamma(n) + 2 E_log + 8 u W)

@@ -160,7 +160,7 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_kernel(const Attention
     }
     cp_async_wait<0>();  // no copy may still target shared memory when the block exits
 
-    // O = acc / l (a true division, as the error model assumes); rows without keys (l = 0,
+    // O = acc x (1 / l) (store_row_scaled); rows without keys (l = 0,
     // m = -inf) write O = 0 and lse = -inf.
     T* out = static_cast<T*>(a.out) + (sq.start + q0) * q_stride + int64_t(h) * kD;
 #pragma unroll
@@ -168,7 +168,7 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_kernel(const Attention
         const int64_t row = warp * 16 + g + 8 * r;  // within the block
         const float sum = quad_sum(l[r]);
         if (row >= rows) continue;
-        store_row(out + row * q_stride + 2 * t, acc, r, sum);
+        store_row_scaled(out + row * q_stride + 2 * t, acc, r, sum);
         if (a.lse && t == 0) a.lse[(sq.start + q0 + row) * a.num_heads_q + h] = row_lse(m[r], sum);
     }
 }

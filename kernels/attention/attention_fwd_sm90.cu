@@ -411,7 +411,7 @@ attention_fwd_wgmma_kernel(const __grid_constant__ CUtensorMap map_q,
             slot0 += tiles;
         }
 
-        // O = acc / l; rows without keys (l = 0, m = -inf) write O = 0 and lse = -inf.
+        // O = acc x (1 / l); rows without keys (l = 0, m = -inf) write O = 0, lse = -inf.
         const int64_t q_stride = int64_t(a.num_heads_q) * kD;
         T* out = static_cast<T*>(a.out) + (wi.sq.start + wi.q0) * q_stride + int64_t(wi.h) * kD;
 #pragma unroll
@@ -419,7 +419,7 @@ attention_fwd_wgmma_kernel(const __grid_constant__ CUtensorMap map_q,
             const int64_t row = c * kWgmmaM + w * 16 + g + 8 * r;  // within the item's rows
             const float sum = quad_sum(l[r]);
             if (row >= wi.rows) continue;
-            store_row(out + row * q_stride + 2 * t, acc, r, sum);
+            store_row_scaled(out + row * q_stride + 2 * t, acc, r, sum);
             if (a.lse && t == 0)
                 a.lse[(wi.sq.start + wi.q0 + row) * a.num_heads_q + wi.h] = row_lse(m[r], sum);
         }

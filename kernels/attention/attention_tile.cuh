@@ -201,7 +201,8 @@ __device__ __forceinline__ void pv_tile(float (&acc)[kDT][4], const float (&s)[k
 }
 
 // Row r of the thread (columns 2t, 2t + 1 of every n8 tile; o already points at column 2t):
-// O = acc / sum (a true division, as the error model assumes), 0 where the row saw no key.
+// O = acc / sum (true divisions), 0 where the row saw no key. For the split partials, whose
+// roundings the error model counts one by one (tests/reference.py, attention_error_bound).
 template <typename Out, int kDT>
 __device__ __forceinline__ void store_row(Out* o, const float (&acc)[kDT][4], int r, float sum) {
 #pragma unroll
@@ -210,6 +211,17 @@ __device__ __forceinline__ void store_row(Out* o, const float (&acc)[kDT][4], in
         const float o1 = sum > 0.f ? acc[i][2 * r + 1] / sum : 0.f;
         store2(o + i * 8, o0, o1);
     }
+}
+
+// The same as O = acc x (1 / sum), the reciprocal correctly rounded once per row (two roundings
+// per value where the division has one, within the model's 4u for a single pass): one multiply
+// per value instead of a division's dozen instructions, in the epilogue of every work item.
+template <typename Out, int kDT>
+__device__ __forceinline__ void store_row_scaled(Out* o, const float (&acc)[kDT][4], int r,
+                                                 float sum) {
+    const float inv = sum > 0.f ? __frcp_rn(sum) : 0.f;
+#pragma unroll
+    for (int i = 0; i < kDT; ++i) store2(o + i * 8, acc[i][2 * r] * inv, acc[i][2 * r + 1] * inv);
 }
 
 // A row's lse = (m + log2(l)) ln(2) from its base-2 maximum and its sum; -inf without keys.

@@ -80,7 +80,7 @@ def backends(torch):
 
 
 def run_case(torch, backend, make, flops, reps):
-    """One row: (name, backend, us, TFLOP/s or None, note)."""
+    """One backend on one shape: (us, TFLOP/s or None, note); us None where it refuses."""
     from torch.nn.attention import sdpa_kernel
     import torch.nn.functional as F
     try:

@@ -971,9 +971,13 @@ CK_API ck_status_t ck_attention_forward(const ck_attention_params_t* params, ck_
  * not depend on the GPU): with R = (Hq / Hkv) * seqlen_q rows per kv head,
  *   row_groups = ceil(R / w), w = 16 (R <= 16), 32 (R <= 32) or 64,
  *   ctas       = batch * Hkv * row_groups,
- *   num_splits = max(1, min(ceil(264 / ctas), 64, ceil(max_seqlen_k / 128)))
- * (about two waves of 132 SMs, each split at least 128 keys), unless params->num_splits
- * forces a count. Workspace (num_splits > 1), with rows = num_splits * batch * seqlen_q * Hq:
+ *   n          = ceil(max_seqlen_k / 64)        (key blocks of the longest sequence),
+ *   per(s)     = ceil(n / s)                    (blocks of a split of s),
+ *   cost(s)    = ceil(ctas * ceil(n / per(s)) / 264) * per(s),
+ *   num_splits = the s in 1 .. min(64, ceil(max_seqlen_k / 128)) of the least cost, the
+ *                smallest among equals
+ * (waves of 264 CTAs, two per SM of the 132-SM H100 the library is tuned on, times the blocks
+ * each CTA streams; each split at least 128 keys), unless params->num_splits forces a count. Workspace (num_splits > 1), with rows = num_splits * batch * seqlen_q * Hq:
  *   float32 O_s [num_splits, batch, seqlen_q, Hq, D] at byte 0 (rows * D * 4 bytes, rounded up
  *   to a multiple of 256), then float32 lse_s [num_splits, batch, seqlen_q, Hq] (rows * 4
  *   bytes, rounded up to 256); an empty split (or one wholly after a token) has lse_s = -inf and

@@ -33,9 +33,12 @@
 // attention_decode_kv_bytes: B KV Hkv D 2 x 2 bytes) plus q and out; the block table and the
 // partials are not counted. "% copy" is that at the measured copy bandwidth: the target of a
 // memory-bound decode kernel.
-// Timing: each row replays a CUDA graph of one call (the split kernel and the combine), as a
-// serving engine does; copies of every buffer are rotated so that each call reads its K and V
-// from DRAM (rotation_copies: twice L2 of traffic between two uses of a byte).
+// Timing: each row replays one CUDA graph of kDecodeCallsPerGraph calls (each the split kernel
+// and the combine) over rotated copies of every buffer, so that each call reads its K and V from
+// DRAM (rotation_copies: twice L2 of traffic between two uses of a byte); the time per call is
+// the replay's over the calls. A serving engine captures a whole decode step likewise: a graph
+// of one call would time the replay's own gap, several microseconds, beside a 10 us kernel.
+// bench_sdpa.py times SDPA's decode the same way.
 #pragma once
 
 #include <iterator>
@@ -487,10 +490,11 @@ constexpr int64_t kHeadsQ = 32, kHeadsKv = 8, kHeadDim = 128, kNewTokens = 1;
 constexpr int64_t kPageSizes[] = {0, 16, 64};  // 0: the contiguous cache
 constexpr ck_dtype_t kDtype = CK_DTYPE_FP16;
 
-// One copy of a call's buffers and its captured graph.
+constexpr int kDecodeCallsPerGraph = 32;  // rounded up to a multiple of the copies
+
+// One copy of a call's buffers.
 struct Copy {
     DeviceBuffer q, k, v, out, seqlens, table, workspace;
-    cudaGraphExec_t graph = nullptr;
 };
 
 inline std::string layout_name(int64_t page_size) {
@@ -552,36 +556,42 @@ inline void run_problem(Bench& bench, const Problem& problem, int64_t page_size)
                                            cudaMemcpyHostToDevice, stream));
         }
         CK_BENCH_CHECK(cudaStreamSynchronize(stream));  // the host vectors outlive the copies
+    }
 
+    const auto call_on = [&](const Copy& s) {
         ck_attention_decode_params_t call = p;
         call.q = s.q.as(), call.k_cache = s.k.as(), call.v_cache = s.v.as();
         call.seqlens_k = s.seqlens.as<int32_t>(), call.out = s.out.as();
         call.block_table = page_size ? s.table.as<int32_t>() : nullptr;
-        CK_BENCH_CHECK(ck_attention_decode(&call, s.workspace.as(), s.workspace.bytes(),
-                                           stream));  // once directly: errors surface here
-        CK_BENCH_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-        CK_BENCH_CHECK(ck_attention_decode(&call, s.workspace.as(), s.workspace.bytes(),
-                                           stream));
-        cudaGraph_t graph = nullptr;
-        CK_BENCH_CHECK(cudaStreamEndCapture(stream, &graph));
-        CK_BENCH_CHECK(cudaGraphInstantiate(&s.graph, graph, 0));
-        CK_BENCH_CHECK(cudaGraphDestroy(graph));
-    }
+        return ck_attention_decode(&call, s.workspace.as(), s.workspace.bytes(), stream);
+    };
+    for (const Copy& s : sets) CK_BENCH_CHECK(call_on(s));  // directly: errors surface here
     CK_BENCH_CHECK(cudaStreamSynchronize(stream));
-
-    Row* row = bench.run(spec, [&](int iteration) {
-        CK_BENCH_CHECK(cudaGraphLaunch(sets[size_t(iteration) % sets.size()].graph, stream));
-    });
-    if (row) {
+    const int calls = copies * ((kDecodeCallsPerGraph + copies - 1) / copies);
+    std::string why;
+    const std::optional<Graph> graph = Graph::capture(
+        stream,
+        [&](StepStatus& status, int) {
+            for (int i = 0; i < calls; ++i) CK_BENCH_STEP(status, call_on(sets[size_t(i) % copies]));
+        },
+        0, &why);
+    if (!graph) {
+        std::fprintf(stderr, "decode: graph capture failed: %s\n", why.c_str());
+        std::exit(kExitFailure);
+    }
+    Timing t = bench.time([&](int) { graph->launch(stream); });
+    t.median_us /= calls, t.min_us /= calls, t.max_us /= calls;
+    Row& row = bench.record(spec, t);
+    {
         // The splits the library chose: 0 workspace bytes is one split, else the workspace
         // formula's O_s and lse_s (their 256-byte padding is less than one split's share).
         const int64_t rows = batch * kNewTokens * kHeadsQ;
         const int64_t splits = ws_bytes == 0 ? 1 : int64_t(ws_bytes) / (rows * (kHeadDim + 1) * 4);
-        Bench::append_note(*row, format("%.0f%% copy on K/V bytes", bench.percent_of_copy(
-                                            double(kv_bytes), row->time.median_us)));
-        Bench::append_note(*row, std::to_string(splits) + " splits");
+        Bench::append_note(row, format("%.0f%% copy on K/V bytes", bench.percent_of_copy(
+                                           double(kv_bytes), row.time.median_us)));
+        Bench::append_note(row, std::to_string(splits) + " splits");
+        Bench::append_note(row, std::to_string(calls) + " calls per graph");
     }
-    for (Copy& s : sets) CK_BENCH_CHECK(cudaGraphExecDestroy(s.graph));
 }
 
 }  // namespace attention_bench

@@ -3,7 +3,7 @@
 scaled_dot_product_attention (SDPA) with its FlashAttention-2 ("flash") and cuDNN backends, on
 the shapes of ck_bench's attention family, timed on the same GPU (run it beside ck_bench).
 
-    python3 benchmarks/bench_sdpa.py [--out DIR] [--reps 50]
+    python3 benchmarks/bench_sdpa.py [--out DIR] [--reps 50] [--only prefill|decode]
 
 Prefill: (B, Hq/Hkv, S, D, mask) as benchmarks/bench_attention.cuh's kShapes, bf16 and fp16,
 q [B, Hq, S, D] and k, v [B, Hkv, S, D] (SDPA's layout; enable_gqa where Hq != Hkv), causal
@@ -101,6 +101,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None, help="write sdpa-<gpu>-<date>.md there")
     parser.add_argument("--reps", type=int, default=50)
+    parser.add_argument("--only", choices=("prefill", "decode"), default=None,
+                        help="run that kind of row alone")
     args = parser.parse_args()
     try:
         import torch
@@ -112,8 +114,10 @@ def main():
         return EXIT_NO_DEVICE
     gpu = torch.cuda.get_device_name()
     rows = []
+    prefill = PREFILL if args.only != "decode" else []
+    decode = DECODE if args.only != "prefill" else []
     for dtype_name, dtype in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
-        for b, hq, hkv, s, d, causal in PREFILL:
+        for b, hq, hkv, s, d, causal in prefill:
             shape = f"B={b} H={hq}/{hkv} S={s} D={d}" + (" causal" if causal else "")
             pairs = b * (s * (s + 1) // 2 if causal else s * s)
             flops = 4.0 * d * hq * pairs
@@ -128,7 +132,7 @@ def main():
             for backend_name, backend in backends(torch).items():
                 us, tflops, note = run_case(torch, backend, make, flops, args.reps)
                 rows.append(("prefill", dtype_name, shape, backend_name, us, tflops, note))
-    for b, kv in DECODE:
+    for b, kv in decode:
         shape = f"B={b} H=32/8 KV={kv} D=128"
 
         def make(b=b, kv=kv):
@@ -157,7 +161,8 @@ def main():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(
             f"# PyTorch SDPA (flash, cuDNN) on the attention shapes, {gpu}, {date}\n\n"
-            f"Command: `python3 benchmarks/bench_sdpa.py --out {args.out} --reps {args.reps}`; "
+            f"Command: `python3 benchmarks/bench_sdpa.py --out {args.out} --reps {args.reps}"
+            f"{' --only ' + args.only if args.only else ''}`; "
             f"torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}.\n\n"
             f"```\n{table}\n```\n")
         print(f"wrote {path}")

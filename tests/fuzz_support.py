@@ -1404,7 +1404,7 @@ DECODE_MAX_QUERIES = 16
 DECODE_MAX_SEQLEN = 2**30
 DECODE_MAX_PAGE_SIZE = 65536
 DECODE_MAX_SPLITS = 64
-DECODE_TARGET_CTAS, DECODE_MIN_SPLIT_KEYS = 264, 128
+DECODE_WAVE_CTAS, DECODE_MIN_SPLIT_KEYS, DECODE_BLOCK_N = 264, 128, 64
 
 
 class Wrapping:
@@ -1510,8 +1510,14 @@ def decode_num_splits(params):
     rows = params["num_heads_q"] // params["num_heads_kv"] * params["seqlen_q"]
     width = 16 if rows <= 16 else 32 if rows <= 32 else 64
     ctas = params["batch"] * params["num_heads_kv"] * -(-rows // width)
+    blocks = -(-params["max_seqlen_k"] // DECODE_BLOCK_N)
     most = min(DECODE_MAX_SPLITS, -(-params["max_seqlen_k"] // DECODE_MIN_SPLIT_KEYS))
-    return max(1, min(-(-DECODE_TARGET_CTAS // ctas), most))
+
+    def cost(splits):  # waves x key blocks per split
+        per_split = -(-blocks // splits)
+        return -(-ctas * -(-blocks // per_split) // DECODE_WAVE_CTAS) * per_split
+
+    return min(range(1, most + 1), key=lambda s: (cost(s), s))
 
 
 def decode_workspace_bytes(params):

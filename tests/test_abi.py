@@ -1106,8 +1106,9 @@ def attention_forward(fields):
 # <= max_blocks_per_seq * page_size; the cache's bytes within int64; a finite softmax_scale;
 # 0 <= num_splits <= 64; out and lse clear of q, the cache and each other; with several splits
 # the workspace given, 256-byte aligned, at least the query's bytes and clear of the operands.
-# The valid call is paged, with 8 automatic splits (4 x 2 kv heads of 8 rows: ceil(264 / 8) =
-# 33, capped by ceil(1000 / 128) = 8), so that it needs a workspace.
+# The valid call is paged, with 8 automatic splits (4 x 2 kv heads of 8 rows: 8 CTAs, one wave
+# at any count; 16 key blocks, and at most ceil(1000 / 128) = 8 splits, of 2 blocks each, the
+# least per CTA), so that it needs a workspace.
 DQ, DK, DV, DSEQ, DBT, DO, DLSE, DWS = (0x7F0010000000 + i * 0x10000000 for i in range(8))
 DECODE_SIZEOF = ctypes.sizeof(ck.AttentionDecodeParams)
 ATTENTION_DECODE = dict(dtype=DType.FP16, q_ptr=DQ, k_cache_ptr=DK, v_cache_ptr=DV,

@@ -214,6 +214,7 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const DecodeArgs
         pv_tile<T, S>(acc, s, vt, key0, lane);
     }
     cp_async_wait<0>();  // no copy may still target shared memory past this point
+    allow_dependent_launch();  // the combine's blocks may start: what is left here is short
 #pragma unroll
     for (int r = 0; r < 2; ++r) l[r] = quad_sum(l[r]);
 
@@ -282,42 +283,76 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const DecodeArgs
     }
 }
 
-// The combine (tests/reference.py attention_combine), one warp per (sequence, token, head):
-// M = max_s lse_s, w_s = exp(lse_s - M), O = sum_s w_s O_s / sum_s w_s, lse = M + ln(sum_s w_s),
-// the splits added in order. A split with lse_s = -inf is skipped (w_s = 0); where all are,
-// O = 0 and lse = -inf.
+// The combine (tests/reference.py attention_combine), one CTA per (sequence, token, head):
+// M = max_s lse_s, w_s = exp(lse_s - M), O = sum_s w_s O_s / sum_s w_s, lse = M + ln(sum_s w_s).
+// A split with lse_s = -inf has w_s = 0 and adds nothing, whatever its O_s holds; where all do,
+// O = 0 and lse = -inf. The partials sit in L2 and the work is a few flops: the time is round
+// trips, so every load is issued at once. Each warp reads all the lse_s (two per lane: at most
+// 64 splits) and the O_s of its splits s = warp + kCombineWarps i (a lane kD / 32 values of
+// each), weighs them, and the warps' sums meet in shared memory, added in warp order. Launched as
+// a dependent of the split kernel (launch_dependent): its blocks start early and wait there for
+// the partials.
 constexpr int kCombineWarps = 4;
+constexpr int kCombinePerWarp = kDecodeMaxSplits / kCombineWarps;  // splits a warp reads at most
+static_assert(kDecodeMaxSplits <= 64 && kDecodeMaxSplits % kCombineWarps == 0,
+              "two splits' lse per lane; whole splits per warp");
 template <typename T, int kD>
 __global__ void __launch_bounds__(kCombineWarps * 32) decode_combine_kernel(const DecodeArgs a) {
     constexpr int kPerLane = kD / 32;  // 2 or 4 consecutive values per lane
     static_assert(kPerLane == 2 || kPerLane == 4, "D = 64 or 128");
+    using Vec = std::conditional_t<kPerLane == 4, float4, float2>;
+    __shared__ Vec parts[kCombineWarps][32];
+
+    wait_for_prior_grid();
     const int64_t total = int64_t(a.batch) * a.seqlen_q * a.num_heads_q;
-    const int lane = threadIdx.x % 32;
-    for (int64_t row = int64_t(blockIdx.x) * kCombineWarps + threadIdx.x / 32; row < total;
-         row += int64_t(gridDim.x) * kCombineWarps) {
-        float top = -INFINITY;
-        for (int s = lane; s < a.splits; s += 32) top = fmaxf(top, a.partial_lse[s * total + row]);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (int64_t row = blockIdx.x; row < total; row += gridDim.x) {
+        float lse[2];
 #pragma unroll
-        for (int o = 16; o > 0; o /= 2) top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, o));
-        float acc[kPerLane] = {};
-        float sum = 0.f;
-        if (top != -INFINITY) {
-            for (int s = 0; s < a.splits; ++s) {
-                const float lse = a.partial_lse[s * total + row];
-                if (lse == -INFINITY) continue;
-                const float w = exp2f((lse - top) * kLog2e);
-                sum += w;
-                const float* o = a.partial_o + (s * total + row) * kD + lane * kPerLane;
-#pragma unroll
-                for (int i = 0; i < kPerLane; ++i) acc[i] += w * o[i];
-            }
+        for (int i = 0; i < 2; ++i) {
+            const int s = lane + 32 * i;
+            lse[i] = s < a.splits ? a.partial_lse[s * total + row] : -INFINITY;
         }
-        T* out = static_cast<T*>(a.out) + row * kD + lane * kPerLane;
+        Vec o[kCombinePerWarp];
+        const float* o_row = a.partial_o + row * kD + lane * kPerLane;
 #pragma unroll
-        for (int i = 0; i < kPerLane; i += 2)
-            *reinterpret_cast<uint32_t*>(out + i) =
-                pack2<T>(sum > 0.f ? acc[i] / sum : 0.f, sum > 0.f ? acc[i + 1] / sum : 0.f);
-        if (a.lse && lane == 0) a.lse[row] = sum > 0.f ? top + logf(sum) : -INFINITY;
+        for (int i = 0; i < kCombinePerWarp; ++i) {
+            const int s = warp + kCombineWarps * i;
+            if (s < a.splits) o[i] = *reinterpret_cast<const Vec*>(o_row + s * total * kD);
+        }
+
+        const float top = team_reduce<32>(fmaxf(lse[0], lse[1]), MaxOp{});
+        float w[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) w[i] = lse[i] == -INFINITY ? 0.f : exp2f((lse[i] - top) * kLog2e);
+        const float sum = team_reduce<32>(w[0] + w[1], SumOp{});
+        float acc[kPerLane] = {};
+#pragma unroll
+        for (int i = 0; i < kCombinePerWarp; ++i) {
+            const int s = warp + kCombineWarps * i;  // lane s % 32 holds w_s in w[s / 32]
+            const float ws = __shfl_sync(0xffffffffu, s < 32 ? w[0] : w[1], s % 32);
+            if (s >= a.splits || ws == 0.f) continue;
+            const float* x = reinterpret_cast<const float*>(&o[i]);
+#pragma unroll
+            for (int e = 0; e < kPerLane; ++e) acc[e] = fmaf(ws, x[e], acc[e]);
+        }
+        parts[warp][lane] = *reinterpret_cast<const Vec*>(acc);
+        __syncthreads();
+        if (warp == 0) {
+#pragma unroll
+            for (int v = 1; v < kCombineWarps; ++v) {
+                const float* x = reinterpret_cast<const float*>(&parts[v][lane]);
+#pragma unroll
+                for (int e = 0; e < kPerLane; ++e) acc[e] += x[e];
+            }
+            T* out = static_cast<T*>(a.out) + row * kD + lane * kPerLane;
+#pragma unroll
+            for (int e = 0; e < kPerLane; e += 2)
+                *reinterpret_cast<uint32_t*>(out + e) =
+                    pack2<T>(sum > 0.f ? acc[e] / sum : 0.f, sum > 0.f ? acc[e + 1] / sum : 0.f);
+            if (a.lse && lane == 0) a.lse[row] = sum > 0.f ? top + logf(sum) : -INFINITY;
+        }
+        __syncthreads();  // parts is free for the next row
     }
 }
 
@@ -344,9 +379,9 @@ template <typename T, int kD> cudaError_t launch(const DecodeArgs& a, cudaStream
     }
     if (e != cudaSuccess || a.splits == 1) return e;
     const int64_t total = int64_t(a.batch) * a.seqlen_q * a.num_heads_q;
-    const int64_t blocks = std::min<int64_t>(ceil_div(total, kCombineWarps), 1 << 20);
-    decode_combine_kernel<T, kD><<<unsigned(blocks), kCombineWarps * 32, 0, stream>>>(a);
-    return cudaGetLastError();
+    const int64_t blocks = std::min<int64_t>(total, 1 << 20);
+    return launch_dependent(decode_combine_kernel<T, kD>, dim3(unsigned(blocks)),
+                            dim3(kCombineWarps * 32), 0, stream, a);
 }
 
 }  // namespace

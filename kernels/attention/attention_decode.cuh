@@ -19,10 +19,11 @@ constexpr int64_t kDecodeMaxSplits = 64;
 // keys (tests/reference.py attention_split_bounds with block_n = kDecodeBlockN).
 constexpr int kDecodeBlockN = 64;
 
-// Automatic splits: enough CTAs for about two waves of 132 SMs (the H100 the library is tuned
-// on; a constant, not the GPU's count: see the header), each split at least kDecodeMinSplitKeys
-// keys long so that the combine and the query load stay small beside the K and V traffic.
-constexpr int64_t kDecodeTargetCtas = 264;
+// Automatic splits (decode_num_splits): the CTAs run in waves of kDecodeWaveCtas (2 resident
+// per SM x 132 SMs: the H100 the library is tuned on; a constant, not the GPU's count: see the
+// header), each split at least kDecodeMinSplitKeys keys long so that the combine and the query
+// load stay small beside the K and V traffic.
+constexpr int64_t kDecodeWaveCtas = 264;
 constexpr int64_t kDecodeMinSplitKeys = 128;
 
 // Rows of a CTA: the G = Hq / Hkv query heads x Sq_new tokens of one kv head, row = t G + g, in
@@ -34,14 +35,24 @@ inline int64_t decode_row_groups(int64_t rows) {
     return ceil_div(rows, 16 * int64_t(decode_warps_m(rows)));
 }
 
-// The splits of a call: `forced` (1 .. kDecodeMaxSplits) when given, else the rule above.
+// The splits of a call: `forced` (1 .. kDecodeMaxSplits) when given, else the count s in
+// 1 .. min(kDecodeMaxSplits, ceil(max_seqlen_k / kDecodeMinSplitKeys)) that minimizes the time
+// model waves(s) x blocks(s), the smallest s among equals: with n = ceil(max_seqlen_k /
+// kDecodeBlockN) key blocks, a split holds blocks(s) = ceil(n / s) of them, ceil(n / blocks(s))
+// splits hold any, and their CTAs take waves(s) = ceil(ctas x that / kDecodeWaveCtas) waves.
 inline int64_t decode_num_splits(int64_t batch, int64_t heads_q, int64_t heads_kv,
                                  int64_t seqlen_q, int64_t max_seqlen_k, int64_t forced) {
     if (forced > 0) return forced;
     const int64_t ctas = batch * heads_kv * decode_row_groups(heads_q / heads_kv * seqlen_q);
-    const int64_t want = ceil_div(kDecodeTargetCtas, ctas);
+    const int64_t blocks = ceil_div(max_seqlen_k, kDecodeBlockN);
     const int64_t most = std::min(kDecodeMaxSplits, ceil_div(max_seqlen_k, kDecodeMinSplitKeys));
-    return std::max<int64_t>(1, std::min(want, most));
+    int64_t best = 1, best_cost = INT64_MAX;
+    for (int64_t s = 1; s <= most; ++s) {
+        const int64_t per_split = ceil_div(blocks, s);
+        const int64_t cost = ceil_div(ctas * ceil_div(blocks, per_split), kDecodeWaveCtas) * per_split;
+        if (cost < best_cost) best = s, best_cost = cost;
+    }
+    return best;
 }
 
 inline int64_t round_up_256(int64_t bytes) { return ceil_div(bytes, 256) * 256; }

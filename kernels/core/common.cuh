@@ -51,6 +51,23 @@ cudaError_t launch_tile_grid(Kernel kernel, int64_t m, int64_t n, int bm, int bn
     return cudaGetLastError();
 }
 
+// Launches kernel(args...) as a programmatic dependent of the stream's previous kernel where the
+// GPU has that (compute capability 9.0 and newer): its blocks may start before that kernel ends,
+// and the kernel must call wait_for_prior_grid() (ptx.cuh) before it reads what that kernel
+// writes. Elsewhere, an ordinary launch. Allowed during graph capture (a programmatic edge).
+template <class Kernel, class... Args>
+cudaError_t launch_dependent(Kernel kernel, dim3 grid, dim3 block, int smem_bytes,
+                             cudaStream_t stream, Args... args) {
+    cudaLaunchAttribute attribute[1] = {};
+    attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = grid, config.blockDim = block;
+    config.dynamicSmemBytes = size_t(smem_bytes), config.stream = stream;
+    config.attrs = attribute, config.numAttrs = compute_capability() >= 90 ? 1 : 0;
+    return cudaLaunchKernelEx(&config, kernel, args...);
+}
+
 // The most dynamic shared memory a block may opt in to on the current device (cached per device;
 // 0 on error).
 int max_smem_optin();
@@ -268,6 +285,9 @@ struct MaxOp {
 };
 struct MinOp {
     __device__ float operator()(float a, float b) const { return fminf(a, b); }
+};
+struct SumOp {
+    __device__ float operator()(float a, float b) const { return a + b; }
 };
 
 // Over a team of kTeam consecutive lanes of one warp (kTeam a power of two <= 32). Every lane of

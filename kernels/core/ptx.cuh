@@ -186,4 +186,21 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
     return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
+// Programmatic dependent launch (sm_90 and newer; elsewhere, and in the host pass, nothing): a
+// kernel launched with launch_dependent (common.cuh) may start while the kernel before it in the
+// stream still runs. It must call wait_for_prior_grid() before it touches anything that kernel
+// writes: griddepcontrol.wait returns once that grid has completed and its writes are visible.
+// The kernel before it may call allow_dependent_launch() once its remaining work is short, so that
+// the dependent grid's launch overlaps it (without the call, the launch waits for its end).
+__device__ __forceinline__ void wait_for_prior_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 }  // namespace ck

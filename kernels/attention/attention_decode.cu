@@ -125,6 +125,9 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const DecodeArgs
     constexpr int kDT = kD / 8;                // n8 tiles of O
     constexpr int kKS = kD / 16;               // k16 steps of Q K^T
 
+    // Launched as a dependent of the stream's previous kernel (launch_dependent): nothing of
+    // global memory is touched before that kernel is done.
+    wait_for_prior_grid();
     const int b = blockIdx.z, hkv = blockIdx.y;
     const int row_groups = gridDim.x / a.splits;
     const int split = blockIdx.x / row_groups, rg = blockIdx.x % row_groups;
@@ -304,6 +307,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32) decode_combine_kernel(cons
     __shared__ Vec parts[kCombineWarps][32];
 
     wait_for_prior_grid();
+    allow_dependent_launch();  // the next call's split kernel may launch: it waits for this one
     const int64_t total = int64_t(a.batch) * a.seqlen_q * a.num_heads_q;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     for (int64_t row = blockIdx.x; row < total; row += gridDim.x) {
@@ -364,8 +368,7 @@ cudaError_t launch_split(const DecodeArgs& a, int64_t row_groups, cudaStream_t s
     const cudaError_t e = allow_dynamic_smem_once(kernel, kSmemBytes, smem_done);
     if (e != cudaSuccess) return e;
     const dim3 grid(unsigned(a.splits * row_groups), unsigned(a.num_heads_kv), unsigned(a.batch));
-    kernel<<<grid, kThreads, kSmemBytes, stream>>>(a);
-    return cudaGetLastError();
+    return launch_dependent(kernel, grid, dim3(kThreads), kSmemBytes, stream, a);
 }
 
 template <typename T, int kD> cudaError_t launch(const DecodeArgs& a, cudaStream_t stream) {

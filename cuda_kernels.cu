@@ -1617,6 +1617,7 @@ ck_status_t ck_attention_forward(const ck_attention_params_t* params, ck_stream_
     const Check check("ck_attention_forward");
     ck::AttentionArgs args;
     CK_TRY(check_attention_params(check, params, &args));
+    CK_TRY(ck::check_variant_name(check, kAttention));
     CK_TRY(check_attention_gpu(check));
     return ck::run_variant(check, kAttention, args, stream);
 }

@@ -1441,9 +1441,9 @@ def test_gemm_w4a16_null_bias_is_allowed(lib):
 # ------------------------------------------------------------------------------------------------
 # The kernel overrides: one row each
 # ------------------------------------------------------------------------------------------------
-# Each CK_GEMM_*_KERNEL variable forces a kernel variant of the entry points it governs; the
-# library reads it on every call, once every argument has passed validation and before any CUDA
-# call. So an unknown name is a host-side error (INVALID_VALUE, naming the function, the variable
+# Each CK_GEMM_*_KERNEL variable (and CK_ATTENTION_KERNEL) forces a kernel variant of the entry
+# points it governs; the library reads it on every call, once every argument has passed
+# validation and before any CUDA call. So an unknown name is a host-side error (INVALID_VALUE, naming the function, the variable
 # and the value), and planting one is a probe: that error, rather than another, proves that the
 # arguments of the call are valid. The names an override accepts would launch on the fake
 # addresses (the GPU tests run them); here they give the names it must refuse: each in capitals,
@@ -1519,6 +1519,20 @@ KERNEL_OVERRIDES = [
             ("global_scale+4", dict(global_scale_ptr=GS + 4)),
             ("element-aligned", dict(bias_ptr=BIAS + 6, out_ptr=O + 10)),
             ("bf16-element-aligned", dict(bias_ptr=BIAS + 2, out_ptr=O + 2, dtype=DType.BF16))]]),
+    KernelOverride(
+        "CK_ATTENTION_KERNEL", ("ck_attention_forward",), ("auto", "wgmma", "mma"),
+        # No keys at all (the wgmma kernel needs some: the GPU tests force it there), one
+        # sequence, D 64 in bf16, MQA, lse NULL, no mask, a negative scale, empty maxima.
+        [(case_id, changes, ("ck_attention_forward",)) for case_id, changes in [
+            ("no-keys", dict(total_k=0, max_seqlen_k=0)),
+            ("one-sequence", dict(ONE_SEQUENCE, batch=1)),
+            ("one-sequence-batch=0", dict(ONE_SEQUENCE, batch=0)),
+            ("d64-bf16", dict(head_dim=64, dtype=DType.BF16)),
+            ("mqa", dict(num_heads_kv=1)),
+            ("no-lse", dict(lse_ptr=0)),
+            ("non-causal", dict(causal=0)),
+            ("scale", dict(softmax_scale=-0.5)),
+            ("max-seqlen-0", dict(max_seqlen_q=0, max_seqlen_k=0))]]),
 ]
 
 
@@ -1552,10 +1566,11 @@ def override_rejection(monkeypatch, env, function, changes, value="bogus"):
     return error
 
 
-def test_kernel_override_table_covers_the_gemms():
+def test_kernel_override_table_covers_the_gemms_and_attention():
     governed = [function for override in KERNEL_OVERRIDES for function in override.functions]
     assert sorted(governed) == sorted(set(governed))
-    assert set(governed) == {name for name in ENTRY_POINTS if name.startswith("ck_gemm_")}
+    assert set(governed) == {name for name in ENTRY_POINTS if name.startswith("ck_gemm_")} | {
+        "ck_attention_forward"}
 
 
 @pytest.mark.parametrize("env, function, value", override_params(

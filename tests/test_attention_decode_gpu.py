@@ -20,6 +20,8 @@
   are then those of the clamped lengths), page ids out of range stay in bounds (guards intact).
 - A workspace below the query's size is rejected and writes nothing; lse NULL writes the same
   O; a CUDA graph replays on fresh inputs; the wrapper's attention_decode() gives the raw bits.
+- Two streams run calls at once; two calls back to back through one workspace keep their own
+  results (the split kernel waits for the previous combine before it writes).
 
 Every output and the workspace are poisoned and sit between guard regions. The tests skip
 without a CUDA device. Each test draws a seed from os.urandom, prints it and names it in its
@@ -419,6 +421,52 @@ def test_graph_replays(seed, page_size):
     call = DecodeCall(rng, "fp16", 128, 8, 2, 1, [600, 129, 3], page_size=page_size)
     assert call.splits > 1   # the graph holds both kernels
     assert_graph_replays(call, rng, seed)
+
+
+def test_two_streams_run_concurrently(seed):
+    """Two calls, each with its workspace, on two streams at once, repeated so that their
+    kernels overlap: each gives its own result and partials."""
+    rng = np.random.default_rng(seed)
+    calls = [DecodeCall(rng, "fp16", 128, 32, 8, 1, [2000, 700]),
+             DecodeCall(rng, "bf16", 64, 8, 2, 4, [300, 1, 1200], page_size=16)]
+    assert all(call.splits > 1 for call in calls)
+    streams = [ck.cuda.stream_create(non_blocking=True) for _ in calls]
+    try:
+        for _ in range(3):
+            for call, stream in zip(calls, streams):
+                call.launch(stream)
+        for stream in streams:
+            ck.cuda.stream_synchronize(stream)
+        for i, call in enumerate(calls):
+            call.check(context(seed, stream=i, splits=call.splits))
+    finally:
+        for stream in streams:
+            ck.cuda.stream_destroy(stream)
+
+
+def test_back_to_back_calls_share_a_workspace(seed):
+    """Two calls through one workspace, back to back on one stream: the second's split kernel
+    (which may start early, as a programmatic dependent) must not write the partials before the
+    first's combine has read them. The first keeps its own result; the workspace holds the
+    second's partials."""
+    rng = np.random.default_rng(seed)
+    first = DecodeCall(rng, "fp16", 128, 32, 8, 1, [2000, 700], capacity=2048)
+    second = DecodeCall(rng, "fp16", 128, 32, 8, 1, [900, 2048], capacity=2048)
+    assert first.splits == second.splits > 1
+    assert first.workspace_bytes == second.workspace_bytes
+    second.workspace = second.outputs["workspace"] = first.workspace
+    stream = ck.cuda.stream_create(non_blocking=True)
+    try:
+        for _ in range(3):
+            first.launch(stream)
+            second.launch(stream)
+        ck.cuda.stream_synchronize(stream)
+    finally:
+        ck.cuda.stream_destroy(stream)
+    second.check(context(seed, call="second", splits=second.splits))
+    first.workspace = None   # its partials were overwritten: check O and lse alone
+    del first.outputs["workspace"]
+    first.check(context(seed, call="first", splits=first.splits))
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])

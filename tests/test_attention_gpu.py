@@ -9,7 +9,8 @@
   sequences, sequences without keys and sequences shorter than their keys, and the reverse;
   GQA (32 query heads over 8 kv heads) and MQA (1 kv head); D 64 and 128; fp16 and bf16; large
   logits (a nearly one-hot softmax); the default and explicit scales (a negative one too).
-- lse NULL writes O alone, with the same bits; a CUDA graph replays on fresh inputs.
+- lse NULL writes O alone, with the same bits; a CUDA graph replays on fresh inputs; two
+  streams run calls at once; a call without keys (the Hopper kernel, forced, refuses it).
 - Bad arguments return their status and write nothing; device offsets that break the header's
   promise (past the totals, longer than max_seqlen_q) never write out of bounds.
 - The wrapper's attention() gives the raw call's bits.
@@ -31,8 +32,9 @@ import pytest
 import cuda_wrapper as ck
 import reference as ref
 from gpu_support import (
-    CK_DTYPE, GuardedBuffer, KernelCall, POISON, assert_bitwise_equal, assert_graph_replays,
-    assert_within, compute_capability, force_variant, random_normal, synchronize, write_buffers,
+    CK_DTYPE, GuardedBuffer, KernelCall, POISON, assert_bitwise_equal,
+    assert_forced_variant_unsupported, assert_graph_replays, assert_within, compute_capability,
+    force_variant, random_normal, synchronize, write_buffers,
 )
 
 pytestmark = pytest.mark.gpu
@@ -292,6 +294,41 @@ def test_graph_replays(seed):
     call = AttentionCall(rng, "fp16", 128, 4, 2, True, lengths_q=[65, 129],
                          lengths_k=[100, 129])
     assert_graph_replays(call, rng, seed)
+
+
+def test_two_streams_run_concurrently(seed):
+    """Two calls of different shapes (one sequence; a packed GQA batch) on two streams at once,
+    repeated so that their kernels overlap: each gives its own result."""
+    rng = np.random.default_rng(seed)
+    calls = [AttentionCall(rng, "bf16", 128, 8, 8, True, seqlen_q=700, seqlen_k=700),
+             AttentionCall(rng, "fp16", 64, 8, 2, False, lengths_q=[300, 0, 129],
+                           lengths_k=[200, 64, 129])]
+    streams = [ck.cuda.stream_create(non_blocking=True) for _ in calls]
+    try:
+        for _ in range(3):
+            for call, stream in zip(calls, streams):
+                call.launch(stream)
+        for stream in streams:
+            ck.cuda.stream_synchronize(stream)
+        for i, call in enumerate(calls):
+            call.check(context(seed, stream=i))
+    finally:
+        for stream in streams:
+            ck.cuda.stream_destroy(stream)
+
+
+def test_a_call_without_keys(seed, kernel, monkeypatch):
+    """total_k = 0: every query sees no key (O = 0, lse = -inf). The mma.sync kernel serves it;
+    the Hopper kernel needs keys, so forcing it is refused (CK_STATUS_UNSUPPORTED, naming the
+    override and total_k) with nothing written, and the automatic choice then serves the call."""
+    rng = np.random.default_rng(seed)
+    call = AttentionCall(rng, "bf16", 128, 4, 2, True, seqlen_q=100, seqlen_k=0)
+    if kernel == "wgmma":
+        assert_forced_variant_unsupported(call, ATTENTION_KERNEL_ENV, "wgmma", "total_k=0")
+        monkeypatch.delenv(ATTENTION_KERNEL_ENV)
+    call.launch()
+    got = call.check(context(seed, kernel=kernel))
+    assert (got == 0).all() and (call.outputs["lse"].read("lse") == -np.inf).all()
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])

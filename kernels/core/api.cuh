@@ -211,6 +211,18 @@ ck_status_t unknown_variant(const Check& check, const char* env, const char* val
 ck_status_t variant_cannot_serve(const Check& check, const char* env, const char* name,
                                  const char* needs, const std::string& facts, int cc);
 
+// An unknown name in the table's override, refused as select_variant refuses it, for entry points
+// that ask the GPU something before they choose: the name stays a host-side error, reported before
+// any CUDA call (and on a machine without a GPU).
+template <class Args>
+ck_status_t check_variant_name(const Check& check, const VariantTable<Args>& table) {
+    const char* forced = forced_variant(table.env);
+    if (!forced) return CK_STATUS_SUCCESS;
+    for (size_t i = 0; i < table.count; ++i)
+        if (strcmp(table.rows[i].name, forced) == 0) return CK_STATUS_SUCCESS;
+    return unknown_variant(check, table.env, forced, variant_names(table));
+}
+
 // The variant that runs this call: the one the environment forces, or the first that serves it.
 // An unknown name is refused before any CUDA call; the rest asks only the cached
 // compute_capability().

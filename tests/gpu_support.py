@@ -375,6 +375,21 @@ class KernelCall:
             assert buffer.untouched(), f"{ctx}: {name} was written"
 
 
+def launch_on_streams(calls, rounds=3):
+    """Launches each call on a non-blocking stream of its own, `rounds` times over so that the
+    streams' kernels overlap, and waits for them all (the caller checks the results)."""
+    streams = [ck.cuda.stream_create(non_blocking=True) for _ in calls]
+    try:
+        for _ in range(rounds):
+            for call, stream in zip(calls, streams):
+                call.launch(stream)
+        for stream in streams:
+            ck.cuda.stream_synchronize(stream)
+    finally:
+        for stream in streams:
+            ck.cuda.stream_destroy(stream)
+
+
 def assert_graph_replays(call, rng, seed, replays=2):
     """Captures call.launch in a CUDA graph: the capture must record the launch without running
     it, and every replay must read the new contents of the same input buffers (refilled with

@@ -35,7 +35,8 @@ import reference as ref
 from fuzz_support import decode_num_splits
 from gpu_support import (
     CK_DTYPE, GuardedBuffer, KernelCall, POISON, assert_bitwise_equal, assert_graph_replays,
-    assert_within, compute_capability, random_normal, synchronize, write_buffers,
+    assert_within, compute_capability, launch_on_streams, random_normal, synchronize,
+    write_buffers,
 )
 
 pytestmark = pytest.mark.gpu
@@ -430,18 +431,9 @@ def test_two_streams_run_concurrently(seed):
     calls = [DecodeCall(rng, "fp16", 128, 32, 8, 1, [2000, 700]),
              DecodeCall(rng, "bf16", 64, 8, 2, 4, [300, 1, 1200], page_size=16)]
     assert all(call.splits > 1 for call in calls)
-    streams = [ck.cuda.stream_create(non_blocking=True) for _ in calls]
-    try:
-        for _ in range(3):
-            for call, stream in zip(calls, streams):
-                call.launch(stream)
-        for stream in streams:
-            ck.cuda.stream_synchronize(stream)
-        for i, call in enumerate(calls):
-            call.check(context(seed, stream=i, splits=call.splits))
-    finally:
-        for stream in streams:
-            ck.cuda.stream_destroy(stream)
+    launch_on_streams(calls)
+    for i, call in enumerate(calls):
+        call.check(context(seed, stream=i, splits=call.splits))
 
 
 def test_back_to_back_calls_share_a_workspace(seed):

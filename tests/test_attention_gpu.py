@@ -34,7 +34,7 @@ import reference as ref
 from gpu_support import (
     CK_DTYPE, GuardedBuffer, KernelCall, POISON, assert_bitwise_equal,
     assert_forced_variant_unsupported, assert_graph_replays, assert_within, compute_capability,
-    force_variant, random_normal, synchronize, write_buffers,
+    force_variant, launch_on_streams, random_normal, synchronize, write_buffers,
 )
 
 pytestmark = pytest.mark.gpu
@@ -303,18 +303,9 @@ def test_two_streams_run_concurrently(seed):
     calls = [AttentionCall(rng, "bf16", 128, 8, 8, True, seqlen_q=700, seqlen_k=700),
              AttentionCall(rng, "fp16", 64, 8, 2, False, lengths_q=[300, 0, 129],
                            lengths_k=[200, 64, 129])]
-    streams = [ck.cuda.stream_create(non_blocking=True) for _ in calls]
-    try:
-        for _ in range(3):
-            for call, stream in zip(calls, streams):
-                call.launch(stream)
-        for stream in streams:
-            ck.cuda.stream_synchronize(stream)
-        for i, call in enumerate(calls):
-            call.check(context(seed, stream=i))
-    finally:
-        for stream in streams:
-            ck.cuda.stream_destroy(stream)
+    launch_on_streams(calls)
+    for i, call in enumerate(calls):
+        call.check(context(seed, stream=i))
 
 
 def test_a_call_without_keys(seed, kernel, monkeypatch):

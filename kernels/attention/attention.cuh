@@ -33,6 +33,18 @@ struct AttentionArgs {
     float scale;
     bool causal;
 };
+// Calls f(T{}, D, causal) with the call's element type T (__half or __nv_bfloat16), its head dim
+// as std::integral_constant<int, 64 or 128> and its mask as std::bool_constant: the kernels'
+// template arguments.
+template <class F> cudaError_t dispatch_attention(const AttentionArgs& a, F&& f) {
+    return dispatch_half_dtype(a.dtype, [&](auto tag) {
+        return with_bool(a.causal, [&](auto causal) {
+            return a.head_dim == 64 ? f(tag, std::integral_constant<int, 64>{}, causal)
+                                    : f(tag, std::integral_constant<int, 128>{}, causal);
+        });
+    });
+}
+
 // The mma.sync kernel (attention_fwd.cu, compute capability 8.0+), every validated call.
 cudaError_t attention_forward(const AttentionArgs& args, cudaStream_t stream);
 

@@ -189,12 +189,8 @@ cudaError_t launch(const AttentionArgs& a, cudaStream_t stream) {
 }  // namespace
 
 cudaError_t attention_forward(const AttentionArgs& a, cudaStream_t stream) {
-    return dispatch_half_dtype(a.dtype, [&](auto tag) {
-        using T = decltype(tag);
-        return with_bool(a.causal, [&](auto causal) {
-            return a.head_dim == 64 ? launch<T, 64, causal.value>(a, stream)
-                                    : launch<T, 128, causal.value>(a, stream);
-        });
+    return dispatch_attention(a, [&](auto tag, auto d, auto causal) {
+        return launch<decltype(tag), d.value, causal.value>(a, stream);
     });
 }
 

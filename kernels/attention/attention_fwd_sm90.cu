@@ -211,18 +211,18 @@ attention_fwd_wgmma_kernel(const __grid_constant__ CUtensorMap map_q,
                 const int stage = int(slot % kStages);
                 const uint32_t parity = uint32_t(slot / kStages & 1) ^ 1;  // first round: free
                 const int y = int(wi.sk.start + int64_t(j) * kBlockN);
-                mbar_wait(&k_empty[stage], parity);
-                mbar_arrive_expect_tx(&k_full[stage], L::kTileBytes);
+                // The K (then V) tile of keys y .. y + 127 into its stage, once that is free.
+                auto load = [&](uint8_t* tiles, const CUtensorMap* map, uint64_t* full,
+                                uint64_t* empty) {
+                    mbar_wait(&empty[stage], parity);
+                    mbar_arrive_expect_tx(&full[stage], L::kTileBytes);
 #pragma unroll
-                for (int c = 0; c < L::kBoxes; ++c)
-                    tma_load_2d(k_tiles + stage * L::kTileBytes + c * kBoxBytes, &map_k,
-                                &k_full[stage], wi.hkv * kD + c * kBoxValues, y);
-                mbar_wait(&v_empty[stage], parity);
-                mbar_arrive_expect_tx(&v_full[stage], L::kTileBytes);
-#pragma unroll
-                for (int c = 0; c < L::kBoxes; ++c)
-                    tma_load_2d(v_tiles + stage * L::kTileBytes + c * kBoxBytes, &map_v,
-                                &v_full[stage], wi.hkv * kD + c * kBoxValues, y);
+                    for (int c = 0; c < L::kBoxes; ++c)
+                        tma_load_2d(tiles + stage * L::kTileBytes + c * kBoxBytes, map,
+                                    &full[stage], wi.hkv * kD + c * kBoxValues, y);
+                };
+                load(k_tiles, &map_k, k_full, k_empty);
+                load(v_tiles, &map_v, v_full, v_empty);
             }
         }
         return;
@@ -469,12 +469,8 @@ bool attention_wgmma_serves(const AttentionArgs& a) {
 
 cudaError_t attention_forward_wgmma(const AttentionArgs& a, cudaStream_t stream) {
     if (!attention_wgmma_serves(a)) return cudaErrorNotSupported;
-    return dispatch_half_dtype(a.dtype, [&](auto tag) {
-        using T = decltype(tag);
-        return with_bool(a.causal, [&](auto causal) {
-            return a.head_dim == 64 ? launch_wgmma<T, 64, causal.value>(a, stream)
-                                    : launch_wgmma<T, 128, causal.value>(a, stream);
-        });
+    return dispatch_attention(a, [&](auto tag, auto d, auto causal) {
+        return launch_wgmma<decltype(tag), d.value, causal.value>(a, stream);
     });
 }
 

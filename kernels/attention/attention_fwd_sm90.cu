@@ -23,8 +23,8 @@
 //     end, the online softmax (attention_tile.cuh: the S accumulators are mma.sync C fragments,
 //     n8 tile i in registers 4 i .. 4 i + 3), P rounded to the dtype in registers as the A
 //     operand of O += P V (8 wgmma m64nDk16 over the tile's 128 keys, V read N-major: its rows
-//     [key][d] are the transposed B). At the end O = acc / l and lse, straight from the
-//     registers to global memory.
+//     [key][d] are the transposed B). At the end O = acc / l, through an O tile in shared
+//     memory to whole 16-byte chunks of global memory, and lse.
 //   - TMA zero-fills rows past the tensors' ends. Key rows past a packed sequence's end but
 //     inside k belong to the next sequence: S masks them to -inf (whatever K holds there), and
 //     the last tile's V rows there are zeroed in shared memory before P V reads them, so that a
@@ -71,6 +71,7 @@ constexpr int kBoxBytes = kBlockN * kSwizzleBytes;  // a box: 128 tokens x 64 va
 [[maybe_unused]] constexpr int kConsumerWarps = 4 * kConsumers;  // empty-barrier arrivals
 [[maybe_unused]] constexpr int kZeroBarrier = 1;  // named barrier of the consumers' V zeroing
 [[maybe_unused]] constexpr int kTurnBarrier = 2;  // + c: consumer warpgroup c's turn to issue
+[[maybe_unused]] constexpr int kStoreBarrier = 4;  // + c: warpgroup c's O tile in shared memory
 static_assert(kBlockM == kBlockN, "Q and K/V tiles share the box shape (128 tokens)");
 static_assert(kProducerRegisters * kWarpgroupThreads +
                       kConsumerRegisters * kConsumers * kWarpgroupThreads <=
@@ -78,8 +79,8 @@ static_assert(kProducerRegisters * kWarpgroupThreads +
               "setmaxnreg moves registers, never adds");
 
 // Shared memory: the Q tile, then kStages K tiles and kStages V tiles, each D / 64 boxes of
-// [128 tokens][128 bytes] written by TMA with the 128-byte swizzle (1024-byte aligned), then the
-// barriers. For S = Q K^T both tiles are K-major (a token's D values along its rows): wgmma k16
+// [128 tokens][128 bytes] written by TMA with the 128-byte swizzle (1024-byte aligned), the O
+// tile of the epilogue ([128 rows][D], its own layout: see the epilogue), then the barriers. For S = Q K^T both tiles are K-major (a token's D values along its rows): wgmma k16
 // step s reads values 16 s .. 16 s + 15, box s / 4 at byte 32 (s % 4) of every row; warpgroup c's
 // 64 Q rows start 64 c rows into each box. For O += P V the V tile is the N-major B operand:
 // k16 step kk reads tokens 16 kk .. 16 kk + 15 (rows, 2048 bytes further per step), 8-row groups
@@ -89,7 +90,8 @@ template <int kD> struct Sm90Smem {
     static constexpr int kTileBytes = kBoxes * kBoxBytes;  // Q, or one K or V tile
     static constexpr int kStages = kD == 64 ? 4 : 2;
     static constexpr int kBarriers = 2 + 4 * kStages;  // q full/empty, k/v full, k/v empty
-    static constexpr int kBytes = 1024 + (1 + 2 * kStages) * kTileBytes + 8 * kBarriers;
+    // Q, the K and V stages, and the O tile of the epilogue (128 rows x D, as Q).
+    static constexpr int kBytes = 1024 + (2 + 2 * kStages) * kTileBytes + 8 * kBarriers;
     static_assert(kD % kBoxValues == 0, "D = 64 or 128: whole boxes");
     static_assert(kBytes <= 227 * 1024, "one CTA per SM");
 };
@@ -164,7 +166,8 @@ attention_fwd_wgmma_kernel(const __grid_constant__ CUtensorMap map_q,
     uint8_t* q_tile = smem;
     uint8_t* k_tiles = q_tile + L::kTileBytes;
     uint8_t* v_tiles = k_tiles + kStages * L::kTileBytes;
-    uint64_t* q_full = reinterpret_cast<uint64_t*>(v_tiles + kStages * L::kTileBytes);
+    uint8_t* o_tile = v_tiles + kStages * L::kTileBytes;
+    uint64_t* q_full = reinterpret_cast<uint64_t*>(o_tile + L::kTileBytes);
     uint64_t* q_empty = q_full + 1;
     uint64_t* k_full = q_empty + 1;
     uint64_t* v_full = k_full + kStages;
@@ -411,17 +414,43 @@ attention_fwd_wgmma_kernel(const __grid_constant__ CUtensorMap map_q,
             slot0 += tiles;
         }
 
-        // O = acc x (1 / l); rows without keys (l = 0, m = -inf) write O = 0, lse = -inf.
-        const int64_t q_stride = int64_t(a.num_heads_q) * kD;
-        T* out = static_cast<T*>(a.out) + (wi.sq.start + wi.q0) * q_stride + int64_t(wi.h) * kD;
+        // O = acc x (1 / l); rows without keys (l = 0, m = -inf) write O = 0, lse = -inf. The
+        // warpgroup's 64 rows go through its half of the O tile in shared memory (16-byte chunk
+        // j of row r at chunk j ^ (r % 8): the fragments' 4-byte writes and the rows' 16-byte
+        // reads are free of bank conflicts), then to global memory in whole 16-byte chunks, a
+        // row's chunks from consecutive threads: a fragment stored straight from the registers
+        // is 4 bytes per thread and row, half of each 32-byte sector a warp's store touches.
+        constexpr int kChunks = kD / 8;  // 16-byte chunks of a row
+        uint8_t* o_half = o_tile + c * kWgmmaM * (kD * 2);
+        named_barrier_sync<kWarpgroupThreads>(kStoreBarrier + c);  // the last item's reads done
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-            const int64_t row = c * kWgmmaM + w * 16 + g + 8 * r;  // within the item's rows
+            const int row = w * 16 + g + 8 * r;  // within the warpgroup's rows
             const float sum = quad_sum(l[r]);
-            if (row >= wi.rows) continue;
-            store_row_scaled(out + row * q_stride + 2 * t, acc, r, sum);
-            if (a.lse && t == 0)
-                a.lse[(wi.sq.start + wi.q0 + row) * a.num_heads_q + wi.h] = row_lse(m[r], sum);
+            const float inv = sum > 0.f ? __frcp_rn(sum) : 0.f;
+#pragma unroll
+            for (int i = 0; i < kDT; ++i)
+                *reinterpret_cast<uint32_t*>(o_half + row * (kD * 2) + ((i ^ (row % 8)) << 4) +
+                                             4 * t) =
+                    pack2<T>(acc[i][2 * r] * inv, acc[i][2 * r + 1] * inv);
+            if (a.lse && t == 0 && c * kWgmmaM + row < wi.rows)
+                a.lse[(wi.sq.start + wi.q0 + c * kWgmmaM + row) * a.num_heads_q + wi.h] =
+                    row_lse(m[r], sum);
+        }
+        named_barrier_sync<kWarpgroupThreads>(kStoreBarrier + c);  // the tile is written
+        const int64_t q_stride = int64_t(a.num_heads_q) * kD;
+        T* out = static_cast<T*>(a.out) + (wi.sq.start + wi.q0 + c * kWgmmaM) * q_stride +
+                 int64_t(wi.h) * kD;
+        const int wg_rows = int(min(int64_t(kWgmmaM), wi.rows - c * kWgmmaM));
+        const int tid = threadIdx.x % kWarpgroupThreads;
+#pragma unroll
+        for (int it = 0; it < kWgmmaM * kChunks / kWarpgroupThreads; ++it) {
+            const int i = it * kWarpgroupThreads + tid;
+            const int row = i / kChunks, j = i % kChunks;
+            if (row < wg_rows)
+                *reinterpret_cast<uint4*>(out + row * q_stride + j * 8) =
+                    *reinterpret_cast<const uint4*>(o_half + row * (kD * 2) +
+                                                    ((j ^ (row % 8)) << 4));
         }
     }
     if (took_turns && c == 0) begin_turn();  // the last arrival of warpgroup 1

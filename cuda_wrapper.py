@@ -575,6 +575,28 @@ def load_library():
         return _lib
 
 
+class _Entries:
+    """The exports returning ck_status_t as ctypes functions that return the status as an int
+    (the declared argtypes, no errcheck): what the raw level and the fast paths call, checking
+    the status themselves (`if status: _raise_for_status(status, function, args)`), which saves
+    the Python call of an errcheck on every launch. Each is made on its first use (lib[name], a
+    function object of its own: load_library()'s keep their errcheck) and is then a plain
+    attribute."""
+
+    def __getattr__(self, name):
+        if not name.startswith("ck_"):
+            raise AttributeError(name)
+        lib = load_library()
+        function = lib[name]
+        function.argtypes = getattr(lib, name).argtypes
+        function.restype = ctypes.c_int
+        setattr(self, name, function)
+        return function
+
+
+_entries = _Entries()
+
+
 def version():
     """Version of the loaded library as "major.minor.patch" (ck_version())."""
     v = load_library().ck_version()
@@ -651,7 +673,6 @@ def _pass_through(name, restype, params):
         for param in params])
     count = len(params)
     returns_status = restype is _STATUS
-    function = []   # the ctypes function, looked up on the first call (the library loads then)
 
     def call(*args, **kwargs):
         if kwargs or len(args) != count:
@@ -661,10 +682,16 @@ def _pass_through(name, restype, params):
                 raise TypeError("raw.%s%s: %s" % (call.__name__, signature, e)) from None
             bound.apply_defaults()
             args = bound.args
-        if not function:
-            function.append(getattr(load_library(), name))
-        result = function[0](*args)
-        return None if returns_status else result
+        if not returns_status:
+            return getattr(load_library(), name)(*args)
+        # The status as an int, checked here (one Python call less than an errcheck). The
+        # function is looked up on each call (an attribute read): the fast paths call the
+        # same one, so that one replacement of it (a test's spy) sees both.
+        function = getattr(_entries, name)
+        status = function(*args)
+        if status:
+            _raise_for_status(status, function, args)
+        return None
 
     renamed = ["%s is its %s" % (param[0], param[2]) for param in params if len(param) > 2]
     call.__name__ = name[len("ck_"):]
@@ -1600,10 +1627,19 @@ class _TorchKind(_FrameworkKind):
         self.torch_of = {np.dtype(np_type): getattr(torch, name) for name, np_type in pairs
                          if name not in ("bfloat16", "uint16") and hasattr(torch, name)}
         self.bfloat16 = torch.bfloat16
-        # The raw cudaStream_t of the current stream without a torch.cuda.Stream object (what
-        # torch's own compiled code calls), and the current device without the Python layer.
-        self._raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-        self._get_device = getattr(torch._C, "_cuda_getDevice", None)
+        # The torch dtype of each library dtype (what fast_empty allocates).
+        self.torch_of_ck = {ck: self.dtype(np_dtype, ck) for ck, np_dtype in _NUMPY_OF.items()}
+        # The current device, and the raw cudaStream_t of a device's current stream without a
+        # torch.cuda.Stream object (what torch's own compiled code calls): torch's C functions
+        # themselves where this torch has them, no Python call around them. Both are asked on
+        # every call (a stream or device changed between calls is followed; the two C calls
+        # are as cheap as a cache lookup would be).
+        self.current_device = getattr(torch._C, "_cuda_getDevice", None) or \
+            torch.cuda.current_device
+        self.stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or self._stream
+        self._empty = torch.empty
+        self._devices = {}   # index -> torch.device("cuda", index) (immutable): made once
+        _is_compiling[0] = getattr(getattr(torch, "compiler", None), "is_compiling", None)
         # The custom operators are registered now, outside any torch.compile trace (which
         # cannot register them); torch_ops() raises what fails here when asked.
         try:
@@ -1619,9 +1655,6 @@ class _TorchKind(_FrameworkKind):
     def device_index(t):
         return t.get_device()
 
-    def current_device(self):
-        return self._get_device() if self._get_device else self.torch.cuda.current_device()
-
     def view(self, t, name):
         """(ptr, shape, NumPy dtype) of a CUDA tensor."""
         np_dtype = self.numpy_of.get(t.dtype)
@@ -1632,14 +1665,37 @@ class _TorchKind(_FrameworkKind):
                              % (name, tuple(t.shape), tuple(t.stride())))
         return t.data_ptr(), tuple(t.shape), np_dtype
 
-    def stream(self, index):
-        """The raw cudaStream_t of torch's current stream on device `index`."""
-        if self._raw_stream is not None:
-            return self._raw_stream(index)
+    def _stream(self, index):
+        """The raw cudaStream_t of torch's current stream on device `index` (self.stream where
+        torch has no _cuda_getCurrentRawStream)."""
         return self.torch.cuda.current_stream(index).cuda_stream
 
     def dtype(self, np_dtype, ck_dtype):
         return self.bfloat16 if ck_dtype == DType.BF16 else self.torch_of[np.dtype(np_dtype)]
+
+    def fast_view(self, t, index, np_dtype=None):
+        """(ptr, shape, NumPy dtype) of t when it is a C-contiguous CUDA tensor on device
+        `index` held as np_dtype (when given; bfloat16 as uint16), else None: the general path
+        then takes the call and says what is wrong. The kind comes from the type cache alone
+        (a tensor type not seen yet takes the general path once, which enters it there)."""
+        if _KIND_OF_TYPE.get(type(t)) is not self or not t.is_cuda or \
+                t.get_device() != index or not t.is_contiguous():
+            return None
+        stored = self.numpy_of.get(t.dtype)
+        if stored is None or (np_dtype is not None and stored != np_dtype):
+            return None
+        return t.data_ptr(), t.shape, stored   # the shape a torch.Size, which is a tuple
+
+    def fast_empty(self, shape, ck_dtype, index):
+        """(tensor, its address): uninitialized, of library dtype ck_dtype, on device `index`
+        (the current device), from torch's caching allocator for the current stream:
+        torch.empty with a cached torch.device and the sizes as separate arguments (a size
+        tuple costs more; benchmarks/bench_python_steps.py times the alternatives)."""
+        device = self._devices.get(index)
+        if device is None:
+            device = self._devices.setdefault(index, self.torch.device("cuda", index))
+        t = self._empty(*shape, dtype=self.torch_of_ck[ck_dtype], device=device)
+        return t, t.data_ptr()
 
     def empty(self, shape, np_dtype, ck_dtype, like):
         """(tensor, its address): uninitialized, on the device of `like` (Tensor.new_empty:
@@ -1699,6 +1755,11 @@ class _CupyKind(_FrameworkKind):
 
     def __init__(self, cupy):
         self.cupy = cupy
+        # CuPy's own functions, bound once (asked on every call, as in _TorchKind).
+        self.current_device = cupy.cuda.runtime.getDevice
+        self._current_stream = cupy.cuda.get_current_stream
+        self._empty = cupy.empty
+        self._ndarray = cupy.ndarray
 
     @staticmethod
     def on_device(a):
@@ -1708,9 +1769,6 @@ class _CupyKind(_FrameworkKind):
     def device_index(a):
         return a.data.device_id
 
-    def current_device(self):
-        return self.cupy.cuda.runtime.getDevice()
-
     @staticmethod
     def view(a, name):
         if not a.flags.c_contiguous:
@@ -1718,12 +1776,30 @@ class _CupyKind(_FrameworkKind):
                              "cupy.ascontiguousarray" % (name, a.shape, a.strides))
         return a.data.ptr, a.shape, a.dtype
 
+    def fast_view(self, a, index, np_dtype=None):
+        """(ptr, shape, NumPy dtype) of a when it is a C-contiguous CuPy array on device `index`
+        of dtype np_dtype (when given), else None (as _TorchKind.fast_view)."""
+        if _KIND_OF_TYPE.get(type(a)) is not self:
+            return None
+        data, dtype = a.data, a.dtype
+        if data.device_id != index or (np_dtype is not None and dtype != np_dtype) or \
+                not a.flags.c_contiguous:
+            return None
+        return data.ptr, a.shape, dtype
+
     def stream(self, index):
         """The raw cudaStream_t of CuPy's current stream (of the current device, `index`)."""
-        return self.cupy.cuda.get_current_stream().ptr
+        return self._current_stream().ptr
 
     def empty(self, shape, np_dtype, ck_dtype, like):
-        a = self.cupy.empty(shape, np_dtype)
+        a = self._empty(shape, np_dtype)
+        return a, a.data.ptr
+
+    def fast_empty(self, shape, ck_dtype, index):
+        """(array, its address) of library dtype ck_dtype (bf16 as uint16) on the current
+        device (`index`), from CuPy's pool: the ndarray constructor, which cupy.empty calls
+        (without memptr it allocates), less cupy.empty's Python frame."""
+        a = self._ndarray(shape, _NUMPY_OF[ck_dtype])
         return a, a.data.ptr
 
     def fill(self, value, np_dtype, like):
@@ -1765,13 +1841,20 @@ def _kind(obj):
     return kind
 
 
+_is_compiling = [None]   # torch.compiler.is_compiling, bound when the torch kind is made
+
+
 def _torch_compiling():
     """True while torch.compile traces the caller (which must then call the custom ops)."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return False
-    is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
-    return is_compiling is not None and is_compiling()
+    is_compiling = _is_compiling[0]
+    if is_compiling is None:
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return False
+        is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+        if is_compiling is None:
+            return False
+    return is_compiling()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -2194,44 +2277,28 @@ class _Call:
 # ------------------------------------------------------------------------------------------------
 # A convenience function first tries its fast path where every array is a C-contiguous CUDA
 # array of one framework on the current device, and neither out= nor stream= is given; the
-# path reads each array once, allocates the results from the framework and calls raw.<name>.
+# path reads each array once (kind.fast_view), allocates the results from the framework
+# (kind.fast_empty) and calls the entry point (_entries) on the framework's current stream.
 # Anything it does not expect (another kind, dtype or shape, a Python scalar, a second device)
 # makes it return None, and the general path takes the call: the same checks, in the same
-# order, with the same messages. The results are the general path's, bit for bit.
+# order, with the same messages. The results are the general path's, bit for bit. Every step
+# is one call into the framework or the library where one will do: at M = 1 the host time of a
+# call is its cost (benchmarks/bench_python_overhead.py).
 _INT8 = np.dtype(np.int8)
 _FP32 = np.dtype(np.float32)
 _FLOAT_DTYPES = (DType.FP32, DType.FP16, DType.BF16)
 
 
 def _fast_kind(primary, out, stream):
-    """The kind (torch or CuPy) of a call that may take its fast path, or None."""
+    """The kind (torch or CuPy) of a call that may take its fast path, or None. (Its first
+    array must be on a CUDA device before the framework is asked for the current one: asking
+    torch for it would initialize CUDA.)"""
     if out is not None or stream is not None:
         return None
     kind = _kind(primary)
     if kind is None or not kind.on_device(primary):
         return None
     return kind
-
-
-def _fast_device(kind, primary):
-    """The device of the call's first array when it is the current device, else None (the
-    general path makes it current for the call)."""
-    index = kind.device_index(primary)
-    return index if kind.current_device() == index else None
-
-
-def _fast_view(kind, obj, index, np_dtype=None):
-    """(ptr, shape, NumPy dtype) of obj when it is a C-contiguous CUDA array of `kind` on device
-    `index` (with NumPy dtype np_dtype, when given), else None."""
-    if _kind(obj) is not kind or not kind.on_device(obj):
-        return None
-    try:
-        view = kind.view(obj, "")
-    except (TypeError, ValueError):
-        return None
-    if (np_dtype is not None and view[2] != np_dtype) or kind.device_index(obj) != index:
-        return None
-    return view
 
 
 def _fast_matrix(shape):
@@ -2252,64 +2319,73 @@ def _fast_granularity(size, count):
 
 def _quantize_int8_fast(kind, x, gran, scales, dtype):
     """quantize_int8's fast path (see above): x, and static scales when given, of one kind."""
-    index = _fast_device(kind, x)
-    view = _fast_view(kind, x, index) if index is not None else None
+    index = kind.current_device()
+    view = kind.fast_view(x, index)
     if view is None:
         return None
     ptr, shape, np_dtype = view
-    try:
-        override = _as_dtype_enum(dtype, "x dtype") if dtype is not None else None
-        x_dtype = _ck_dtype(x, np_dtype, override, "x")
-    except (TypeError, ValueError):
-        return None
+    # fp32 and fp16 are their NumPy dtype's; bf16 data (uint16 storage) and a dtype= take the
+    # general rule (_ck_dtype).
+    x_dtype = _DTYPE_OF.get(np_dtype) if dtype is None else None
+    if x_dtype is None:
+        try:
+            override = _as_dtype_enum(dtype, "x dtype") if dtype is not None else None
+            x_dtype = _ck_dtype(x, np_dtype, override, "x")
+        except (TypeError, ValueError):
+            return None
     matrix = _fast_matrix(shape)
     if x_dtype not in _FLOAT_DTYPES or matrix is None:
         return None
     rows, cols = matrix
     n_scales = 1 if gran == PER_TENSOR else rows
     if scales is not None:
-        s_view = _fast_view(kind, scales, index, _FP32)
+        s_view = kind.fast_view(scales, index, _FP32)
         if s_view is None or math.prod(s_view[1]) != n_scales:
             return None
     stream = kind.stream(index)
-    q, q_ptr = kind.empty(shape, _INT8, DType.INT8, x)
+    q, q_ptr = kind.fast_empty(shape, DType.INT8, index)
     if scales is None:
-        s, s_ptr = kind.empty((n_scales,), _FP32, DType.FP32, x)
+        s, s_ptr = kind.fast_empty((n_scales,), DType.FP32, index)
     else:
         s, s_ptr = scales, s_view[0]
-    raw.quantize_int8(ptr, x_dtype, rows, cols, gran, DYNAMIC if scales is None else STATIC,
-                      s_ptr, q_ptr, stream)
+    entry = _entries.ck_quantize_int8
+    status = entry(ptr, x_dtype, rows, cols, gran, DYNAMIC if scales is None else STATIC, s_ptr,
+                   q_ptr, stream)
+    if status:
+        _raise_for_status(status, entry, ())
     return q, s
 
 
 def _gemm_int8_scaled_fast(kind, a, b, scale_a, scale_b, bias, lay, act, ck_out):
     """gemm_int8_scaled's fast path (see above): a, b, the scales and the bias of one kind."""
-    index = _fast_device(kind, a)
-    if index is None:
+    index = kind.current_device()
+    view = kind.fast_view
+    a_view = view(a, index, _INT8)
+    b_view = view(b, index, _INT8)
+    sa_view = view(scale_a, index, _FP32)
+    sb_view = view(scale_b, index, _FP32)
+    bias_view = view(bias, index, _NUMPY_OF[ck_out]) if bias is not None else None
+    if a_view is None or b_view is None or sa_view is None or sb_view is None or \
+            (bias is not None and bias_view is None):
         return None
-    views = [_fast_view(kind, obj, index, dtype) for obj, dtype in (
-        (a, _INT8), (b, _INT8), (scale_a, _FP32), (scale_b, _FP32))]
-    if bias is not None:
-        views.append(_fast_view(kind, bias, index, _NUMPY_OF[ck_out]))
-    if None in views:
-        return None
-    (a_ptr, a_shape, _), (b_ptr, b_shape, _), (sa_ptr, sa_shape, _), (sb_ptr, sb_shape, _) = \
-        views[:4]
+    a_shape, b_shape = a_view[1], b_view[1]
     matrix = _fast_matrix(a_shape)
     if matrix is None or len(b_shape) != 2:
         return None
     m, k = matrix
     n, k_b = b_shape if lay == LAYOUT_NK else b_shape[::-1]
-    a_gran = _fast_granularity(math.prod(sa_shape), m)
-    b_gran = _fast_granularity(math.prod(sb_shape), n)
+    a_gran = _fast_granularity(math.prod(sa_view[1]), m)
+    b_gran = _fast_granularity(math.prod(sb_view[1]), n)
     if k_b != k or n == 0 or a_gran is None or b_gran is None or \
-            (bias is not None and math.prod(views[4][1]) != n):
+            (bias is not None and math.prod(bias_view[1]) != n):
         return None
     stream = kind.stream(index)
-    out, out_ptr = kind.empty((n,) if len(a_shape) == 1 else (m, n), _NUMPY_OF[ck_out], ck_out,
-                              a)
-    raw.gemm_int8_scaled(a_ptr, b_ptr, lay, m, n, k, sa_ptr, a_gran, sb_ptr, b_gran,
-                         views[4][0] if bias is not None else 0, act, out_ptr, ck_out, stream)
+    out, out_ptr = kind.fast_empty((n,) if len(a_shape) == 1 else (m, n), ck_out, index)
+    entry = _entries.ck_gemm_int8_scaled
+    status = entry(a_view[0], b_view[0], lay, m, n, k, sa_view[0], a_gran, sb_view[0], b_gran,
+                   bias_view[0] if bias is not None else 0, act, out_ptr, ck_out, stream)
+    if status:
+        _raise_for_status(status, entry, ())
     return out
 
 
@@ -3386,18 +3462,28 @@ class QuantizedLinear:
         return _layer_host_result(y, out, host_kind) if on_host else y
 
     def _launch_arguments(self):
-        """(the arrays they were read from, device of the weight or None when not known, and
-        the addresses of w, scales, zeros, bias and perm (0: none), the int4 mode): what every
-        call passes the library, read once (again only if an attribute is replaced)."""
+        """What every call of _fast_call passes the library, read once (again only where one
+        of the attributes it comes from is replaced): (those attributes: prepacked, bias, perm,
+        dtype, group_size, activation; the device of the weight or None when not known; the
+        NumPy storage of x; the address of perm (0: none); and the launch's constant arguments
+        as ctypes objects of their declared types: dtype, the addresses of w, scales, zeros,
+        group_size, the int4 mode, the address of bias, activation, N, K). A ctypes object of
+        the declared type passes as it is, where an int is converted on every call."""
         w, s, z = self.prepacked
-        arrays = (self.prepacked, self.bias, self.perm)
-        ptrs = tuple(0 if a is None else _cai(a, name)[0] for a, name in (
-            (w, "w_prepacked"), (s, "scales_prepacked"), (z, "zeros_prepacked"),
-            (self.bias, "bias"), (self.perm, "perm")))
+        arrays = ((w, "w_prepacked"), (s, "scales_prepacked"), (z, "zeros_prepacked"),
+                  (self.bias, "bias"), (self.perm, "perm"))
+        w_ptr, s_ptr, z_ptr, bias_ptr, perm_ptr = [0 if a is None else _cai(a, name)[0]
+                                                   for a, name in arrays]
         mode = INT4_SYMMETRIC if z is None else INT4_ASYMMETRIC
         for a in (w, s, z, self.bias, self.perm):   # read by _fast_call, which records nothing
             _untrack(a)
-        self._launch = (arrays, _device_of(w)) + ptrs + (mode,)
+        constants = (ctypes.c_int(self.dtype), _VOIDP(w_ptr), _VOIDP(s_ptr), _VOIDP(z_ptr),
+                     _I64(self.group_size), ctypes.c_int(mode), _VOIDP(bias_ptr),
+                     ctypes.c_int(self.activation), _I64(self.out_features),
+                     _I64(self.in_features))
+        self._launch = (self.prepacked, self.bias, self.perm, self.dtype, self.group_size,
+                        self.activation, _device_of(w), _NUMPY_OF[self.dtype], perm_ptr,
+                        constants)
         return self._launch
 
     def _fast_call(self, kind, x):
@@ -3406,35 +3492,39 @@ class QuantizedLinear:
         current stream; the result (and a permuted copy of x) from its framework. None where
         any of that does not hold: the general path takes the call (and says what is wrong)."""
         launch = self._launch
-        if launch is None or launch[0][0] is not self.prepacked or \
-                launch[0][1] is not self.bias or launch[0][2] is not self.perm:
+        if launch is None or launch[0] is not self.prepacked or launch[1] is not self.bias or \
+                launch[2] is not self.perm or launch[3] is not self.dtype or \
+                launch[4] is not self.group_size or launch[5] is not self.activation:
             launch = self._launch_arguments()
-        _, device, w, s, z, bias, perm, mode = launch
-        try:
-            ptr, shape, np_dtype = kind.view(x, "x")
-            _ck_dtype(x, np_dtype, self.dtype, "x")
-        except (TypeError, ValueError):
+        device, np_dtype, perm, (dtype, w, s, z, group_size, mode, bias, activation, n, k) = \
+            launch[6:]
+        index = kind.current_device()
+        view = kind.fast_view(x, index, np_dtype)
+        if view is None or (device is not None and index != device):
             return None
-        k, n = self.in_features, self.out_features
+        ptr, shape, _ = view
         if len(shape) == 2:
-            m, out_shape = shape[0], (shape[0], n)
+            m, out_shape = shape[0], (shape[0], self.out_features)
         elif len(shape) == 1:
-            m, out_shape = 1, (n,)
+            m, out_shape = 1, (self.out_features,)
         else:
             return None
-        index = kind.device_index(x)
-        if shape[-1] != k or m == 0 or (device is not None and index != device) or \
-                kind.current_device() != index:
+        if shape[-1] != self.in_features or m == 0:
             return None
         stream = kind.stream(index)
-        lib = load_library()
-        y, y_ptr = kind.empty(out_shape, np_dtype, self.dtype, x)
+        y, y_ptr = kind.fast_empty(out_shape, self.dtype, index)
         if perm:
-            permuted, permuted_ptr = kind.empty(shape, np_dtype, self.dtype, x)
-            lib.ck_permute_columns(ptr, self.dtype, m, k, perm, permuted_ptr, stream)
+            permuted, permuted_ptr = kind.fast_empty(shape, self.dtype, index)
+            entry = _entries.ck_permute_columns
+            status = entry(ptr, dtype, m, k, perm, permuted_ptr, stream)
+            if status:
+                _raise_for_status(status, entry, ())
             ptr = permuted_ptr
-        lib.ck_gemm_w4a16_prepacked(ptr, self.dtype, w, s, z, self.group_size, mode, bias,
-                                    self.activation, m, n, k, y_ptr, stream)
+        entry = _entries.ck_gemm_w4a16_prepacked
+        status = entry(ptr, dtype, w, s, z, group_size, mode, bias, activation, m, n, k, y_ptr,
+                       stream)
+        if status:
+            _raise_for_status(status, entry, ())
         return y
 
     def _torch_arguments(self):

@@ -16,10 +16,13 @@ fp16 row), and each way of calling it:
   F.linear     torch.nn.functional.linear, fp16, the same shape: torch's own per-call cost
 
 a loop of --calls calls is timed twice: after the last call is issued ("host us/call", the
-Python and launch cost) and after one synchronize ("wall us/call"), the median of --loops loops.
+Python and launch cost) and after one synchronize ("wall us/call"), the median of --loops loops;
+the rows take turns, loop by loop (a slow spell of a shared host falls on all of them).
 "kernel us" is the device time of one call: CUDA events around a CUDA graph of GRAPH_CALLS
 launches, so no host time is in it. Where wall time exceeds the kernel's, the loop is host
-bound. torch or CuPy missing: their rows are skipped, saying so.
+bound; "over kernel" is wall minus kernel, what a call costs beyond its kernel (the
+convenience level's goal: at most 10 us). torch or CuPy missing: their rows are skipped, saying
+so. The host's CPU sets every host number: compare rows of one run (F.linear is in each).
 
 The table is printed and written, as markdown with the GPU's name, the date and the command, to
 --out/python-overhead-<gpu>-<date>.md. Exit status: 0, or 2 without a CUDA device. Nothing
@@ -139,22 +142,31 @@ def kernel_us(timer, launch):
         ck.cuda.stream_destroy(stream)
 
 
-def time_calls(call, synchronize, calls, loops):
-    """(host us/call, wall us/call): medians over `loops` loops of `calls` calls."""
-    for _ in range(10):
+def time_loop(call, synchronize, calls):
+    """(host us/call, wall us/call) of one loop of `calls` calls."""
+    t0 = time.perf_counter()
+    for _ in range(calls):
         call()
+    t1 = time.perf_counter()
     synchronize()
-    host, wall = [], []
-    for _ in range(loops):
-        t0 = time.perf_counter()
-        for _ in range(calls):
+    t2 = time.perf_counter()
+    return (t1 - t0) / calls * 1e6, (t2 - t0) / calls * 1e6
+
+
+def time_rows(cases, calls, loops):
+    """[(host us/call, wall us/call)] of each (call, synchronize) case: medians over `loops`
+    loops of `calls` calls. The cases take turns, loop by loop: a slow spell of a shared host
+    falls on every row alike rather than on the few timed in it."""
+    for call, synchronize in cases:
+        for _ in range(10):
             call()
-        t1 = time.perf_counter()
         synchronize()
-        t2 = time.perf_counter()
-        host.append((t1 - t0) / calls * 1e6)
-        wall.append((t2 - t0) / calls * 1e6)
-    return statistics.median(host), statistics.median(wall)
+    times = [[] for _ in cases]
+    for _ in range(loops):
+        for (call, synchronize), samples in zip(cases, times):
+            samples.append(time_loop(call, synchronize, calls))
+    return [(statistics.median(h for h, _ in samples), statistics.median(w for _, w in samples))
+            for samples in times]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -239,15 +251,15 @@ def run(args):
                       lambda: cupy.cuda.Device().synchronize()))
     else:
         skipped.append("cupy rows: " + cupy_why)
-    rows = []
+    cases = []   # (op, path, call, synchronize, kernel us), in the table's order
     for op in ops:
-        for path, calls, synchronize in paths:
-            host, wall = time_calls(calls[op], synchronize, args.calls, args.loops)
-            rows.append((op, path, host, wall, kernel[op]))
-        for e_op, path, call, synchronize, k_us in extra:
-            if e_op == op:
-                host, wall = time_calls(call, synchronize, args.calls, args.loops)
-                rows.append((op, path, host, wall, k_us))
+        cases += [(op, path, calls[op], synchronize, kernel[op])
+                  for path, calls, synchronize in paths]
+        cases += [case for case in extra if case[0] == op]
+    times = time_rows([(call, synchronize) for _, _, call, synchronize, _ in cases],
+                      args.calls, args.loops)
+    rows = [(op, path, host, wall, k_us)
+            for (op, path, _, _, k_us), (host, wall) in zip(cases, times)]
     return rows, skipped, gpu_name(torch, cupy), versions(torch, cupy)
 
 
@@ -287,12 +299,13 @@ def versions(torch, cupy):
 # Output
 # ------------------------------------------------------------------------------------------------
 def table(rows):
-    header = "%-18s %-14s %13s %13s %11s %12s" % ("op", "path", "host us/call", "wall us/call",
-                                                 "kernel us", "wall/kernel")
+    header = "%-18s %-14s %13s %13s %11s %12s %15s" % (
+        "op", "path", "host us/call", "wall us/call", "kernel us", "wall/kernel",
+        "over kernel us")
     lines = [header, "-" * len(header)]
     for op, path, host, wall, k_us in rows:
-        lines.append("%-18s %-14s %13.2f %13.2f %11.2f %11.2fx" % (op, path, host, wall, k_us,
-                                                                  wall / k_us))
+        lines.append("%-18s %-14s %13.2f %13.2f %11.2f %11.2fx %15.2f" % (
+            op, path, host, wall, k_us, wall / k_us, wall - k_us))
     return "\n".join(lines)
 
 
@@ -301,7 +314,8 @@ def markdown(text, skipped, gpu, version_line, command, date):
     return ("# Python per-call overhead, %s, %s\n\nCommand: `%s`\n\n%s.\n\n"
             "M=%d, N=%d, K=%d; QuantizedLinear fp16, INT4 group %d. host: the loop's time until "
             "the last call is issued, per call; wall: until one synchronize after it; kernel: "
-            "CUDA events around a CUDA graph of %d launches (no host time).%s\n\n```\n%s\n```\n"
+            "CUDA events around a CUDA graph of %d launches (no host time); over kernel: wall - "
+            "kernel.%s\n\n```\n%s\n```\n"
             % (gpu, date, command, version_line, M, N, K, GROUP, GRAPH_CALLS, notes, text))
 
 

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """The pieces of a convenience call's host time, one by one (what bench_python_overhead.py
-measures whole): ctypes calls by argument count, the wrapper's argument parsing, the framework
-calls a fast path makes (torch and CuPy allocation, data pointers, current stream and device),
-and the DeviceArray path's pool steps (cudaGetDevice, cudaEventRecord, capture checks).
+measures whole): ctypes calls by argument count, one launch through the raw level, the
+library's function (errcheck) and the status-returning one the fast paths call, the wrapper's
+argument parsing, the framework calls a fast path makes (torch's and CuPy's allocations, data
+pointers, current stream and device, the kinds' fast_view and fast_empty), and the DeviceArray
+path's pool steps (cudaGetDevice, cudaEventRecord, capture checks).
 
     python3 benchmarks/bench_python_steps.py [--calls 20000] [--profile]
 
@@ -32,7 +34,7 @@ def timer(calls):
     return row
 
 
-def library_rows(row):
+def library_rows(row, calls):
     lib = ck.load_library()
     row("ctypes: ck_version (no argument)", lib.ck_version)
     row("ctypes: ck_w4a16_prepacked_groups (3 int64)",
@@ -41,6 +43,21 @@ def library_rows(row):
         lambda: lib.ck_block4_prepacked_scales_bytes(0, N, K, 64))
     row("raw.w4a16_prepacked_groups (the raw level's pass-through)",
         lambda: ck.raw.w4a16_prepacked_groups(N, K, 128))
+    # One launch (M=1, K=4096, fp16, per row) three ways: the raw level, the library's function
+    # (argtypes and errcheck), the status-returning function the fast paths call.
+    x = ck.DeviceArray.from_numpy(np.zeros((M, K), np.float16))
+    q = ck.DeviceArray.empty((M, K), np.int8)
+    s = ck.DeviceArray.empty((M,), np.float32)
+    args = (x.ptr, ck.DType.FP16, M, K, ck.PER_ROW, ck.DYNAMIC, s.ptr, q.ptr, 0)
+    launches = min(calls, 2000)
+    row("raw.quantize_int8, launches", lambda: ck.raw.quantize_int8(*args), launches)
+    ck.cuda.device_synchronize()
+    row("lib.ck_quantize_int8 (errcheck), launches", lambda: lib.ck_quantize_int8(*args),
+        launches)
+    ck.cuda.device_synchronize()
+    row("_entries.ck_quantize_int8 (the status), launches",
+        lambda: ck._entries.ck_quantize_int8(*args), launches)
+    ck.cuda.device_synchronize()
     row("_layout('nk')", lambda: ck._layout("nk"))
     row("_as_dtype_enum('fp16')", lambda: ck._as_dtype_enum("fp16"))
     row("_granularity('row')", lambda: ck._granularity("row"))
@@ -58,9 +75,17 @@ def torch_rows(row, calls):
     sa = torch.ones(M, dtype=torch.float32, device="cuda")
     sb = torch.ones(N, dtype=torch.float32, device="cuda")
     kind = ck._kind(x)
+    device = x.device
     row("torch: x.new_empty((1, 4096), dtype=int8)", lambda: x.new_empty((M, K), dtype=torch.int8))
     row("torch: torch.empty((1, 4096), dtype=int8, device=x.device)",
         lambda: torch.empty((M, K), dtype=torch.int8, device=x.device))
+    row("torch: torch.empty((1, 4096), dtype=int8, device=<a torch.device>)",
+        lambda: torch.empty((M, K), dtype=torch.int8, device=device))
+    row("torch: torch.empty(1, 4096, dtype=int8, device=<a torch.device>)",
+        lambda: torch.empty(M, K, dtype=torch.int8, device=device))
+    row("torch: torch.empty_strided((1, 4096), (4096, 1), dtype=int8, device=...)",
+        lambda: torch.empty_strided((M, K), (K, 1), dtype=torch.int8, device=device))
+    row("torch: torch.empty_like(x, dtype=int8)", lambda: torch.empty_like(x, dtype=torch.int8))
     row("torch: x.data_ptr()", x.data_ptr)
     row("torch: x.is_contiguous()", x.is_contiguous)
     row("torch: tuple(x.shape)", lambda: tuple(x.shape))
@@ -69,10 +94,12 @@ def torch_rows(row, calls):
     row("torch: _cuda_getDevice()", torch._C._cuda_getDevice)
     row("wrapper: _torch_compiling()", ck._torch_compiling)
     row("wrapper: kind.view(x) (dtype, contiguity, pointer, shape)", lambda: kind.view(x, "x"))
-    row("wrapper: _fast_view(a) (kind.view and the device)",
-        lambda: ck._fast_view(kind, a, 0, ck._INT8))
+    row("wrapper: kind.fast_view(a) (kind, device, dtype, contiguity, pointer, shape)",
+        lambda: kind.fast_view(a, 0, ck._INT8))
     row("wrapper: kind.empty (new_empty, data_ptr)",
         lambda: kind.empty((M, K), ck._INT8, ck.DType.INT8, x))
+    row("wrapper: kind.fast_empty (torch.empty, data_ptr)",
+        lambda: kind.fast_empty((M, K), ck.DType.INT8, 0))
     row("wrapper: _foreign_capture() (torch's capture query)", ck._foreign_capture)
     row("quantize_int8(x, granularity='row'), launches", lambda: ck.quantize_int8(x, "row"),
         min(calls, 2000))
@@ -90,11 +117,13 @@ def cupy_rows(row):
         print("skipped: CuPy is not usable (%s)" % e)
         return
     x = cupy.zeros((M, K), cupy.float16)
+    kind = ck._kind(x)
     row("cupy: cupy.empty((1, 4096), int8)", lambda: cupy.empty((M, K), np.int8))
     row("cupy: x.data.ptr", lambda: x.data.ptr)
     row("cupy: x.flags.c_contiguous", lambda: x.flags.c_contiguous)
     row("cupy: get_current_stream().ptr", lambda: cupy.cuda.get_current_stream().ptr)
     row("cupy: runtime.getDevice()", cupy.cuda.runtime.getDevice)
+    row("wrapper: kind.fast_view(x)", lambda: kind.fast_view(x, 0, np.dtype(np.float16)))
 
 
 def device_array_rows(row, profile):
@@ -130,7 +159,7 @@ def main():
         return EXIT_NO_DEVICE
     row = timer(args.calls)
     print("%-62s %8s" % ("step", "us/call"))
-    library_rows(row)
+    library_rows(row, args.calls)
     torch_rows(row, args.calls)
     cupy_rows(row)
     device_array_rows(row, args.profile)

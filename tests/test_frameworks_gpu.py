@@ -89,14 +89,15 @@ def pool_allocations():
 
 
 def spy_streams(monkeypatch, name):
-    """The stream argument of every raw.<name> launch from here on."""
-    seen, original = [], getattr(ck.raw, name)
+    """The stream argument of every launch of ck_<name> from here on (the raw level's and the
+    fast paths': both call ck._entries.ck_<name>)."""
+    seen, original = [], getattr(ck._entries, "ck_" + name)
 
     def launch(*args):
         seen.append(args[-1])
         return original(*args)
 
-    monkeypatch.setattr(ck.raw, name, launch)
+    monkeypatch.setattr(ck._entries, "ck_" + name, launch)
     return seen
 
 
@@ -287,6 +288,25 @@ def test_torch_quantized_linear(torch, dtype, monkeypatch):
         layer_t(torch.zeros(3, 512, dtype=xt.dtype, device="cuda").T)
 
 
+def test_torch_quantized_linear_follows_replaced_attributes(torch):
+    """The fast path reads the layer's launch arguments once, and again when an attribute they
+    come from is replaced: a new activation or bias is the next call's."""
+    rng = np.random.default_rng(24)
+    w = to_torch(torch, random_normal(rng, (128, 256), "fp16", 0.1))
+    bias = to_torch(torch, random_normal(rng, (128,), "fp16"))
+    x = to_torch(torch, random_normal(rng, (3, 256), "fp16"))
+    layer = ck.QuantizedLinear.from_float(w, group_size=128)
+    plain = from_torch(torch, layer(x))
+    layer.activation = ck.ACTIVATION_RELU
+    want = ck.QuantizedLinear.from_float(w, group_size=128, activation="relu")(x)
+    assert_torch_result(torch, layer(x), from_torch(torch, want), "activation replaced")
+    layer.bias = bias
+    want = ck.QuantizedLinear.from_float(w, bias=bias, group_size=128, activation="relu")(x)
+    assert_torch_result(torch, layer(x), from_torch(torch, want), "bias replaced")
+    layer.activation, layer.bias = ck.ACTIVATION_NONE, None
+    assert_torch_result(torch, layer(x), plain, "both back")
+
+
 def test_torch_quantized_linear_act_order(torch):
     """A GPTQ act-order layer from torch tensors gathers x's columns in the fast path."""
     rng = np.random.default_rng(16)
@@ -337,6 +357,51 @@ def test_torch_stream_argument(torch, monkeypatch):
     assert torch.cuda.current_stream().cuda_stream != side.cuda_stream, "current again after"
     side.synchronize()
     assert_torch_result(torch, q, want, "q on stream=")
+
+
+def allocation_stream(torch, t):
+    """The stream torch's caching allocator gave t's memory for: its segment's (a segment's
+    blocks serve allocations for its stream only)."""
+    ptr = t.data_ptr()
+    for segment in torch.cuda.memory_snapshot():
+        if segment["address"] <= ptr < segment["address"] + segment["total_size"]:
+            return segment["stream"]
+    raise AssertionError("no segment of torch's allocator holds %#x" % ptr)
+
+
+def test_torch_fast_paths_follow_the_current_stream(torch, monkeypatch):
+    """Every fast-path call asks torch for its current stream: a stream made current between
+    calls is the next call's, for the launch and for the results' memory, and the default
+    stream is again after it; the results are the same bits on either."""
+    rng = np.random.default_rng(23)
+    layer = ck.QuantizedLinear.from_float(
+        to_torch(torch, random_normal(rng, (128, 256), "fp16", 0.1)), group_size=128)
+    x = to_torch(torch, random_normal(rng, (2, 256), "fp16"))
+    a = to_torch(torch, rng.integers(-127, 128, (2, 256), dtype=np.int8))
+    b = to_torch(torch, rng.integers(-127, 128, (64, 256), dtype=np.int8))
+    scale_a = to_torch(torch, np.full(2, 0.01, np.float32))
+    scale_b = to_torch(torch, np.full(64, 0.02, np.float32))
+    calls = {   # entry point -> the call, returning its (first) result
+        "quantize_int8": lambda: ck.quantize_int8(x, granularity="row")[0],
+        "gemm_int8_scaled": lambda: ck.gemm_int8_scaled(a, b, scale_a, scale_b,
+                                                        out_dtype="fp16"),
+        "gemm_w4a16_prepacked": lambda: layer(x),
+    }
+    default = torch.cuda.current_stream()
+    side = torch.cuda.Stream()
+    side.wait_stream(default)   # the inputs are written
+    for name, call in calls.items():
+        streams = spy_streams(monkeypatch, name)
+        before = call()
+        with torch.cuda.stream(side):
+            on_side = call()
+        after = call()
+        assert streams == [default.cuda_stream, side.cuda_stream, default.cuda_stream], name
+        assert [allocation_stream(torch, t) for t in (before, on_side, after)] == \
+            [default.cuda_stream, side.cuda_stream, default.cuda_stream], name
+        side.synchronize()
+        assert_torch_result(torch, on_side, from_torch(torch, before), name + " on a side stream")
+        assert_torch_result(torch, after, from_torch(torch, before), name + " after it")
 
 
 # ------------------------------------------------------------------------------------------------

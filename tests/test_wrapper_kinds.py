@@ -7,6 +7,7 @@ and torch.compile tracing a layer into its operator). tests/test_frameworks_gpu.
 paths on a GPU with the real frameworks.
 """
 import contextlib
+import ctypes
 import os
 import subprocess
 import sys
@@ -342,9 +343,14 @@ def test_device_arrays_used_on_another_stream_wait_for_it(fake_pool, monkeypatch
 # Array kinds, with a fake CuPy
 # ------------------------------------------------------------------------------------------------
 class FakeCupyArray:
-    """The part of cupy.ndarray the wrapper reads."""
+    """The part of cupy.ndarray the wrapper reads. Without ptr (the constructor as CuPy's
+    cupy.ndarray(shape, dtype)) it takes new memory from the fake module's pool."""
 
-    def __init__(self, shape, dtype, ptr, device_id=0, contiguous=True):
+    module = None   # the fake cupy of the test (make_fake_cupy)
+
+    def __init__(self, shape, dtype, ptr=None, device_id=0, contiguous=True):
+        if ptr is None:
+            ptr, device_id = FakeCupyArray.module.allocate(shape, dtype)
         self.shape, self.dtype = tuple(shape), np.dtype(dtype)
         self.data = types.SimpleNamespace(ptr=ptr, device_id=device_id)
         self.flags = types.SimpleNamespace(c_contiguous=contiguous)
@@ -371,19 +377,22 @@ def make_fake_cupy():
     cupy.next_ptr = [0x7E0000000000]
 
     def allocate(shape, dtype):
+        """(ptr, device) of a new allocation, logged as ("empty", shape, dtype)."""
+        cupy.log.append(("empty", tuple(shape), np.dtype(dtype).name))
+        ptr = cupy.next_ptr[0]
+        cupy.next_ptr[0] += 4096
+        return ptr, cupy.device[0]
+
+    def empty(shape, dtype):
+        return FakeCupyArray(shape, dtype)
+
+    def full(shape, value, dtype):
+        cupy.log.append(("full", value, np.dtype(dtype).name))
         ptr = cupy.next_ptr[0]
         cupy.next_ptr[0] += 4096
         return FakeCupyArray(shape, dtype, ptr, device_id=cupy.device[0])
 
-    def empty(shape, dtype):
-        cupy.log.append(("empty", tuple(shape), np.dtype(dtype).name))
-        return allocate(shape, dtype)
-
-    def full(shape, value, dtype):
-        cupy.log.append(("full", value, np.dtype(dtype).name))
-        return allocate(shape, dtype)
-
-    cupy.empty, cupy.full = empty, full
+    cupy.allocate, cupy.empty, cupy.full = allocate, empty, full
     cupy.cuda = types.SimpleNamespace(
         get_current_stream=lambda: types.SimpleNamespace(ptr=cupy.current[0]),
         runtime=types.SimpleNamespace(getDevice=lambda: cupy.device[0]),
@@ -398,17 +407,28 @@ def cupy(monkeypatch):
     """A fake cupy in sys.modules, with the wrapper's kind caches fresh (and restored after)."""
     fake = make_fake_cupy()
     monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setattr(FakeCupyArray, "module", fake)
     monkeypatch.setattr(ck, "_KIND_OF_TYPE", {})
     monkeypatch.setattr(ck, "_KINDS", {})
     return fake
 
 
+def record_launches(monkeypatch, names, calls):
+    """Every launch of the entry points ck_<name> (the raw level's and the fast paths'),
+    recorded in calls as (name, args) instead of made; each returns CK_STATUS_SUCCESS."""
+    for name in names:
+        def launch(*args, _name=name):
+            calls.append((_name, args))
+            return 0
+
+        monkeypatch.setattr(ck._entries, "ck_" + name, launch)
+
+
 @pytest.fixture
 def launches(monkeypatch):
-    """Every raw quantize_int8 / gemm_int8_scaled launch, recorded instead of made."""
+    """Every quantize_int8 / gemm_int8_scaled / moe_forward launch, recorded instead of made."""
     calls = []
-    for name in ("quantize_int8", "gemm_int8_scaled", "moe_forward"):
-        monkeypatch.setattr(ck.raw, name, lambda *args, _name=name: calls.append((_name, args)))
+    record_launches(monkeypatch, ("quantize_int8", "gemm_int8_scaled", "moe_forward"), calls)
     monkeypatch.setattr(ck.raw, "moe_workspace_size", lambda params: 4096)
     return calls
 
@@ -573,6 +593,57 @@ def test_cupy_fast_path_leaves_bad_calls_to_the_general_path(cupy, launches, cal
     with pytest.raises(error, match=match):
         call(a, b, s)
     assert not launches
+
+
+def test_cupy_fast_path_asks_for_the_stream_and_device_on_every_call(cupy, launches):
+    """Nothing about the current stream or device is kept from one call to the next: a stream
+    made current between calls is the next call's, and a call after another device was made
+    current takes the general path (which enters the array's device)."""
+    x = FakeCupyArray((2, 64), np.float16, 0x1000)
+    a = FakeCupyArray((2, 32), np.int8, 0x2000)
+    b = FakeCupyArray((16, 32), np.int8, 0x3000)
+    s = FakeCupyArray((1,), np.float32, 0x4000)
+    for current in (0xC0DE, 0xBEEF, 0xC0DE):
+        cupy.current[0] = current
+        ck.quantize_int8(x)
+        ck.gemm_int8_scaled(a, b, s, s)
+    assert [args[-1] for _, args in launches] == [0xC0DE] * 2 + [0xBEEF] * 2 + [0xC0DE] * 2
+    assert not any(entry[0] == "enter" for entry in cupy.log), "the fast path entered nothing"
+    cupy.device[0] = 1
+    ck.quantize_int8(x)
+    assert ("enter", ("device", 0)) in cupy.log and launches[-1][1][-1] == 0xC0DE
+
+
+def test_fast_path_raises_what_the_library_refuses(cupy, monkeypatch):
+    """The fast path checks the status of its launch itself: a refusal raises CKError naming
+    the entry point, as on the raw level."""
+    def refuse(*args):
+        return int(ck.Status.INVALID_VALUE)
+
+    refuse.__name__ = "ck_quantize_int8"
+    monkeypatch.setattr(ck._entries, "ck_quantize_int8", refuse)
+    with pytest.raises(ck.CKError) as info:
+        ck.quantize_int8(FakeCupyArray((2, 64), np.float16, 0x1000))
+    assert info.value.status == ck.Status.INVALID_VALUE
+    assert info.value.function == "ck_quantize_int8"
+    with pytest.raises(ck.CKError):
+        ck.raw.quantize_int8(0x1000, DType.FP16, 2, 64, ck.PER_TENSOR, ck.DYNAMIC, 0x2000,
+                             0x3000)
+
+
+def test_raw_entries_return_the_status_and_keep_the_declarations():
+    """The raw level and the fast paths call functions of their own (no errcheck: the status
+    comes back as an int); the library's functions keep theirs (a failure raises)."""
+    declared = ck.load_library().ck_quantize_int8
+    entry = ck._entries.ck_quantize_int8
+    assert entry is not declared and entry is ck._entries.ck_quantize_int8
+    assert entry.argtypes == declared.argtypes and entry.restype is ctypes.c_int
+    assert entry.__name__ == "ck_quantize_int8" and declared.errcheck is not None
+    status = entry(0, DType.FP16, 2, 64, ck.PER_TENSOR, ck.DYNAMIC, 0, 0, 0)   # NULL x
+    assert status == ck.Status.INVALID_VALUE
+    assert ck.last_error_message().startswith("ck_quantize_int8: ")
+    with pytest.raises(AttributeError):
+        ck._entries.not_an_entry_point
 
 
 def test_cupy_out_is_used_in_place(cupy, launches):

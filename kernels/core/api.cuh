@@ -211,16 +211,30 @@ ck_status_t unknown_variant(const Check& check, const char* env, const char* val
 ck_status_t variant_cannot_serve(const Check& check, const char* env, const char* name,
                                  const char* needs, const std::string& facts, int cc);
 
+// The environment's forced variant (*row; nullptr for the automatic choice), or
+// CK_STATUS_INVALID_VALUE for a name the table does not hold: "<env>=<value> is not one of
+// <names>". Asks nothing of CUDA.
+template <class Args>
+ck_status_t forced_row(const Check& check, const VariantTable<Args>& table,
+                       const Variant<Args>** row) {
+    *row = nullptr;
+    const char* forced = forced_variant(table.env);
+    if (!forced) return CK_STATUS_SUCCESS;
+    for (size_t i = 0; i < table.count; ++i)
+        if (strcmp(table.rows[i].name, forced) == 0) {
+            *row = &table.rows[i];
+            return CK_STATUS_SUCCESS;
+        }
+    return unknown_variant(check, table.env, forced, variant_names(table));
+}
+
 // An unknown name in the table's override, refused as select_variant refuses it, for entry points
 // that ask the GPU something before they choose: the name stays a host-side error, reported before
 // any CUDA call (and on a machine without a GPU).
 template <class Args>
 ck_status_t check_variant_name(const Check& check, const VariantTable<Args>& table) {
-    const char* forced = forced_variant(table.env);
-    if (!forced) return CK_STATUS_SUCCESS;
-    for (size_t i = 0; i < table.count; ++i)
-        if (strcmp(table.rows[i].name, forced) == 0) return CK_STATUS_SUCCESS;
-    return unknown_variant(check, table.env, forced, variant_names(table));
+    const Variant<Args>* row = nullptr;
+    return forced_row(check, table, &row);
 }
 
 // The variant that runs this call: the one the environment forces, or the first that serves it.
@@ -229,18 +243,17 @@ ck_status_t check_variant_name(const Check& check, const VariantTable<Args>& tab
 template <class Args>
 ck_status_t select_variant(const Check& check, const VariantTable<Args>& table, const Args& args,
                            const Variant<Args>** chosen) {
-    const Variant<Args>* row = table.rows;
-    const Variant<Args>* const end = table.rows + table.count;
-    const char* forced = forced_variant(table.env);
-    if (forced) {
-        while (row != end && strcmp(row->name, forced) != 0) ++row;
-        if (row == end) return unknown_variant(check, table.env, forced, variant_names(table));
+    const Variant<Args>* row = nullptr;
+    CK_TRY(forced_row(check, table, &row));
+    if (row) {
         const int cc = compute_capability();
         if (!row->serves(args, cc))
             return variant_cannot_serve(check, table.env, row->name, row->needs,
                                         table.facts(args), cc);
     } else {
+        const Variant<Args>* const end = table.rows + table.count;
         const int cc = compute_capability();
+        row = table.rows;
         while (row != end && !row->serves(args, cc)) ++row;
         if (row == end)  // a table whose last row does not serve every call
             return check.fail(CK_STATUS_INTERNAL_ERROR, "no %s variant serves this call (%s)",

@@ -572,7 +572,8 @@ inline void run_problem(Bench& bench, const Problem& problem, int64_t page_size)
     const std::optional<Graph> graph = Graph::capture(
         stream,
         [&](StepStatus& status, int) {
-            for (int i = 0; i < calls; ++i) CK_BENCH_STEP(status, call_on(sets[size_t(i) % copies]));
+            for (int i = 0; i < calls; ++i)
+                CK_BENCH_STEP(status, call_on(sets[size_t(i) % copies]));
         },
         0, &why);
     if (!graph) {

@@ -328,7 +328,8 @@ __global__ void __launch_bounds__(kCombineWarps * 32) decode_combine_kernel(cons
         const float top = team_reduce<32>(fmaxf(lse[0], lse[1]), MaxOp{});
         float w[2];
 #pragma unroll
-        for (int i = 0; i < 2; ++i) w[i] = lse[i] == -INFINITY ? 0.f : exp2f((lse[i] - top) * kLog2e);
+        for (int i = 0; i < 2; ++i)
+            w[i] = lse[i] == -INFINITY ? 0.f : exp2f((lse[i] - top) * kLog2e);
         const float sum = team_reduce<32>(w[0] + w[1], SumOp{});
         float acc[kPerLane] = {};
 #pragma unroll

@@ -49,7 +49,8 @@ inline int64_t decode_num_splits(int64_t batch, int64_t heads_q, int64_t heads_k
     int64_t best = 1, best_cost = INT64_MAX;
     for (int64_t s = 1; s <= most; ++s) {
         const int64_t per_split = ceil_div(blocks, s);
-        const int64_t cost = ceil_div(ctas * ceil_div(blocks, per_split), kDecodeWaveCtas) * per_split;
+        const int64_t waves = ceil_div(ctas * ceil_div(blocks, per_split), kDecodeWaveCtas);
+        const int64_t cost = waves * per_split;
         if (cost < best_cost) best = s, best_cost = cost;
     }
     return best;

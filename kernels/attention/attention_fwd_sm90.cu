@@ -80,9 +80,10 @@ static_assert(kProducerRegisters * kWarpgroupThreads +
 
 // Shared memory: the Q tile, then kStages K tiles and kStages V tiles, each D / 64 boxes of
 // [128 tokens][128 bytes] written by TMA with the 128-byte swizzle (1024-byte aligned), the O
-// tile of the epilogue ([128 rows][D], its own layout: see the epilogue), then the barriers. For S = Q K^T both tiles are K-major (a token's D values along its rows): wgmma k16
-// step s reads values 16 s .. 16 s + 15, box s / 4 at byte 32 (s % 4) of every row; warpgroup c's
-// 64 Q rows start 64 c rows into each box. For O += P V the V tile is the N-major B operand:
+// tile of the epilogue ([128 rows][D], its own layout: see the epilogue), then the barriers.
+// For S = Q K^T both tiles are K-major (a token's D values along its rows): wgmma k16 step s
+// reads values 16 s .. 16 s + 15, box s / 4 at byte 32 (s % 4) of every row; warpgroup c's 64
+// Q rows start 64 c rows into each box. For O += P V the V tile is the N-major B operand:
 // k16 step kk reads tokens 16 kk .. 16 kk + 15 (rows, 2048 bytes further per step), 8-row groups
 // 1024 bytes apart, the two boxes of D = 128 one box apart (the descriptor's leading offset).
 template <int kD> struct Sm90Smem {

@@ -53,8 +53,8 @@ cudaError_t launch_tile_grid(Kernel kernel, int64_t m, int64_t n, int bm, int bn
 
 // Launches kernel(args...) as a programmatic dependent of the stream's previous kernel where the
 // GPU has that (compute capability 9.0 and newer): its blocks may start before that kernel ends,
-// and the kernel must call wait_for_prior_grid() (ptx.cuh) before it reads what that kernel
-// writes. Elsewhere, an ordinary launch. Allowed during graph capture (a programmatic edge).
+// and the kernel must call wait_for_prior_grid() (ptx.cuh) before it touches global memory that
+// kernel may read or write. Elsewhere, an ordinary launch. Allowed during graph capture (a programmatic edge).
 template <class Kernel, class... Args>
 cudaError_t launch_dependent(Kernel kernel, dim3 grid, dim3 block, int smem_bytes,
                              cudaStream_t stream, Args... args) {

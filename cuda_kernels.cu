@@ -283,7 +283,7 @@ ck_status_t prepack_operands(const Check& check, const uint8_t* w_packed, const 
 
 // ---------------------------------------------------------------------------------------------
 // W4A16 GEMMs: operands and variants. "small_m" streams the weight once in either layout;
-// "tc" runs tensor-core tiles on a prepacked weight, "wgmma" Hopper's for M > 64;
+// "tc" runs tensor-core tiles on a prepacked weight, "wgmma" Hopper's for M > 16;
 // the reference kernel reads both layouts.
 // ---------------------------------------------------------------------------------------------
 std::string w4a16_facts(const ck::GemmW4A16Args& args) {
@@ -295,12 +295,10 @@ bool w4a16_tc_serves(const ck::GemmW4A16Args& args, int cc) {
     return cc >= kMmaMinArch && args.prepacked;
 }
 
-// The Hopper kernel: large M on a prepacked weight, 32-bit TMA coordinates (m, k, n8 tiles).
-constexpr int64_t kWgmmaW4A16MinM = 64;  // it serves m > 64 (128-row tiles)
-static_assert(kWgmmaW4A16MinM == 64, "update the wgmma row's needs text");
+// The Hopper kernel: a prepacked weight, 32-bit TMA coordinates (m, k, n8 tiles).
 bool w4a16_wgmma_serves(const ck::GemmW4A16Args& args, int) {
-    return args.prepacked && args.m > kWgmmaW4A16MinM && args.m <= INT32_MAX &&
-           args.k <= INT32_MAX && args.tiles8 <= INT32_MAX && ck::gemm_w4a16_wgmma_available();
+    return args.prepacked && args.m <= INT32_MAX && args.k <= INT32_MAX &&
+           args.tiles8 <= INT32_MAX && ck::gemm_w4a16_wgmma_available();
 }
 
 // On a prepacked weight, "small_m" is that layout's streaming kernel (a deeper pipeline).
@@ -312,11 +310,12 @@ cudaError_t gemm_w4a16_streaming(const ck::GemmW4A16Args& args, cudaStream_t str
 const ck::Variant<ck::GemmW4A16Args> kGemmW4A16Rows[] = {
     {"small_m", gemm_w4a16_streaming, small_m_serves,
      "m <= 16 and compute capability 8.0 or newer"},
-    // Before "tc": on Hopper it is 1.3-1.8x tc at M = 256 ... 4096 on every layer shape
-    // (benchmarks/results); M = 17 ... 64 stays on tc (128-row tiles would be mostly empty).
+    // Before "tc": on Hopper it is 1.3-1.8x tc at M = 256 ... 4096 on every layer shape, and
+    // its 64-row blocks, split along K where the tiles alone leave SMs idle, beat tc at
+    // M = 17 ... 64 (benchmarks/results). After "small_m", which streams M <= 16 faster.
     {"wgmma", ck::gemm_w4a16_prepacked_wgmma, w4a16_wgmma_serves,
-     "a prepacked weight (ck_gemm_w4a16_prepacked), m > 64, m, k and n / 8 below 2^31, a "
-     "compute capability 9.0 GPU and a build with sm_90a"},
+     "a prepacked weight (ck_gemm_w4a16_prepacked), m, k and n / 8 below 2^31, a compute "
+     "capability 9.0 GPU and a build with sm_90a"},
     {"tc", ck::gemm_w4a16_prepacked_tc, w4a16_tc_serves,
      "a prepacked weight (ck_gemm_w4a16_prepacked) and compute capability 8.0 or newer"},
     {"reference", ck::gemm_w4a16_reference, ck::any_call, "nothing"},

@@ -438,12 +438,16 @@ CK_API ck_status_t ck_w4a16_prepack(const uint8_t* w_packed, const void* scales,
 /* ck_gemm_w4a16 on a weight prepared by ck_w4a16_prepack (with the same n, k, group_size and
  * mode): out[M, N] = act(x[M, K] w'[N, K]^T + bias[N]). For M <= 16 a weight-streaming kernel
  * keeps a deep pipeline of weight bytes in flight; larger M runs tensor-core tiles (sm_80+:
- * mma.sync; M > 64 on compute capability 9.0: wgmma fed by TMA, in blocks of 128 or, where
- * that still fills the GPU, 256 rows of x).
+ * mma.sync; on compute capability 9.0: wgmma fed by TMA, in blocks of 64 rows of x for
+ * M <= 64, of 128 or, where that still fills the GPU, 256 rows above). Where the output tiles
+ * alone would leave SMs idle, a cluster of 2, 4 or 8 blocks shares each tile's K and sums the
+ * partial tiles in distributed shared memory, in a fixed order (no workspace, no atomics: the
+ * same inputs give the same bits).
  * CK_GEMM_W4A16_KERNEL forces a variant: "small_m" (M <= 16, sm_80+), "tc" (sm_80+),
- * "wgmma" (M > 64 on a compute capability 9.0 GPU, M and K below 2^31), "reference" or "auto"
- * (a variant that cannot serve the call returns CK_STATUS_UNSUPPORTED); CK_GEMM_W4A16_WGMMA_ROWS
- * (128 or 256) forces the wgmma kernel's block rows (for tests and benchmarks).
+ * "wgmma" (a compute capability 9.0 GPU, M and K below 2^31), "reference" or "auto" (a variant
+ * that cannot serve the call returns CK_STATUS_UNSUPPORTED); CK_GEMM_W4A16_WGMMA_ROWS (64, 128
+ * or 256) and CK_GEMM_W4A16_WGMMA_SPLIT (1, 2, 4 or 8) force the wgmma kernel's block rows and
+ * blocks per tile (for tests and benchmarks).
  * Requirements: as ck_gemm_w4a16; w_prepacked, scales_prepacked and zeros_prepacked 16-byte
  * aligned. out must not overlap x, the weight, its scales and zeros or the bias. */
 CK_API ck_status_t ck_gemm_w4a16_prepacked(const void* x, ck_dtype_t dtype,

@@ -178,15 +178,11 @@ def int4_variant(rng, m):
     return pick(rng, ["auto", "reference", "mma"] + (["small_m"] if m <= SMALL_M_MAX else []))
 
 
-WGMMA_W4A16_MIN_M = 65  # the W4A16 wgmma kernel serves m > 64 on a prepacked weight
-
-
 def w4a16_variant(rng, m, prepacked):
+    """tc and wgmma (any m) serve a prepacked weight."""
     served = ["auto", "reference"] + (["small_m"] if m <= SMALL_M_MAX else [])
     if prepacked:
-        served.append("tc")
-        if m >= WGMMA_W4A16_MIN_M:
-            served.append("wgmma")
+        served += ["tc", "wgmma"]
     return pick(rng, served)
 
 

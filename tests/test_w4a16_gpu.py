@@ -7,10 +7,12 @@
   dequantized exactly as ck_dequantize_int4 does, rounded to dtype) under a tolerance derived
   from float32 accumulation plus half an ulp of the output dtype; ||err|| / ||ref|| is printed.
 - dtype fp16/bf16 x mode sym/asym x group 32/64/128/row x kernel variant (CK_GEMM_W4A16_KERNEL =
-  reference, small_m for M <= 16, tc, wgmma for M > 64 on compute capability 9.0, auto) x shapes
+  reference, small_m for M <= 16, tc, wgmma on compute capability 9.0, auto) x shapes
   with partial tiles in M, N and K (and partial last groups), bias or not, ReLU or not; full-size
   layers; small_m and reference agree on the same data; a forced variant that cannot serve is
-  CK_STATUS_UNSUPPORTED; auto picks wgmma for M > 64 on compute capability 9.0, tc elsewhere.
+  CK_STATUS_UNSUPPORTED; auto picks wgmma for M > 16 on compute capability 9.0, tc elsewhere.
+  The wgmma kernel's block rows (64, 128, 256) and K splits (1, 2, 4, 8 blocks per tile, a
+  share of K each, partials summed in distributed shared memory) are forced one by one.
 - Every output is poisoned and sits between guard regions (gpu_support.GuardedBuffer):
   an unwritten element or an out-of-bounds write fails. CUDA graph capture and replay. The
   wrapper's ck.gemm_w4a16 (NumPy in/out, DeviceArray in/out, out=) against the raw call.
@@ -45,7 +47,6 @@ VARIANTS = (("plain", "reference"), ("plain", "small_m"), ("plain", "auto"),
             ("packed", "auto"))
 FORCED = {v for v in VARIANTS if v[1] != "auto"}
 SMALL_M_MAX = 16  # the small_m kernel serves m <= 16 (compute capability 8.0+)
-WGMMA_MIN_M = 65  # the wgmma kernel serves m > 64 (compute capability 9.0, prepacked weights)
 
 
 def variant_id(variant):
@@ -82,7 +83,6 @@ def use_variant(monkeypatch, variant, m):
     or an (entry point, kernel) pair; returns whether it is prepacked."""
     entry, kernel = variant if isinstance(variant, tuple) else ("plain", variant)
     assert kernel != "small_m" or m <= SMALL_M_MAX, "small_m serves m <= 16"
-    assert kernel != "wgmma" or m >= WGMMA_MIN_M, "wgmma serves m > 64"
     force_variant(monkeypatch, KERNEL_ENV, kernel)
     return entry == "packed"
 
@@ -217,7 +217,8 @@ def make_call(rng, shape, dtype, mode, group_size, source="quantized", bias=True
 # 136, 1000, 4096}, K in {32, 64, 96, 160, 1024, 4096}, each value several times, paired so that
 # tiles are partial in every dimension and the last group of a row is partial (K = 96 with
 # groups of 64, K = 160 with groups of 64 and 128). M <= 16 runs on small_m as well as on the
-# reference kernel, M > 64 on wgmma (128 x 128 tiles: 65, 129 and 257 leave one row over).
+# reference kernel; wgmma runs every M (64-row blocks up to 64, then 128: 65, 129 and 257 leave
+# one row over), its K split wherever the tiles alone leave SMs idle.
 SHAPES = [
     (1, 1, 32), (1, 4096, 1024), (1, 100, 4096), (2, 7, 64), (2, 1000, 160), (5, 9, 96),
     (5, 64, 4096), (8, 8, 32), (8, 100, 1024), (9, 1000, 64), (9, 7, 4096), (16, 4096, 96),
@@ -239,8 +240,6 @@ DTYPE_MODES = [(dtype, mode) for dtype in ref.W4A16_DTYPES for mode in ref.INT4_
 
 
 def variant_serves(variant, m):
-    if variant[1] == "wgmma":
-        return m >= WGMMA_MIN_M
     return variant[1] != "small_m" or m <= SMALL_M_MAX
 
 
@@ -277,7 +276,7 @@ def test_gemm_w4a16(variant, dtype, mode, shape, group_size, source, bias, activ
 
 
 # K = 160: a partial last group of 64 and of 128; K = 4096: many groups. The two alternate
-# over the group sizes. wgmma (M > 64) takes the same N and K with more rows.
+# over the group sizes. wgmma also takes the same N and K with more rows (128-row blocks).
 GROUP_SHAPES = [(9, 100, 160), (3, 72, 4096)]
 GROUP_SHAPES_LARGE_M = [(137, 100, 160), (67, 72, 4096)]
 
@@ -285,9 +284,9 @@ GROUP_SHAPES_LARGE_M = [(137, 100, 160), (67, 72, 4096)]
 def group_cases():
     for variant in (("plain", "reference"), ("plain", "small_m"), ("packed", "small_m"),
                     ("packed", "tc"), ("packed", "wgmma")):
-        shapes = GROUP_SHAPES_LARGE_M if variant[1] == "wgmma" else GROUP_SHAPES
         for dtype, mode in DTYPE_MODES:
             for i, group in enumerate(ref.INT4_GROUP_SIZES):
+                shapes = GROUP_SHAPES + (GROUP_SHAPES_LARGE_M if variant[1] == "wgmma" else [])
                 shape = shapes[(i + len(mode)) % len(shapes)]
                 yield pytest.param(variant, dtype, mode, group, shape,
                                    id=f"{variant_id(variant)}-{dtype}-{mode}-"
@@ -478,11 +477,12 @@ def test_forced_tc_on_the_plain_layout_is_unsupported(kernel, m, monkeypatch, se
     assert_forced_variant_unsupported(call, KERNEL_ENV, kernel, must_say="prepacked")
 
 
-# The wgmma kernel's two block shapes (128 or 256 rows of x), forced: K of 1 to 8 chunks (96,
-# 128, 256, 384, 1024: the steps of one chunk still in flight while the next is dequantized),
-# partial tiles in M and N, every group size, both modes. Its automatic choice takes 256 only
-# on large outputs (test_gemm_w4a16_large).
+# The wgmma kernel's three block shapes (64, 128 or 256 rows of x), forced: K of 1 to 8 chunks
+# (96, 128, 256, 384, 1024: the steps of one chunk still in flight while the next is
+# dequantized), partial tiles in M and N, every group size, both modes. Its automatic choice
+# takes 256 only on large outputs (test_gemm_w4a16_large).
 WGMMA_ROWS_ENV = "CK_GEMM_W4A16_WGMMA_ROWS"
+WGMMA_SPLIT_ENV = "CK_GEMM_W4A16_WGMMA_SPLIT"
 WGMMA_TILE_SHAPES = [(300, 128, 256), (512, 128, 384), (700, 136, 1024), (65, 1000, 96),
                      (1792, 128, 256), (257, 512, 128)]
 
@@ -490,36 +490,55 @@ WGMMA_TILE_SHAPES = [(300, 128, 256), (512, 128, 384), (700, 136, 1024), (65, 10
 @pytest.mark.parametrize("mode", ref.INT4_MODES)
 @pytest.mark.parametrize("group_size", ref.INT4_GROUP_SIZES, ids=lambda g: GROUP_IDS[g])
 @pytest.mark.parametrize("shape", [s for s in WGMMA_TILE_SHAPES if small_enough(*s)], ids=shape_id)
-@pytest.mark.parametrize("rows", [128, 256])
+@pytest.mark.parametrize("rows", [64, 128, 256])
 def test_wgmma_block_rows(rows, shape, group_size, mode, monkeypatch, seed):
     use_variant(monkeypatch, ("packed", "wgmma"), shape[0])
     monkeypatch.setenv(WGMMA_ROWS_ENV, str(rows))
     rng = np.random.default_rng(seed)
-    dtype = ref.W4A16_DTYPES[(WGMMA_TILE_SHAPES.index(shape) + rows // 128) % 2]
+    dtype = ref.W4A16_DTYPES[(WGMMA_TILE_SHAPES.index(shape) + rows // 64) % 2]
     call = make_call(rng, shape, dtype, mode, group_size, "codes", bias=True, activation="none",
                      prepacked=True)
     call.launch()
     call.check(f"wgmma {rows} rows, {dtype}, seed={seed}")
 
 
-@pytest.mark.parametrize("m", [1, 16, 64])
-def test_forced_wgmma_up_to_64_rows_is_unsupported(m, monkeypatch, seed):
-    """wgmma serves m > 64 only: forced on a prepacked weight with fewer rows,
-    CK_STATUS_UNSUPPORTED, nothing written (on any GPU: elsewhere it serves nothing)."""
-    monkeypatch.setenv(KERNEL_ENV, "wgmma")
-    call = make_call(np.random.default_rng(seed), (m, 64, 64), "bf16", "asym", 32,
-                     prepacked=True)
-    assert_forced_variant_unsupported(call, KERNEL_ENV, "wgmma", must_say="m > 64")
+# K split over a cluster of 1, 2, 4 or 8 blocks, forced, on the block rows the call picks
+# (64 up to M = 64): K of 1 chunk (96: most blocks of a split have no chunk at all) to 32, M of
+# 1 to 300 (a 64-row block holding 1 or 5 rows: the blocks whose 8-row sums have no rows skip
+# them), partial tiles in N, both modes and dtypes, group sizes rotated. Two launches on the
+# same inputs give the same bits (the sum's order is fixed).
+WGMMA_SPLIT_SHAPES = [(1, 136, 96), (5, 1000, 1024), (64, 128, 4096), (37, 264, 384),
+                      (100, 136, 1024), (300, 128, 640)]
 
 
-@pytest.mark.parametrize("m", [64, 65, 200])
-def test_auto_chooses_wgmma_past_64_rows_on_hopper(m, monkeypatch, seed):
-    """auto on a prepacked weight: wgmma for M > 64 on compute capability 9.0, tc otherwise
-    (M = 17 ... 64, or another GPU): the same bits as that variant forced (the kernels sum in
-    different orders, so equality shows which one ran)."""
+@pytest.mark.parametrize("dtype", ref.W4A16_DTYPES)
+@pytest.mark.parametrize("mode", ref.INT4_MODES)
+@pytest.mark.parametrize("shape", [s for s in WGMMA_SPLIT_SHAPES if small_enough(*s)], ids=shape_id)
+@pytest.mark.parametrize("split", [1, 2, 4, 8])
+def test_wgmma_split_k(split, shape, mode, dtype, monkeypatch, seed):
+    use_variant(monkeypatch, ("packed", "wgmma"), shape[0])
+    monkeypatch.setenv(WGMMA_SPLIT_ENV, str(split))
+    rng = np.random.default_rng(seed)
+    i = WGMMA_SPLIT_SHAPES.index(shape) + split
+    group_size = ref.INT4_GROUP_SIZES[i % len(ref.INT4_GROUP_SIZES)]
+    call = make_call(rng, shape, dtype, mode, group_size, "codes", bias=i % 2 == 0,
+                     activation=ACTIVATION_ROTATION[i % 2], prepacked=True)
+    call.launch()
+    _, _, first = call.check(f"wgmma split {split}, seed={seed}")
+    call.poison_outputs()
+    call.launch()
+    _, _, again = call.check(f"wgmma split {split}, second launch, seed={seed}")
+    assert_bitwise_equal(again, first, f"wgmma split {split}: two launches, seed={seed}")
+
+
+@pytest.mark.parametrize("m", [17, 64, 65, 200])
+def test_auto_chooses_wgmma_past_16_rows_on_hopper(m, monkeypatch, seed):
+    """auto on a prepacked weight: wgmma for M > 16 on compute capability 9.0, tc otherwise
+    (another GPU): the same bits as that variant forced (the kernels sum in different orders,
+    so equality shows which one ran)."""
     if compute_capability() < (8, 0):
         pytest.skip("tc needs compute capability 8.0+")
-    expected = "wgmma" if m > 64 and compute_capability() == (9, 0) else "tc"
+    expected = "wgmma" if compute_capability() == (9, 0) else "tc"
     rng = np.random.default_rng(seed)
     call = make_call(rng, (m, 136, 1024), "fp16", "asym", 128, "codes", prepacked=True)
     results = {}

@@ -144,6 +144,39 @@ template <int kRegs> __device__ __forceinline__ void setmaxnreg_inc() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Thread block clusters: the CTAs of a cluster run at once on one GPC and may read each other's
+// shared memory (distributed shared memory).
+// ---------------------------------------------------------------------------------------------
+
+// %cluster_ctarank: this CTA's rank in its cluster (0 .. cluster size - 1).
+__device__ __forceinline__ uint32_t cluster_ctarank() {
+    uint32_t rank;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+    return rank;
+}
+
+// barrier.cluster.arrive.release + barrier.cluster.wait.acquire: waits until every thread of the
+// cluster has arrived; the shared-memory writes before it (in any CTA of the cluster) are
+// visible to the reads after it. The non-.aligned forms: threads of a warp may arrive at
+// different times.
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
+}
+
+// mapa + ld.shared::cluster.v4.f32: the 16 bytes at this CTA's shared address `local` as they
+// are in CTA `rank` of the cluster (the same offset in its shared memory).
+__device__ __forceinline__ float4 ld_shared_cluster_f4(uint32_t local, uint32_t rank) {
+    uint32_t remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+    float4 v;
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "r"(remote)
+                 : "memory");
+    return v;
+}
+
+// ---------------------------------------------------------------------------------------------
 // wgmma: one warpgroup (128 threads) multiplies a 64 x N x K tile asynchronously; A and B come
 // from shared memory through descriptors, the accumulators live in the threads' registers.
 // ---------------------------------------------------------------------------------------------

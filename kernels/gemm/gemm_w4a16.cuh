@@ -172,7 +172,7 @@ cudaError_t gemm_w4a16_prepacked_stream_grouped(const GemmW4A16Args& args, MoeMo
 // tiles' x rows: kWgmmaNarrowRows or kWgmmaWideRows), x the sorted rows themselves
 // ([row_blocks * block_rows, k]: for kMoeSwiGLU the caller gathers each pair's token row there
 // first; rows.x_div unused), experts the number of experts whose weights follow expert 0's.
-constexpr int kWgmmaNarrowRows = 128, kWgmmaWideRows = 256;
+constexpr int kWgmmaShortRows = 64, kWgmmaNarrowRows = 128, kWgmmaWideRows = 256;
 cudaError_t gemm_w4a16_prepacked_wgmma_grouped(const GemmW4A16Args& args, MoeMode mode,
                                                const MoeRows& rows, int block_rows,
                                                int64_t row_blocks, int64_t experts,

@@ -1,6 +1,6 @@
-// gemm_w4a16_prepacked_wgmma_sm90.cu - the W4A16 GEMM on Hopper tensor cores for large M: wgmma
-// with the dequantized weight in registers, x by TMA, warp-specialized (the "wgmma" variant of
-// ck_gemm_w4a16_prepacked, which "auto" picks for M > 64 on compute capability 9.0).
+// gemm_w4a16_prepacked_wgmma_sm90.cu - the W4A16 GEMM on Hopper tensor cores: wgmma with the
+// dequantized weight in registers, x by TMA, warp-specialized (the "wgmma" variant of
+// ck_gemm_w4a16_prepacked, which "auto" picks for M > 16 on compute capability 9.0).
 //
 // What it computes (the same value as the tc kernel, gemm_w4a16_prepacked_tc.cu):
 //   w'[n][k] = round_to_dtype(float(q - zero) * float(scale[n][group(k)]))
@@ -17,17 +17,20 @@
 // Algorithm. The wgmma computes out^T, as the mma.sync kernels do: A (64 x 16, M of the
 // instruction) is the dequantized weight, from registers; B (16 x kBM, N of the instruction) is
 // x^T, whose K-major form "N rows of K contiguous values" is exactly x's row-major rows, read
-// from shared memory through a descriptor. One CTA per kBM x 128 output tile (kBM = 128 or 256
-// x rows, WgmmaTile, by 128 weight rows, no persistence), K in 128-k chunks (one prepacked tile
-// column) through a kStages-deep ring of shared-memory stages, each guarded by a "full" and an
-// "empty" mbarrier; 384 threads:
+// from shared memory through a descriptor. One CTA per kBM x 128 output tile (kBM = 64, 128 or
+// 256 x rows, WgmmaTile, by 128 weight rows, no persistence), or a cluster of 2, 4 or 8 CTAs
+// that split its K and sum their partial tiles in distributed shared memory where the tiles
+// alone would leave SMs idle (WgmmaPlan); K in 128-k chunks (one prepacked tile column) through
+// a kStages-deep ring of shared-memory stages, each guarded by a "full" and an "empty"
+// mbarrier; 384 threads:
 //   - warpgroup 2, the producer, gives most of its registers to the consumers (setmaxnreg);
 //     its warp 8's lane 0 issues per stage two TMA copies of x (kBM rows x 64 k each: one
 //     128-byte swizzle row per x row) and one 3-D TMA copy of the block's 16 weight tiles
 //     (8 KB), all completing their bytes on the stage's full barrier. Scales and zero points
 //     are not staged (the zeros' global rows are 8 * groups bytes apart, which TMA's 16-byte
 //     stride rule cannot describe): each consumer lane reads its few from global memory one
-//     chunk ahead (ScaleReader), so shared memory holds only what TMA writes.
+//     chunk ahead (ScaleReader), so shared memory holds only what TMA writes. With kBM = 64,
+//     two CTAs share an SM (WgmmaTile::kBlocksPerSm).
 //   - warps 0-3 and 4-7, two consumer warpgroups: warpgroup c owns weight rows 64 c .. 64 c + 63
 //     of the tile and all kBM x rows: per stage 8 wgmma m64n{kBM}k16, their kBM / 2 accumulators
 //     per thread in registers. Before each wgmma, each thread dequantizes its four A registers
@@ -42,7 +45,11 @@
 // Floors: bytes = M*K*2 + N*K/2 + N*groups*(2 [+1 with zeros]) + M*N*2; flops = 2*M*N*K. H100
 // SXM dense fp16/bf16 peak ~989 TFLOP/s: (K, N) = (4096, 14336), M = 4096 -> 481 GFLOP ->
 // 486 us; the weight (29.4 MB) -> 9.8 us at 3.0 TB/s: large M is compute-bound, the reason for
-// wgmma (mma.sync reaches ~2/3 of the peak).
+// wgmma (mma.sync reaches ~2/3 of the peak). M = 64: 7.5 GFLOP -> 7.6 us at the peak, the same
+// weight 9.8 us: both floors meet; what bounds the 64-row block is the dequantization (the same
+// instructions per chunk as the 128-row block's for a quarter of the multiply-adds of the
+// 256-row one) and, for short K shares, the block's fixed cost (start, pipeline fill, the
+// cluster's sum and the epilogue; benchmarks/NOTES.md).
 //
 // The Hopper primitives (mbarrier, TMA, wgmma) are in kernels/core/ptx_sm90.cuh, the tensor
 // maps in kernels/core/tma.cuh. Kernel bodies exist in the sm_90a pass only (CK_SM90A_DEVICE);
@@ -50,6 +57,8 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
+#include <string>
 
 #include "kernels/core/dequant.cuh"
 #include "kernels/core/epilogue.cuh"
@@ -71,8 +80,6 @@ constexpr int kProducerWarp = 4 * kConsumers;         // warp 8, after the consu
 // move registers from it to the consumers: ptxas sizes a wgmma kernel's register file in whole
 // warpgroups (168 per thread for 3), and the 256-row tile's 128 accumulators per thread need more.
 constexpr int kThreads = (kConsumers + 1) * kWarpgroupThreads;  // 384
-[[maybe_unused]] constexpr int kProducerRegisters = 40;
-[[maybe_unused]] constexpr int kConsumerRegisters = 232;  // (168 * 384 - 40 * 128) / 256
 constexpr int kWgmmaM = 64, kWgmmaK = 16;
 constexpr int kBN = kConsumers * kWgmmaM;             // 128 weight rows (output columns)
 constexpr int kChunkK = kPackK;                       // 128 k per stage: one prepacked tile column
@@ -87,29 +94,59 @@ constexpr int kGroupUnits = kPackK / 32;              // 4: groups a chunk can t
 [[maybe_unused]] constexpr int kFullArrivals = 1;                        // the producer's expect_tx
 [[maybe_unused]] constexpr int kEmptyArrivals = 4 * kConsumers;        // one per consumer warp
 [[maybe_unused]] constexpr int kGroupM = 8;                            // tile rows per rasterization group
+[[maybe_unused]] constexpr int kRingFreeBarrier = 1;  // named barrier: the consumers are done with the ring
 
-// The block's x rows (output rows, the wgmma's N): 128, or 256 where that still fills the GPU
-// (one A fragment, dequantized once, then feeds twice the multiply-adds), and the stages that
-// fit: 4 of 40 KB (3 chunks in flight while one is multiplied) or 3 of 72 KB.
+// The block's x rows (output rows, the wgmma's N): 64 for m <= 64, 128, or 256 where that still
+// fills the GPU (one A fragment, dequantized once, then feeds twice the multiply-adds), and the
+// stages that fit: 4 of 24 KB, 4 of 40 KB (3 chunks in flight while one is multiplied) or 3 of
+// 72 KB.
+// The 64-row block does a quarter of the 256-row block's multiply-adds per dequantized weight:
+// its time goes to the dequantization, latency-bound at 2 warps per scheduler (ncu: 0.41
+// instructions issued per scheduler and cycle). So it runs 2 blocks per SM (80 registers per
+// thread, the consumers raised to 96), which needs its A fragments live for 1 wgmma in flight
+// (2 sets) rather than 7 (8 sets): its tensor cores are far from busy either way.
 template <int kRows> struct WgmmaTile {
     static constexpr int kBM = kRows;
-    static constexpr int kStages = kRows == 128 ? 4 : 3;
+    static constexpr int kStages = kRows == 64 ? 4 : kRows == 128 ? 4 : 3;
+    static constexpr int kBlocksPerSm = kRows == 64 ? 2 : 1;
+    [[maybe_unused]] static constexpr int kInFlight = kRows == 64 ? 1 : kSteps - 1;  // wgmmas queued while dequantizing
+    [[maybe_unused]] static constexpr int kFragments = kInFlight + 1;                 // A fragment sets
+    // setmaxnreg: what ptxas gives each thread at kBlocksPerSm blocks of kThreads (168 or 80),
+    // less the producer warpgroup's kProducerRegisters (40 or 32), to the consumers (232 or 104).
+    static constexpr int kLaunchRegisters = 65536 / (kThreads * kBlocksPerSm) / 8 * 8;
+    static constexpr int kProducerRegisters = kBlocksPerSm == 1 ? 40 : 32;
+    static constexpr int kConsumerRegisters =
+        (kLaunchRegisters * kThreads - kProducerRegisters * kWarpgroupThreads) /
+        (kConsumers * kWarpgroupThreads) / 8 * 8;
+    static_assert(kSteps % kFragments == 0, "step q uses fragment set q % kFragments in every chunk");
     static constexpr int kXBoxBytes = kBM * kSwizzleBytes;       // 16 or 32 KB
     static constexpr int kXStageBytes = kXBoxes * kXBoxBytes;    // 32 or 64 KB
     static constexpr int kTxBytes = kXStageBytes + kWStageBytes;  // TMA bytes per stage
     // The 1024 bytes of slack align the tiles to the 128-byte swizzle's period; the barriers last.
-    static constexpr int kSmemBytes = 1024 + kStages * (kXStageBytes + kWStageBytes) + 2 * kStages * 8;
-    static_assert(kRows == 128 || kRows == 256, "wgmma m64n128 or m64n256");
+    static constexpr int kRingBytes = kStages * (kXStageBytes + kWStageBytes);
+    static constexpr int kSmemBytes = 1024 + kRingBytes + 2 * kStages * 8;
+    // A split block's float32 partial tile (kBM x 128) reuses the ring once its chunks are done.
+    static constexpr int kPartialBytes = kBM * kBN * 4;
+    static_assert(kRows == 64 || kRows == 128 || kRows == 256, "wgmma m64n64, m64n128, m64n256");
+    static_assert(kPartialBytes <= kRingBytes, "the partial tile fits the ring");
     static_assert(kXBoxBytes % 1024 == 0, "swizzled tiles keep the 1024-byte alignment");
     static_assert(kTxBytes < (1 << 20), "an mbarrier's transaction count holds a stage's bytes");
-    static_assert(kSmemBytes <= 227 * 1024, "one CTA per SM");
+    static_assert(kSmemBytes * kBlocksPerSm <= 227 * 1024, "kBlocksPerSm CTAs per SM");
 };
+using WgmmaShort = WgmmaTile<kWgmmaShortRows>;
 using WgmmaNarrow = WgmmaTile<kWgmmaNarrowRows>;
 using WgmmaWide = WgmmaTile<kWgmmaWideRows>;
 
 static_assert(kThreads == 384 && kProducerWarp % 4 == 0, "two consumer warpgroups, then the producer's");
-static_assert(kProducerRegisters * kWarpgroupThreads + kConsumerRegisters * kConsumers *
-                  kWarpgroupThreads <= 168 * kThreads, "setmaxnreg moves registers, never adds");
+template <class Tile> constexpr bool registers_moved_not_added() {
+    return Tile::kProducerRegisters * kWarpgroupThreads +
+               Tile::kConsumerRegisters * kConsumers * kWarpgroupThreads <=
+           Tile::kLaunchRegisters * kThreads;
+}
+static_assert(registers_moved_not_added<WgmmaShort>() && registers_moved_not_added<WgmmaNarrow>() &&
+                  registers_moved_not_added<WgmmaWide>(), "setmaxnreg moves registers, never adds");
+static_assert(WgmmaShort::kConsumerRegisters == 104 && WgmmaNarrow::kConsumerRegisters == 232,
+              "the consumer register counts the comments and ptxas notes give");
 static_assert(kWgmmaM == 4 * 2 * kPackRows, "a consumer warp owns two weight tiles (16 rows)");
 static_assert(kSteps == 2 * (kPackK / kPackSliceK), "two wgmma k16 steps per 32-k lane slice");
 static_assert(kGroupUnits == kPackK / kPackSliceK, "ChunkScales holds one entry per 32-k slice");
@@ -199,20 +236,30 @@ template <bool kAsym> struct ChunkScales {
     uint32_t zero[kGroupUnits / 2];
 };
 
-// Where a consumer lane reads them: straight from global memory (a few bytes per chunk, the
-// four lanes of a quad on the same addresses), one chunk ahead of their use, so that no shared
-// memory hand-off is needed.
+// What one lane reads for a chunk: the scales (and zero points) of rows g of T0 and T1 in its
+// quad's slice t, as loaded (16 and 8 bits each), so that nothing waits on the loads until the
+// next chunk begins.
+struct RawScales {
+    uint32_t s0, s1, z0, z1;
+};
+
+// Where a consumer lane reads them: straight from global memory, lane t of a quad the slice t
+// (the quad's four lanes share row g and need all four slices), one chunk ahead of their use;
+// gather() hands each lane the quad's four (shuffles), so that no shared memory hand-off is
+// needed and a chunk costs a lane 2 loads (4 with zero points). Packed at once instead of a
+// chunk later, the loads stalled the 64-row tile's warps ~20% of its loop (ncu); the 128- and
+// 256-row tiles measured 0-12% faster with the gather too (QKV and MoE at T >= 512).
 template <bool kAsym> struct ScaleReader {
     const uint16_t* scale_row[2];  // &scales[T][group 0][g]; nullptr past the last tile
     const uint8_t* zero_row[2];
     int64_t groups;
-    int step, slice_shift;
+    int step, unit;  // unit: the lane's slice's group unit in a chunk (t >> slice_shift)
 
     // t0: the lane's first tile among the weight's tiles8; expert_tile0: where the weight's
     // tiles start among those the scales hold (an expert's, grouped; 0 otherwise).
     __device__ ScaleReader(const GemmW4A16Args& args, const WgmmaGroups& grp, int64_t t0,
-                           int64_t expert_tile0, int g)
-        : groups(args.groups), step(grp.step), slice_shift(grp.slice_shift) {
+                           int64_t expert_tile0, int g, int t)
+        : groups(args.groups), step(grp.step), unit(t >> grp.slice_shift) {
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
             const bool ok = t0 + i < args.tiles8;
@@ -222,31 +269,58 @@ template <bool kAsym> struct ScaleReader {
         }
     }
 
-    __device__ __forceinline__ void load(int kc, ChunkScales<kAsym>& out) const {
-#pragma unroll
-        for (int s = 0; s < kGroupUnits; ++s) {
-            const int64_t group = int64_t(kc) * step + (s >> slice_shift);
-            const int64_t at = group * kPackRows;
-            const bool in = group < groups;
-            const uint32_t s0 = in && scale_row[0] ? __ldg(scale_row[0] + at) : 0u;
-            const uint32_t s1 = in && scale_row[1] ? __ldg(scale_row[1] + at) : 0u;
-            out.scale[s] = s0 | (s1 << 16);
-            if constexpr (kAsym) {
-                const uint32_t z0 = in && zero_row[0] ? __ldg(zero_row[0] + at) : 0u;
-                const uint32_t z1 = in && zero_row[1] ? __ldg(zero_row[1] + at) : 0u;
-                const uint32_t pair = z0 | (z1 << 8);
-                out.zero[s / 2] = (s % 2) ? (out.zero[s / 2] | (pair << 16)) : pair;
-            }
+    __device__ __forceinline__ void load(int kc, RawScales& r) const {
+        const int64_t group = int64_t(kc) * step + unit;
+        const int64_t at = group * kPackRows;
+        const bool in = group < groups;
+        r.s0 = in && scale_row[0] ? __ldg(scale_row[0] + at) : 0u;
+        r.s1 = in && scale_row[1] ? __ldg(scale_row[1] + at) : 0u;
+        if constexpr (kAsym) {
+            r.z0 = in && zero_row[0] ? __ldg(zero_row[0] + at) : 0u;
+            r.z1 = in && zero_row[1] ? __ldg(zero_row[1] + at) : 0u;
         }
+    }
+
+    // The chunk's ChunkScales from the quad's four lanes (the whole warp calls it).
+    __device__ __forceinline__ ChunkScales<kAsym> gather(const RawScales& r) const {
+        ChunkScales<kAsym> out;
+        const int quad = int(threadIdx.x % 32) & ~3;
+        const uint32_t scales = r.s0 | (r.s1 << 16);
+#pragma unroll
+        for (int s = 0; s < kGroupUnits; ++s) out.scale[s] = __shfl_sync(~0u, scales, quad | s);
+        if constexpr (kAsym) {
+            const uint32_t zeros = r.z0 | (r.z1 << 8);
+#pragma unroll
+            for (int s = 0; s < kGroupUnits / 2; ++s)
+                out.zero[s] = __shfl_sync(~0u, zeros, quad | (2 * s)) |
+                              (__shfl_sync(~0u, zeros, quad | (2 * s + 1)) << 16);
+        }
+        return out;
     }
 };
 
-template <class Tile, typename T, bool kAsym, int kMode>
-__global__ void __launch_bounds__(kThreads, 1)
+// A block's share of the K chunks when `split` blocks (a cluster) share one output tile: rank r
+// of the cluster takes chunks [chunks r / split, chunks (r + 1) / split), possibly none.
+struct ChunkRange {
+    int begin, end;
+};
+[[maybe_unused]] __host__ __device__ inline ChunkRange split_chunks(int chunks, int split, int rank) {
+    return {int(int64_t(chunks) * rank / split), int(int64_t(chunks) * (rank + 1) / split)};
+}
+
+// kSplit: blocks_per_tile (2, 4 or 8) blocks share each output tile, one cluster of that many
+// consecutive blocks (only plain and fused Q/K/V calls split; without kSplit none of the
+// cluster's code is compiled in). Each takes split_chunks of K; at the end every block
+// puts its float32 partial tile in its own shared memory, and block r of the cluster sums the
+// partials of the 8-row blocks j with j % split == r over the cluster's blocks, in rank order
+// (distributed shared memory: the result does not depend on which block sums), and stores them.
+template <class Tile, typename T, bool kAsym, int kMode, bool kSplit>
+__global__ void __launch_bounds__(kThreads, Tile::kBlocksPerSm)
 gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
                         const __grid_constant__ CUtensorMap map_w, const GemmW4A16Args args,
-                        const WgmmaGroups grp, const MoeRows mr) {
+                        const WgmmaGroups grp, const MoeRows mr, const int blocks_per_tile) {
 #ifdef CK_SM90A_DEVICE
+    const int split = kSplit ? blocks_per_tile : 1;
     constexpr int kBM = Tile::kBM, kStages = Tile::kStages;
     constexpr int kXBoxBytes = Tile::kXBoxBytes, kXStageBytes = Tile::kXStageBytes;
     extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -259,7 +333,12 @@ gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
     uint64_t* full = reinterpret_cast<uint64_t*>(w_stages + kStages * kWStageBytes);
     uint64_t* empty = full + kStages;
 
-    const TileOrigin tile = grouped_tile(blockIdx.x, args.m, args.n, kBM, kBN, kGroupM);
+    const int rank = split > 1 ? int(cluster_ctarank()) : 0;
+    // Block `rank` sums and stores the 8-row blocks j with j % split == rank; split is a power of
+    // two (a modulo by a run-time value would cost each of the epilogue's kBM / 8 blocks a
+    // division: ~10% of the 256-row tile's time in the MoE layer at T = 4096).
+    const int owner_mask = split - 1;
+    const TileOrigin tile = grouped_tile(blockIdx.x / split, args.m, args.n, kBM, kBN, kGroupM);
     const int64_t m0 = tile.m0, n0 = tile.n0;
     // Expert-grouped (kMode kMoeSwiGLU / kMoeWeighted): the tile row is a block of kBM sorted
     // rows, all of one expert, whose weight tiles follow the previous experts' (tiles8 each).
@@ -269,7 +348,8 @@ gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
         if (expert < 0) return;  // past the rows in use: the whole block leaves
         expert_tile0 = expert * args.tiles8;
     }
-    const int chunks = int(args.chunks);  // the launcher checks it fits
+    // The launcher checks that chunks fits an int.
+    const ChunkRange kr = split_chunks(int(args.chunks), split, rank);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
     if (threadIdx.x == 0) {
@@ -284,58 +364,66 @@ gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
 
     if (warp >= kProducerWarp) {
         // ---- Producer: warp 8's lane 0 issues every copy; the warpgroup's registers go to the
-        // consumers first ----
-        setmaxnreg_dec<kProducerRegisters>();
-        if (warp != kProducerWarp || lane != 0) return;
-        prefetch_tensor_map(&map_x);
-        prefetch_tensor_map(&map_w);
-        const int64_t tile0 = expert_tile0 + n0 / kPackRows;  // the block's first weight tile
-        int stage = 0;
-        uint32_t round = 0;
-        for (int kc = 0; kc < chunks; ++kc) {
-            mbar_wait(&empty[stage], (round & 1) ^ 1);  // the first round finds it free
-            mbar_arrive_expect_tx(&full[stage], Tile::kTxBytes);
-            uint8_t* xs = x_stages + stage * kXStageBytes;
+        // consumers first. Every thread stays for the cluster's two barriers (split blocks). ----
+        setmaxnreg_dec<Tile::kProducerRegisters>();
+        if (warp == kProducerWarp && lane == 0) {
+            prefetch_tensor_map(&map_x);
+            prefetch_tensor_map(&map_w);
+            const int64_t tile0 = expert_tile0 + n0 / kPackRows;  // the block's first weight tile
+            int stage = 0;
+            uint32_t round = 0;
+            for (int kc = kr.begin; kc < kr.end; ++kc) {
+                mbar_wait(&empty[stage], (round & 1) ^ 1);  // the first round finds it free
+                mbar_arrive_expect_tx(&full[stage], Tile::kTxBytes);
+                uint8_t* xs = x_stages + stage * kXStageBytes;
 #pragma unroll
-            for (int b = 0; b < kXBoxes; ++b)
-                tma_load_2d(xs + b * kXBoxBytes, &map_x, &full[stage], kc * kChunkK + b * kSwizzleK,
-                            int(m0));
-            tma_load_3d(w_stages + stage * kWStageBytes, &map_w, &full[stage], 0,
-                        kTileRows128 * kc, int(tile0));
-            if (++stage == kStages) {
-                stage = 0;
-                ++round;
+                for (int b = 0; b < kXBoxes; ++b)
+                    tma_load_2d(xs + b * kXBoxBytes, &map_x, &full[stage],
+                                kc * kChunkK + b * kSwizzleK, int(m0));
+                tma_load_3d(w_stages + stage * kWStageBytes, &map_w, &full[stage], 0,
+                            kTileRows128 * kc, int(tile0));
+                if (++stage == kStages) {
+                    stage = 0;
+                    ++round;
+                }
             }
+        }
+        if (split > 1) {
+            cluster_sync();  // the partials are written ...
+            cluster_sync();  // ... and read
         }
         return;
     }
 
     // ---- Consumers: warpgroup c, warp w of it, lane (g, t) ----
-    setmaxnreg_inc<kConsumerRegisters>();
+    setmaxnreg_inc<Tile::kConsumerRegisters>();
     const int c = warp / 4, w = warp % 4;
     const int g = lane / 4, t = lane % 4;
     const int tile_a = 8 * c + 2 * w;  // T0; T1 = T0 + 1 (see "A fragments")
     const uint32_t shift = 4 * t;      // pair t of a word: nibbles t and t + 4
-    const ScaleReader<kAsym> reader(args, grp, n0 / kPackRows + tile_a, expert_tile0, g);
-    ChunkScales<kAsym> next;
-    reader.load(0, next);
+    const ScaleReader<kAsym> reader(args, grp, n0 / kPackRows + tile_a, expert_tile0, g, t);
+    RawScales next = {};
+    if (kr.begin < kr.end) reader.load(kr.begin, next);
 
     float acc[kBM / 2];  // 64 x kBM float32 over the warpgroup
 #pragma unroll
     for (int i = 0; i < kBM / 2; ++i) acc[i] = 0.f;
 
-    // Step q's A fragment, in the same registers in every chunk and live from its wgmma until
-    // the wait that retires it (wgmma_fence_operands): a wgmma reads them after it issues.
-    uint32_t a[kSteps][4] = {};
+    // Step q's A fragment, set q % kFragments, the same registers in every chunk and live from
+    // its wgmma until the wait that retires it (wgmma_fence_operands): a wgmma reads them after
+    // it issues.
+    constexpr int kFragments = Tile::kFragments;
+    uint32_t a[kFragments][4] = {};
 
     int stage = 0;
     uint32_t round = 0;
     int prev_stage = -1;
-    for (int kc = 0; kc < chunks; ++kc) {
+    for (int kc = kr.begin; kc < kr.end; ++kc) {
         mbar_wait(&full[stage], round & 1);
         const uint64_t x_desc = wgmma_descriptor(x_stages + stage * kXStageBytes);
         const uint8_t* ws = w_stages + stage * kWStageBytes;
-        const ChunkScales<kAsym> cur = next;
+        const ChunkScales<kAsym> cur = reader.gather(next);
+        if (kc + 1 < kr.end) reader.load(kc + 1, next);  // in flight during this chunk
         wgmma_fence_operands(acc);
 #pragma unroll
         for (int s = 0; s < kPackK / kPackSliceK; ++s) {
@@ -350,20 +438,21 @@ gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int q = 2 * s + h;
-                // At most kSteps - 1 wgmmas stay in flight (one group per step): step q of the
-                // previous chunk, the last reader of a[q], is done. The tensor cores keep the
-                // other seven queued while this one is dequantized, never drained to zero as a
-                // wait for all of them at each chunk would.
-                wgmma_wait<kSteps - 1>();
-                wgmma_fence_operands(a[q]);
-                a[q][0] = Dequant<Int4Zp, T>::pair(word(v0, 2 * h) >> shift, b0);
-                a[q][1] = Dequant<Int4Zp, T>::pair(word(v1, 2 * h) >> shift, b1);
-                a[q][2] = Dequant<Int4Zp, T>::pair(word(v0, 2 * h + 1) >> shift, b0);
-                a[q][3] = Dequant<Int4Zp, T>::pair(word(v1, 2 * h + 1) >> shift, b1);
+                // At most kInFlight wgmmas stay in flight (one group per step): the step
+                // kFragments before this one, the last reader of a[f], is done. The tensor cores
+                // keep the others queued while this one is dequantized, never drained to zero as
+                // a wait for all of them at each chunk would.
+                const int f = q % kFragments;
+                wgmma_wait<Tile::kInFlight>();
+                wgmma_fence_operands(a[f]);
+                a[f][0] = Dequant<Int4Zp, T>::pair(word(v0, 2 * h) >> shift, b0);
+                a[f][1] = Dequant<Int4Zp, T>::pair(word(v1, 2 * h) >> shift, b1);
+                a[f][2] = Dequant<Int4Zp, T>::pair(word(v0, 2 * h + 1) >> shift, b0);
+                a[f][3] = Dequant<Int4Zp, T>::pair(word(v1, 2 * h + 1) >> shift, b1);
                 // The A registers were just written: fence them before the wgmma reads them.
                 wgmma_fence();
                 wgmma_m64nk16_rs<T, kBM>(
-                    acc, a[q],
+                    acc, a[f],
                     wgmma_descriptor_advance(x_desc, (q / 4) * kXBoxBytes + (q % 4) * (kWgmmaK * 2)),
                     1);
                 wgmma_commit();
@@ -375,7 +464,6 @@ gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
             __syncwarp();
             if (lane == 0) mbar_arrive(&empty[prev_stage]);
         }
-        if (kc + 1 < chunks) reader.load(kc + 1, next);  // in flight during this chunk's wgmmas
         prev_stage = stage;
         if (++stage == kStages) {
             stage = 0;
@@ -385,11 +473,38 @@ gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
     wgmma_wait<0>();
     wgmma_fence_operands(acc);
 #pragma unroll
-    for (int q = 0; q < kSteps; ++q) wgmma_fence_operands(a[q]);  // live until every wgmma is done
+    for (int f = 0; f < kFragments; ++f) wgmma_fence_operands(a[f]);  // live until every wgmma is done
+
+    // ---- Split blocks: the cluster sums its partial tiles. Each consumer thread's fragments go
+    // to the ring as [kBM / 8][256 threads] float4 (consecutive threads, consecutive 16 bytes),
+    // once both warpgroups' wgmmas are done reading it; the thread at the same place in every
+    // block of the cluster holds the same outputs. ----
+    const int ctid = threadIdx.x;  // the consumers are threads 0 .. 255
+    if (split > 1) {
+        named_barrier_sync<kConsumers * kWarpgroupThreads>(kRingFreeBarrier);
+        float4* partial = reinterpret_cast<float4*>(smem) + ctid;
+#pragma unroll
+        for (int j = 0; j < kBM / 8; ++j)
+            partial[j * kConsumers * kWarpgroupThreads] =
+                make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
+        cluster_sync();
+#pragma unroll
+        for (int j = 0; j < kBM / 8; ++j) {
+            if ((j & owner_mask) != rank || m0 + 8 * j >= args.m) continue;  // another's, or no rows
+            const uint32_t at = shared_address(partial + j * kConsumers * kWarpgroupThreads);
+            float4 sum = ld_shared_cluster_f4(at, 0);
+            for (int r = 1; r < split; ++r) {
+                const float4 p = ld_shared_cluster_f4(at, uint32_t(r));
+                sum.x += p.x, sum.y += p.y, sum.z += p.z, sum.w += p.w;
+            }
+            acc[4 * j] = sum.x, acc[4 * j + 1] = sum.y, acc[4 * j + 2] = sum.z, acc[4 * j + 3] = sum.w;
+        }
+        cluster_sync();  // no block leaves while another reads its shared memory
+    }
 
     // ---- Epilogue (as the tc kernel's). Lane (g, t) holds out[rows 2t, 2t + 1] of column g
     // (acc[4j], acc[4j + 1]) and column g + 8 (acc[4j + 2], acc[4j + 3]) of each 8-row block j:
-    // store_w4a16_fragment's layout. ----
+    // store_w4a16_fragment's layout. A split block stores the blocks j it summed. ----
     const auto ep = args.epilogue_of<T, kMode>();
     const bool odd = g & 1;
     const int64_t col = n0 + c * kWgmmaM + w * 2 * kPackRows + (g & ~1);  // the pairs' first
@@ -400,6 +515,7 @@ gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
     const typename decltype(ep)::Column cols[2] = {ep.column(col), ep.column(col + 8)};
 #pragma unroll
     for (int j = 0; j < kBM / 8; ++j) {
+        if ((j & owner_mask) != rank) continue;
         const int64_t row = m0 + 8 * j + 2 * t + (odd ? 1 : 0);
         store_w4a16_fragment<T, kMode>(ep, args.out, args.m, args.n, mr, row, col, g, odd,
                                        acc + 4 * j, bv, cols);
@@ -410,18 +526,34 @@ gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
 // ---------------------------------------------------------------------------------------------
 // Launch
 // ---------------------------------------------------------------------------------------------
+constexpr int kMaxSplit = 8;  // blocks per output tile at most: the portable cluster size
+
+// One block per kBM x 128 output tile, or one cluster of `split` blocks (each a share of K).
 template <class Tile, typename T, bool kAsym, int kMode>
 cudaError_t launch_wgmma(const GemmW4A16Args& a, const CUtensorMap& map_x,
-                         const CUtensorMap& map_w, const MoeRows& rows, cudaStream_t stream) {
-    const int64_t blocks = ceil_div(a.m, Tile::kBM) * ceil_div(a.n, kBN);
+                         const CUtensorMap& map_w, const MoeRows& rows, int split,
+                         cudaStream_t stream) {
+    constexpr bool kCanSplit = !grouped_rows(kMode);
+    if (split < 1 || split > (kCanSplit ? kMaxSplit : 1) || (split & (split - 1)) != 0)
+        return cudaErrorInvalidValue;
+    const int64_t blocks = ceil_div(a.m, Tile::kBM) * ceil_div(a.n, kBN) * split;
     if (!grid_fits(blocks)) return cudaErrorInvalidConfiguration;
-    auto kernel = gemm_w4a16_wgmma_kernel<Tile, T, kAsym, kMode>;
-    static std::atomic<uint64_t> opted_in{0};
-    const cudaError_t e = allow_dynamic_smem_once(kernel, Tile::kSmemBytes, opted_in);
+    auto kernel = split > 1 ? gemm_w4a16_wgmma_kernel<Tile, T, kAsym, kMode, kCanSplit>
+                            : gemm_w4a16_wgmma_kernel<Tile, T, kAsym, kMode, false>;
+    static std::atomic<uint64_t> opted_in_whole{0}, opted_in_split{0};
+    const cudaError_t e = allow_dynamic_smem_once(kernel, Tile::kSmemBytes,
+                                                  split > 1 ? opted_in_split : opted_in_whole);
     if (e != cudaSuccess) return e;
-    kernel<<<unsigned(blocks), kThreads, Tile::kSmemBytes, stream>>>(
-        map_x, map_w, a, wgmma_groups(a.group_shift), rows);
-    return cudaGetLastError();
+    cudaLaunchAttribute attribute[1] = {};
+    attribute[0].id = cudaLaunchAttributeClusterDimension;
+    attribute[0].val.clusterDim.x = unsigned(split);
+    attribute[0].val.clusterDim.y = attribute[0].val.clusterDim.z = 1;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(unsigned(blocks)), config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = Tile::kSmemBytes, config.stream = stream;
+    config.attrs = attribute, config.numAttrs = split > 1 ? 1 : 0;
+    return cudaLaunchKernelEx(&config, kernel, map_x, map_w, a, wgmma_groups(a.group_shift), rows,
+                              split);
 }
 
 // The tensor maps of a call: x [m rows][k] 16-bit values, boxes of box_rows (the tile's kBM)
@@ -447,18 +579,88 @@ cudaError_t make_wgmma_maps(const GemmW4A16Args& args, int box_rows, int64_t til
 // Whether blocks of 256 x rows beat blocks of 128 on an m x n output: each SM runs
 // ceil(blocks / SMs) blocks in turn, a wide one taking kWideRowCost times as long per row (one
 // dequantized A fragment feeds twice the multiply-adds); ties stay narrow.
-// CK_GEMM_W4A16_WGMMA_ROWS=128 or 256 (cuda_kernels.h) decides instead.
 constexpr double kWideRowCost = 0.85;  // 0.69-0.78 measured on the H100 (benchmarks/NOTES.md)
 bool wgmma_wide_pays(int64_t m, int64_t n) {
-    if (const char* force = std::getenv("CK_GEMM_W4A16_WGMMA_ROWS")) {
-        if (std::strcmp(force, "256") == 0) return true;
-        if (std::strcmp(force, "128") == 0) return false;
-    }
     const int64_t sms = std::max(sm_count(), 1), tiles_n = ceil_div(n, int64_t(kBN));
     auto busiest = [&](int rows) {  // the rows the busiest SM runs
         return double(ceil_div(ceil_div(m, int64_t(rows)) * tiles_n, sms)) * rows;
     };
     return busiest(WgmmaWide::kBM) * kWideRowCost < busiest(WgmmaNarrow::kBM);
+}
+
+// An environment override of the plan (cuda_kernels.h; for tests and benchmarks): the value of
+// `name` if it is one of `allowed`, else 0.
+int forced_plan_value(const char* name, std::initializer_list<int> allowed) {
+    const char* text = std::getenv(name);
+    if (!text) return 0;
+    for (int v : allowed)
+        if (std::strcmp(text, std::to_string(v).c_str()) == 0) return v;
+    return 0;
+}
+
+// How many blocks of `split`-block clusters of Tile's kernel the GPU runs at once (one block per
+// SM; clusters fill a GPC's SMs only in whole clusters): cached per device and split, 0 where
+// the query fails.
+template <class Tile> int cluster_blocks(int split) {
+    constexpr int kDevices = 16, kSplits = 4;  // split 1, 2, 4, 8
+    static std::atomic<int> cached[kDevices][kSplits];  // blocks + 1; 0: not asked yet (static: zeroed)
+    int device = 0, log2_split = 0;
+    while ((2 << log2_split) <= split) ++log2_split;
+    if (cudaGetDevice(&device) != cudaSuccess || device < 0 || log2_split >= kSplits) return 0;
+    std::atomic<int>* slot = device < kDevices ? &cached[device][log2_split] : nullptr;
+    if (slot && slot->load(std::memory_order_relaxed) > 0)
+        return slot->load(std::memory_order_relaxed) - 1;
+    auto kernel = gemm_w4a16_wgmma_kernel<Tile, __half, false, kMoeDense, true>;
+    int clusters = 0;
+    if (allow_dynamic_smem(kernel, Tile::kSmemBytes) == cudaSuccess) {
+        cudaLaunchAttribute attribute[1] = {};
+        attribute[0].id = cudaLaunchAttributeClusterDimension;
+        attribute[0].val.clusterDim.x = unsigned(split);
+        attribute[0].val.clusterDim.y = attribute[0].val.clusterDim.z = 1;
+        cudaLaunchConfig_t config = {};
+        config.gridDim = dim3(unsigned(split)), config.blockDim = dim3(kThreads);
+        config.dynamicSmemBytes = Tile::kSmemBytes;
+        config.attrs = attribute, config.numAttrs = 1;
+        if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) {
+            (void)cudaGetLastError();  // a refused query is not the stream's error
+            clusters = 0;
+        }
+    }
+    if (slot) slot->store(clusters * split + 1, std::memory_order_relaxed);
+    return clusters * split;
+}
+
+// The plan of a call: the block's x rows (64 for m <= 64; above, 128 or 256 by
+// wgmma_wide_pays) and the blocks that share each output tile's K: the largest split of 2, 4 or
+// 8 whose blocks all run at once and still get kMinSplitChunks chunks each (a split block pays
+// its pipeline's fill and the sum in distributed shared memory), else 1.
+// CK_GEMM_W4A16_WGMMA_ROWS (64, 128, 256) and CK_GEMM_W4A16_WGMMA_SPLIT (1, 2, 4, 8) decide
+// instead.
+struct WgmmaPlan {
+    int rows, split;
+};
+constexpr int kMinSplitChunks = 4;
+
+template <class Tile> int wgmma_split(int64_t m, int64_t n, int64_t chunks) {
+    if (const int forced = forced_plan_value("CK_GEMM_W4A16_WGMMA_SPLIT", {1, 2, 4, 8}))
+        return forced;
+    const int64_t tiles = ceil_div(m, int64_t(Tile::kBM)) * ceil_div(n, int64_t(kBN));
+    int split = 1;
+    for (int s = 2; s <= kMaxSplit; s *= 2)
+        if (chunks >= int64_t(kMinSplitChunks) * s && tiles * s <= cluster_blocks<Tile>(s))
+            split = s;
+    return split;
+}
+
+WgmmaPlan plan_wgmma(int64_t m, int64_t n, int64_t chunks) {
+    int rows = forced_plan_value("CK_GEMM_W4A16_WGMMA_ROWS", {64, 128, 256});
+    if (rows == 0)
+        rows = m <= kWgmmaShortRows ? kWgmmaShortRows
+               : wgmma_wide_pays(m, n) ? kWgmmaWideRows : kWgmmaNarrowRows;
+    const int split = rows == kWgmmaShortRows    ? wgmma_split<WgmmaShort>(m, n, chunks)
+                      : rows == kWgmmaNarrowRows ? wgmma_split<WgmmaNarrow>(m, n, chunks)
+                                                 : wgmma_split<WgmmaWide>(m, n, chunks);
+    return {rows, split};
 }
 
 }  // namespace
@@ -469,17 +671,18 @@ bool gemm_w4a16_wgmma_available() { return tma_wgmma_built_and_runnable(); }
 // Launcher (arguments validated by cuda_kernels.cu; the variant's predicate also asks m, k and
 // tiles8 below 2^31, which TMA's 32-bit coordinates need, and checked again here).
 // ptxas (CUDA 13.0, sm_90a, 384 threads: 168 registers, the consumers raised to 232 by
-// setmaxnreg): no spills, no wgmma serialization for either tile (C7512, "insufficient register
+// setmaxnreg; the 64-row tile at 2 blocks per SM: 80, the consumers raised to 104, which its
+// asymmetric kernels need: at 96 they spilled 16 bytes): no spills, no wgmma serialization for
+// any tile (C7512, "insufficient register
 // resources", and spills while the 256-row tile had 288 threads and no setmaxnreg; C7514 until
 // the accumulators were fenced around each stage, wgmma_fence_operands; C7513 while the scales'
 // slice-to-group selects sat between the wgmmas: ChunkScales keeps them per slice).
 // ---------------------------------------------------------------------------------------------
 cudaError_t gemm_w4a16_prepacked_wgmma(const GemmW4A16Args& args, cudaStream_t stream) {
     if (args.m < 1 || !args.prepacked || !gemm_w4a16_wgmma_available()) return cudaErrorNotSupported;
-    const bool wide = wgmma_wide_pays(args.m, args.n);
+    const WgmmaPlan plan = plan_wgmma(args.m, args.n, args.chunks);
     CUtensorMap map_x, map_w;
-    const cudaError_t err = make_wgmma_maps(args, wide ? WgmmaWide::kBM : WgmmaNarrow::kBM,
-                                            args.tiles8, &map_x, &map_w);
+    const cudaError_t err = make_wgmma_maps(args, plan.rows, args.tiles8, &map_x, &map_w);
     if (err != cudaSuccess) return err;
     const bool asym = args.zeros != nullptr;
     return dispatch_half_dtype(args.dtype, [&](auto tag) {
@@ -488,10 +691,17 @@ cudaError_t gemm_w4a16_prepacked_wgmma(const GemmW4A16Args& args, cudaStream_t s
             constexpr bool kAsym = decltype(asym_tag)::value;
             return with_bool(args.qkv.q != nullptr, [&](auto qkv_tag) {
                 constexpr int kMode = decltype(qkv_tag)::value ? kQkvRows : kMoeDense;
-                return wide ? launch_wgmma<WgmmaWide, T, kAsym, kMode>(args, map_x, map_w,
-                                                                       MoeRows{}, stream)
-                            : launch_wgmma<WgmmaNarrow, T, kAsym, kMode>(args, map_x, map_w,
-                                                                         MoeRows{}, stream);
+                switch (plan.rows) {
+                case kWgmmaShortRows:
+                    return launch_wgmma<WgmmaShort, T, kAsym, kMode>(args, map_x, map_w,
+                                                                     MoeRows{}, plan.split, stream);
+                case kWgmmaWideRows:
+                    return launch_wgmma<WgmmaWide, T, kAsym, kMode>(args, map_x, map_w,
+                                                                    MoeRows{}, plan.split, stream);
+                default:
+                    return launch_wgmma<WgmmaNarrow, T, kAsym, kMode>(args, map_x, map_w,
+                                                                      MoeRows{}, plan.split, stream);
+                }
             });
         });
     });
@@ -522,8 +732,9 @@ cudaError_t gemm_w4a16_prepacked_wgmma_grouped(const GemmW4A16Args& args, MoeMod
             return with_bool(wide, [&](auto wide_tag) {
                 using Tile = std::conditional_t<decltype(wide_tag)::value, WgmmaWide, WgmmaNarrow>;
                 return mode == kMoeSwiGLU
-                           ? launch_wgmma<Tile, T, kAsym, kMoeSwiGLU>(a, map_x, map_w, rows, stream)
-                           : launch_wgmma<Tile, T, kAsym, kMoeWeighted>(a, map_x, map_w, rows,
+                           ? launch_wgmma<Tile, T, kAsym, kMoeSwiGLU>(a, map_x, map_w, rows, 1,
+                                                                     stream)
+                           : launch_wgmma<Tile, T, kAsym, kMoeWeighted>(a, map_x, map_w, rows, 1,
                                                                        stream);
             });
         });

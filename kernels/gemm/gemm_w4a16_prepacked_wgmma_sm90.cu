@@ -94,7 +94,8 @@ constexpr int kGroupUnits = kPackK / 32;              // 4: groups a chunk can t
 [[maybe_unused]] constexpr int kFullArrivals = 1;                        // the producer's expect_tx
 [[maybe_unused]] constexpr int kEmptyArrivals = 4 * kConsumers;        // one per consumer warp
 [[maybe_unused]] constexpr int kGroupM = 8;                            // tile rows per rasterization group
-[[maybe_unused]] constexpr int kRingFreeBarrier = 1;  // named barrier: the consumers are done with the ring
+// Named barrier: both consumer warpgroups are done with the ring (a split block's partials).
+[[maybe_unused]] constexpr int kRingFreeBarrier = 1;
 
 // The block's x rows (output rows, the wgmma's N): 64 for m <= 64, 128, or 256 where that still
 // fills the GPU (one A fragment, dequantized once, then feeds twice the multiply-adds), and the
@@ -109,8 +110,9 @@ template <int kRows> struct WgmmaTile {
     static constexpr int kBM = kRows;
     static constexpr int kStages = kRows == 64 ? 4 : kRows == 128 ? 4 : 3;
     static constexpr int kBlocksPerSm = kRows == 64 ? 2 : 1;
-    [[maybe_unused]] static constexpr int kInFlight = kRows == 64 ? 1 : kSteps - 1;  // wgmmas queued while dequantizing
-    [[maybe_unused]] static constexpr int kFragments = kInFlight + 1;                 // A fragment sets
+    // wgmmas left queued while the next step is dequantized, and the A fragment sets that needs.
+    [[maybe_unused]] static constexpr int kInFlight = kRows == 64 ? 1 : kSteps - 1;
+    [[maybe_unused]] static constexpr int kFragments = kInFlight + 1;
     // setmaxnreg: what ptxas gives each thread at kBlocksPerSm blocks of kThreads (168 or 80),
     // less the producer warpgroup's kProducerRegisters (40 or 32), to the consumers (232 or 104).
     static constexpr int kLaunchRegisters = 65536 / (kThreads * kBlocksPerSm) / 8 * 8;
@@ -118,7 +120,7 @@ template <int kRows> struct WgmmaTile {
     static constexpr int kConsumerRegisters =
         (kLaunchRegisters * kThreads - kProducerRegisters * kWarpgroupThreads) /
         (kConsumers * kWarpgroupThreads) / 8 * 8;
-    static_assert(kSteps % kFragments == 0, "step q uses fragment set q % kFragments in every chunk");
+    static_assert(kSteps % kFragments == 0, "step q uses set q % kFragments in every chunk");
     static constexpr int kXBoxBytes = kBM * kSwizzleBytes;       // 16 or 32 KB
     static constexpr int kXStageBytes = kXBoxes * kXBoxBytes;    // 32 or 64 KB
     static constexpr int kTxBytes = kXStageBytes + kWStageBytes;  // TMA bytes per stage
@@ -304,7 +306,8 @@ template <bool kAsym> struct ScaleReader {
 struct ChunkRange {
     int begin, end;
 };
-[[maybe_unused]] __host__ __device__ inline ChunkRange split_chunks(int chunks, int split, int rank) {
+[[maybe_unused]] __host__ __device__ inline ChunkRange split_chunks(int chunks, int split,
+                                                                    int rank) {
     return {int(int64_t(chunks) * rank / split), int(int64_t(chunks) * (rank + 1) / split)};
 }
 
@@ -473,7 +476,8 @@ gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
     wgmma_wait<0>();
     wgmma_fence_operands(acc);
 #pragma unroll
-    for (int f = 0; f < kFragments; ++f) wgmma_fence_operands(a[f]);  // live until every wgmma is done
+    // The fragments stay live until every wgmma is done.
+    for (int f = 0; f < kFragments; ++f) wgmma_fence_operands(a[f]);
 
     // ---- Split blocks: the cluster sums its partial tiles. Each consumer thread's fragments go
     // to the ring as [kBM / 8][256 threads] float4 (consecutive threads, consecutive 16 bytes),
@@ -490,14 +494,16 @@ gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
         cluster_sync();
 #pragma unroll
         for (int j = 0; j < kBM / 8; ++j) {
-            if ((j & owner_mask) != rank || m0 + 8 * j >= args.m) continue;  // another's, or no rows
+            // Another block's rows, or none of the call's.
+            if ((j & owner_mask) != rank || m0 + 8 * j >= args.m) continue;
             const uint32_t at = shared_address(partial + j * kConsumers * kWarpgroupThreads);
             float4 sum = ld_shared_cluster_f4(at, 0);
             for (int r = 1; r < split; ++r) {
                 const float4 p = ld_shared_cluster_f4(at, uint32_t(r));
                 sum.x += p.x, sum.y += p.y, sum.z += p.z, sum.w += p.w;
             }
-            acc[4 * j] = sum.x, acc[4 * j + 1] = sum.y, acc[4 * j + 2] = sum.z, acc[4 * j + 3] = sum.w;
+            acc[4 * j] = sum.x, acc[4 * j + 1] = sum.y;
+            acc[4 * j + 2] = sum.z, acc[4 * j + 3] = sum.w;
         }
         cluster_sync();  // no block leaves while another reads its shared memory
     }
@@ -603,7 +609,8 @@ int forced_plan_value(const char* name, std::initializer_list<int> allowed) {
 // the query fails.
 template <class Tile> int cluster_blocks(int split) {
     constexpr int kDevices = 16, kSplits = 4;  // split 1, 2, 4, 8
-    static std::atomic<int> cached[kDevices][kSplits];  // blocks + 1; 0: not asked yet (static: zeroed)
+    // Blocks + 1; 0: not asked yet (static storage starts zeroed).
+    static std::atomic<int> cached[kDevices][kSplits];
     int device = 0, log2_split = 0;
     while ((2 << log2_split) <= split) ++log2_split;
     if (cudaGetDevice(&device) != cudaSuccess || device < 0 || log2_split >= kSplits) return 0;
@@ -691,16 +698,17 @@ cudaError_t gemm_w4a16_prepacked_wgmma(const GemmW4A16Args& args, cudaStream_t s
             constexpr bool kAsym = decltype(asym_tag)::value;
             return with_bool(args.qkv.q != nullptr, [&](auto qkv_tag) {
                 constexpr int kMode = decltype(qkv_tag)::value ? kQkvRows : kMoeDense;
+                const MoeRows none{};
                 switch (plan.rows) {
                 case kWgmmaShortRows:
-                    return launch_wgmma<WgmmaShort, T, kAsym, kMode>(args, map_x, map_w,
-                                                                     MoeRows{}, plan.split, stream);
+                    return launch_wgmma<WgmmaShort, T, kAsym, kMode>(args, map_x, map_w, none,
+                                                                     plan.split, stream);
                 case kWgmmaWideRows:
-                    return launch_wgmma<WgmmaWide, T, kAsym, kMode>(args, map_x, map_w,
-                                                                    MoeRows{}, plan.split, stream);
+                    return launch_wgmma<WgmmaWide, T, kAsym, kMode>(args, map_x, map_w, none,
+                                                                    plan.split, stream);
                 default:
-                    return launch_wgmma<WgmmaNarrow, T, kAsym, kMode>(args, map_x, map_w,
-                                                                      MoeRows{}, plan.split, stream);
+                    return launch_wgmma<WgmmaNarrow, T, kAsym, kMode>(args, map_x, map_w, none,
+                                                                      plan.split, stream);
                 }
             });
         });

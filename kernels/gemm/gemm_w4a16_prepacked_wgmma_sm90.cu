@@ -102,13 +102,13 @@ constexpr int kGroupUnits = kPackK / 32;              // 4: groups a chunk can t
 // stages that fit: 4 of 24 KB, 4 of 40 KB (3 chunks in flight while one is multiplied) or 3 of
 // 72 KB.
 // The 64-row block does a quarter of the 256-row block's multiply-adds per dequantized weight:
-// its time goes to the dequantization, latency-bound at 2 warps per scheduler (ncu: 0.41
-// instructions issued per scheduler and cycle). So it runs 2 blocks per SM (80 registers per
-// thread, the consumers raised to 96), which needs its A fragments live for 1 wgmma in flight
-// (2 sets) rather than 7 (8 sets): its tensor cores are far from busy either way.
+// its time goes to the dequantization (ncu: 0.41 instructions issued per scheduler and cycle at
+// 2 warps per scheduler). So it runs 2 blocks per SM (80 registers per thread, the consumers
+// raised to 104), which needs its A fragments live for 1 wgmma in flight (2 sets) rather than 7
+// (8 sets): its tensor cores are far from busy either way (4096x14336, M = 64: 33.8 -> 28.1 us).
 template <int kRows> struct WgmmaTile {
     static constexpr int kBM = kRows;
-    static constexpr int kStages = kRows == 64 ? 4 : kRows == 128 ? 4 : 3;
+    static constexpr int kStages = kRows == 256 ? 3 : 4;
     static constexpr int kBlocksPerSm = kRows == 64 ? 2 : 1;
     // wgmmas left queued while the next step is dequantized, and the A fragment sets that needs.
     [[maybe_unused]] static constexpr int kInFlight = kRows == 64 ? 1 : kSteps - 1;
@@ -121,8 +121,8 @@ template <int kRows> struct WgmmaTile {
         (kLaunchRegisters * kThreads - kProducerRegisters * kWarpgroupThreads) /
         (kConsumers * kWarpgroupThreads) / 8 * 8;
     static_assert(kSteps % kFragments == 0, "step q uses set q % kFragments in every chunk");
-    static constexpr int kXBoxBytes = kBM * kSwizzleBytes;       // 16 or 32 KB
-    static constexpr int kXStageBytes = kXBoxes * kXBoxBytes;    // 32 or 64 KB
+    static constexpr int kXBoxBytes = kBM * kSwizzleBytes;       // 8, 16 or 32 KB
+    static constexpr int kXStageBytes = kXBoxes * kXBoxBytes;    // 16, 32 or 64 KB
     static constexpr int kTxBytes = kXStageBytes + kWStageBytes;  // TMA bytes per stage
     // The 1024 bytes of slack align the tiles to the 128-byte swizzle's period; the barriers last.
     static constexpr int kRingBytes = kStages * (kXStageBytes + kWStageBytes);

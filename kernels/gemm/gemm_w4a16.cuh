@@ -86,7 +86,8 @@ cudaError_t gemm_w4a16_reference(const GemmW4A16Args& args, cudaStream_t stream)
 cudaError_t gemm_w4a16_prepacked_stream(const GemmW4A16Args& args, cudaStream_t stream);
 cudaError_t gemm_w4a16_prepacked_tc(const GemmW4A16Args& args, cudaStream_t stream);
 
-// Prepacked layout on Hopper (gemm_w4a16_prepacked_wgmma_sm90.cu): wgmma fed by TMA, for large M.
+// Prepacked layout on Hopper (gemm_w4a16_prepacked_wgmma_sm90.cu): wgmma fed by TMA, any m
+// ("auto" gives it m > 16), K split over a cluster where the tiles alone leave SMs idle.
 // Serves m, k and the n8 tile count below 2^31 (TMA coordinates are 32-bit); available where
 // the GPU has compute capability 9.0, the library was built with sm_90a and the driver encodes
 // tensor maps (cudaErrorNotSupported otherwise).

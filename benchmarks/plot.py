@@ -10,7 +10,9 @@ file, three charts:
   <stem>-gemm-int8.png   ck_gemm_int8 (int32 out) over cuBLASLt int8, and ck_gemm_int8_scaled
                          over cuBLASLt int8 followed by a separate epilogue kernel
   <stem>-gemm-w4a16.png  ck_gemm_w4a16_prepacked (symmetric, g128) over cuBLAS fp16 on the
-                         dequantized weight, and over dequantize_int4 + cuBLAS fp16
+                         dequantized weight, and over dequantize_int4 + cuBLAS fp16 (a run
+                         filtered to the W4A16 rows has no cuBLAS fp16 rows: their times come
+                         from its summary table)
   <stem>-gemm-int4.png   ck_gemm_int4 (int32 out) over cuBLASLt int8 on the unpacked operands
 and from the MoE summary table (a JSON file's "moe" tables, or a text or markdown table):
   <stem>-moe.png         ck_moe_forward over the naive per-expert fp16 layer and over cuBLAS
@@ -170,6 +172,9 @@ class Line:
     kernel: str       # the ck_bench row
     label: str        # what the line compares, for the legend
     over: str = None  # a row of the same shape whose time is the baseline; None: the row's own
+    # Where a run filtered to the kernel's rows (ck_bench --filter) has no `over` rows: the
+    # baseline's column in the family's summary table (rows "K x N", "M").
+    table_column: str = None
 
 
 @dataclass
@@ -188,7 +193,7 @@ GEMM_CHARTS = [
               "int32 out: % of the copy-bandwidth floor"),
     GemmChart("gemm-w4a16", "W4A16 (ck_gemm_w4a16_prepacked, fp16, INT4 g128) vs cuBLAS fp16",
               [Line("gemm_w4a16_prepacked fp16 g128", "/ cuBLAS fp16 on the dequantized weight",
-                    over="cuBLAS fp16 (reference)"),
+                    over="cuBLAS fp16 (reference)", table_column="cuBLAS fp16 us"),
                Line("gemm_w4a16_prepacked fp16 g128", "/ dequantize_int4 + cuBLAS fp16")],
               "% of the copy-bandwidth floor"),
     GemmChart("gemm-int4", "INT4 x INT4 GEMM (ck_gemm_int4, int32 out) vs cuBLASLt int8",
@@ -201,12 +206,30 @@ def shape_key(k, n):
     return f"{k} x {n}"
 
 
-def gemm_series(rows, chart):
-    """(speedup series per line, floor series) of one chart from ck_bench rows."""
+def table_times(tables, column):
+    """{row shape "M=.. K=.. N=..": time} from the summary tables that have "K x N", "M" and
+    `column`."""
+    times = {}
+    for table in tables:
+        if not {"K x N", "M", column} <= set(table.headers):
+            continue
+        kn, m, at = (table.headers.index(h) for h in ("K x N", "M", column))
+        for cells in table.rows:
+            k, n = cells[kn].split("x")
+            value = number(cells[at])
+            if value:
+                times[f"M={int(cells[m])} K={int(k)} N={int(n)}"] = value
+    return times
+
+
+def gemm_series(rows, chart, tables=()):
+    """(speedup series per line, floor series) of one chart from ck_bench rows (and, for a
+    line's baseline missing from them, the summary tables)."""
     gemm = [r for r in rows if r["family"] == "gemm" and GEMM_SHAPE.fullmatch(r["shape"])]
     times = {(r["kernel"], r["shape"]): r["time_us"]["median"] for r in gemm}
     speedups = []
     for line in chart.lines:
+        fallback = table_times(tables, line.table_column) if line.table_column else {}
         series = {}
         for r in gemm:
             if r["kernel"] != line.kernel:
@@ -216,7 +239,7 @@ def gemm_series(rows, chart):
             if line.over is None:
                 value = r["speedup"]
             else:
-                base = times.get((line.over, r["shape"]))
+                base = times.get((line.over, r["shape"])) or fallback.get(r["shape"])
                 value = base / ours if base and ours else None
             if value:
                 series.setdefault(shape_key(k, n), []).append((m, value))
@@ -336,7 +359,7 @@ def stem(path):
 def plot_source(source, out_dir):
     written = 0
     for chart in GEMM_CHARTS:
-        speedups, floor = gemm_series(source.rows, chart)
+        speedups, floor = gemm_series(source.rows, chart, source.tables)
         if not any(speedups):
             continue
         draw(os.path.join(out_dir, f"{stem(source.path)}-{chart.name}.png"), chart.title,

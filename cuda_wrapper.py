@@ -1638,6 +1638,7 @@ class _TorchKind(_FrameworkKind):
             torch.cuda.current_device
         self.stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or self._stream
         self._empty = torch.empty
+        self._empty_like = torch.empty_like
         self._devices = {}   # index -> torch.device("cuda", index) (immutable): made once
         _is_compiling[0] = getattr(getattr(torch, "compiler", None), "is_compiling", None)
         # The custom operators are registered now, outside any torch.compile trace (which
@@ -1696,6 +1697,13 @@ class _TorchKind(_FrameworkKind):
             device = self._devices.setdefault(index, self.torch.device("cuda", index))
         t = self._empty(*shape, dtype=self.torch_of_ck[ck_dtype], device=device)
         return t, t.data_ptr()
+
+    def fast_empty_like(self, t, ck_dtype):
+        """(tensor, its address): uninitialized, t's shape in library dtype ck_dtype, on t's
+        device (a contiguous t, as fast_view accepts): torch.empty_like, which skips the size
+        and device arguments that fast_empty parses (0.3 us less per result on the H100 host)."""
+        e = self._empty_like(t, dtype=self.torch_of_ck[ck_dtype])
+        return e, e.data_ptr()
 
     def empty(self, shape, np_dtype, ck_dtype, like):
         """(tensor, its address): uninitialized, on the device of `like` (Tensor.new_empty:
@@ -1801,6 +1809,12 @@ class _CupyKind(_FrameworkKind):
         (without memptr it allocates), less cupy.empty's Python frame."""
         a = self._ndarray(shape, _NUMPY_OF[ck_dtype])
         return a, a.data.ptr
+
+    def fast_empty_like(self, a, ck_dtype):
+        """(array, its address): uninitialized, a's shape in library dtype ck_dtype, on the
+        current device (where fast_view found a): as fast_empty, one frame less."""
+        b = self._ndarray(a.shape, _NUMPY_OF[ck_dtype])
+        return b, b.data.ptr
 
     def fill(self, value, np_dtype, like):
         a = self.cupy.full((1,), value, np_dtype)
@@ -2343,7 +2357,7 @@ def _quantize_int8_fast(kind, x, gran, scales, dtype):
         if s_view is None or math.prod(s_view[1]) != n_scales:
             return None
     stream = kind.stream(index)
-    q, q_ptr = kind.fast_empty(shape, DType.INT8, index)
+    q, q_ptr = kind.fast_empty_like(x, DType.INT8)
     if scales is None:
         s, s_ptr = kind.fast_empty((n_scales,), DType.FP32, index)
     else:
@@ -2444,7 +2458,10 @@ def quantize_int8(x, granularity="tensor", scales=None, dtype=None, stream=None,
     used as they are (static). out: q, or (q, scales). Returns (q int8 like x, scales float32
     of shape (1,) or (rows,)).
     """
-    gran = _granularity(granularity)
+    # The names first, as one lookup: at M = 1 the host time of this call is its cost.
+    gran = _GRANULARITIES.get(granularity) if type(granularity) is str else None
+    if gran is None:
+        gran = _granularity(granularity)
     kind = _fast_kind(x, out, stream)
     if kind is not None:
         result = _quantize_int8_fast(kind, x, gran, scales, dtype)

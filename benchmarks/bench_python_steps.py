@@ -100,6 +100,8 @@ def torch_rows(row, calls):
         lambda: kind.empty((M, K), ck._INT8, ck.DType.INT8, x))
     row("wrapper: kind.fast_empty (torch.empty, data_ptr)",
         lambda: kind.fast_empty((M, K), ck.DType.INT8, 0))
+    row("wrapper: kind.fast_empty_like (torch.empty_like, data_ptr)",
+        lambda: kind.fast_empty_like(x, ck.DType.INT8))
     row("wrapper: _foreign_capture() (torch's capture query)", ck._foreign_capture)
     row("quantize_int8(x, granularity='row'), launches", lambda: ck.quantize_int8(x, "row"),
         min(calls, 2000))

@@ -424,9 +424,16 @@ bool block4_small_m_serves(const ck::GemmBlock4Args& args, int cc) {
     return small_m_serves(args.gemm, cc);
 }
 
+bool block4_wgmma_serves(const ck::GemmBlock4Args& args, int cc) {
+    return w4a16_wgmma_serves(args.gemm, cc);
+}
+
+// The INT4 table's order: the weight stream for M <= 16, then the Hopper kernel for any M.
 const ck::Variant<ck::GemmBlock4Args> kGemmBlock4Rows[] = {
     {"small_m", ck::gemm_block4_stream, block4_small_m_serves,
      "m <= 16 and compute capability 8.0 or newer"},
+    {"wgmma", ck::gemm_block4_wgmma, block4_wgmma_serves,
+     "m, k and n / 8 below 2^31, a compute capability 9.0 GPU and a build with sm_90a"},
     {"reference", ck::gemm_block4_reference, ck::any_call, "nothing"},
 };
 const auto kGemmBlock4 = ck::variant_table("CK_GEMM_BLOCK4_KERNEL", kGemmBlock4Rows, block4_facts);

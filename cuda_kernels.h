@@ -529,10 +529,12 @@ CK_API ck_status_t ck_block4_prepack(ck_block4_format_t format, const uint8_t* p
  * NULL) and out have `dtype`: CK_DTYPE_FP16 or CK_DTYPE_BF16. global_scale: NVFP4's float32
  * global scale on the device (required for CK_BLOCK4_NVFP4, NULL for the others).
  * For M <= 16 (sm_80+) the weight-streaming kernel of ck_gemm_w4a16_prepacked reads the weight
- * once; larger M (and GPUs before sm_80) run a simple tiled kernel, correct but far from the
- * tensor cores' speed. CK_GEMM_BLOCK4_KERNEL forces a variant: "small_m" (M <= 16, sm_80+),
- * "reference" or "auto" (an unknown name: CK_STATUS_INVALID_VALUE; a variant that cannot serve
- * the call: CK_STATUS_UNSUPPORTED).
+ * once; larger M runs that function's Hopper kernel (wgmma, compute capability 9.0 with the
+ * sm_90a build; CK_GEMM_W4A16_WGMMA_ROWS and CK_GEMM_W4A16_WGMMA_SPLIT apply to it too), and on
+ * other GPUs a simple tiled kernel, correct but far from the tensor cores' speed.
+ * CK_GEMM_BLOCK4_KERNEL forces a variant: "small_m" (M <= 16, sm_80+), "wgmma" (any M, as
+ * above), "reference" or "auto" (an unknown name: CK_STATUS_INVALID_VALUE; a variant that
+ * cannot serve the call: CK_STATUS_UNSUPPORTED).
  * Requirements: a valid format (CK_STATUS_INVALID_VALUE), dtype fp16 or bf16 and blocksize as
  * ck_block4_prepack (CK_STATUS_UNSUPPORTED); M, N >= 1; K >= 32, a multiple of 32 and of
  * blocksize; N, K <= 2^40; x, w_prepacked and scales_prepacked 16-byte aligned; global_scale
@@ -584,8 +586,8 @@ CK_API ck_status_t ck_gemm_block4_prepacked(const void* x, ck_dtype_t dtype,
  *
  * Kernels: those of ck_gemm_w4a16_prepacked (INT4; CK_GEMM_W4A16_KERNEL forces one) or of
  * ck_gemm_block4_prepacked (CK_GEMM_BLOCK4_KERNEL), with this epilogue: the weight streams once
- * for T <= 16; larger T runs tensor-core tiles for INT4 and the simple tiled kernel for the
- * block formats.
+ * for T <= 16; larger T runs tensor-core tiles (wgmma on Hopper for every format; before Hopper,
+ * mma.sync for INT4 and the simple tiled kernel for the block formats).
  * ------------------------------------------------------------------------------------------- */
 typedef enum ck_weight4_format {
     CK_WEIGHT4_INT4 = 0,   /* ck_w4a16_prepack's weight: dtype scales, zeros or none */

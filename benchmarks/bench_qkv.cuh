@@ -13,8 +13,9 @@
 //   qkv_projection <format>            ck_qkv_projection on the ck_qkv_prepack'd weight, RoPE
 //                                      rotate-half on q and k (rotary_dim 128, positions spread
 //                                      over a 8192-row table); baseline: the unfused row
-// Formats: INT4 symmetric g128, NF4 blocks of 64, MXFP4, NVFP4. The block formats' projection
-// above 16 tokens runs the simple tiled kernel (no tensor cores yet): measured up to 512 tokens.
+// Formats: INT4 symmetric g128, NF4 blocks of 64, MXFP4, NVFP4. Above 16 tokens every format runs
+// the wgmma kernel on Hopper; elsewhere the block formats run the simple tiled kernel (no tensor
+// cores), measured there up to 512 tokens only.
 // Floors: the fused row's bytes (weight codes + scales + x + q, k, v) over the copy bandwidth,
 // and 2 T N H flops over the tensor cores' peak. Buffers are rotated (Bench::rotation_copies)
 // so that every call reads its weight from DRAM.
@@ -31,7 +32,7 @@ struct Layer {
 };
 constexpr Layer kLayers[] = {{"llama3-8b", 4096, 32, 8, 128}, {"llama3-70b", 8192, 64, 8, 128}};
 constexpr int64_t kTokens[] = {1, 16, 512, 2048, 8192};
-constexpr int64_t kBlockFormatMaxTokens = 512;   // the tiled fallback past 16 tokens is slow
+constexpr int64_t kBlockFormatMaxTokens = 512;   // without wgmma: the tiled fallback is slow
 constexpr int64_t kMaxPosition = 8192;
 constexpr float kFloatAbsMax = 1;
 
@@ -64,7 +65,8 @@ class Problem {
         const Row* fp16 = dense_row();
         for (size_t f = 0; f < kNumFormats; ++f) {
             const Row* unfused = unfused_row(f);
-            if (kFormats[f].format == CK_WEIGHT4_INT4 || t_ <= kBlockFormatMaxTokens)
+            if (kFormats[f].format == CK_WEIGHT4_INT4 || t_ <= kBlockFormatMaxTokens ||
+                bench_.device().cc_major == 9)
                 fused_row(f, unfused, fp16);
         }
     }

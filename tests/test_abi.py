@@ -1503,7 +1503,7 @@ KERNEL_OVERRIDES = [
             ("m=1e6", dict(m=10**6, k=4096))]]
         + [("c+4", dict(c_ptr=C + 4), ["ck_gemm_int4"])]),
     KernelOverride(
-        "CK_GEMM_BLOCK4_KERNEL", BLOCK4_GEMMS, ("auto", "reference", "small_m"),
+        "CK_GEMM_BLOCK4_KERNEL", BLOCK4_GEMMS, ("auto", "reference", "small_m", "wgmma"),
         # Any M and N, every format with its blocks, K a multiple of 32 and of the blocksize,
         # bias NULL, bias and out aligned to their element only.
         [(case_id, changes, BLOCK4_GEMMS) for case_id, changes in [

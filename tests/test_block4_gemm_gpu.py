@@ -11,16 +11,20 @@ ck_gemm_block4_prepacked) against tests/reference.py.
   as ck_dequantize_<format> writes it in dtype) under the tolerance of float32 accumulation plus
   half an ulp of the output dtype (test_w4a16_gpu.py derives it); ||err|| / ||ref|| is printed.
 - format (NF4 32/64/128, MXFP4, NVFP4) x dtype (fp16, bf16) x variant (CK_GEMM_BLOCK4_KERNEL =
-  small_m for M <= 16, reference, auto) x shapes: odd M, M on both sides of 16, N not a
-  multiple of the 8-row tile nor of the reference's 64, K at block-size multiples (32 .. 4096),
-  bias or not, ReLU or not; the Llama-3-8B QKV and 70B shapes at M = 1 and 16.
+  small_m for M <= 16, wgmma on compute capability 9.0, reference, auto) x shapes: odd M, M on
+  both sides of 16, N not a multiple of the 8-row tile nor of the reference's 64, K at
+  block-size multiples (32 .. 4096), bias or not, ReLU or not; the Llama-3-8B QKV and 70B
+  shapes at M = 1 and 16, and the 8B shape at M = 300 (auto: wgmma on Hopper).
+- The wgmma kernel's block rows (64, 128, 256) and K splits (1 ... 8 blocks per output tile),
+  forced, in every format; a split call gives the same bits twice; auto takes it past 16 rows.
 - w' bit for bit: one-hot rows of x select weight columns, which the GEMM returns exactly (a
   single non-zero product), and they equal ck_dequantize_<format>'s output on the device.
 - The small-M kernel's fast and fallback dequantization (MXFP4, the format with a fast path:
   scales up to 2 and past it, alone and mixed in one call), every w' bit for bit.
 - Where the formats coincide (an MXFP4 weight with codes of magnitude <= 3 is a symmetric INT4
   g32 weight with q = 2 value and scale 2^(e - 1)), ck_gemm_block4_prepacked and
-  ck_gemm_w4a16_prepacked give the same bits at M <= 16 (the same streaming kernel and plan).
+  ck_gemm_w4a16_prepacked give the same bits at M <= 16 (the same streaming kernel and plan)
+  and past it on Hopper (the same wgmma kernel and plan).
 - Non-finite w': a NaN scale and (fp16) an MXFP4 scale past fp16's range give NaN / +-inf
   outputs exactly where the reference has them.
 - CUDA graph capture and replay; the override read on every call; small_m refusing M > 16; the
@@ -40,15 +44,15 @@ import reference as ref
 from gpu_support import (
     CK_ACTIVATION, CK_DTYPE, GuardedBuffer, KernelCall, POISON, U32, assert_bitwise_equal,
     assert_forced_variant_unsupported, assert_graph_replays, assert_meets_reference,
-    assert_override_read_on_every_call, assert_relu_output, assert_within, dot_float32_error,
-    dtype_arg, force_variant, output_tolerance, ptr_or_null, random_normal, shape_id, small_enough,
-    synchronize, to_host, write_buffers,
+    assert_override_read_on_every_call, assert_relu_output, assert_within, compute_capability,
+    dot_float32_error, dtype_arg, force_variant, output_tolerance, ptr_or_null, random_normal,
+    shape_id, small_enough, synchronize, to_host, write_buffers,
 )
 
 pytestmark = pytest.mark.gpu
 
 KERNEL_ENV = "CK_GEMM_BLOCK4_KERNEL"
-VARIANTS = ("small_m", "reference", "auto")
+VARIANTS = ("small_m", "wgmma", "reference", "auto")
 SMALL_M_MAX = 16
 CK_FORMAT = {"nf4": ck.BLOCK4_NF4, "mxfp4": ck.BLOCK4_MXFP4, "nvfp4": ck.BLOCK4_NVFP4}
 FORMAT_BLOCKS = [("nf4", 32), ("nf4", 64), ("nf4", 128), ("mxfp4", 32), ("nvfp4", 16)]
@@ -244,13 +248,15 @@ def test_gemm_block4(variant, fmt, blocksize, dtype, shape, source, bias, activa
 
 # The layer shapes of the benchmark rows: Llama-3-8B's QKV projection (K 4096, N 6144) and
 # Llama-3-70B's (K 8192, N 10240), at decode M.
-LAYER_SHAPES = [(1, 6144, 4096), (16, 6144, 4096), (1, 10240, 8192), (16, 10240, 8192)]
+LAYER_SHAPES = [(1, 6144, 4096), (16, 6144, 4096), (1, 10240, 8192), (16, 10240, 8192),
+                (300, 6144, 4096)]
 
 
 @pytest.mark.parametrize("shape", LAYER_SHAPES, ids=shape_id)
 @pytest.mark.parametrize("fmt, blocksize", FORMAT_BLOCKS[1:], ids=lambda v: str(v))
 def test_gemm_block4_layer_shapes(fmt, blocksize, shape, seed):
-    """The automatic choice (small_m at these M) on the full layer shapes, fp16 and bf16."""
+    """The automatic choice (small_m at M <= 16, wgmma past it on Hopper) on the full layer
+    shapes, fp16 and bf16."""
     if not small_enough(*shape):
         pytest.skip("CK_SANITIZE: a smaller shape suffices")
     rng = np.random.default_rng(seed)
@@ -274,7 +280,8 @@ def device_dequantize(fmt, packed, scales, g, k, blocksize, dtype):
     return to_host(ck.dequantize_nvfp4(packed, scales, g, k, out_dtype=out_dtype))
 
 
-@pytest.mark.parametrize("variant, m", [("small_m", 16), ("small_m", 5), ("reference", 37)])
+@pytest.mark.parametrize("variant, m", [("small_m", 16), ("small_m", 5), ("reference", 37),
+                                        ("wgmma", 37), ("wgmma", 130)])
 @pytest.mark.parametrize("dtype", ref.BLOCK4_GEMM_DTYPES)
 @pytest.mark.parametrize("fmt, blocksize", FORMAT_BLOCKS, ids=lambda v: str(v))
 def test_dequantized_weight_is_bitwise_ck_dequantize(fmt, blocksize, dtype, variant, m,
@@ -360,13 +367,16 @@ def test_small_m_fast_and_fallback_paths_bitwise(dtype, regime, monkeypatch, see
 # ---------------------------------------------------------------------------------------------
 # Where the formats coincide: MXFP4 with codes of magnitude <= 3 and symmetric INT4 g32
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("m", [1, 7, 16])
+@pytest.mark.parametrize("m", [1, 7, 16, 40, 300])
 @pytest.mark.parametrize("dtype", ref.BLOCK4_GEMM_DTYPES)
 def test_mxfp4_equals_int4_bitwise(dtype, m, seed):
     """E2M1 magnitudes 0 .. 3 (codes 0 .. 5) are q / 2 with q in {0, 1, 2, 3, 4, 6}: the MXFP4
     weight (codes, E8M0 e) and the symmetric INT4 g32 weight (+-q, scale 2^(e - 128) in dtype)
-    have the same w' (both products exact), and both entry points run the same small-M plan:
-    the same bits."""
+    have the same w' (both products exact), and both entry points run the same plan (the
+    small-M kernel, or past 16 rows the one auto picks for both: wgmma on Hopper; elsewhere the
+    block formats' reference kernel and INT4's tc, which need not agree): the same bits."""
+    if m > SMALL_M_MAX and compute_capability() != (9, 0):
+        pytest.skip("past 16 rows the two entry points share a kernel on Hopper only")
     rng = np.random.default_rng(seed)
     n, k = 1000, 2048
     mags = rng.integers(0, 6, size=(n, k))
@@ -394,7 +404,7 @@ def test_mxfp4_equals_int4_bitwise(dtype, m, seed):
 # ---------------------------------------------------------------------------------------------
 # Non-finite w'
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("variant, m", [("small_m", 3), ("reference", 20)])
+@pytest.mark.parametrize("variant, m", [("small_m", 3), ("reference", 20), ("wgmma", 20)])
 @pytest.mark.parametrize("dtype", ref.BLOCK4_GEMM_DTYPES)
 def test_non_finite_weights_follow_the_reference(dtype, variant, m, monkeypatch, seed):
     """MXFP4 rows with a NaN scale (0xFF) and, in fp16, a scale past its range (E8M0 150):
@@ -423,6 +433,58 @@ def test_non_finite_weights_follow_the_reference(dtype, variant, m, monkeypatch,
     pre = xf @ w[rows].T
     error32 = dot_float32_error(xf, w[rows], pre, TENSOR_CORE_ROUNDOFF)
     assert_within(got[:, rows], pre, output_tolerance(pre, error32, dtype), f"finite, seed={seed}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The wgmma kernel's plans, forced (CK_GEMM_W4A16_WGMMA_ROWS / _SPLIT apply to the block formats)
+# ---------------------------------------------------------------------------------------------
+# (block rows, blocks per output tile, shape): each block shape, K from 1 chunk (96: most blocks
+# of a split get none) to 32, M partial in the blocks, N partial in the 128-row tiles.
+WGMMA_PLANS = [(64, 1, (37, 136, 1024)), (64, 4, (5, 1000, 1024)), (64, 8, (64, 128, 4096)),
+               (128, 1, (300, 128, 384)), (128, 2, (200, 264, 2048)), (128, 8, (17, 136, 96)),
+               (256, 1, (700, 136, 1024)), (256, 2, (257, 128, 512))]
+
+
+@pytest.mark.parametrize("rows, split, shape",
+                         [p for p in WGMMA_PLANS if small_enough(*p[2])],
+                         ids=lambda v: shape_id(v) if isinstance(v, tuple) else str(v))
+@pytest.mark.parametrize("fmt, blocksize", FORMAT_BLOCKS, ids=lambda v: str(v))
+def test_wgmma_plans(fmt, blocksize, rows, split, shape, monkeypatch, seed):
+    use_variant(monkeypatch, "wgmma", shape[0])
+    monkeypatch.setenv("CK_GEMM_W4A16_WGMMA_ROWS", str(rows))
+    monkeypatch.setenv("CK_GEMM_W4A16_WGMMA_SPLIT", str(split))
+    i = WGMMA_PLANS.index((rows, split, shape))
+    dtype = ref.BLOCK4_GEMM_DTYPES[i % 2]
+    rng = np.random.default_rng(seed)
+    m, n, k = shape
+    call = make_call(rng, (m, n, fit_k(k, blocksize)), fmt, blocksize, dtype,
+                     SOURCE_ROTATION[i % 2], bias=i % 3 != 2,
+                     activation=ACTIVATION_ROTATION[i % 2])
+    call.launch()
+    ctx = f"wgmma {rows} rows, split {split}, {dtype}, seed={seed}"
+    call.check(ctx)
+    first = call.out.read(ctx).copy()
+    call.poison_outputs()
+    call.launch()
+    call.check(f"{ctx}, second launch")
+    assert_bitwise_equal(call.out.read(ctx), first, f"{ctx}: two launches")
+
+
+@pytest.mark.parametrize("m", [17, 64, 65, 200])
+def test_auto_chooses_wgmma_past_16_rows_on_hopper(m, monkeypatch, seed):
+    """auto: wgmma for M > 16 on compute capability 9.0 (the same bits as wgmma forced; the
+    reference kernel sums in another order), the reference kernel elsewhere."""
+    expected = "wgmma" if compute_capability() == (9, 0) else "reference"
+    rng = np.random.default_rng(seed)
+    call = make_call(rng, (m, 136, 1024), "nvfp4", 16, "fp16", "codes")
+    results = {}
+    for kernel in (expected, "auto"):
+        monkeypatch.setenv(KERNEL_ENV, kernel)
+        call.poison_outputs()
+        call.launch()
+        call.check(f"{kernel}, seed={seed}")
+        results[kernel] = call.out.read(f"out, {kernel}").copy()
+    assert_bitwise_equal(results["auto"], results[expected], f"auto vs {expected}, seed={seed}")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,10 +12,10 @@ tests/reference.py.
   the tolerance gpu_support.qkv_tolerances derives: float32 accumulation (tensor cores that may
   truncate: twice float32's unit roundoff), the rotation's two products and difference, and
   the rounding to dtype. ||err|| / ||ref|| is printed.
-- Shapes: tokens on both sides of 16 (the weight-streaming kernel; above it the Hopper INT4
-  kernel, in 64-row blocks up to 64 and 128-row blocks past it), MHA, GQA and MQA heads, head
-  dims 32 ... 128, a rotary dim below the head dim; RoPE none, rotate-half and interleaved; fp16
-  and bf16; with and without bias.
+- Shapes: tokens on both sides of 16 (the weight-streaming kernel; above it the Hopper kernel
+  in every format, in 64-row blocks up to 64 and 128-row blocks past it), MHA, GQA and MQA
+  heads, head dims 32 ... 128, a rotary dim below the head dim; RoPE none, rotate-half and
+  interleaved; fp16 and bf16; with and without bias.
 - Positions outside the table read its nearest row (clamped); the outputs' guards stay intact
   and nothing is written past q, k, v; the call captures into a CUDA graph and replays.
 - The Python layer (cuda_wrapper.QkvProjection.from_float) in every format: NumPy in, NumPy out,

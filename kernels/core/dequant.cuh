@@ -121,6 +121,7 @@ template <class Format, typename T> struct Dequant;
 
 template <typename T> struct Dequant<Int4Zp, T> {
     using Unit = uint16_t;  // the stored scale: bits of T
+    static constexpr int kTableFloats = 0;  // no table (the block formats' interface, below)
     struct Block {
         uint32_t zero;    // the group's zero point, 0 .. 15
         uint32_t scale2;  // the group's scale (bits of T) in both 16-bit halves
@@ -151,9 +152,10 @@ template <typename T> struct Dequant<Int4Zp, T> {
 // The interface beside Dequant<Int4Zp, T>'s: a stored scale unit (Unit, the 1-, 2- or 4-byte
 // value of one row and one 32-k slice's scale group), a per-kernel table in shared memory
 // (kTableFloats floats, filled once by fill_table before any word is dequantized), block()
-// (the Block of word i, i < 4, of a lane's 32-k slice from the slice's unit) and word(), which
+// (the Block of word i, i < 4, of a lane's 32-k slice from the slice's unit), word(), which
 // has Dequant<Int4Zp, T>::word's contract: word q (nibble e = prepacked_nibble_k(e) of its
-// 8 k) -> pairs p[j] = (nibble j, nibble j + 4) packed as T.
+// 8 k) -> pairs p[j] = (nibble j, nibble j + 4) packed as T, and pair(), word()'s p[0] alone
+// (Dequant<Int4Zp, T>::pair's contract: the wgmma kernel takes one pair per word).
 //
 // A format with kFastPath (MXFP4) also has a fast path for the streaming kernel
 // (gemm_w4a16_prepacked_stream.cu): fast_word() writes the bits word() writes, for less work per
@@ -218,6 +220,12 @@ __device__ __forceinline__ void dequant_e2m1_word(uint32_t q, float scale, uint3
     p[3] = pack_rounded<T>(e2m1_float<3>(q) * scale, e2m1_float<7>(q) * scale);
 }
 
+// Pair 0 of an E2M1 word (nibbles 0 and 4), as dequant_e2m1_word's p[0].
+template <typename T>
+__device__ __forceinline__ uint32_t dequant_e2m1_pair(uint32_t q, float scale) {
+    return pack_rounded<T>(e2m1_float<0>(q) * scale, e2m1_float<4>(q) * scale);
+}
+
 // The sign bits of pair j (nibbles j and j + 4: bits 4j + 3 and 4j + 19) moved to bits 15 and
 // 31, the sign bits of the packed pair (the caller masks them with kPairSigns): one shift for
 // both nibbles.
@@ -276,6 +284,11 @@ template <typename T> struct Dequant<Nf4, T> {
         p[2] = pack_rounded<T>(value<2>(q, b.table) * b.scale, value<6>(q, b.table) * b.scale);
         p[3] = pack_rounded<T>(value<3>(q, b.table) * b.scale, value<7>(q, b.table) * b.scale);
     }
+    // Pair 0 of q (nibbles 0 and 4), as word() computes it: shift q by 4j for pair j (the
+    // wgmma kernel's A fragment, as Dequant<Int4Zp, T>::pair).
+    __device__ __forceinline__ static uint32_t pair(uint32_t q, const Block& b) {
+        return pack_rounded<T>(value<0>(q, b.table) * b.scale, value<4>(q, b.table) * b.scale);
+    }
     // The value of nibble kNibble's code: its byte offset in the table (code * 4, bits 2 .. 5)
     // straight from the word.
     template <int kNibble> __device__ __forceinline__ static float value(uint32_t q, const float* table) {
@@ -299,6 +312,9 @@ template <typename T> struct Dequant<Mxfp4, T> {
     }
     __device__ __forceinline__ static void word(uint32_t q, const Block& b, uint32_t (&p)[4]) {
         dequant_e2m1_word<T>(q, b.scale, p);
+    }
+    __device__ __forceinline__ static uint32_t pair(uint32_t q, const Block& b) {
+        return dequant_e2m1_pair<T>(q, b.scale);
     }
 
     // The fast path, for scales up to 2 (s <= 128; past that, and NaN, word()): one T multiply
@@ -370,6 +386,9 @@ template <typename T> struct Dequant<Nvfp4, T> {
     }
     __device__ __forceinline__ static void word(uint32_t q, const Block& b, uint32_t (&p)[4]) {
         dequant_e2m1_word<T>(q, b.scale, p);
+    }
+    __device__ __forceinline__ static uint32_t pair(uint32_t q, const Block& b) {
+        return dequant_e2m1_pair<T>(q, b.scale);
     }
 };
 

@@ -1,7 +1,8 @@
 // gemm_block4.cu - weight-only GEMM on block 4-bit weights (NF4, MXFP4, NVFP4): the prepack
-// from the formats' native storage and the reference kernel (any M, any GPU). The fast path for
-// M <= 16 is the weight-streaming kernel of gemm_w4a16_prepacked_stream.cu, instantiated with
-// the format's Dequant (core/dequant.cuh).
+// from the formats' native storage and the reference kernel (any M, any GPU). The fast paths are
+// the INT4 kernels instantiated with the format's Dequant (core/dequant.cuh): for M <= 16 the
+// weight-streaming kernel of gemm_w4a16_prepacked_stream.cu, on Hopper the wgmma kernel of
+// gemm_w4a16_prepacked_wgmma_sm90.cu for any M.
 //
 // What it computes (cuda_kernels.h, ck_gemm_block4_prepacked; tests/reference.py,
 // gemm_block4_f64):
@@ -19,8 +20,8 @@
 // per 16-byte vector of 32 codes; the scales here, one thread per unit): a few operations per
 // byte, bytes / copy bandwidth. The reference kernel is
 // gemm_w4a16.cu's: 64x64 output tiles, the dequantized weight (rounded to dtype) and x staged as
-// float in shared memory, float FMAs; simple, for M > 16 until a tensor-core path serves the
-// block formats, and obviously right.
+// float in shared memory, float FMAs; simple and obviously right, for M > 16 before Hopper
+// (no mma.sync kernel serves the block formats yet) and as the tests' reference.
 #include "kernels/core/dequant.cuh"
 #include "kernels/core/epilogue.cuh"
 #include "kernels/gemm/gemm_block4.cuh"
@@ -143,6 +144,10 @@ cudaError_t block4_prepack(const Block4PrepackArgs& a, cudaStream_t stream) {
 
 cudaError_t gemm_block4_stream(const GemmBlock4Args& args, cudaStream_t stream) {
     return gemm_block4_prepacked_stream(args.gemm, args.format, stream);
+}
+
+cudaError_t gemm_block4_wgmma(const GemmBlock4Args& args, cudaStream_t stream) {
+    return gemm_block4_prepacked_wgmma(args.gemm, args.format, stream);
 }
 
 cudaError_t gemm_block4_reference(const GemmBlock4Args& args, cudaStream_t stream) {

@@ -50,10 +50,16 @@ struct GemmBlock4Args {
 };
 
 // stream: m <= 16, sm_80+ (cudaErrorNotSupported otherwise): the weight-streaming kernel of
-// gemm_w4a16_prepacked_stream.cu with the format's Dequant. reference: any m, any GPU.
+// gemm_w4a16_prepacked_stream.cu with the format's Dequant. wgmma: any m on compute capability
+// 9.0 with the sm_90a build (gemm_w4a16_wgmma_available(); cudaErrorNotSupported otherwise): the
+// Hopper kernel of gemm_w4a16_prepacked_wgmma_sm90.cu with the format's Dequant. reference: any
+// m, any GPU.
 cudaError_t gemm_block4_prepacked_stream(const GemmW4A16Args& args, ck_block4_format_t format,
                                          cudaStream_t stream);
+cudaError_t gemm_block4_prepacked_wgmma(const GemmW4A16Args& args, ck_block4_format_t format,
+                                        cudaStream_t stream);
 cudaError_t gemm_block4_stream(const GemmBlock4Args& args, cudaStream_t stream);
+cudaError_t gemm_block4_wgmma(const GemmBlock4Args& args, cudaStream_t stream);
 cudaError_t gemm_block4_reference(const GemmBlock4Args& args, cudaStream_t stream);
 
 }  // namespace ck

@@ -64,6 +64,7 @@
 #include "kernels/core/epilogue.cuh"
 #include "kernels/core/ptx_sm90.cuh"
 #include "kernels/core/tma.cuh"
+#include "kernels/gemm/gemm_block4.cuh"
 #include "kernels/gemm/gemm_w4a16.cuh"
 
 namespace ck {
@@ -228,19 +229,22 @@ inline WgmmaGroups wgmma_groups(int group_shift) {
     return row * kSwizzleBytes + 16 * ((4 * (g % 2) + s) ^ (row % 8));
 }
 
-// The scales (and zero points) a consumer lane uses in one 128-k chunk, per 32-k slice s (the
-// unit s >> slice_shift of the chunk's groups): rows g of its tiles T0 and T1 = T0 + 1,
-// scale[s] = T0's | T1's << 16, zero[s / 2] = (T0's | T1's << 8) << 16 (s % 2). 0 past the last
-// tile or group (the zero-filled codes there dequantize to 0 either way). Indexed by constants
-// only, inside the wgmma stage, so that they stay in registers and no select sits between wgmmas.
-template <bool kAsym> struct ChunkScales {
+// The scale units (and zero points) a consumer lane uses in one 128-k chunk, per 32-k slice s
+// (the unit s >> slice_shift of the chunk's groups): rows g of its tiles T0 and T1 = T0 + 1.
+// Units of 16 bits or less (INT4's scale in the dtype, MXFP4's E8M0 byte, NVFP4's two E4M3
+// bytes): scale[s] = T0's | T1's << 16; 32-bit units (NF4's float32 absmax): scale[s] = T0's,
+// scale_t1[s] = T1's. zero[s / 2] = (T0's | T1's << 8) << 16 (s % 2). 0 past the last tile or
+// group (the zero-filled codes there dequantize to 0 either way: every format's unit 0 is a
+// finite scale). Indexed by constants only, inside the wgmma stage, so that they stay in
+// registers and no select sits between wgmmas; what a format does not use is never computed.
+struct ChunkScales {
     uint32_t scale[kGroupUnits];
+    uint32_t scale_t1[kGroupUnits];
     uint32_t zero[kGroupUnits / 2];
 };
 
-// What one lane reads for a chunk: the scales (and zero points) of rows g of T0 and T1 in its
-// quad's slice t, as loaded (16 and 8 bits each), so that nothing waits on the loads until the
-// next chunk begins.
+// What one lane reads for a chunk: the units (and zero points) of rows g of T0 and T1 in its
+// quad's slice t, as loaded, so that nothing waits on the loads until the next chunk begins.
 struct RawScales {
     uint32_t s0, s1, z0, z1;
 };
@@ -250,9 +254,13 @@ struct RawScales {
 // gather() hands each lane the quad's four (shuffles), so that no shared memory hand-off is
 // needed and a chunk costs a lane 2 loads (4 with zero points). Packed at once instead of a
 // chunk later, the loads stalled the 64-row tile's warps ~20% of its loop (ncu); the 128- and
-// 256-row tiles measured 0-12% faster with the gather too (QKV and MoE at T >= 512).
-template <bool kAsym> struct ScaleReader {
-    const uint16_t* scale_row[2];  // &scales[T][group 0][g]; nullptr past the last tile
+// 256-row tiles measured 0-12% faster with the gather too (QKV and MoE at T >= 512). The units
+// are Dequant<Format, T>::Unit's: 1, 2 or 4 bytes, at the INT4 scales' places (gemm_block4.cuh).
+template <class Format, typename T, bool kAsym> struct ScaleReader {
+    using Unit = typename Dequant<Format, T>::Unit;
+    static constexpr bool kWideUnit = sizeof(Unit) == 4;
+    static_assert(sizeof(Unit) <= 2 || (kWideUnit && !kAsym), "zero points come with 16-bit units");
+    const Unit* scale_row[2];  // &scales[T][group 0][g]; nullptr past the last tile
     const uint8_t* zero_row[2];
     int64_t groups;
     int step, unit;  // unit: the lane's slice's group unit in a chunk (t >> slice_shift)
@@ -266,7 +274,7 @@ template <bool kAsym> struct ScaleReader {
         for (int i = 0; i < 2; ++i) {
             const bool ok = t0 + i < args.tiles8;
             const int64_t first = ((expert_tile0 + t0 + i) * args.groups) * kPackRows + g;
-            scale_row[i] = ok ? static_cast<const uint16_t*>(args.scales) + first : nullptr;
+            scale_row[i] = ok ? static_cast<const Unit*>(args.scales) + first : nullptr;
             zero_row[i] = ok && kAsym ? args.zeros + first : nullptr;
         }
     }
@@ -284,9 +292,17 @@ template <bool kAsym> struct ScaleReader {
     }
 
     // The chunk's ChunkScales from the quad's four lanes (the whole warp calls it).
-    __device__ __forceinline__ ChunkScales<kAsym> gather(const RawScales& r) const {
-        ChunkScales<kAsym> out;
+    __device__ __forceinline__ ChunkScales gather(const RawScales& r) const {
+        ChunkScales out;
         const int quad = int(threadIdx.x % 32) & ~3;
+        if constexpr (kWideUnit) {
+#pragma unroll
+            for (int s = 0; s < kGroupUnits; ++s) {
+                out.scale[s] = __shfl_sync(~0u, r.s0, quad | s);
+                out.scale_t1[s] = __shfl_sync(~0u, r.s1, quad | s);
+            }
+            return out;
+        }
         const uint32_t scales = r.s0 | (r.s1 << 16);
 #pragma unroll
         for (int s = 0; s < kGroupUnits; ++s) out.scale[s] = __shfl_sync(~0u, scales, quad | s);
@@ -300,6 +316,27 @@ template <bool kAsym> struct ScaleReader {
         return out;
     }
 };
+
+// The Blocks (Dequant<Format, T>::Block) of step h of slice s for rows g of tiles T0 (b[0]) and
+// T1 (b[1]): INT4's scale and zero point of the slice; a block format's from its unit, for the
+// step's words 2h and 2h + 1 (NVFP4: the 16-k block of the unit's low byte for h = 0, high for
+// h = 1; the others' blocks span the slice). table: the format's shared-memory table, if any.
+template <class Format, typename T, bool kAsym>
+__device__ __forceinline__ void step_blocks(const ChunkScales& cur, int s, int h,
+                                            const float* table,
+                                            typename Dequant<Format, T>::Block (&b)[2]) {
+    if constexpr (std::is_same_v<Format, Int4Zp>) {
+        const uint32_t sc = cur.scale[s];                                    // T0 low half, T1 high
+        const uint32_t zr = kAsym ? cur.zero[s / 2] >> (16 * (s % 2)) : 0u;  // T0, T1 bytes
+        b[0] = {kAsym ? (zr & 0xffu) : kSymmetricZero, (sc & 0xffffu) * 0x10001u};
+        b[1] = {kAsym ? ((zr >> 8) & 0xffu) : kSymmetricZero, (sc >> 16) * 0x10001u};
+    } else {
+        using D = Dequant<Format, T>;
+        constexpr bool kWideUnit = sizeof(typename D::Unit) == 4;
+        b[0] = D::block(kWideUnit ? cur.scale[s] : cur.scale[s] & 0xffffu, 2 * h, table);
+        b[1] = D::block(kWideUnit ? cur.scale_t1[s] : cur.scale[s] >> 16, 2 * h, table);
+    }
+}
 
 // A block's share of the K chunks when `split` blocks (a cluster) share one output tile: rank r
 // of the cluster takes chunks [chunks r / split, chunks (r + 1) / split), possibly none.
@@ -317,7 +354,7 @@ struct ChunkRange {
 // puts its float32 partial tile in its own shared memory, and block r of the cluster sums the
 // partials of the 8-row blocks j with j % split == r over the cluster's blocks, in rank order
 // (distributed shared memory: the result does not depend on which block sums), and stores them.
-template <class Tile, typename T, bool kAsym, int kMode, bool kSplit>
+template <class Tile, typename T, class Format, bool kAsym, int kMode, bool kSplit>
 __global__ void __launch_bounds__(kThreads, Tile::kBlocksPerSm)
 gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
                         const __grid_constant__ CUtensorMap map_w, const GemmW4A16Args args,
@@ -355,6 +392,15 @@ gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
     const ChunkRange kr = split_chunks(int(args.chunks), split, rank);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
+    // A block format's table (NF4's values, NVFP4's block scales), filled before the barrier
+    // below, which every thread passes before any word is dequantized.
+    using D = Dequant<Format, T>;
+    const float* table = nullptr;
+    if constexpr (D::kTableFloats > 0) {
+        __shared__ float values[D::kTableFloats];
+        D::fill_table(values, args.global_scale);
+        table = values;
+    }
     if (threadIdx.x == 0) {
         for (int s = 0; s < kStages; ++s) {
             mbar_init(&full[s], kFullArrivals);
@@ -404,7 +450,8 @@ gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
     const int g = lane / 4, t = lane % 4;
     const int tile_a = 8 * c + 2 * w;  // T0; T1 = T0 + 1 (see "A fragments")
     const uint32_t shift = 4 * t;      // pair t of a word: nibbles t and t + 4
-    const ScaleReader<kAsym> reader(args, grp, n0 / kPackRows + tile_a, expert_tile0, g, t);
+    const ScaleReader<Format, T, kAsym> reader(args, grp, n0 / kPackRows + tile_a, expert_tile0,
+                                               g, t);
     RawScales next = {};
     if (kr.begin < kr.end) reader.load(kr.begin, next);
 
@@ -425,22 +472,18 @@ gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
         mbar_wait(&full[stage], round & 1);
         const uint64_t x_desc = wgmma_descriptor(x_stages + stage * kXStageBytes);
         const uint8_t* ws = w_stages + stage * kWStageBytes;
-        const ChunkScales<kAsym> cur = reader.gather(next);
+        const ChunkScales cur = reader.gather(next);
         if (kc + 1 < kr.end) reader.load(kc + 1, next);  // in flight during this chunk
         wgmma_fence_operands(acc);
 #pragma unroll
         for (int s = 0; s < kPackK / kPackSliceK; ++s) {
             const uint4 v0 = *reinterpret_cast<const uint4*>(ws + weight_vector_offset(tile_a, g, s));
             const uint4 v1 = *reinterpret_cast<const uint4*>(ws + weight_vector_offset(tile_a + 1, g, s));
-            const uint32_t sc = cur.scale[s];                               // T0 low half, T1 high
-            const uint32_t zr = kAsym ? cur.zero[s / 2] >> (16 * (s % 2)) : 0u;  // T0, T1 bytes
-            const typename Dequant<Int4Zp, T>::Block b0{
-                kAsym ? (zr & 0xffu) : kSymmetricZero, (sc & 0xffffu) * 0x10001u};
-            const typename Dequant<Int4Zp, T>::Block b1{
-                kAsym ? ((zr >> 8) & 0xffu) : kSymmetricZero, (sc >> 16) * 0x10001u};
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int q = 2 * s + h;
+                typename D::Block b[2];  // rows g of T0 and T1
+                step_blocks<Format, T, kAsym>(cur, s, h, table, b);
                 // At most kInFlight wgmmas stay in flight (one group per step): the step
                 // kFragments before this one, the last reader of a[f], is done. The tensor cores
                 // keep the others queued while this one is dequantized, never drained to zero as
@@ -448,10 +491,10 @@ gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
                 const int f = q % kFragments;
                 wgmma_wait<Tile::kInFlight>();
                 wgmma_fence_operands(a[f]);
-                a[f][0] = Dequant<Int4Zp, T>::pair(word(v0, 2 * h) >> shift, b0);
-                a[f][1] = Dequant<Int4Zp, T>::pair(word(v1, 2 * h) >> shift, b1);
-                a[f][2] = Dequant<Int4Zp, T>::pair(word(v0, 2 * h + 1) >> shift, b0);
-                a[f][3] = Dequant<Int4Zp, T>::pair(word(v1, 2 * h + 1) >> shift, b1);
+                a[f][0] = D::pair(word(v0, 2 * h) >> shift, b[0]);
+                a[f][1] = D::pair(word(v1, 2 * h) >> shift, b[1]);
+                a[f][2] = D::pair(word(v0, 2 * h + 1) >> shift, b[0]);
+                a[f][3] = D::pair(word(v1, 2 * h + 1) >> shift, b[1]);
                 // The A registers were just written: fence them before the wgmma reads them.
                 wgmma_fence();
                 wgmma_m64nk16_rs<T, kBM>(
@@ -535,7 +578,7 @@ gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
 constexpr int kMaxSplit = 8;  // blocks per output tile at most: the portable cluster size
 
 // One block per kBM x 128 output tile, or one cluster of `split` blocks (each a share of K).
-template <class Tile, typename T, bool kAsym, int kMode>
+template <class Tile, typename T, class Format, bool kAsym, int kMode>
 cudaError_t launch_wgmma(const GemmW4A16Args& a, const CUtensorMap& map_x,
                          const CUtensorMap& map_w, const MoeRows& rows, int split,
                          cudaStream_t stream) {
@@ -544,8 +587,8 @@ cudaError_t launch_wgmma(const GemmW4A16Args& a, const CUtensorMap& map_x,
         return cudaErrorInvalidValue;
     const int64_t blocks = ceil_div(a.m, Tile::kBM) * ceil_div(a.n, kBN) * split;
     if (!grid_fits(blocks)) return cudaErrorInvalidConfiguration;
-    auto kernel = split > 1 ? gemm_w4a16_wgmma_kernel<Tile, T, kAsym, kMode, kCanSplit>
-                            : gemm_w4a16_wgmma_kernel<Tile, T, kAsym, kMode, false>;
+    auto kernel = split > 1 ? gemm_w4a16_wgmma_kernel<Tile, T, Format, kAsym, kMode, kCanSplit>
+                            : gemm_w4a16_wgmma_kernel<Tile, T, Format, kAsym, kMode, false>;
     static std::atomic<uint64_t> opted_in_whole{0}, opted_in_split{0};
     const cudaError_t e = allow_dynamic_smem_once(kernel, Tile::kSmemBytes,
                                                   split > 1 ? opted_in_split : opted_in_whole);
@@ -617,7 +660,7 @@ template <class Tile> int cluster_blocks(int split) {
     std::atomic<int>* slot = device < kDevices ? &cached[device][log2_split] : nullptr;
     if (slot && slot->load(std::memory_order_relaxed) > 0)
         return slot->load(std::memory_order_relaxed) - 1;
-    auto kernel = gemm_w4a16_wgmma_kernel<Tile, __half, false, kMoeDense, true>;
+    auto kernel = gemm_w4a16_wgmma_kernel<Tile, __half, Int4Zp, false, kMoeDense, true>;
     int clusters = 0;
     if (allow_dynamic_smem(kernel, Tile::kSmemBytes) == cudaSuccess) {
         cudaLaunchAttribute attribute[1] = {};
@@ -685,34 +728,57 @@ bool gemm_w4a16_wgmma_available() { return tma_wgmma_built_and_runnable(); }
 // the accumulators were fenced around each stage, wgmma_fence_operands; C7513 while the scales'
 // slice-to-group selects sat between the wgmmas: ChunkScales keeps them per slice).
 // ---------------------------------------------------------------------------------------------
-cudaError_t gemm_w4a16_prepacked_wgmma(const GemmW4A16Args& args, cudaStream_t stream) {
-    if (args.m < 1 || !args.prepacked || !gemm_w4a16_wgmma_available()) return cudaErrorNotSupported;
+namespace {
+
+// A plain or fused Q/K/V call on a weight of one format: the plan, the maps, the launch.
+template <class Format, bool kAsym>
+cudaError_t run_wgmma(const GemmW4A16Args& args, cudaStream_t stream) {
     const WgmmaPlan plan = plan_wgmma(args.m, args.n, args.chunks);
     CUtensorMap map_x, map_w;
     const cudaError_t err = make_wgmma_maps(args, plan.rows, args.tiles8, &map_x, &map_w);
     if (err != cudaSuccess) return err;
-    const bool asym = args.zeros != nullptr;
     return dispatch_half_dtype(args.dtype, [&](auto tag) {
         using T = decltype(tag);
-        return with_bool(asym, [&](auto asym_tag) {
-            constexpr bool kAsym = decltype(asym_tag)::value;
-            return with_bool(args.qkv.q != nullptr, [&](auto qkv_tag) {
-                constexpr int kMode = decltype(qkv_tag)::value ? kQkvRows : kMoeDense;
-                const MoeRows none{};
-                switch (plan.rows) {
-                case kWgmmaShortRows:
-                    return launch_wgmma<WgmmaShort, T, kAsym, kMode>(args, map_x, map_w, none,
-                                                                     plan.split, stream);
-                case kWgmmaWideRows:
-                    return launch_wgmma<WgmmaWide, T, kAsym, kMode>(args, map_x, map_w, none,
-                                                                    plan.split, stream);
-                default:
-                    return launch_wgmma<WgmmaNarrow, T, kAsym, kMode>(args, map_x, map_w, none,
-                                                                      plan.split, stream);
-                }
-            });
+        return with_bool(args.qkv.q != nullptr, [&](auto qkv_tag) {
+            constexpr int kMode = decltype(qkv_tag)::value ? kQkvRows : kMoeDense;
+            const MoeRows none{};
+            switch (plan.rows) {
+            case kWgmmaShortRows:
+                return launch_wgmma<WgmmaShort, T, Format, kAsym, kMode>(args, map_x, map_w, none,
+                                                                         plan.split, stream);
+            case kWgmmaWideRows:
+                return launch_wgmma<WgmmaWide, T, Format, kAsym, kMode>(args, map_x, map_w, none,
+                                                                        plan.split, stream);
+            default:
+                return launch_wgmma<WgmmaNarrow, T, Format, kAsym, kMode>(args, map_x, map_w,
+                                                                          none, plan.split,
+                                                                          stream);
+            }
         });
     });
+}
+
+}  // namespace
+
+cudaError_t gemm_w4a16_prepacked_wgmma(const GemmW4A16Args& args, cudaStream_t stream) {
+    if (args.m < 1 || !args.prepacked || !gemm_w4a16_wgmma_available())
+        return cudaErrorNotSupported;
+    return args.zeros ? run_wgmma<Int4Zp, true>(args, stream)
+                      : run_wgmma<Int4Zp, false>(args, stream);
+}
+
+// Block 4-bit weights (gemm_block4.cuh): the same kernel with the format's Dequant, its scale
+// units where the INT4 scales sit, no zero points.
+cudaError_t gemm_block4_prepacked_wgmma(const GemmW4A16Args& args, ck_block4_format_t format,
+                                        cudaStream_t stream) {
+    if (args.m < 1 || !args.prepacked || args.zeros || !gemm_w4a16_wgmma_available())
+        return cudaErrorNotSupported;
+    switch (format) {
+        case CK_BLOCK4_NF4: return run_wgmma<Nf4, false>(args, stream);
+        case CK_BLOCK4_MXFP4: return run_wgmma<Mxfp4, false>(args, stream);
+        case CK_BLOCK4_NVFP4: return run_wgmma<Nvfp4, false>(args, stream);
+        default: return cudaErrorInvalidValue;  // the entry point rejects these earlier
+    }
 }
 
 // Expert-grouped: x holds the sorted rows themselves (row_blocks * block_rows of them; the
@@ -740,10 +806,10 @@ cudaError_t gemm_w4a16_prepacked_wgmma_grouped(const GemmW4A16Args& args, MoeMod
             return with_bool(wide, [&](auto wide_tag) {
                 using Tile = std::conditional_t<decltype(wide_tag)::value, WgmmaWide, WgmmaNarrow>;
                 return mode == kMoeSwiGLU
-                           ? launch_wgmma<Tile, T, kAsym, kMoeSwiGLU>(a, map_x, map_w, rows, 1,
-                                                                     stream)
-                           : launch_wgmma<Tile, T, kAsym, kMoeWeighted>(a, map_x, map_w, rows, 1,
-                                                                       stream);
+                           ? launch_wgmma<Tile, T, Int4Zp, kAsym, kMoeSwiGLU>(a, map_x, map_w,
+                                                                             rows, 1, stream)
+                           : launch_wgmma<Tile, T, Int4Zp, kAsym, kMoeWeighted>(a, map_x, map_w,
+                                                                               rows, 1, stream);
             });
         });
     });

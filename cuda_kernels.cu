@@ -81,7 +81,8 @@ std::string int8_gemm_facts(const ck::IntGemmArgs& args) {
 }
 
 std::string int4_gemm_facts(const ck::IntGemmArgs& args) {
-    return ck::formatted("m=%lld, n=%lld", (long long)args.m, (long long)args.n);
+    return ck::formatted("m=%lld, n=%lld, k=%lld", (long long)args.m, (long long)args.n,
+                         (long long)args.k);
 }
 
 // The INT8 small-M kernel streams [N, K] weight rows; wgmma's TMA tiles read B as [N, K] too.
@@ -105,9 +106,17 @@ const ck::Variant<ck::IntGemmArgs> kGemmInt8Rows[] = {
 };
 const auto kGemmInt8 = ck::variant_table("CK_GEMM_INT8_KERNEL", kGemmInt8Rows, int8_gemm_facts);
 
+bool int4_wgmma_serves(const ck::IntGemmArgs& args, int) {
+    return args.k <= ck::kInt4SM90MaxK && ck::gemm_int8_sm90_available();
+}
+
+// As INT8: the weight stream for M <= 16, wgmma on Hopper (its int8 pipeline, the codes unpacked
+// in shared memory), mma.sync elsewhere.
 const ck::Variant<ck::IntGemmArgs> kGemmInt4Rows[] = {
     {"small_m", ck::gemm_int4_small_m, small_m_serves,
      "m <= 16 and compute capability 8.0 or newer"},
+    {"wgmma", ck::gemm_int4_sm90, int4_wgmma_serves,
+     "k <= 131040, a compute capability 9.0 GPU and a build with sm_90a"},
     {"mma", ck::gemm_int4_mma, mma_serves, "compute capability 8.0 or newer"},
     {"reference", ck::gemm_int4_reference, ck::any_call, "nothing"},
 };

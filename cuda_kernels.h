@@ -709,9 +709,11 @@ CK_API ck_status_t ck_permute_columns(const void* x, ck_dtype_t dtype, int64_t r
  * nn.Linear layout, out = A B^T). Products accumulate in exact int32.
  * Requirements: M, N >= 1; K >= 32 and a multiple of 32; a and b 16-byte aligned; c 4-byte
  * aligned (out aligned to out_dtype). The variant is chosen from the shape and the GPU: for
- * M <= 16 a kernel streams b once; larger M runs tensor-core tiles (int4 unpacked to int8
- * mma.sync). CK_GEMM_INT4_KERNEL forces one: "reference" (any GPU), "mma" (sm_80+), "small_m"
- * (M <= 16, sm_80+) or "auto"; one that cannot serve the call returns CK_STATUS_UNSUPPORTED.
+ * M <= 16 a kernel streams b once; larger M runs tensor-core tiles (int4 unpacked to int8: wgmma
+ * on compute capability 9.0 with the sm_90a build while K <= 131040, mma.sync elsewhere).
+ * CK_GEMM_INT4_KERNEL forces one: "reference" (any GPU), "mma" (sm_80+), "small_m" (M <= 16,
+ * sm_80+), "wgmma" (as above) or "auto"; one that cannot serve the call returns
+ * CK_STATUS_UNSUPPORTED.
  * a, b, the scales and the bias must not overlap the output.
  * ------------------------------------------------------------------------------------------- */
 /* c[M, N] = sum_k a[m, k] * b[n, k], exact (no int32 overflow below K = 2^25). */

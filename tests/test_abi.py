@@ -1496,7 +1496,7 @@ KERNEL_OVERRIDES = [
             ("bf16-element-aligned", dict(scales_ptr=S + 2, bias_ptr=BIAS + 2, out_ptr=O + 2,
                                           dtype=DType.BF16))]]),
     KernelOverride(
-        "CK_GEMM_INT4_KERNEL", INT4_GEMMS, ("auto", "reference", "mma", "small_m"),
+        "CK_GEMM_INT4_KERNEL", INT4_GEMMS, ("auto", "reference", "mma", "small_m", "wgmma"),
         # Any M and N, K a multiple of 32, c 4-byte aligned.
         [(case_id, changes, INT4_GEMMS) for case_id, changes in [
             ("1x1x32", dict(m=1, n=1, k=32)), ("17x7x96", dict(m=17, n=7, k=96)),

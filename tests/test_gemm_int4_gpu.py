@@ -2,10 +2,11 @@
 tests/reference.py and against ck_gemm_int8_scaled on the unpacked operands.
 
 - ck_gemm_int4 must equal the exact int32 product (reference.gemm_int4_i32) bit for bit, for
-  every kernel variant (CK_GEMM_INT4_KERNEL=reference, mma, small_m, auto; small_m serves
-  M <= 16 only, and forced on a larger M it is CK_STATUS_UNSUPPORTED), with partial tiles in M,
-  N and K, K from 32 up past the scaled-unpacking limit (K > 131040 takes the mma and small_m
-  kernels' sign-extending path), on fresh random codes that always include every nibble value.
+  every kernel variant (CK_GEMM_INT4_KERNEL=reference, mma, small_m, wgmma on compute
+  capability 9.0, auto; small_m serves M <= 16 only, and forced on a larger M it is
+  CK_STATUS_UNSUPPORTED), with partial tiles in M, N and K, K from 32 up past the
+  scaled-unpacking limit (K > 131040 takes the mma and small_m kernels' sign-extending path;
+  wgmma refuses it), on fresh random codes that always include every nibble value.
 - ck_gemm_int4_scaled computes the same int32 sums and then ck_gemm_int8_scaled's epilogue (the
   same float32 operations), so it is compared BIT FOR BIT with ck_gemm_int8_scaled run on the
   unpacked int8 codes with the same scales and bias buffers.
@@ -33,7 +34,7 @@ from gpu_support import (
 pytestmark = pytest.mark.gpu
 
 KERNEL_ENV = "CK_GEMM_INT4_KERNEL"
-VARIANTS = ("auto", "reference", "mma", "small_m")
+VARIANTS = ("auto", "reference", "mma", "small_m", "wgmma")
 MMA_MIN_CC = (8, 0)  # mma and small_m
 SMALL_M_MAX = 16  # the small_m kernel serves m <= 16
 # The mma and small_m kernels unpack codes to 16 * code while K <= 131040 (256 * 64 * K < 2^31)
@@ -213,7 +214,8 @@ INT32_SHAPES = [
 # Full-size problems (skipped under the sanitizer).
 INT32_LARGE = [("auto", (1024, 4096, 4096)), ("mma", (512, 14336, 4096)),
                ("reference", (256, 4096, 4096)), ("small_m", (16, 14336, 4096)),
-               ("auto", (1, 14336, 4096))]
+               ("auto", (1, 14336, 4096)), ("wgmma", (2048, 4096, 8192)),
+               ("wgmma", (200, 14336, 4096))]
 
 
 def int32_cases():
@@ -248,6 +250,9 @@ def test_gemm_int4_large_k_extremes_are_exact(variant, k, monkeypatch, seed):
     b[0] = -8
     b[1] = 7
     call = GemmInt4Call(a, b)
+    if variant == "wgmma" and k > SCALED_UNPACK_MAX_K:   # no sign-extending path: refused
+        assert_forced_variant_unsupported(call, KERNEL_ENV, variant, f"k={k}")
+        return
     call.launch()
     c = call.check(f"{variant}, K={k}, seed={seed}")
     assert c[0, 0] == 64 * k and c[0, 1] == -56 * k
@@ -318,7 +323,7 @@ def test_gemm_int4_scaled_large(shape, out_dtype, seed):
 # The kernel override
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("variant, m", [("mma", 40), ("small_m", 16), ("small_m", 17),
-                                        ("small_m", 1000)])
+                                        ("small_m", 1000), ("wgmma", 40), ("wgmma", 3)])
 @pytest.mark.parametrize("entry", ["gemm_int4", "gemm_int4_scaled"])
 def test_forced_variant_serves_or_is_unsupported(entry, variant, m, monkeypatch, seed):
     """A forced variant serves every call it can (compute capability 8.0+; small_m: M <= 16),
@@ -329,6 +334,8 @@ def test_forced_variant_serves_or_is_unsupported(entry, variant, m, monkeypatch,
     call = (make_int4_call(rng, shape) if entry == "gemm_int4"
             else make_scaled_call(rng, shape, "fp16"))
     serves = compute_capability() >= MMA_MIN_CC and (variant != "small_m" or m <= SMALL_M_MAX)
+    if variant == "wgmma":
+        serves = compute_capability() == (9, 0)
     if serves:
         call.launch()
         call.check(f"forced {variant}, seed={seed}")

@@ -18,8 +18,16 @@ namespace ck {
 // small_m:   m <= 16: streams the packed weight once, straight from global memory into
 //            registers, unpacked to int8 mma.sync m16n8k32 fragments; memory-bound (sm_80 and
 //            newer; cudaErrorNotSupported below, or for m > 16).
+// wgmma:     Hopper (gemm_int8_sm90.cu): TMA copies the packed tiles, warps unpack them to
+//            int8 16 code in shared memory, wgmma s8 as the INT8 GEMM's (compute capability 9.0
+//            with the sm_90a build, k <= kInt4SM90MaxK: cudaErrorNotSupported otherwise).
 cudaError_t gemm_int4_reference(const IntGemmArgs& args, cudaStream_t stream);
 cudaError_t gemm_int4_mma(const IntGemmArgs& args, cudaStream_t stream);
 cudaError_t gemm_int4_small_m(const IntGemmArgs& args, cudaStream_t stream);
+cudaError_t gemm_int4_sm90(const IntGemmArgs& args, cudaStream_t stream);
+
+// The longest row the wgmma kernel takes: its int32 sums of 16 a x 16 b stay below 2^31 (256 *
+// 64 * K; K a multiple of 32).
+constexpr int64_t kInt4SM90MaxK = 131040;
 
 }  // namespace ck

@@ -23,11 +23,30 @@
 // -> 69 us; bytes ~100 MB (int32 out) -> 33 us. Large-M shapes are compute-bound; the tile
 // shapes below trade tile count against the per-tile shared-memory traffic of wgmma.
 //
+// INT4 x INT4 (ck_gemm_int4, ck_gemm_int4_scaled) runs the same kernel (kInt4) on packed
+// operands, two codes a byte (element 2i in the low nibble): TMA copies each tile's 64 bytes of K
+// per row (128 codes) into a staging ring, unswizzled, and the producer warpgroup's warps 1-3
+// unpack them into the int8 stage that the wgmmas read, 128-byte swizzled as TMA would have
+// written it. A code c becomes the int8 16 c (its nibble moved to the byte's high half: two
+// logic operations and two byte permutes per 8 codes), so the int32 sums are 256 times the
+// product's, exactly, while 256 * 64 * K < 2^31 (K <= kInt4SM90MaxK); the epilogue shifts them
+// back first.
+//
+// What bounds it (H100, ncu): the unpacking. Per 48 KB int8 stage it moves 72 KB through shared
+// memory (TMA's 24 KB in, the warps' 24 KB read and 48 KB written) beside the wgmmas' 80 KB, and
+// the warps' shared-memory loads wait long beside the wgmmas' operand reads: each warp loads a
+// whole 128-row piece of its units before unpacking any (one unit per step left the loop waiting
+// on every load; 4096^3: 194 -> 166 us). It runs at 0.55-0.80x the INT8 kernel's speed at
+// M >= 256 (benchmarks/NOTES.md), against 0.36-0.61x for the mma.sync kernel. Taking one
+// operand's fragments from registers (wgmma's register A: its codes unpacked by the consumers,
+// only the other operand through shared memory) and unpacking with four warps are what remain.
+//
 // The Hopper primitives (mbarrier, TMA, wgmma, setmaxnreg) are in kernels/core/ptx_sm90.cuh, the
 // tensor maps in kernels/core/tma.cuh.
 #include "kernels/core/epilogue.cuh"
 #include "kernels/core/ptx_sm90.cuh"
 #include "kernels/core/tma.cuh"
+#include "kernels/gemm/gemm_int4.cuh"
 #include "kernels/gemm/gemm_int8.cuh"
 
 // Kernel bodies are compiled in the sm_90a pass only (CK_SM90A_DEVICE, ptx_sm90.cuh); every
@@ -42,8 +61,20 @@ constexpr int kBlockK = 128;              // bytes of K per stage: one 128-byte 
 constexpr int kWgmmaK = 32;               // K of one int8 wgmma
 constexpr int kSmemBudget = 220 * 1024;   // of the 227 KB a block may have: stages + barriers
 constexpr int kMaxStages = 8;
-[[maybe_unused]] constexpr int kProducerRegisters = 40;    // setmaxnreg: the producer needs few registers ...
-[[maybe_unused]] constexpr int kConsumerRegisters = 232;   // ... so the consumers can hold their accumulators
+// setmaxnreg: the producer needs few registers, so the consumers can hold their accumulators;
+// INT4's unpacking warps hold a piece's loads (at 40 registers one unit at a time spilled), which
+// 216 per consumer leaves them (the 128 accumulators of a 256-wide tile still fit).
+template <bool kInt4> constexpr int kProducerRegisters = kInt4 ? 72 : 40;
+template <bool kInt4> constexpr int kConsumerRegisters = kInt4 ? 216 : 232;
+
+// INT4: packed bytes of K per row and stage, the int8 stages (three: 2-5% faster than two), the
+// warps that unpack. The staging ring takes the rest of the budget (3 to 8 stages) and hides
+// TMA's latency.
+constexpr int kPackedK = kBlockK / 2;
+constexpr int kInt4Stages = 3;
+constexpr int kUnpackWarps = 3;  // warps 1-3 of the producer warpgroup
+[[maybe_unused]] constexpr uint32_t kUnpackThreads = 32 * kUnpackWarps;
+[[maybe_unused]] constexpr uint32_t kPackedUnitBytes = 16;  // one step: 32 codes -> 32 int8
 
 static_assert(kBlockK % kWgmmaK == 0, "a stage holds whole wgmma K steps");
 static_assert(kBlockK == 128, "tiles are 128-byte swizzled K-major rows: TMA's SWIZZLE_128B box "
@@ -118,46 +149,72 @@ __device__ __forceinline__ void store_16bit_tile(const Epilogue<OutT>& ep, const
 // ---------------------------------------------------------------------------------------------
 // The kernel
 // ---------------------------------------------------------------------------------------------
-template <int kConsumers, int kBlockN> struct Sm90Config {
+template <int kConsumers, int kBlockN, bool kInt4 = false> struct Sm90Config {
     static constexpr int kBlockM = 64 * kConsumers;
     static constexpr int kThreads = kWarpgroupThreads * (1 + kConsumers);
     static constexpr int kBytesA = kBlockM * kBlockK;
     static constexpr int kBytesB = kBlockN * kBlockK;
     static constexpr int kStageBytes = kBytesA + kBytesB;
-    static constexpr int kStages = std::min(kMaxStages, (kSmemBudget - 1024) / kStageBytes);
+    // INT4's staging ring: per stage the packed A tile [kBlockM][64], then B's [kBlockN][64].
+    static constexpr int kPackedA = kBlockM * kPackedK;
+    static constexpr int kPackedStage = (kBlockM + kBlockN) * kPackedK;
+    static constexpr int kStages =
+        kInt4 ? kInt4Stages : std::min(kMaxStages, (kSmemBudget - 1024) / kStageBytes);
+    static constexpr int kStagingStages =
+        kInt4 ? std::min(kMaxStages, (kSmemBudget - 1024 - kStages * kStageBytes) / kPackedStage)
+              : 0;
+    static constexpr int kStagingBytes = kStagingStages * kPackedStage;
+    static constexpr int kStagingBarriers = 2 * kStagingStages;
     // Per consumer, two tiles' column parameters (scale_b and bias of kBlockN columns), so that
     // one tile's can be written while the other's are read.
     static constexpr int kColumnTableBytes = kConsumers * 2 * 2 * kBlockN * int(sizeof(float));
     // + 1024: the tiles must start 1024-byte aligned (the swizzle pattern's period); barriers
     // and the column tables go after the tiles.
-    static constexpr int kSmemBytes =
-        1024 + kStages * kStageBytes + 2 * kStages * 8 + kColumnTableBytes;
+    static constexpr int kSmemBytes = 1024 + kStages * kStageBytes + kStagingBytes +
+                                      (2 * kStages + kStagingBarriers) * 8 + kColumnTableBytes;
     static_assert(kStages >= 3, "a pipeline needs at least three stages");
+    static_assert(!kInt4 || kStagingStages >= 3, "the staging ring hides TMA's latency");
     static_assert(kBytesA % 1024 == 0 && kBytesB % 1024 == 0, "tiles stay 1024-byte aligned");
+    static_assert(kPackedA % 128 == 0 && kPackedStage % 128 == 0, "TMA writes 128-byte aligned");
 };
+
+// Eight INT4 codes (a packed word, code 2i in the low nibble of byte i) as eight int8 bytes 16
+// code, in order: codes 0-3 in lo, 4-7 in hi. A code's nibble in the high half of a byte is the
+// byte 16 code in two's complement, so no sign extension is needed.
+[[maybe_unused]] __device__ __forceinline__ void unpack_int4_word_x16(uint32_t w, uint32_t& lo,
+                                                                      uint32_t& hi) {
+    const uint32_t even = (w << 4) & 0xf0f0f0f0u;  // codes 0, 2, 4, 6
+    const uint32_t odd = w & 0xf0f0f0f0u;          // codes 1, 3, 5, 7
+    lo = __byte_perm(even, odd, 0x5140);
+    hi = __byte_perm(even, odd, 0x7362);
+}
 
 struct TileGrid {
     int tiles_m, tiles_n;
     int k_blocks;
 };
 
-template <typename OutT, int kConsumers, int kBlockN>
-__global__ void __launch_bounds__(Sm90Config<kConsumers, kBlockN>::kThreads, 1)
+template <typename OutT, int kConsumers, int kBlockN, bool kInt4>
+__global__ void __launch_bounds__(Sm90Config<kConsumers, kBlockN, kInt4>::kThreads, 1)
     gemm_int8_wgmma_kernel(const __grid_constant__ CUtensorMap map_a,
                            const __grid_constant__ CUtensorMap map_b, TileGrid grid,
                            Epilogue<OutT> epilogue) {
 #ifdef CK_SM90A_DEVICE
-    using Config = Sm90Config<kConsumers, kBlockN>;
+    using Config = Sm90Config<kConsumers, kBlockN, kInt4>;
     constexpr int kStages = Config::kStages;
     extern __shared__ __align__(1024) uint8_t smem_raw[];
-    // Dynamic shared memory is only guaranteed 16-byte aligned: round up to the swizzle period.
-    uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
-                                               ~uintptr_t(1023));
+    // Dynamic shared memory is only guaranteed 16-byte aligned: round up to the swizzle period,
+    // as an offset into smem_raw, so that the compiler still knows every pointer below is shared
+    // (the unpacking warps' ld.shared / st.shared rather than generic accesses).
+    uint8_t* smem = smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023);
     uint8_t* tiles_a = smem;                              // [kStages][kBlockM][128]
     uint8_t* tiles_b = smem + kStages * Config::kBytesA;  // [kStages][kBlockN][128]
-    uint64_t* full = reinterpret_cast<uint64_t*>(smem + kStages * Config::kStageBytes);
+    uint8_t* staging = smem + kStages * Config::kStageBytes;  // INT4: [staging stages][packed]
+    uint64_t* full = reinterpret_cast<uint64_t*>(staging + Config::kStagingBytes);
     uint64_t* empty = full + kStages;
-    float* column_tables = reinterpret_cast<float*>(empty + kStages);
+    uint64_t* staged = empty + kStages;                   // INT4: a staging stage has landed ...
+    uint64_t* unstaged = staged + Config::kStagingStages;  // ... and is unpacked
+    float* column_tables = reinterpret_cast<float*>(full + 2 * kStages + Config::kStagingBarriers);
 
     const int warpgroup = threadIdx.x / kWarpgroupThreads;
     const int lane_in_group = threadIdx.x % kWarpgroupThreads;
@@ -165,8 +222,15 @@ __global__ void __launch_bounds__(Sm90Config<kConsumers, kBlockN>::kThreads, 1)
         prefetch_tensor_map(&map_a);
         prefetch_tensor_map(&map_b);
         for (int s = 0; s < kStages; ++s) {
-            mbar_init(&full[s], 1);                    // the producer's expect_tx arrival
+            // The producer's expect_tx arrival (INT8), or one per unpacking warp (INT4).
+            mbar_init(&full[s], kInt4 ? kUnpackWarps : 1);
             mbar_init(&empty[s], kConsumers * 4);      // one arrival per consumer warp
+        }
+        if constexpr (kInt4) {
+            for (int s = 0; s < Config::kStagingStages; ++s) {
+                mbar_init(&staged[s], 1);              // the TMA thread's expect_tx arrival
+                mbar_init(&unstaged[s], kUnpackWarps);
+            }
         }
         fence_mbarrier_init();       // the inits are visible to the other threads ...
         fence_proxy_async_shared();  // ... and to the TMA that completes on the barriers
@@ -175,9 +239,107 @@ __global__ void __launch_bounds__(Sm90Config<kConsumers, kBlockN>::kThreads, 1)
 
     const int tiles = grid.tiles_m * grid.tiles_n;
     if (warpgroup == 0) {
-        // Producer. One thread issues every copy; the others only give their registers away.
-        setmaxnreg_dec<kProducerRegisters>();
-        if (lane_in_group == 0) {
+        // Producer. One thread issues every copy; the others only give their registers away
+        // (INT8), or warps 1-3 unpack the staged tiles (INT4).
+        setmaxnreg_dec<kProducerRegisters<kInt4>>();
+        if constexpr (kInt4) {
+            if (lane_in_group == 0) {
+                int slot = 0;
+                uint32_t round = 0;
+                for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+                    const int m0 = (tile % grid.tiles_m) * Config::kBlockM;
+                    const int n0 = (tile / grid.tiles_m) * kBlockN;
+                    for (int kb = 0; kb < grid.k_blocks; ++kb) {
+                        mbar_wait(&unstaged[slot], (round & 1) ^ 1);
+                        mbar_arrive_expect_tx(&staged[slot], Config::kPackedStage);
+                        uint8_t* packed = staging + slot * Config::kPackedStage;
+                        tma_load_2d(packed, &map_a, &staged[slot], kb * kPackedK, m0);
+                        tma_load_2d(packed + Config::kPackedA, &map_b, &staged[slot],
+                                    kb * kPackedK, n0);
+                        if (++slot == Config::kStagingStages) {
+                            slot = 0;
+                            ++round;
+                        }
+                    }
+                }
+            } else if (lane_in_group >= 32) {
+                // Unpack: thread u (0 .. 95) takes the 16-byte units u, u + 96, ... of each staged
+                // tile, unit i being bytes 16 (i % 4) of packed row i / 4. Its 32 codes become
+                // chunks 2 c and 2 c + 1 (c = i % 4) of the int8 row, which the 128-byte swizzle
+                // puts at chunk ^ (row % 8). Rows advance by 24, so c and row % 8, and with them
+                // both chunks' offsets, are the thread's own constants.
+                const uint32_t u = lane_in_group - 32, lane = lane_in_group % 32;
+                constexpr uint32_t kRowStep = kUnpackThreads / 4;  // 24 rows
+                static_assert(kRowStep % 8 == 0, "a thread's rows keep their swizzle phase");
+                const uint32_t row0 = u / 4, chunk = u % 4;
+                const uint32_t lo_at = ((2 * chunk) ^ (row0 % 8)) * 16;
+                const uint32_t hi_at = ((2 * chunk + 1) ^ (row0 % 8)) * 16;
+                // Every load of a tile first, then the unpacking: shared-memory loads wait long
+                // beside the wgmmas' operand reads (ncu: their latency, not the arithmetic,
+                // bounded a loop of one unit per step).
+                auto unpack_tile = [&](const uint8_t* src, uint8_t* dst, auto rows_tag) {
+                    constexpr uint32_t kRows = decltype(rows_tag)::value;
+                    constexpr uint32_t kSteps = (kRows + kRowStep - 1) / kRowStep;
+                    src += u * kPackedUnitBytes;
+                    dst += row0 * kBlockK;
+                    uint4 v[kSteps];
+#pragma unroll
+                    for (uint32_t i = 0; i < kSteps; ++i)
+                        if (row0 + i * kRowStep < kRows)
+                            v[i] = *reinterpret_cast<const uint4*>(
+                                src + i * kUnpackThreads * kPackedUnitBytes);
+#pragma unroll
+                    for (uint32_t i = 0; i < kSteps; ++i) {
+                        if (row0 + i * kRowStep >= kRows) break;
+                        uint4 lo, hi;
+                        unpack_int4_word_x16(v[i].x, lo.x, lo.y);
+                        unpack_int4_word_x16(v[i].y, lo.z, lo.w);
+                        unpack_int4_word_x16(v[i].z, hi.x, hi.y);
+                        unpack_int4_word_x16(v[i].w, hi.z, hi.w);
+                        uint8_t* row = dst + i * kRowStep * kBlockK;
+                        *reinterpret_cast<uint4*>(row + lo_at) = lo;
+                        *reinterpret_cast<uint4*>(row + hi_at) = hi;
+                    }
+                };
+                int stage = 0, slot = 0;
+                uint32_t round = 0, slot_round = 0;
+                for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+                    for (int kb = 0; kb < grid.k_blocks; ++kb) {
+                        mbar_wait(&staged[slot], slot_round & 1);
+                        mbar_wait(&empty[stage], (round & 1) ^ 1);  // the first round finds it free
+                        const uint8_t* packed = staging + slot * Config::kPackedStage;
+                        // In pieces of at most 128 rows (a piece's loads all in registers).
+                        constexpr uint32_t kPiece = 128;
+                        using Piece = std::integral_constant<uint32_t, kPiece>;
+                        static_assert(Config::kBlockM <= kPiece && kBlockN % kPiece == 0 &&
+                                      kPiece % 8 == 0, "A whole, B in pieces that keep the "
+                                                       "swizzle phase");
+                        unpack_tile(packed, tiles_a + stage * Config::kBytesA,
+                                    std::integral_constant<uint32_t, Config::kBlockM>{});
+#pragma unroll
+                        for (uint32_t p = 0; p < kBlockN / kPiece; ++p)
+                            unpack_tile(packed + Config::kPackedA + p * kPiece * kPackedK,
+                                        tiles_b + stage * Config::kBytesB + p * kPiece * kBlockK,
+                                        Piece{});
+                        // The int8 stage is for the wgmmas (the async proxy) to read.
+                        fence_proxy_async_shared();
+                        __syncwarp();
+                        if (lane == 0) {
+                            mbar_arrive(&full[stage]);
+                            mbar_arrive(&unstaged[slot]);
+                        }
+                        if (++stage == kStages) {
+                            stage = 0;
+                            ++round;
+                        }
+                        if (++slot == Config::kStagingStages) {
+                            slot = 0;
+                            ++slot_round;
+                        }
+                    }
+                }
+            }
+        } else if (lane_in_group == 0) {
             int stage = 0;
             uint32_t round = 0;
             for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
@@ -199,7 +361,7 @@ __global__ void __launch_bounds__(Sm90Config<kConsumers, kBlockN>::kThreads, 1)
         }
     } else {
         // Consumers: warpgroup c owns rows [64 (c - 1), 64 c) of every tile.
-        setmaxnreg_inc<kConsumerRegisters>();
+        setmaxnreg_inc<kConsumerRegisters<kInt4>>();
         const int consumer = warpgroup - 1;
         const int warp = lane_in_group / 32;
         const int lane = lane_in_group % 32;
@@ -255,6 +417,12 @@ __global__ void __launch_bounds__(Sm90Config<kConsumers, kBlockN>::kThreads, 1)
             }
             wgmma_wait<0>();
             if (lane == 0) mbar_arrive(&empty[prev_stage]);
+            if constexpr (kInt4) {
+                // The sums of 16 a x 16 b: exact multiples of 256 (kInt4SM90MaxK keeps them in
+                // range).
+#pragma unroll
+                for (int i = 0; i < kBlockN / 2; ++i) acc[i] >>= 8;
+            }
 
             // Epilogue. Each thread's two rows share every column: the column parameters are
             // looked up once per pair of columns.
@@ -304,13 +472,24 @@ cudaError_t make_operand_map(CUtensorMap* map, const int8_t* base, int64_t rows,
                               kBlockK, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
-template <typename OutT, int kConsumers, int kBlockN>
+// INT4: a packed [rows, k / 2] operand, boxes of box_rows x kPackedK bytes, unswizzled (the
+// unpacking warps read it; they write the int8 stage swizzled), zero fill out of bounds (code 0).
+cudaError_t make_packed_operand_map(CUtensorMap* map, const void* base, int64_t rows, int64_t k,
+                                    int box_rows) {
+    return make_tensor_map_2d(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, base, rows, k / 2, k / 2,
+                              box_rows, kPackedK, CU_TENSOR_MAP_SWIZZLE_NONE);
+}
+
+template <typename OutT, int kConsumers, int kBlockN, bool kInt4>
 cudaError_t launch_sm90(const IntGemmArgs& args, cudaStream_t stream) {
-    using Config = Sm90Config<kConsumers, kBlockN>;
+    using Config = Sm90Config<kConsumers, kBlockN, kInt4>;
     CUtensorMap map_a, map_b;
-    cudaError_t err = make_operand_map(&map_a, args.a_as<int8_t>(), args.m, args.k, Config::kBlockM);
+    cudaError_t err =
+        kInt4 ? make_packed_operand_map(&map_a, args.a, args.m, args.k, Config::kBlockM)
+              : make_operand_map(&map_a, args.a_as<int8_t>(), args.m, args.k, Config::kBlockM);
     if (err != cudaSuccess) return err;
-    err = make_operand_map(&map_b, args.b_as<int8_t>(), args.n, args.k, kBlockN);
+    err = kInt4 ? make_packed_operand_map(&map_b, args.b, args.n, args.k, kBlockN)
+                : make_operand_map(&map_b, args.b_as<int8_t>(), args.n, args.k, kBlockN);
     if (err != cudaSuccess) return err;
 
     const Epilogue<OutT> ep = make_epilogue<OutT>(args);
@@ -319,7 +498,7 @@ cudaError_t launch_sm90(const IntGemmArgs& args, cudaStream_t stream) {
                   int(ceil_div(args.k, kBlockK))};
     const int64_t tiles = int64_t(grid.tiles_m) * grid.tiles_n;
     const int blocks = int(std::min<int64_t>(tiles, std::max(sm_count(), 1)));
-    auto kernel = gemm_int8_wgmma_kernel<OutT, kConsumers, kBlockN>;
+    auto kernel = gemm_int8_wgmma_kernel<OutT, kConsumers, kBlockN, kInt4>;
     static std::atomic<uint64_t> opted_in{0};  // per device, for this one kernel
     err = allow_dynamic_smem_once(kernel, Config::kSmemBytes, opted_in);
     if (err != cudaSuccess) return err;
@@ -329,7 +508,8 @@ cudaError_t launch_sm90(const IntGemmArgs& args, cudaStream_t stream) {
 
 // The tile shape: the one with the least estimated time, counting whole waves of persistent
 // CTAs and a per-tile cost that favours the larger tiles (less shared-memory traffic per MAC).
-template <typename OutT> cudaError_t dispatch_tiles(const IntGemmArgs& args, cudaStream_t stream) {
+template <typename OutT, bool kInt4>
+cudaError_t dispatch_tiles(const IntGemmArgs& args, cudaStream_t stream) {
     struct Choice {
         int consumers, block_n;
         double efficiency;  // relative throughput of one tile shape's main loop
@@ -348,10 +528,10 @@ template <typename OutT> cudaError_t dispatch_tiles(const IntGemmArgs& args, cud
         }
     }
     switch (best) {
-        case 0: return launch_sm90<OutT, 2, 256>(args, stream);
-        case 1: return launch_sm90<OutT, 2, 128>(args, stream);
-        case 2: return launch_sm90<OutT, 1, 256>(args, stream);
-        default: return launch_sm90<OutT, 1, 128>(args, stream);
+        case 0: return launch_sm90<OutT, 2, 256, kInt4>(args, stream);
+        case 1: return launch_sm90<OutT, 2, 128, kInt4>(args, stream);
+        case 2: return launch_sm90<OutT, 1, 256, kInt4>(args, stream);
+        default: return launch_sm90<OutT, 1, 128, kInt4>(args, stream);
     }
 }
 
@@ -359,15 +539,29 @@ template <typename OutT> cudaError_t dispatch_tiles(const IntGemmArgs& args, cud
 
 bool gemm_int8_sm90_available() { return tma_wgmma_built_and_runnable(); }
 
-cudaError_t gemm_int8_sm90(const IntGemmArgs& args, cudaStream_t stream) {
-    if (args.b_layout != CK_LAYOUT_NK || !gemm_int8_sm90_available()) return cudaErrorNotSupported;
+namespace {
+
+template <bool kInt4> cudaError_t dispatch_out(const IntGemmArgs& args, cudaStream_t stream) {
     switch (args.out_dtype) {
-        case CK_DTYPE_INT32: return dispatch_tiles<int32_t>(args, stream);
-        case CK_DTYPE_FP32: return dispatch_tiles<float>(args, stream);
-        case CK_DTYPE_FP16: return dispatch_tiles<__half>(args, stream);
-        case CK_DTYPE_BF16: return dispatch_tiles<__nv_bfloat16>(args, stream);
+        case CK_DTYPE_INT32: return dispatch_tiles<int32_t, kInt4>(args, stream);
+        case CK_DTYPE_FP32: return dispatch_tiles<float, kInt4>(args, stream);
+        case CK_DTYPE_FP16: return dispatch_tiles<__half, kInt4>(args, stream);
+        case CK_DTYPE_BF16: return dispatch_tiles<__nv_bfloat16, kInt4>(args, stream);
         default: return cudaErrorInvalidValue;
     }
+}
+
+}  // namespace
+
+cudaError_t gemm_int8_sm90(const IntGemmArgs& args, cudaStream_t stream) {
+    if (args.b_layout != CK_LAYOUT_NK || !gemm_int8_sm90_available()) return cudaErrorNotSupported;
+    return dispatch_out<false>(args, stream);
+}
+
+cudaError_t gemm_int4_sm90(const IntGemmArgs& args, cudaStream_t stream) {
+    if (args.b_layout != CK_LAYOUT_NK || args.k > kInt4SM90MaxK || !gemm_int8_sm90_available())
+        return cudaErrorNotSupported;
+    return dispatch_out<true>(args, stream);
 }
 
 }  // namespace ck

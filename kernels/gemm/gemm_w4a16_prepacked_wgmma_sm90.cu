@@ -577,6 +577,24 @@ gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
 // ---------------------------------------------------------------------------------------------
 constexpr int kMaxSplit = 8;  // blocks per output tile at most: the portable cluster size
 
+// The launch configuration of `blocks` blocks of kThreads with the tile's dynamic shared memory,
+// in clusters of `split` consecutive blocks (none for 1): what launch_wgmma launches and
+// cluster_blocks asks the occupancy of. Not copyable: the config points at the attribute.
+struct ClusterLaunch {
+    cudaLaunchAttribute attribute[1] = {};
+    cudaLaunchConfig_t config = {};
+    ClusterLaunch(int64_t blocks, int split, int smem_bytes, cudaStream_t stream) {
+        attribute[0].id = cudaLaunchAttributeClusterDimension;
+        attribute[0].val.clusterDim.x = unsigned(split);
+        attribute[0].val.clusterDim.y = attribute[0].val.clusterDim.z = 1;
+        config.gridDim = dim3(unsigned(blocks)), config.blockDim = dim3(kThreads);
+        config.dynamicSmemBytes = size_t(smem_bytes), config.stream = stream;
+        config.attrs = attribute, config.numAttrs = split > 1 ? 1 : 0;
+    }
+    ClusterLaunch(const ClusterLaunch&) = delete;
+    ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+};
+
 // One block per kBM x 128 output tile, or one cluster of `split` blocks (each a share of K).
 template <class Tile, typename T, class Format, bool kAsym, int kMode>
 cudaError_t launch_wgmma(const GemmW4A16Args& a, const CUtensorMap& map_x,
@@ -593,16 +611,9 @@ cudaError_t launch_wgmma(const GemmW4A16Args& a, const CUtensorMap& map_x,
     const cudaError_t e = allow_dynamic_smem_once(kernel, Tile::kSmemBytes,
                                                   split > 1 ? opted_in_split : opted_in_whole);
     if (e != cudaSuccess) return e;
-    cudaLaunchAttribute attribute[1] = {};
-    attribute[0].id = cudaLaunchAttributeClusterDimension;
-    attribute[0].val.clusterDim.x = unsigned(split);
-    attribute[0].val.clusterDim.y = attribute[0].val.clusterDim.z = 1;
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(unsigned(blocks)), config.blockDim = dim3(kThreads);
-    config.dynamicSmemBytes = Tile::kSmemBytes, config.stream = stream;
-    config.attrs = attribute, config.numAttrs = split > 1 ? 1 : 0;
-    return cudaLaunchKernelEx(&config, kernel, map_x, map_w, a, wgmma_groups(a.group_shift), rows,
-                              split);
+    const ClusterLaunch launch(blocks, split, Tile::kSmemBytes, stream);
+    return cudaLaunchKernelEx(&launch.config, kernel, map_x, map_w, a, wgmma_groups(a.group_shift),
+                              rows, split);
 }
 
 // The tensor maps of a call: x [m rows][k] 16-bit values, boxes of box_rows (the tile's kBM)
@@ -663,15 +674,8 @@ template <class Tile> int cluster_blocks(int split) {
     auto kernel = gemm_w4a16_wgmma_kernel<Tile, __half, Int4Zp, false, kMoeDense, true>;
     int clusters = 0;
     if (allow_dynamic_smem(kernel, Tile::kSmemBytes) == cudaSuccess) {
-        cudaLaunchAttribute attribute[1] = {};
-        attribute[0].id = cudaLaunchAttributeClusterDimension;
-        attribute[0].val.clusterDim.x = unsigned(split);
-        attribute[0].val.clusterDim.y = attribute[0].val.clusterDim.z = 1;
-        cudaLaunchConfig_t config = {};
-        config.gridDim = dim3(unsigned(split)), config.blockDim = dim3(kThreads);
-        config.dynamicSmemBytes = Tile::kSmemBytes;
-        config.attrs = attribute, config.numAttrs = 1;
-        if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) {
+        const ClusterLaunch launch(split, split, Tile::kSmemBytes, nullptr);
+        if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch.config) != cudaSuccess) {
             (void)cudaGetLastError();  // a refused query is not the stream's error
             clusters = 0;
         }

@@ -25,21 +25,23 @@
 //
 // INT4 x INT4 (ck_gemm_int4, ck_gemm_int4_scaled) runs the same kernel (kInt4) on packed
 // operands, two codes a byte (element 2i in the low nibble): TMA copies each tile's 64 bytes of K
-// per row (128 codes) into a staging ring, unswizzled, and the producer warpgroup's warps 1-3
-// unpack them into the int8 stage that the wgmmas read, 128-byte swizzled as TMA would have
-// written it. A code c becomes the int8 16 c (its nibble moved to the byte's high half: two
-// logic operations and two byte permutes per 8 codes), so the int32 sums are 256 times the
-// product's, exactly, while 256 * 64 * K < 2^31 (K <= kInt4SM90MaxK); the epilogue shifts them
-// back first.
+// per row (128 codes) into a staging ring, unswizzled, and they are unpacked into the int8 stage
+// that the wgmmas read, 128-byte swizzled as TMA would have written it: A's rows by warps 1-3 of
+// the producer warpgroup, B's by the consumers, each its share of the next k-block while its
+// wgmmas of this one run. A code c becomes the int8 16 c (its nibble moved to the byte's high
+// half: two logic operations and two byte permutes per 8 codes), so the int32 sums are 256 times
+// the product's, exactly, while 256 * 64 * K < 2^31 (K <= kInt4SM90MaxK); the epilogue shifts
+// them back first.
 //
-// What bounds it (H100, ncu): the unpacking. Per 48 KB int8 stage it moves 72 KB through shared
-// memory (TMA's 24 KB in, the warps' 24 KB read and 48 KB written) beside the wgmmas' 80 KB, and
-// the warps' shared-memory loads wait long beside the wgmmas' operand reads: each warp loads a
-// whole 128-row piece of its units before unpacking any (one unit per step left the loop waiting
-// on every load; 4096^3: 194 -> 166 us). It runs at 0.55-0.80x the INT8 kernel's speed at
-// M >= 256 (benchmarks/NOTES.md), against 0.36-0.61x for the mma.sync kernel. Taking one
-// operand's fragments from registers (wgmma's register A: its codes unpacked by the consumers,
-// only the other operand through shared memory) and unpacking with four warps are what remain.
+// What bounds it (H100, ncu; benchmarks/NOTES.md): the unpacking. Per 48 KB int8 stage it moves
+// 72 KB through shared memory (TMA's 24 KB in, 24 KB read and 48 KB written) beside the wgmmas'
+// 80 KB, and its loads wait long beside the wgmmas' operand reads: each thread loads all its
+// units of a tile before unpacking any (one unit per step left the loop waiting on every load;
+// 4096^3: 194 -> 166 us), and the consumers' share took B off the three warps (8192x28672,
+// M = 4096: 2040 -> 1713 us). It runs at 0.54-0.90x cuBLASLt int8 at M >= 256, against
+// 0.36-0.61x for the mma.sync kernel. Taking one operand's fragments from registers (wgmma's
+// register A, its codes unpacked by the consumers) would leave only the other operand to unpack
+// through shared memory.
 //
 // The Hopper primitives (mbarrier, TMA, wgmma, setmaxnreg) are in kernels/core/ptx_sm90.cuh, the
 // tensor maps in kernels/core/tma.cuh.
@@ -62,14 +64,15 @@ constexpr int kWgmmaK = 32;               // K of one int8 wgmma
 constexpr int kSmemBudget = 220 * 1024;   // of the 227 KB a block may have: stages + barriers
 constexpr int kMaxStages = 8;
 // setmaxnreg: the producer needs few registers, so the consumers can hold their accumulators;
-// INT4's unpacking warps hold a piece's loads (at 40 registers one unit at a time spilled), which
-// 216 per consumer leaves them (the 128 accumulators of a 256-wide tile still fit).
+// INT4's unpacking warps hold a tile's loads (at 40 registers one unit at a time spilled), which
+// 216 per consumer leaves them (the 128 accumulators of a 256-wide tile and the consumers' own
+// unpacking still fit).
 template <bool kInt4> constexpr int kProducerRegisters = kInt4 ? 72 : 40;
 template <bool kInt4> constexpr int kConsumerRegisters = kInt4 ? 216 : 232;
 
 // INT4: packed bytes of K per row and stage, the int8 stages (three: 2-5% faster than two), the
-// warps that unpack. The staging ring takes the rest of the budget (3 to 8 stages) and hides
-// TMA's latency.
+// producer's warps that unpack A. The staging ring takes the rest of the budget (3 to 8 stages)
+// and hides TMA's latency.
 constexpr int kPackedK = kBlockK / 2;
 constexpr int kInt4Stages = 3;
 constexpr int kUnpackWarps = 3;  // warps 1-3 of the producer warpgroup
@@ -189,6 +192,44 @@ template <int kConsumers, int kBlockN, bool kInt4 = false> struct Sm90Config {
     hi = __byte_perm(even, odd, 0x7362);
 }
 
+// Unpacks kRows staged packed rows (64 bytes each, at src) into int8 rows of an int8 stage (128
+// bytes each, at dst, 128-byte swizzled as TMA writes them), thread u of kTeam taking the 16-byte
+// units u, u + kTeam, ... (unit i: bytes 16 (i % 4) of packed row i / 4). Unit i's 32 codes
+// become chunks 2 c and 2 c + 1 (c = i % 4) of its int8 row, which the swizzle puts at
+// chunk ^ (row % 8); a thread's rows advance by kTeam / 4, a multiple of 8, so both offsets are
+// its constants. Every load first, then the unpacking: shared-memory loads wait long beside the
+// wgmmas' operand reads (ncu: their latency, not the arithmetic, bounded a loop of one unit per
+// step).
+template <uint32_t kTeam, uint32_t kRows>
+[[maybe_unused]] __device__ __forceinline__ void unpack_rows(const uint8_t* src, uint8_t* dst,
+                                                             uint32_t u) {
+    constexpr uint32_t kRowStep = kTeam / 4;
+    constexpr uint32_t kSteps = (kRows + kRowStep - 1) / kRowStep;
+    static_assert(kTeam % 32 == 0 && kRowStep % 8 == 0, "a thread's rows keep their swizzle phase");
+    const uint32_t row0 = u / 4, chunk = u % 4;
+    const uint32_t lo_at = ((2 * chunk) ^ (row0 % 8)) * 16;
+    const uint32_t hi_at = ((2 * chunk + 1) ^ (row0 % 8)) * 16;
+    src += u * kPackedUnitBytes;
+    dst += row0 * kBlockK;
+    uint4 v[kSteps];
+#pragma unroll
+    for (uint32_t i = 0; i < kSteps; ++i)
+        if (kRows % kRowStep == 0 || row0 + i * kRowStep < kRows)
+            v[i] = *reinterpret_cast<const uint4*>(src + i * kTeam * kPackedUnitBytes);
+#pragma unroll
+    for (uint32_t i = 0; i < kSteps; ++i) {
+        if (kRows % kRowStep != 0 && row0 + i * kRowStep >= kRows) break;
+        uint4 lo, hi;
+        unpack_int4_word_x16(v[i].x, lo.x, lo.y);
+        unpack_int4_word_x16(v[i].y, lo.z, lo.w);
+        unpack_int4_word_x16(v[i].z, hi.x, hi.y);
+        unpack_int4_word_x16(v[i].w, hi.z, hi.w);
+        uint8_t* row = dst + i * kRowStep * kBlockK;
+        *reinterpret_cast<uint4*>(row + lo_at) = lo;
+        *reinterpret_cast<uint4*>(row + hi_at) = hi;
+    }
+}
+
 struct TileGrid {
     int tiles_m, tiles_n;
     int k_blocks;
@@ -216,20 +257,22 @@ __global__ void __launch_bounds__(Sm90Config<kConsumers, kBlockN, kInt4>::kThrea
     uint64_t* unstaged = staged + Config::kStagingStages;  // ... and is unpacked
     float* column_tables = reinterpret_cast<float*>(full + 2 * kStages + Config::kStagingBarriers);
 
+    // INT4: the warps that unpack (and arrive on full and unstaged) per stage.
+    [[maybe_unused]] constexpr int kUnpackers = kUnpackWarps + 4 * kConsumers;
     const int warpgroup = threadIdx.x / kWarpgroupThreads;
     const int lane_in_group = threadIdx.x % kWarpgroupThreads;
     if (threadIdx.x == 0) {
         prefetch_tensor_map(&map_a);
         prefetch_tensor_map(&map_b);
         for (int s = 0; s < kStages; ++s) {
-            // The producer's expect_tx arrival (INT8), or one per unpacking warp (INT4).
-            mbar_init(&full[s], kInt4 ? kUnpackWarps : 1);
+            // The producer's expect_tx arrival (INT8), or one per warp that unpacks (INT4).
+            mbar_init(&full[s], kInt4 ? kUnpackers : 1);
             mbar_init(&empty[s], kConsumers * 4);      // one arrival per consumer warp
         }
         if constexpr (kInt4) {
             for (int s = 0; s < Config::kStagingStages; ++s) {
                 mbar_init(&staged[s], 1);              // the TMA thread's expect_tx arrival
-                mbar_init(&unstaged[s], kUnpackWarps);
+                mbar_init(&unstaged[s], kUnpackers);
             }
         }
         fence_mbarrier_init();       // the inits are visible to the other threads ...
@@ -238,9 +281,16 @@ __global__ void __launch_bounds__(Sm90Config<kConsumers, kBlockN, kInt4>::kThrea
     __syncthreads();
 
     const int tiles = grid.tiles_m * grid.tiles_n;
+    // INT4: the unpacking is shared. Warps 1-3 of the producer warpgroup unpack each stage's A
+    // tile, the consumers its B tile: a consumer unpacks its share of the next k-block while its
+    // wgmmas of this one run (stage j of the CTA's sequence: the block's j / k_blocks-th tile,
+    // k-block j % k_blocks).
+    [[maybe_unused]] const int sequence =
+        blockIdx.x < tiles ? ((tiles - 1 - int(blockIdx.x)) / int(gridDim.x) + 1) * grid.k_blocks
+                           : 0;
     if (warpgroup == 0) {
         // Producer. One thread issues every copy; the others only give their registers away
-        // (INT8), or warps 1-3 unpack the staged tiles (INT4).
+        // (INT8), or warps 1-3 unpack the staged A tiles (INT4).
         setmaxnreg_dec<kProducerRegisters<kInt4>>();
         if constexpr (kInt4) {
             if (lane_in_group == 0) {
@@ -263,64 +313,17 @@ __global__ void __launch_bounds__(Sm90Config<kConsumers, kBlockN, kInt4>::kThrea
                     }
                 }
             } else if (lane_in_group >= 32) {
-                // Unpack: thread u (0 .. 95) takes the 16-byte units u, u + 96, ... of each staged
-                // tile, unit i being bytes 16 (i % 4) of packed row i / 4. Its 32 codes become
-                // chunks 2 c and 2 c + 1 (c = i % 4) of the int8 row, which the 128-byte swizzle
-                // puts at chunk ^ (row % 8). Rows advance by 24, so c and row % 8, and with them
-                // both chunks' offsets, are the thread's own constants.
+                // Unpack the A tiles: thread u (0 .. 95) of warps 1-3.
                 const uint32_t u = lane_in_group - 32, lane = lane_in_group % 32;
-                constexpr uint32_t kRowStep = kUnpackThreads / 4;  // 24 rows
-                static_assert(kRowStep % 8 == 0, "a thread's rows keep their swizzle phase");
-                const uint32_t row0 = u / 4, chunk = u % 4;
-                const uint32_t lo_at = ((2 * chunk) ^ (row0 % 8)) * 16;
-                const uint32_t hi_at = ((2 * chunk + 1) ^ (row0 % 8)) * 16;
-                // Every load of a tile first, then the unpacking: shared-memory loads wait long
-                // beside the wgmmas' operand reads (ncu: their latency, not the arithmetic,
-                // bounded a loop of one unit per step).
-                auto unpack_tile = [&](const uint8_t* src, uint8_t* dst, auto rows_tag) {
-                    constexpr uint32_t kRows = decltype(rows_tag)::value;
-                    constexpr uint32_t kSteps = (kRows + kRowStep - 1) / kRowStep;
-                    src += u * kPackedUnitBytes;
-                    dst += row0 * kBlockK;
-                    uint4 v[kSteps];
-#pragma unroll
-                    for (uint32_t i = 0; i < kSteps; ++i)
-                        if (row0 + i * kRowStep < kRows)
-                            v[i] = *reinterpret_cast<const uint4*>(
-                                src + i * kUnpackThreads * kPackedUnitBytes);
-#pragma unroll
-                    for (uint32_t i = 0; i < kSteps; ++i) {
-                        if (row0 + i * kRowStep >= kRows) break;
-                        uint4 lo, hi;
-                        unpack_int4_word_x16(v[i].x, lo.x, lo.y);
-                        unpack_int4_word_x16(v[i].y, lo.z, lo.w);
-                        unpack_int4_word_x16(v[i].z, hi.x, hi.y);
-                        unpack_int4_word_x16(v[i].w, hi.z, hi.w);
-                        uint8_t* row = dst + i * kRowStep * kBlockK;
-                        *reinterpret_cast<uint4*>(row + lo_at) = lo;
-                        *reinterpret_cast<uint4*>(row + hi_at) = hi;
-                    }
-                };
                 int stage = 0, slot = 0;
                 uint32_t round = 0, slot_round = 0;
                 for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
                     for (int kb = 0; kb < grid.k_blocks; ++kb) {
                         mbar_wait(&staged[slot], slot_round & 1);
                         mbar_wait(&empty[stage], (round & 1) ^ 1);  // the first round finds it free
-                        const uint8_t* packed = staging + slot * Config::kPackedStage;
-                        // In pieces of at most 128 rows (a piece's loads all in registers).
-                        constexpr uint32_t kPiece = 128;
-                        using Piece = std::integral_constant<uint32_t, kPiece>;
-                        static_assert(Config::kBlockM <= kPiece && kBlockN % kPiece == 0 &&
-                                      kPiece % 8 == 0, "A whole, B in pieces that keep the "
-                                                       "swizzle phase");
-                        unpack_tile(packed, tiles_a + stage * Config::kBytesA,
-                                    std::integral_constant<uint32_t, Config::kBlockM>{});
-#pragma unroll
-                        for (uint32_t p = 0; p < kBlockN / kPiece; ++p)
-                            unpack_tile(packed + Config::kPackedA + p * kPiece * kPackedK,
-                                        tiles_b + stage * Config::kBytesB + p * kPiece * kBlockK,
-                                        Piece{});
+                        unpack_rows<kUnpackThreads, Config::kBlockM>(
+                            staging + slot * Config::kPackedStage,
+                            tiles_a + stage * Config::kBytesA, u);
                         // The int8 stage is for the wgmmas (the async proxy) to read.
                         fence_proxy_async_shared();
                         __syncwarp();
@@ -375,6 +378,27 @@ __global__ void __launch_bounds__(Sm90Config<kConsumers, kBlockN, kInt4>::kThrea
         int stage = 0;
         uint32_t round = 0;
         int parity = 0;
+        // INT4: this consumer's share of k-block j's B tile (see `sequence`), unpacked into its
+        // int8 stage once every consumer is done with the k-block it held.
+        [[maybe_unused]] auto unpack_b = [&](int j) {
+            constexpr int kSlots = kInt4 ? Config::kStagingStages : 1;  // (INT8: never called)
+            const int at = j % kStages, slot = j % kSlots;
+            mbar_wait(&staged[slot], uint32_t(j / kSlots) & 1);
+            mbar_wait(&empty[at], (uint32_t(j / kStages) & 1) ^ 1);
+            unpack_rows<kConsumers * kWarpgroupThreads, kBlockN>(
+                staging + slot * Config::kPackedStage + Config::kPackedA,
+                tiles_b + at * Config::kBytesB, consumer * kWarpgroupThreads + lane_in_group);
+            fence_proxy_async_shared();  // for the wgmmas (the async proxy) to read
+            __syncwarp();
+            if (lane == 0) {
+                mbar_arrive(&full[at]);
+                mbar_arrive(&unstaged[slot]);
+            }
+        };
+        [[maybe_unused]] int unpacked = 0;  // k-blocks whose B share this thread has unpacked
+        if constexpr (kInt4) {
+            if (sequence > 0) unpack_b(unpacked++);
+        }
         for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, parity ^= 1) {
             const int m0 = (tile % grid.tiles_m) * Config::kBlockM;
             const int n0 = (tile / grid.tiles_m) * kBlockN;
@@ -405,6 +429,10 @@ __global__ void __launch_bounds__(Sm90Config<kConsumers, kBlockN, kInt4>::kThrea
                     Wgmma<kBlockN>::run(acc, wgmma_descriptor(a + ks * kWgmmaK),
                                         wgmma_descriptor(b + ks * kWgmmaK), kb > 0 || ks > 0);
                 wgmma_commit();
+                // INT4: the next k-block's share while these wgmmas run.
+                if constexpr (kInt4) {
+                    if (unpacked < sequence) unpack_b(unpacked++);
+                }
                 // Keep one stage's wgmmas in flight; the previous stage's are done now, so its
                 // buffers can be refilled.
                 wgmma_wait<1>();

@@ -19,8 +19,8 @@ ck_gemm_block4_prepacked) against tests/reference.py.
   forced, in every format; a split call gives the same bits twice; auto takes it past 16 rows.
 - w' bit for bit: one-hot rows of x select weight columns, which the GEMM returns exactly (a
   single non-zero product), and they equal ck_dequantize_<format>'s output on the device.
-- The small-M kernel's fast and fallback dequantization (MXFP4, the format with a fast path:
-  scales up to 2 and past it, alone and mixed in one call), every w' bit for bit.
+- The small-M and wgmma kernels' fast and fallback dequantization (MXFP4, the format with a fast
+  path: scales up to 2 and past it, alone and mixed in one call), every w' bit for bit.
 - Where the formats coincide (an MXFP4 weight with codes of magnitude <= 3 is a symmetric INT4
   g32 weight with q = 2 value and scale 2^(e - 1)), ck_gemm_block4_prepacked and
   ck_gemm_w4a16_prepacked give the same bits at M <= 16 (the same streaming kernel and plan)
@@ -309,8 +309,9 @@ def test_dequantized_weight_is_bitwise_ck_dequantize(fmt, blocksize, dtype, vari
 
 
 # ---------------------------------------------------------------------------------------------
-# The small-M kernel's two dequantization paths (core/dequant.cuh: fast_word where every lane's
-# blocks of a tile pair allow it, word() otherwise), each bit for bit
+# The small-M and wgmma kernels' two dequantization paths (core/dequant.cuh: fast_word /
+# fast_pair where every lane's blocks of a tile pair / a chunk allow it, word() / pair()
+# otherwise), each bit for bit
 # ---------------------------------------------------------------------------------------------
 # MXFP4 (the format with a fast path) takes it for E8M0 <= 128 (scales up to 2). Random codes
 # put almost every tile pair of the main tests on the fallback (their scales reach 2^4), so the
@@ -339,19 +340,22 @@ def path_regime_weight(rng, n, k, dtype, regime):
 
 @pytest.mark.parametrize("regime", PATH_REGIMES)
 @pytest.mark.parametrize("dtype", ref.BLOCK4_GEMM_DTYPES)
-def test_small_m_fast_and_fallback_paths_bitwise(dtype, regime, monkeypatch, seed):
-    """Every w' of an MXFP4 weight, read through the small-M kernel by one-hot x (16 columns per
-    call, M = 16; and M = 1 on a few columns), equals ck_dequantize_mxfp4's bits."""
+@pytest.mark.parametrize("variant, rows", [("small_m", 16), ("wgmma", 64)])
+def test_fast_and_fallback_paths_bitwise(variant, rows, dtype, regime, monkeypatch, seed):
+    """Every w' of an MXFP4 weight, read through the small-M kernel (16 columns per call, M =
+    16; and M = 1 on a few columns) or the wgmma kernel (64 per call; its vote is per warp and
+    128-k chunk, so the mixed regime takes both branches in one call) by one-hot x, equals
+    ck_dequantize_mxfp4's bits."""
     rng = np.random.default_rng(seed)
     n, k = 136, 256
     packed, scales = path_regime_weight(rng, n, k, dtype, regime)
     w_ref = ref.dequantized_block4_weight("mxfp4", packed, scales, None, k, 32, dtype)
     assert np.isfinite(ref.to_f32(w_ref, dtype)).all()
-    column_sets = [np.arange(c, c + 16) for c in range(0, k, 16)]
+    column_sets = [np.arange(c, c + rows) for c in range(0, k, rows)]
     column_sets += [np.array([c]) for c in rng.choice(k, size=4, replace=False)]
     for cols in column_sets:
         m = len(cols)
-        use_variant(monkeypatch, "small_m", m)
+        use_variant(monkeypatch, variant, m)
         x = np.zeros((m, k), np.float32)
         x[np.arange(m), cols] = 1
         call = Block4Call(ref.to_dtype(x, dtype), (packed, scales, None), "mxfp4", 32, None,
@@ -360,8 +364,8 @@ def test_small_m_fast_and_fallback_paths_bitwise(dtype, regime, monkeypatch, see
         synchronize()
         got = call.out.read(f"out, seed={seed}")
         want = ref.to_dtype(ref.to_f32(w_ref[:, cols].T, dtype) + np.float32(0), dtype)  # -0 -> +0
-        assert_bitwise_equal(got, want, f"mxfp4 {regime} ({dtype}), columns {cols[0]}.., "
-                                        f"m={m}, seed={seed}")
+        assert_bitwise_equal(got, want, f"mxfp4 {regime} {variant} ({dtype}), columns "
+                                        f"{cols[0]}.., m={m}, seed={seed}")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -157,11 +157,12 @@ template <typename T> struct Dequant<Int4Zp, T> {
 // 8 k) -> pairs p[j] = (nibble j, nibble j + 4) packed as T, and pair(), word()'s p[0] alone
 // (Dequant<Int4Zp, T>::pair's contract: the wgmma kernel takes one pair per word).
 //
-// A format with kFastPath (MXFP4) also has a fast path for the streaming kernel
-// (gemm_w4a16_prepacked_stream.cu): fast_word() writes the bits word() writes, for less work per
-// code, on the blocks fast_ok() accepts; fast_block() is its Block. The kernel takes it for two
-// tiles' words when every lane's blocks are accepted (a warp vote, so the branch is uniform, as
-// mma.sync needs) and word() otherwise. word() stays the plain statement of the rounding (the
+// A format with kFastPath (MXFP4) also has a fast path for the streaming and wgmma kernels
+// (gemm_w4a16_prepacked_stream.cu, gemm_w4a16_prepacked_wgmma_sm90.cu): fast_word() (and
+// fast_pair(), its p[0]) writes the bits word() writes, for less work per code, on the blocks
+// fast_ok() accepts; fast_block() is its Block. The streaming kernel takes it for two tiles'
+// words, the wgmma kernel for a 128-k chunk, when every lane's blocks are accepted (a warp vote,
+// so the branch is uniform, as mma.sync and wgmma need) and word() (pair()) otherwise. word() stays the plain statement of the rounding (the
 // reference kernel's path); fast_word says why its bits are the same. (NVFP4's scale * 2^126
 // shortcut, one float32 multiply per code for |scale| < 4, gave the same bits but measured
 // slower on the H100 at M = 16 with its per-block vote: benchmarks/NOTES.md.)
@@ -342,6 +343,12 @@ template <typename T> struct Dequant<Mxfp4, T> {
         // Exponent field s + kExp (>= 14, <= 254 for s <= 128): a normal float32, exactly.
         const float scaled = __uint_as_float((unit + E2m1InT<T>::kExp) << 23);
         return {pack_rounded<T>(scaled, scaled)};
+    }
+    // fast_word()'s p[0] alone (pair()'s contract).
+    __device__ __forceinline__ static uint32_t fast_pair(uint32_t q, const FastBlock& b) {
+        return and_xor(e2m1_pair_signs<0>(q), kPairSigns,
+                       pair_bits(__hmul2_rn(as_pair<T>(e2m1_pair_magnitudes<T, 0>(q)),
+                                            as_pair<T>(b.scale2))));
     }
     __device__ __forceinline__ static void fast_word(uint32_t q, const FastBlock& b, uint32_t (&p)[4]) {
         const typename Pair<T>::V s = as_pair<T>(b.scale2);

@@ -338,6 +338,23 @@ __device__ __forceinline__ void step_blocks(const ChunkScales& cur, int s, int h
     }
 }
 
+// Whether a format has Dequant's fast path (MXFP4: a half2 multiply per pair where every block
+// of a warp's chunk has a scale up to 2, dequant.cuh).
+template <class Format, typename T> constexpr bool fast_path_format() {
+    if constexpr (std::is_same_v<Format, Int4Zp>) return false;
+    else return Dequant<Format, T>::kFastPath;
+}
+
+// The fast path's blocks of step h of slice s, as step_blocks.
+template <class Format, typename T>
+__device__ __forceinline__ void step_fast_blocks(const ChunkScales& cur, int s, int h,
+                                                 const float* table,
+                                                 typename Dequant<Format, T>::FastBlock (&b)[2]) {
+    using D = Dequant<Format, T>;
+    b[0] = D::fast_block(cur.scale[s] & 0xffffu, 2 * h, table);
+    b[1] = D::fast_block(cur.scale[s] >> 16, 2 * h, table);
+}
+
 // A block's share of the K chunks when `split` blocks (a cluster) share one output tile: rank r
 // of the cluster takes chunks [chunks r / split, chunks (r + 1) / split), possibly none.
 struct ChunkRange {
@@ -474,6 +491,17 @@ gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
         const uint8_t* ws = w_stages + stage * kWStageBytes;
         const ChunkScales cur = reader.gather(next);
         if (kc + 1 < kr.end) reader.load(kc + 1, next);  // in flight during this chunk
+        // A format with a fast path takes it for the chunk where every block of the warp's rows
+        // allows it (a warp vote: the branch is uniform, as the wgmmas after it need).
+        bool fast = false;
+        if constexpr (fast_path_format<Format, T>()) {
+            bool ok = true;
+#pragma unroll
+            for (int s = 0; s < kGroupUnits; ++s)
+                ok = ok && D::fast_ok(cur.scale[s] & 0xffffu, table) &&
+                     D::fast_ok(cur.scale[s] >> 16, table);
+            fast = __all_sync(~0u, ok);
+        }
         wgmma_fence_operands(acc);
 #pragma unroll
         for (int s = 0; s < kPackK / kPackSliceK; ++s) {
@@ -482,8 +510,6 @@ gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int q = 2 * s + h;
-                typename D::Block b[2];  // rows g of T0 and T1
-                step_blocks<Format, T, kAsym>(cur, s, h, table, b);
                 // At most kInFlight wgmmas stay in flight (one group per step): the step
                 // kFragments before this one, the last reader of a[f], is done. The tensor cores
                 // keep the others queued while this one is dequantized, never drained to zero as
@@ -491,10 +517,24 @@ gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
                 const int f = q % kFragments;
                 wgmma_wait<Tile::kInFlight>();
                 wgmma_fence_operands(a[f]);
-                a[f][0] = D::pair(word(v0, 2 * h) >> shift, b[0]);
-                a[f][1] = D::pair(word(v1, 2 * h) >> shift, b[1]);
-                a[f][2] = D::pair(word(v0, 2 * h + 1) >> shift, b[0]);
-                a[f][3] = D::pair(word(v1, 2 * h + 1) >> shift, b[1]);
+                if constexpr (fast_path_format<Format, T>()) {
+                    if (fast) {
+                        typename D::FastBlock fb[2];
+                        step_fast_blocks<Format, T>(cur, s, h, table, fb);
+                        a[f][0] = D::fast_pair(word(v0, 2 * h) >> shift, fb[0]);
+                        a[f][1] = D::fast_pair(word(v1, 2 * h) >> shift, fb[1]);
+                        a[f][2] = D::fast_pair(word(v0, 2 * h + 1) >> shift, fb[0]);
+                        a[f][3] = D::fast_pair(word(v1, 2 * h + 1) >> shift, fb[1]);
+                    }
+                }
+                if (!fast) {
+                    typename D::Block b[2];  // rows g of T0 and T1
+                    step_blocks<Format, T, kAsym>(cur, s, h, table, b);
+                    a[f][0] = D::pair(word(v0, 2 * h) >> shift, b[0]);
+                    a[f][1] = D::pair(word(v1, 2 * h) >> shift, b[1]);
+                    a[f][2] = D::pair(word(v0, 2 * h + 1) >> shift, b[0]);
+                    a[f][3] = D::pair(word(v1, 2 * h + 1) >> shift, b[1]);
+                }
                 // The A registers were just written: fence them before the wgmma reads them.
                 wgmma_fence();
                 wgmma_m64nk16_rs<T, kBM>(

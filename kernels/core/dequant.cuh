@@ -162,10 +162,11 @@ template <typename T> struct Dequant<Int4Zp, T> {
 // fast_pair(), its p[0]) writes the bits word() writes, for less work per code, on the blocks
 // fast_ok() accepts; fast_block() is its Block. The streaming kernel takes it for two tiles'
 // words, the wgmma kernel for a 128-k chunk, when every lane's blocks are accepted (a warp vote,
-// so the branch is uniform, as mma.sync and wgmma need) and word() (pair()) otherwise. word() stays the plain statement of the rounding (the
-// reference kernel's path); fast_word says why its bits are the same. (NVFP4's scale * 2^126
-// shortcut, one float32 multiply per code for |scale| < 4, gave the same bits but measured
-// slower on the H100 at M = 16 with its per-block vote: benchmarks/NOTES.md.)
+// so the branch is uniform, as mma.sync and wgmma need) and word() (pair()) otherwise. word()
+// stays the plain statement of the rounding (the reference kernel's path); fast_word says why
+// its bits are the same. (NVFP4's scale * 2^126 shortcut, one float32 multiply per code for
+// |scale| < 4, gave the same bits but measured slower on the H100 at M = 16 with its per-block
+// vote: benchmarks/NOTES.md.)
 // ---------------------------------------------------------------------------------------------
 struct Nf4 {};
 struct Mxfp4 {};

@@ -288,6 +288,25 @@ __global__ void __launch_bounds__(Sm90Config<kConsumers, kBlockN, kInt4>::kThrea
     [[maybe_unused]] const int sequence =
         blockIdx.x < tiles ? ((tiles - 1 - int(blockIdx.x)) / int(gridDim.x) + 1) * grid.k_blocks
                            : 0;
+    // One team's share of k-block j: kRows staged rows at `offset` of its staging slot, unpacked
+    // (thread u of kTeam) into the int8 stage's tile at `tiles_x` (`tile_bytes` per stage), once
+    // TMA has staged them and every consumer is done with the k-block that stage held; then the
+    // warp's arrivals on full and unstaged.
+    [[maybe_unused]] auto unpack_share = [&](int j, auto team, auto rows, int offset,
+                                             uint8_t* tiles_x, int tile_bytes, uint32_t u) {
+        constexpr int kSlots = kInt4 ? Config::kStagingStages : 1;  // (INT8: never called)
+        const int at = j % kStages, slot = j % kSlots;
+        mbar_wait(&staged[slot], uint32_t(j / kSlots) & 1);
+        mbar_wait(&empty[at], (uint32_t(j / kStages) & 1) ^ 1);  // the first round finds it free
+        unpack_rows<decltype(team)::value, decltype(rows)::value>(
+            staging + slot * Config::kPackedStage + offset, tiles_x + at * tile_bytes, u);
+        fence_proxy_async_shared();  // the int8 stage is for the wgmmas (the async proxy) to read
+        __syncwarp();
+        if (threadIdx.x % 32 == 0) {
+            mbar_arrive(&full[at]);
+            mbar_arrive(&unstaged[slot]);
+        }
+    };
     if (warpgroup == 0) {
         // Producer. One thread issues every copy; the others only give their registers away
         // (INT8), or warps 1-3 unpack the staged A tiles (INT4).
@@ -314,33 +333,10 @@ __global__ void __launch_bounds__(Sm90Config<kConsumers, kBlockN, kInt4>::kThrea
                 }
             } else if (lane_in_group >= 32) {
                 // Unpack the A tiles: thread u (0 .. 95) of warps 1-3.
-                const uint32_t u = lane_in_group - 32, lane = lane_in_group % 32;
-                int stage = 0, slot = 0;
-                uint32_t round = 0, slot_round = 0;
-                for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-                    for (int kb = 0; kb < grid.k_blocks; ++kb) {
-                        mbar_wait(&staged[slot], slot_round & 1);
-                        mbar_wait(&empty[stage], (round & 1) ^ 1);  // the first round finds it free
-                        unpack_rows<kUnpackThreads, Config::kBlockM>(
-                            staging + slot * Config::kPackedStage,
-                            tiles_a + stage * Config::kBytesA, u);
-                        // The int8 stage is for the wgmmas (the async proxy) to read.
-                        fence_proxy_async_shared();
-                        __syncwarp();
-                        if (lane == 0) {
-                            mbar_arrive(&full[stage]);
-                            mbar_arrive(&unstaged[slot]);
-                        }
-                        if (++stage == kStages) {
-                            stage = 0;
-                            ++round;
-                        }
-                        if (++slot == Config::kStagingStages) {
-                            slot = 0;
-                            ++slot_round;
-                        }
-                    }
-                }
+                for (int j = 0; j < sequence; ++j)
+                    unpack_share(j, std::integral_constant<uint32_t, kUnpackThreads>{},
+                                 std::integral_constant<uint32_t, Config::kBlockM>{}, 0, tiles_a,
+                                 Config::kBytesA, lane_in_group - 32);
             }
         } else if (lane_in_group == 0) {
             int stage = 0;
@@ -378,22 +374,11 @@ __global__ void __launch_bounds__(Sm90Config<kConsumers, kBlockN, kInt4>::kThrea
         int stage = 0;
         uint32_t round = 0;
         int parity = 0;
-        // INT4: this consumer's share of k-block j's B tile (see `sequence`), unpacked into its
-        // int8 stage once every consumer is done with the k-block it held.
+        // INT4: this consumer's share of k-block j's B tile (see `sequence`).
         [[maybe_unused]] auto unpack_b = [&](int j) {
-            constexpr int kSlots = kInt4 ? Config::kStagingStages : 1;  // (INT8: never called)
-            const int at = j % kStages, slot = j % kSlots;
-            mbar_wait(&staged[slot], uint32_t(j / kSlots) & 1);
-            mbar_wait(&empty[at], (uint32_t(j / kStages) & 1) ^ 1);
-            unpack_rows<kConsumers * kWarpgroupThreads, kBlockN>(
-                staging + slot * Config::kPackedStage + Config::kPackedA,
-                tiles_b + at * Config::kBytesB, consumer * kWarpgroupThreads + lane_in_group);
-            fence_proxy_async_shared();  // for the wgmmas (the async proxy) to read
-            __syncwarp();
-            if (lane == 0) {
-                mbar_arrive(&full[at]);
-                mbar_arrive(&unstaged[slot]);
-            }
+            unpack_share(j, std::integral_constant<uint32_t, kConsumers * kWarpgroupThreads>{},
+                         std::integral_constant<uint32_t, kBlockN>{}, Config::kPackedA, tiles_b,
+                         Config::kBytesB, consumer * kWarpgroupThreads + lane_in_group);
         };
         [[maybe_unused]] int unpacked = 0;  // k-blocks whose B share this thread has unpacked
         if constexpr (kInt4) {

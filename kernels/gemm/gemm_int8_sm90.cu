@@ -39,9 +39,9 @@
 // units of a tile before unpacking any (one unit per step left the loop waiting on every load;
 // 4096^3: 194 -> 166 us), and the consumers' share took B off the three warps (8192x28672,
 // M = 4096: 2040 -> 1713 us). It runs at 0.54-0.90x cuBLASLt int8 at M >= 256, against
-// 0.36-0.61x for the mma.sync kernel. Taking one operand's fragments from registers (wgmma's
-// register A, its codes unpacked by the consumers) would leave only the other operand to unpack
-// through shared memory.
+// 0.36-0.61x for the mma.sync kernel. wgmma's register A for the 128-row operand (its codes
+// unpacked by the consumers, only B's through shared memory) measured 2-5% faster at M = 4096
+// and up to 13% slower at M <= 256 with one register set (benchmarks/NOTES.md): not taken.
 //
 // The Hopper primitives (mbarrier, TMA, wgmma, setmaxnreg) are in kernels/core/ptx_sm90.cuh, the
 // tensor maps in kernels/core/tma.cuh.

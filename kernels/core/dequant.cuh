@@ -213,19 +213,20 @@ template <> __device__ __forceinline__ uint32_t pack_rounded<__nv_bfloat16>(floa
     return pair_bits(__floats2bfloat162_rn(lo, hi));
 }
 
-// The word of an E2M1 format: every code times the block's float32 scale, then rounded.
-template <typename T>
-__device__ __forceinline__ void dequant_e2m1_word(uint32_t q, float scale, uint32_t (&p)[4]) {
-    p[0] = pack_rounded<T>(e2m1_float<0>(q) * scale, e2m1_float<4>(q) * scale);
-    p[1] = pack_rounded<T>(e2m1_float<1>(q) * scale, e2m1_float<5>(q) * scale);
-    p[2] = pack_rounded<T>(e2m1_float<2>(q) * scale, e2m1_float<6>(q) * scale);
-    p[3] = pack_rounded<T>(e2m1_float<3>(q) * scale, e2m1_float<7>(q) * scale);
-}
-
-// Pair 0 of an E2M1 word (nibbles 0 and 4), as dequant_e2m1_word's p[0].
+// Pair 0 of an E2M1 word (nibbles 0 and 4): both codes times the block's float32 scale, then
+// rounded (dequant_e2m1_word's p[0]; the wgmma kernel takes one pair per word).
 template <typename T>
 __device__ __forceinline__ uint32_t dequant_e2m1_pair(uint32_t q, float scale) {
     return pack_rounded<T>(e2m1_float<0>(q) * scale, e2m1_float<4>(q) * scale);
+}
+
+// The word of an E2M1 format: every code times the block's float32 scale, then rounded.
+template <typename T>
+__device__ __forceinline__ void dequant_e2m1_word(uint32_t q, float scale, uint32_t (&p)[4]) {
+    p[0] = dequant_e2m1_pair<T>(q, scale);
+    p[1] = pack_rounded<T>(e2m1_float<1>(q) * scale, e2m1_float<5>(q) * scale);
+    p[2] = pack_rounded<T>(e2m1_float<2>(q) * scale, e2m1_float<6>(q) * scale);
+    p[3] = pack_rounded<T>(e2m1_float<3>(q) * scale, e2m1_float<7>(q) * scale);
 }
 
 // The sign bits of pair j (nibbles j and j + 4: bits 4j + 3 and 4j + 19) moved to bits 15 and
@@ -281,7 +282,7 @@ template <typename T> struct Dequant<Nf4, T> {
     // arbitrary absmax are exact in T (two roundings).
     static constexpr bool kFastPath = false;
     __device__ __forceinline__ static void word(uint32_t q, const Block& b, uint32_t (&p)[4]) {
-        p[0] = pack_rounded<T>(value<0>(q, b.table) * b.scale, value<4>(q, b.table) * b.scale);
+        p[0] = pair(q, b);
         p[1] = pack_rounded<T>(value<1>(q, b.table) * b.scale, value<5>(q, b.table) * b.scale);
         p[2] = pack_rounded<T>(value<2>(q, b.table) * b.scale, value<6>(q, b.table) * b.scale);
         p[3] = pack_rounded<T>(value<3>(q, b.table) * b.scale, value<7>(q, b.table) * b.scale);
@@ -353,8 +354,7 @@ template <typename T> struct Dequant<Mxfp4, T> {
     }
     __device__ __forceinline__ static void fast_word(uint32_t q, const FastBlock& b, uint32_t (&p)[4]) {
         const typename Pair<T>::V s = as_pair<T>(b.scale2);
-        p[0] = and_xor(e2m1_pair_signs<0>(q), kPairSigns,
-                       pair_bits(__hmul2_rn(as_pair<T>(e2m1_pair_magnitudes<T, 0>(q)), s)));
+        p[0] = fast_pair(q, b);
         p[1] = and_xor(e2m1_pair_signs<1>(q), kPairSigns,
                        pair_bits(__hmul2_rn(as_pair<T>(e2m1_pair_magnitudes<T, 1>(q)), s)));
         p[2] = and_xor(e2m1_pair_signs<2>(q), kPairSigns,

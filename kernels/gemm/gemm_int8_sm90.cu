@@ -311,26 +311,33 @@ __global__ void __launch_bounds__(Sm90Config<kConsumers, kBlockN, kInt4>::kThrea
         // Producer. One thread issues every copy; the others only give their registers away
         // (INT8), or warps 1-3 unpack the staged A tiles (INT4).
         setmaxnreg_dec<kProducerRegisters<kInt4>>();
-        if constexpr (kInt4) {
-            if (lane_in_group == 0) {
-                int slot = 0;
-                uint32_t round = 0;
-                for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-                    const int m0 = (tile % grid.tiles_m) * Config::kBlockM;
-                    const int n0 = (tile / grid.tiles_m) * kBlockN;
-                    for (int kb = 0; kb < grid.k_blocks; ++kb) {
-                        mbar_wait(&unstaged[slot], (round & 1) ^ 1);
-                        mbar_arrive_expect_tx(&staged[slot], Config::kPackedStage);
-                        uint8_t* packed = staging + slot * Config::kPackedStage;
-                        tma_load_2d(packed, &map_a, &staged[slot], kb * kPackedK, m0);
-                        tma_load_2d(packed + Config::kPackedA, &map_b, &staged[slot],
-                                    kb * kPackedK, n0);
-                        if (++slot == Config::kStagingStages) {
-                            slot = 0;
-                            ++round;
-                        }
+        // The copying thread's loop over the CTA's k-blocks: into ring slot `slot` of `ring`
+        // once its free barrier says so, `bytes` expected on its filled barrier, A's box to
+        // dst_a(slot) and B's to dst_b(slot) at byte k_bytes * kb of their rows.
+        auto copy_ring = [&](uint64_t* free, uint64_t* filled, int ring, int bytes, int k_bytes,
+                             auto dst_a, auto dst_b) {
+            int slot = 0;
+            uint32_t round = 0;
+            for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+                const int m0 = (tile % grid.tiles_m) * Config::kBlockM;
+                const int n0 = (tile / grid.tiles_m) * kBlockN;
+                for (int kb = 0; kb < grid.k_blocks; ++kb) {
+                    mbar_wait(&free[slot], (round & 1) ^ 1);  // the first round finds it free
+                    mbar_arrive_expect_tx(&filled[slot], bytes);
+                    tma_load_2d(dst_a(slot), &map_a, &filled[slot], kb * k_bytes, m0);
+                    tma_load_2d(dst_b(slot), &map_b, &filled[slot], kb * k_bytes, n0);
+                    if (++slot == ring) {
+                        slot = 0;
+                        ++round;
                     }
                 }
+            }
+        };
+        if constexpr (kInt4) {
+            if (lane_in_group == 0) {
+                auto packed = [&](int s) { return staging + s * Config::kPackedStage; };
+                copy_ring(unstaged, staged, Config::kStagingStages, Config::kPackedStage, kPackedK,
+                          packed, [&](int s) { return packed(s) + Config::kPackedA; });
             } else if (lane_in_group >= 32) {
                 // Unpack the A tiles: thread u (0 .. 95) of warps 1-3.
                 for (int j = 0; j < sequence; ++j)
@@ -339,24 +346,9 @@ __global__ void __launch_bounds__(Sm90Config<kConsumers, kBlockN, kInt4>::kThrea
                                  Config::kBytesA, lane_in_group - 32);
             }
         } else if (lane_in_group == 0) {
-            int stage = 0;
-            uint32_t round = 0;
-            for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-                const int m0 = (tile % grid.tiles_m) * Config::kBlockM;
-                const int n0 = (tile / grid.tiles_m) * kBlockN;
-                for (int kb = 0; kb < grid.k_blocks; ++kb) {
-                    mbar_wait(&empty[stage], (round & 1) ^ 1);  // the first round finds it free
-                    mbar_arrive_expect_tx(&full[stage], Config::kStageBytes);
-                    tma_load_2d(tiles_a + stage * Config::kBytesA, &map_a, &full[stage],
-                                kb * kBlockK, m0);
-                    tma_load_2d(tiles_b + stage * Config::kBytesB, &map_b, &full[stage],
-                                kb * kBlockK, n0);
-                    if (++stage == kStages) {
-                        stage = 0;
-                        ++round;
-                    }
-                }
-            }
+            copy_ring(empty, full, kStages, Config::kStageBytes, kBlockK,
+                      [&](int s) { return tiles_a + s * Config::kBytesA; },
+                      [&](int s) { return tiles_b + s * Config::kBytesB; });
         }
     } else {
         // Consumers: warpgroup c owns rows [64 (c - 1), 64 c) of every tile.

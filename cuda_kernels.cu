@@ -18,6 +18,7 @@
 #include "kernels/quantize/block4.cuh"
 #include "kernels/quantize/int4_import.cuh"
 #include "kernels/quantize/quantize.cuh"
+#include "kernels/sparse/sparse_int4.cuh"
 
 #include <cmath>
 
@@ -999,6 +1000,116 @@ ck_status_t check_decode_workspace(const Check& check, const ck_attention_decode
     return CK_STATUS_SUCCESS;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Structured-sparse INT4 weights (2:4, 16:32): the weight's checks, the GEMMs' variants.
+// ---------------------------------------------------------------------------------------------
+constexpr int kSparsities = 2;  // the values of ck_sparsity_t
+static_assert(CK_SPARSITY_16_32 == kSparsities - 1, "ck_sparsity_t's values are 0 .. 1");
+
+// The [n, k] geometry every sparse call shares (the sparsity already valid): K >= 64, a
+// multiple of 32 (one metadata word per 32 k) and of the group, group 64 or 128, the byte
+// counts of an element_bytes-per-value dense [n, k] matrix representable.
+ck_status_t check_sparse_weight(const Check& check, int64_t n, int64_t k, int64_t group_size,
+                                size_t element_bytes) {
+    CK_TRY(check.matrix(n, k, element_bytes));
+    if (!ck::sparse_group_ok(group_size))
+        return check.fail(CK_STATUS_UNSUPPORTED,
+                          "group_size=%lld is not supported for sparse weights (use 64 or 128)",
+                          (long long)group_size);
+    CK_TRY(check.multiple_of(k, ck::kSparseWordK, "k", "one metadata word per 32 k of a row"));
+    return check.multiple_of(k, group_size, "k", "the last group of a row must be whole");
+}
+
+// A weight in the sparse format, as the launchers take it.
+ck::SparseWeight sparse_weight(ck_sparsity_t sparsity, ck_dtype_t dtype, int64_t n, int64_t k,
+                               int64_t group_size, const uint8_t* codes, const uint32_t* meta,
+                               const void* scales, const uint8_t* zeros) {
+    return {sparsity == CK_SPARSITY_16_32, n, k, group_size, dtype, const_cast<uint8_t*>(codes),
+            const_cast<uint32_t*>(meta), const_cast<void*>(scales), const_cast<uint8_t*>(zeros)};
+}
+
+// The codes and metadata of the format: 16-byte aligned (8-byte code stores per 32 k).
+ck_status_t check_sparse_codes(const Check& check, const void* codes, const void* meta) {
+    CK_TRY(check.aligned(codes, 16, "codes", "the kernels' 8- and 16-byte accesses"));
+    return check.aligned(meta, 16, "meta", "the kernels' 16-byte accesses");
+}
+
+std::string sparse_facts(const ck::SparseGemmArgs& args) {
+    return ck::formatted("m=%lld, n=%lld, %s %s weight", (long long)args.m, (long long)args.n,
+                         args.k1632 ? "a 16:32" : "a 2:4",
+                         args.prepacked ? "prepacked" : "interchange-format");
+}
+
+bool sparse_stream_serves(const ck::SparseGemmArgs& args, int cc) {
+    return cc >= kMmaMinArch && args.prepacked && !args.k1632 &&
+           ck::ceil_div(args.m, ck::kSparsePackRows) <= ck::kMaxGridY;
+}
+
+bool sparse_reference_serves(const ck::SparseGemmArgs& args, int) { return !args.prepacked; }
+
+const ck::Variant<ck::SparseGemmArgs> kGemmSparseRows[] = {
+    {"stream", ck::gemm_sparse_w4a16_stream, sparse_stream_serves,
+     "a prepacked 2:4 weight (ck_gemm_sparse_w4a16_prepacked), m <= 2^20 - 16 and compute "
+     "capability 8.0 or newer"},
+    {"reference", ck::gemm_sparse_w4a16_reference, sparse_reference_serves,
+     "an interchange-format weight (ck_gemm_sparse_w4a16)"},
+};
+const auto kGemmSparse = ck::variant_table("CK_GEMM_SPARSE_KERNEL", kGemmSparseRows, sparse_facts);
+
+// What both sparse GEMM entry points check, in the header's order, and their launcher's call.
+ck_status_t sparse_gemm_operands(const Check& check, const ck::SparseGemmArgs& args,
+                                 ck_int4_mode_t mode, const char* w_name, const char* s_name,
+                                 const char* z_name) {
+    CK_TRY(check.not_null({{args.x, "x"}, {args.codes, w_name}, {args.scales, s_name},
+                           {args.out, "out"}}));
+    if (!args.prepacked) CK_TRY(check.not_null(args.meta, "meta"));
+    CK_TRY(check.int4_mode(mode, args.zeros, z_name));
+    CK_TRY(check.half_dtype(args.dtype, "dtype"));
+    CK_TRY(check.enum_value(args.activation, 2, "activation", "ck_activation_t"));
+    CK_TRY(check.gemm_shape(args.m, args.n, args.k, dtype_size(args.dtype)));
+    CK_TRY(check_sparse_weight(check, args.n, args.k, args.group_size, dtype_size(args.dtype)));
+    if (args.prepacked)
+        CK_TRY(check.multiple_of(args.k, ck::kSparsePackK, "k",
+                                 "the prepacked layout's 128-k chunks"));
+    CK_TRY(check.aligned(args.x, 16, "x", "16-byte vector loads"));
+    if (args.prepacked) {
+        CK_TRY(check.aligned(args.codes, 16, w_name, "16-byte vector loads"));
+        CK_TRY(check.aligned(args.scales, 4, s_name, "a lane's two scales in one 4-byte load"));
+        if (args.zeros)
+            CK_TRY(check.aligned(args.zeros, 2, z_name, "a lane's two zero points in one load"));
+    } else {
+        CK_TRY(check_sparse_codes(check, args.codes, args.meta));
+        CK_TRY(check.element_aligned(args.scales, args.dtype, s_name));
+    }
+    if (args.bias) CK_TRY(check.element_aligned(args.bias, args.dtype, "bias"));
+    return check.element_aligned(args.out, args.dtype, "out");
+}
+
+ck::SparseGemmArgs sparse_gemm_args(const void* x, ck_dtype_t dtype, bool k1632,
+                                    const uint8_t* codes, const uint32_t* meta,
+                                    const void* scales, const uint8_t* zeros, int64_t group_size,
+                                    const void* bias, ck_activation_t activation, int64_t m,
+                                    int64_t n, int64_t k, void* out, bool prepacked) {
+    ck::SparseGemmArgs args{};
+    args.x = x;
+    args.dtype = dtype;
+    args.k1632 = k1632;
+    args.prepacked = prepacked;
+    args.codes = codes;
+    args.meta = meta;
+    args.scales = scales;
+    args.zeros = zeros;
+    args.group_size = group_size;
+    args.groups = ck::sparse_group_ok(group_size) && k > 0 ? k / group_size : 0;
+    args.bias = bias;
+    args.activation = activation;
+    args.m = m;
+    args.n = n;
+    args.k = k;
+    args.out = out;
+    return args;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -1465,6 +1576,135 @@ ck_status_t ck_permute_columns(const void* x, ck_dtype_t dtype, int64_t rows, in
     CK_TRY(check.element_aligned(
         {{x, dtype, "x"}, {perm, CK_DTYPE_INT32, "perm"}, {out, dtype, "out"}}));
     return check.launch([&] { return ck::permute_columns(x, dtype, rows, cols, perm, out, stream); });
+}
+
+ck_status_t ck_sparse_prune(const void* w, ck_dtype_t dtype, ck_sparsity_t sparsity, int64_t n,
+                            int64_t k, void* out, ck_stream_t stream) {
+    const Check check("ck_sparse_prune");
+    CK_TRY(check.not_null({{w, "w"}, {out, "out"}}));
+    CK_TRY(check.enum_value(sparsity, kSparsities, "sparsity", "ck_sparsity_t"));
+    CK_TRY(check.float_dtype(dtype, "dtype"));
+    CK_TRY(check.matrix(n, k, dtype_size(dtype)));
+    CK_TRY(check.multiple_of(k, ck::kSparseWordK, "k", "the pattern's blocks of 32 k"));
+    CK_TRY(check.element_aligned({{w, dtype, "w"}, {out, dtype, "out"}}));
+    const ck::SparseWeight shape = sparse_weight(sparsity, dtype, n, k, 0, nullptr, nullptr,
+                                                 nullptr, nullptr);
+    return check.launch([&] { return ck::sparse_prune(w, shape, out, stream); });
+}
+
+ck_status_t ck_sparse_quantize_int4(const void* w, ck_dtype_t dtype, ck_sparsity_t sparsity,
+                                    int64_t n, int64_t k, int64_t group_size, ck_int4_mode_t mode,
+                                    uint8_t* codes, uint32_t* meta, void* scales, uint8_t* zeros,
+                                    int32_t* violations, ck_stream_t stream) {
+    const Check check("ck_sparse_quantize_int4");
+    CK_TRY(check.not_null({{w, "w"}, {codes, "codes"}, {meta, "meta"}, {scales, "scales"}}));
+    CK_TRY(check.enum_value(sparsity, kSparsities, "sparsity", "ck_sparsity_t"));
+    CK_TRY(check.int4_mode(mode, zeros));
+    CK_TRY(check.float_dtype(dtype, "dtype"));
+    CK_TRY(check_sparse_weight(check, n, k, group_size, dtype_size(dtype)));
+    CK_TRY(check.element_aligned({{w, dtype, "w"}, {scales, dtype, "scales"}}));
+    CK_TRY(check_sparse_codes(check, codes, meta));
+    if (violations) CK_TRY(check.element_aligned(violations, CK_DTYPE_INT32, "violations"));
+    const ck::SparseWeight out = sparse_weight(sparsity, dtype, n, k, group_size, codes, meta,
+                                               scales, zeros);
+    return check.launch([&] { return ck::sparse_quantize_int4(w, out, violations, stream); });
+}
+
+ck_status_t ck_sparse_dequantize_int4(const uint8_t* codes, const uint32_t* meta,
+                                      const void* scales, const uint8_t* zeros,
+                                      ck_sparsity_t sparsity, int64_t n, int64_t k,
+                                      int64_t group_size, ck_int4_mode_t mode, void* out,
+                                      ck_dtype_t out_dtype, ck_stream_t stream) {
+    const Check check("ck_sparse_dequantize_int4");
+    CK_TRY(check.not_null({{codes, "codes"}, {meta, "meta"}, {scales, "scales"}, {out, "out"}}));
+    CK_TRY(check.enum_value(sparsity, kSparsities, "sparsity", "ck_sparsity_t"));
+    CK_TRY(check.int4_mode(mode, zeros));
+    CK_TRY(check.float_dtype(out_dtype, "out_dtype"));
+    CK_TRY(check_sparse_weight(check, n, k, group_size, dtype_size(out_dtype)));
+    CK_TRY(check_sparse_codes(check, codes, meta));
+    CK_TRY(check.element_aligned({{scales, out_dtype, "scales"}, {out, out_dtype, "out"}}));
+    const ck::SparseWeight in = sparse_weight(sparsity, out_dtype, n, k, group_size, codes, meta,
+                                              scales, zeros);
+    return check.launch([&] { return ck::sparse_dequantize_int4(in, out, stream); });
+}
+
+ck_status_t ck_gemm_sparse_w4a16(const void* x, ck_dtype_t dtype, ck_sparsity_t sparsity,
+                                 const uint8_t* codes, const uint32_t* meta, const void* scales,
+                                 const uint8_t* zeros, int64_t group_size, ck_int4_mode_t mode,
+                                 const void* bias, ck_activation_t activation, int64_t m,
+                                 int64_t n, int64_t k, void* out, ck_stream_t stream) {
+    const Check check("ck_gemm_sparse_w4a16");
+    CK_TRY(check.enum_value(sparsity, kSparsities, "sparsity", "ck_sparsity_t"));
+    const ck::SparseGemmArgs args =
+        sparse_gemm_args(x, dtype, sparsity == CK_SPARSITY_16_32, codes, meta, scales, zeros,
+                         group_size, bias, activation, m, n, k, out, false);
+    CK_TRY(sparse_gemm_operands(check, args, mode, "codes", "scales", "zeros"));
+    return ck::run_variant(check, kGemmSparse, args, stream);
+}
+
+int64_t ck_sparse_w4a16_prepacked_bytes(int64_t n, int64_t k) {
+    if (n < 1 || k < ck::kSparsePackK || k % ck::kSparsePackK) return 0;
+    int64_t bytes;
+    if (n > INT64_MAX - ck::kSparsePackRows ||
+        __builtin_mul_overflow(ck::sparse_prepacked_rows(n), k / 8 * 3, &bytes))
+        return 0;
+    return bytes;
+}
+
+int64_t ck_sparse_w4a16_prepacked_groups(int64_t n, int64_t k, int64_t group_size) {
+    if (!ck::sparse_group_ok(group_size) || ck_sparse_w4a16_prepacked_bytes(n, k) == 0) return 0;
+    int64_t values;
+    if (__builtin_mul_overflow(ck::sparse_prepacked_rows(n), k / group_size, &values)) return 0;
+    return values;
+}
+
+ck_status_t ck_sparse_w4a16_prepack(const uint8_t* codes, const uint32_t* meta,
+                                    const void* scales, const uint8_t* zeros, ck_dtype_t dtype,
+                                    int64_t n, int64_t k, int64_t group_size, ck_int4_mode_t mode,
+                                    uint8_t* w_prepacked, void* scales_prepacked,
+                                    uint8_t* zeros_prepacked, ck_stream_t stream) {
+    const Check check("ck_sparse_w4a16_prepack");
+    CK_TRY(check.not_null({{codes, "codes"}, {meta, "meta"}, {scales, "scales"},
+                           {w_prepacked, "w_prepacked"}, {scales_prepacked, "scales_prepacked"}}));
+    CK_TRY(check.int4_mode(mode, zeros));
+    CK_TRY(check.zero_points(mode, zeros_prepacked, "zeros_prepacked"));
+    CK_TRY(check.half_dtype(dtype, "dtype"));
+    CK_TRY(check_sparse_weight(check, n, k, group_size, dtype_size(dtype)));
+    CK_TRY(check.multiple_of(k, ck::kSparsePackK, "k", "the prepacked layout's 128-k chunks"));
+    if (ck_sparse_w4a16_prepacked_groups(n, k, group_size) == 0)
+        return check.fail(CK_STATUS_INVALID_VALUE, "n=%lld, k=%lld overflow a 64-bit byte count",
+                          (long long)n, (long long)k);
+    CK_TRY(check_sparse_codes(check, codes, meta));
+    CK_TRY(check.element_aligned(scales, dtype, "scales"));
+    CK_TRY(check.aligned(w_prepacked, 16, "w_prepacked", "16-byte vector stores"));
+    CK_TRY(check.aligned(scales_prepacked, 16, "scales_prepacked", "the GEMM's vector loads"));
+    if (zeros_prepacked)
+        CK_TRY(check.aligned(zeros_prepacked, 16, "zeros_prepacked", "the GEMM's vector loads"));
+    ck::SparsePrepackArgs args{};
+    args.in = sparse_weight(CK_SPARSITY_2_4, dtype, n, k, group_size, codes, meta, scales, zeros);
+    args.w_out = w_prepacked;
+    args.scales_out = scales_prepacked;
+    args.zeros_out = zeros_prepacked;
+    return check.launch([&] { return ck::sparse_w4a16_prepack(args, stream); });
+}
+
+ck_status_t ck_gemm_sparse_w4a16_prepacked(const void* x, ck_dtype_t dtype,
+                                           const uint8_t* w_prepacked,
+                                           const void* scales_prepacked,
+                                           const uint8_t* zeros_prepacked, int64_t group_size,
+                                           ck_int4_mode_t mode, const void* bias,
+                                           ck_activation_t activation, int64_t m, int64_t n,
+                                           int64_t k, void* out, ck_stream_t stream) {
+    const Check check("ck_gemm_sparse_w4a16_prepacked");
+    const ck::SparseGemmArgs args = sparse_gemm_args(
+        x, dtype, false, w_prepacked, nullptr, scales_prepacked, zeros_prepacked, group_size, bias,
+        activation, m, n, k, out, true);
+    CK_TRY(sparse_gemm_operands(check, args, mode, "w_prepacked", "scales_prepacked",
+                                "zeros_prepacked"));
+    if (ck_sparse_w4a16_prepacked_groups(n, k, group_size) == 0)
+        return check.fail(CK_STATUS_INVALID_VALUE, "n=%lld, k=%lld overflow a 64-bit byte count",
+                          (long long)n, (long long)k);
+    return ck::run_variant(check, kGemmSparse, args, stream);
 }
 
 ck_status_t ck_gemm_int4(const uint8_t* a, const uint8_t* b, int64_t m, int64_t n, int64_t k,

@@ -704,6 +704,117 @@ CK_API ck_status_t ck_permute_columns(const void* x, ck_dtype_t dtype, int64_t r
                                       const int32_t* perm, void* out, ck_stream_t stream);
 
 /* ---------------------------------------------------------------------------------------------
+ * Structured-sparse INT4 weights: 2:4 and 16:32 along K
+ *
+ * A weight W [N, K] (nn.Linear layout) split along K into aligned blocks keeps at most half of
+ * each block: 2:4 (blocks of 4, the pattern of the sparse tensor cores and cuSPARSELt) or 16:32
+ * (blocks of 32). Both keep exactly K / 2 values per row. Format (tests/reference.py,
+ * sparse24_* and sparse1632_*, is its executable spec):
+ *   codes [N, K / 4] uint8: a row's kept values in ascending k, INT4-quantized and packed as
+ *         ck_quantize_int4 packs them (value 2i in the low nibble; two's complement for
+ *         CK_INT4_SYMMETRIC, unsigned with a zero point for CK_INT4_ASYMMETRIC);
+ *   meta  [N, K / 32] uint32, one word per 32 k of a row: 2:4: block b (k 4b .. 4b + 3) is
+ *         nibble b % 8 (bits 4(b % 8) .. + 3) of word b / 8, idx0 | idx1 << 2 with
+ *         idx0 < idx1 its kept positions; 16:32: bit i set where k = 32c + i is kept (16 bits);
+ *   scales [N, K / group_size] (the weight's dtype), zeros [N, K / group_size] uint8 (asymmetric
+ *         only): groups of group_size = 64 or 128 DENSE k, each holding group_size / 2 kept
+ *         values, quantized exactly as ck_quantize_int4 quantizes those values (the pruned
+ *         zeros do not change a group's range, so these are the scales of the dense pruned
+ *         weight).
+ * Kept positions of a block: its non-zeros (a float32 value != 0; NaN is non-zero, -0.0 is
+ * zero), then, while fewer than half the block, its lowest zero positions (a stored zero gets
+ * the code of 0).
+ * w'[n, k] = round_to_dtype((q - zero) * scale) at kept positions (ck_dequantize_int4's rule),
+ * +0 at the others.
+ * Requirements of every call below: N >= 1; K >= 64, a multiple of 32 and of group_size;
+ * group_size 64 or 128 (CK_STATUS_UNSUPPORTED otherwise); a valid ck_sparsity_t
+ * (CK_STATUS_INVALID_VALUE); codes and meta 16-byte aligned; scales, zeros and the dense
+ * matrices aligned to their element size; no output overlapping an input.
+ * ------------------------------------------------------------------------------------------- */
+typedef enum ck_sparsity {
+    CK_SPARSITY_2_4 = 0,    /* at most 2 non-zeros in every aligned block of 4 k */
+    CK_SPARSITY_16_32 = 1   /* at most 16 non-zeros in every aligned block of 32 k */
+} ck_sparsity_t;
+
+/* Prunes w [N, K] (dtype: CK_DTYPE_FP32, FP16 or BF16) to the pattern: in every block the half
+ * of largest |w| keeps its bits, the other half becomes +0. Ties in |w| (+0 and -0 tie): the
+ * lower k is kept. NaN ranks below every number. out [N, K] of dtype. K a multiple of 32. */
+CK_API ck_status_t ck_sparse_prune(const void* w, ck_dtype_t dtype, ck_sparsity_t sparsity,
+                                   int64_t n, int64_t k, void* out, ck_stream_t stream);
+
+/* Compresses and quantizes a weight w [N, K] of dtype (FP32, FP16 or BF16) that satisfies the
+ * pattern into codes, meta, scales (dtype) and zeros (CK_INT4_ASYMMETRIC only, else NULL).
+ * violations: NULL, or one int32 on the device that the call sets to the number of blocks with
+ * more than half non-zeros (0: the weight satisfies the pattern). The weight is device data,
+ * so the call cannot refuse it; a violating block keeps its first non-zeros (lowest k) and the
+ * result is a valid weight of the pattern, but not the caller's: read violations back, or prune
+ * first (ck_sparse_prune). */
+CK_API ck_status_t ck_sparse_quantize_int4(const void* w, ck_dtype_t dtype,
+                                           ck_sparsity_t sparsity, int64_t n, int64_t k,
+                                           int64_t group_size, ck_int4_mode_t mode,
+                                           uint8_t* codes, uint32_t* meta, void* scales,
+                                           uint8_t* zeros, int32_t* violations,
+                                           ck_stream_t stream);
+
+/* The dense weight out [N, K] of out_dtype (the scales' type: FP32, FP16 or BF16): w' above.
+ * meta must name valid positions (2:4: idx0 < idx1 in every nibble; 16:32: 16 bits a word), as
+ * ck_sparse_quantize_int4 writes them; other values give unspecified (but in-bounds) results. */
+CK_API ck_status_t ck_sparse_dequantize_int4(const uint8_t* codes, const uint32_t* meta,
+                                             const void* scales, const uint8_t* zeros,
+                                             ck_sparsity_t sparsity, int64_t n, int64_t k,
+                                             int64_t group_size, ck_int4_mode_t mode, void* out,
+                                             ck_dtype_t out_dtype, ck_stream_t stream);
+
+/* out[M, N] = act(x[M, K] w'[N, K]^T + bias[N]) on the format above (either pattern), w' in
+ * registers only: products and sum in float32, bias and activation, one rounding to dtype.
+ * x, scales, bias (N values or NULL) and out have dtype: CK_DTYPE_FP16 or CK_DTYPE_BF16. This
+ * layout runs a simple tiled kernel (any GPU, any M); a 2:4 weight used more than once should be
+ * prepacked (ck_sparse_w4a16_prepack) for the sparse tensor cores.
+ * CK_GEMM_SPARSE_KERNEL forces a variant ("reference" or "auto"; "stream" needs a prepacked
+ * weight: CK_STATUS_UNSUPPORTED here). x 16-byte aligned; out must not overlap an input. */
+CK_API ck_status_t ck_gemm_sparse_w4a16(const void* x, ck_dtype_t dtype, ck_sparsity_t sparsity,
+                                        const uint8_t* codes, const uint32_t* meta,
+                                        const void* scales, const uint8_t* zeros,
+                                        int64_t group_size, ck_int4_mode_t mode, const void* bias,
+                                        ck_activation_t activation, int64_t m, int64_t n,
+                                        int64_t k, void* out, ck_stream_t stream);
+
+/* The prepacked 2:4 weight for the sparse tensor cores (mma.sp), with N16 = ceil(N / 16) * 16:
+ * w_prepacked holds the codes and the metadata in the order the kernel's lanes read them
+ * (N16 * K * 3 / 8 bytes: 3 bits per weight), scales_prepacked and zeros_prepacked N16 *
+ * (K / group_size) values each (the layout is kernels/sparse/gemm_sparse_w4a16.cu's; callers
+ * only need the sizes). 0 for an invalid shape: K must be a multiple of 128. */
+CK_API int64_t ck_sparse_w4a16_prepacked_bytes(int64_t n, int64_t k);
+CK_API int64_t ck_sparse_w4a16_prepacked_groups(int64_t n, int64_t k, int64_t group_size);
+
+/* Converts a 2:4 weight in the format above (codes, meta, scales of dtype FP16 or BF16, zeros)
+ * to the prepacked layout. CK_SPARSITY_16_32 weights are CK_STATUS_UNSUPPORTED (their mask is
+ * not the sparse tensor cores' pattern; convert one whose every block of 4 keeps 2 to 2:4
+ * first). K a multiple of 128; the outputs 16-byte aligned; every byte of them is written. */
+CK_API ck_status_t ck_sparse_w4a16_prepack(const uint8_t* codes, const uint32_t* meta,
+                                           const void* scales, const uint8_t* zeros,
+                                           ck_dtype_t dtype, int64_t n, int64_t k,
+                                           int64_t group_size, ck_int4_mode_t mode,
+                                           uint8_t* w_prepacked, void* scales_prepacked,
+                                           uint8_t* zeros_prepacked, ck_stream_t stream);
+
+/* ck_gemm_sparse_w4a16 on a weight prepared by ck_sparse_w4a16_prepack (same n, k, group_size,
+ * mode): the same w', on sparse tensor cores (mma.sp, compute capability 8.0 and newer) that
+ * read each compressed weight byte once per 16 rows of x; the reference kernel elsewhere is
+ * not available for this layout (CK_STATUS_UNSUPPORTED below sm_80). CK_GEMM_SPARSE_KERNEL:
+ * "stream" or "auto". M <= 2^20 - 16 here (the grid's rows of x). Requirements: as
+ * ck_gemm_sparse_w4a16, K a multiple of 128, w_prepacked 16-byte aligned, scales_prepacked 4-
+ * and zeros_prepacked 2-byte aligned. */
+CK_API ck_status_t ck_gemm_sparse_w4a16_prepacked(const void* x, ck_dtype_t dtype,
+                                                  const uint8_t* w_prepacked,
+                                                  const void* scales_prepacked,
+                                                  const uint8_t* zeros_prepacked,
+                                                  int64_t group_size, ck_int4_mode_t mode,
+                                                  const void* bias, ck_activation_t activation,
+                                                  int64_t m, int64_t n, int64_t k, void* out,
+                                                  ck_stream_t stream);
+
+/* ---------------------------------------------------------------------------------------------
  * INT4 x INT4 GEMM: both operands packed int4 (two's complement [-8, 7], two per byte along K,
  * element 2i in the low nibble of byte i): a [M, K / 2] bytes, b [N, K / 2] bytes (the
  * nn.Linear layout, out = A B^T). Products accumulate in exact int32.

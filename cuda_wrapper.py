@@ -105,6 +105,7 @@ __all__ = [
     "WEIGHT4_INT4", "WEIGHT4_NF4", "WEIGHT4_MXFP4", "WEIGHT4_NVFP4", "ROPE_NONE", "ROPE_NEOX",
     "ROPE_INTERLEAVED", "QkvParams", "qkv_prepack", "qkv_projection", "QkvProjection",
     "quantize_tensor", "dequantize_tensor", "int8_matmul", "torch_ops",
+    "SPARSITY_2_4", "SPARSITY_16_32",
 ]
 
 LIBRARY_NAME = "libcuda_kernels.so"
@@ -156,6 +157,8 @@ WEIGHT4_NVFP4 = 3
 ROPE_NONE = 0           # ck_rope_style_t
 ROPE_NEOX = 1
 ROPE_INTERLEAVED = 2
+SPARSITY_2_4 = 0        # ck_sparsity_t: at most 2 non-zeros in every block of 4 k
+SPARSITY_16_32 = 1      #                at most 16 in every block of 32 k
 
 # Host-side storage of each library dtype (bf16 as its bit pattern).
 _NUMPY_OF = {
@@ -477,6 +480,35 @@ DECLARATIONS = {
     "ck_permute_columns": (_STATUS, (
         ("x_ptr", _PTR), ("dtype", _ENUM), ("rows", _I64), ("cols", _I64), ("perm_ptr", _PTR),
         ("out_ptr", _PTR), _STREAM)),
+    "ck_sparse_prune": (_STATUS, (
+        ("w_ptr", _PTR), ("dtype", _ENUM), ("sparsity", _ENUM), ("n", _I64), ("k", _I64),
+        ("out_ptr", _PTR), _STREAM)),
+    "ck_sparse_quantize_int4": (_STATUS, (
+        ("w_ptr", _PTR), ("dtype", _ENUM), ("sparsity", _ENUM), ("n", _I64), ("k", _I64),
+        ("group_size", _I64), ("mode", _ENUM), ("codes_ptr", _PTR), ("meta_ptr", _PTR),
+        ("scales_ptr", _PTR), ("zeros_ptr", _PTR), ("violations_ptr", _PTR), _STREAM)),
+    "ck_sparse_dequantize_int4": (_STATUS, (
+        ("codes_ptr", _PTR), ("meta_ptr", _PTR), ("scales_ptr", _PTR), ("zeros_ptr", _PTR),
+        ("sparsity", _ENUM), ("n", _I64), ("k", _I64), ("group_size", _I64), ("mode", _ENUM),
+        ("out_ptr", _PTR), ("out_dtype", _ENUM), _STREAM)),
+    "ck_gemm_sparse_w4a16": (_STATUS, (
+        ("x_ptr", _PTR), ("dtype", _ENUM), ("sparsity", _ENUM), ("codes_ptr", _PTR),
+        ("meta_ptr", _PTR), ("scales_ptr", _PTR), ("zeros_ptr", _PTR), ("group_size", _I64),
+        ("mode", _ENUM), ("bias_ptr", _PTR), ("activation", _ENUM), ("m", _I64), ("n", _I64),
+        ("k", _I64), ("out_ptr", _PTR), _STREAM)),
+    "ck_sparse_w4a16_prepacked_bytes": (_I64, (("n", _I64), ("k", _I64))),
+    "ck_sparse_w4a16_prepacked_groups": (_I64, (
+        ("n", _I64), ("k", _I64), ("group_size", _I64))),
+    "ck_sparse_w4a16_prepack": (_STATUS, (
+        ("codes_ptr", _PTR), ("meta_ptr", _PTR), ("scales_ptr", _PTR), ("zeros_ptr", _PTR),
+        ("dtype", _ENUM), ("n", _I64), ("k", _I64), ("group_size", _I64), ("mode", _ENUM),
+        ("w_out_ptr", _PTR, "w_prepacked"), ("scales_out_ptr", _PTR, "scales_prepacked"),
+        ("zeros_out_ptr", _PTR, "zeros_prepacked"), _STREAM)),
+    "ck_gemm_sparse_w4a16_prepacked": (_STATUS, (
+        ("x_ptr", _PTR), ("dtype", _ENUM), ("w_ptr", _PTR, "w_prepacked"),
+        ("scales_ptr", _PTR, "scales_prepacked"), ("zeros_ptr", _PTR, "zeros_prepacked"),
+        ("group_size", _I64), ("mode", _ENUM), ("bias_ptr", _PTR), ("activation", _ENUM),
+        ("m", _I64), ("n", _I64), ("k", _I64), ("out_ptr", _PTR), _STREAM)),
     "ck_gemm_int4": (_STATUS, (
         ("a_ptr", _PTR), ("b_ptr", _PTR), ("m", _I64), ("n", _I64), ("k", _I64), ("c_ptr", _PTR),
         _STREAM)),

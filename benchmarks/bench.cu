@@ -289,6 +289,12 @@ void bench_quantize(Bench& bench, const Options& options) {
 #include "bench_block4.cuh"
 
 // ================================================================================================
+// Family "sparse": the W4A16 GEMM on 2:4 and 16:32 sparse INT4 weights beside the dense INT4
+// GEMM and cuBLAS fp16 (bench_sparse.cuh).
+// ================================================================================================
+#include "bench_sparse.cuh"
+
+// ================================================================================================
 // Family "qkv": the fused Q/K/V projection with RoPE in the four 4-bit formats beside the unfused
 // pipeline (dequantize + cuBLAS + split) and cuBLAS fp16 on the Llama-3 shapes (bench_qkv.cuh).
 // ================================================================================================
@@ -314,6 +320,7 @@ static const Family kFamilies[] = {
     {"gemm", bench_gemm},
     {"moe", bench_moe},
     {"block4", bench_block4},
+    {"sparse", bench_sparse},
     {"qkv", bench_qkv},
     {"attention", bench_attention},
 };

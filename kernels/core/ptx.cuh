@@ -154,6 +154,36 @@ __device__ __forceinline__ void mma_16x8x16(float (&c)[4], uint32_t a0, uint32_t
 #endif
 }
 
+// mma.sp::ordered_metadata.sync.aligned.m16n8k32.row.col.f32.{f16,bf16}.{f16,bf16}.f32:
+// c += a (16x32, 2:4 sparse along k, held compressed as 16x16) * b (32x8). A's registers are
+// those of mma_16x8x16 over the compressed columns (column 2j, 2j + 1 = the two kept values of
+// the block of 4 k at 4j); e holds the kept positions (idx0 | idx1 << 2, idx0 < idx1, per block,
+// lowest block in the lowest nibble), kSelector (0 or 1) names the lanes of each quad that give
+// it: lanes 4g + 2 kSelector (blocks 0-3, k 0 .. 15) and 4g + 2 kSelector + 1 (blocks 4-7), row g
+// in bits 0..15 and row g + 8 in bits 16..31; the other lanes' e is not read.
+//   b0: B[2t..2t+1][g]  b1: B[2t+8..][g]  b2: B[2t+16..][g]  b3: B[2t+24..][g]
+//   c as mma_16x8x16.
+template <typename T, int kSelector>
+__device__ __forceinline__ void mma_sp_16x8x32(float (&c)[4], const uint32_t (&a)[4],
+                                               const uint32_t (&b)[4], uint32_t e) {
+    static_assert(kSelector == 0 || kSelector == 1, "m16n8k32 takes selector 0 or 1");
+#if CK_SM80
+    if constexpr (std::is_same_v<T, __half>) {
+        asm("mma.sp::ordered_metadata.sync.aligned.m16n8k32.row.col.f32.f16.f16.f32 "
+            "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9, %10, %11}, {%0, %1, %2, %3}, %12, %13;\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "r"(b[2]),
+              "r"(b[3]), "r"(e), "n"(kSelector));
+    } else {
+        asm("mma.sp::ordered_metadata.sync.aligned.m16n8k32.row.col.f32.bf16.bf16.f32 "
+            "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9, %10, %11}, {%0, %1, %2, %3}, %12, %13;\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "r"(b[2]),
+              "r"(b[3]), "r"(e), "n"(kSelector));
+    }
+#endif
+}
+
 // lop3.b32: the three-input bitwise function whose truth table is kLut (its value on the
 // operands a = 0xF0, b = 0xCC, c = 0xAA), in one instruction. Written out in C, a function with
 // two immediates (a mask and a magic exponent, say) takes two: a LOP3 holds only one.

@@ -25,33 +25,14 @@
 #include "kernels/quantize/quantize.cuh"
 
 #include "kernels/quantize/chunk_map.cuh"
+#include "kernels/quantize/int4_params.cuh"
 
 namespace ck {
 namespace {
 
 // ---------------------------------------------------------------------------------------------
-// Formats and scale computation
+// Segment statistics (the formats and the scale rule: int4_params.cuh)
 // ---------------------------------------------------------------------------------------------
-struct Int8Sym {
-    static constexpr int kMin = -127, kMax = 127;
-    static constexpr bool kAsym = false;
-};
-struct Int4Sym {
-    static constexpr int kMin = -8, kMax = 7;
-    static constexpr bool kAsym = false;
-};
-struct Int4Asym {
-    static constexpr int kMin = 0, kMax = 15;
-    static constexpr bool kAsym = true;
-};
-
-// Running statistics of a segment: the range [lo, hi] always contains 0, so for symmetric
-// formats hi is the absmax of |x| and for asymmetric ones [lo, hi] is the range the format must
-// cover. fminf/fmaxf return the non-NaN operand, so NaNs are ignored.
-struct Range {
-    float lo = 0.f, hi = 0.f;
-};
-
 template <class Fmt>
 __device__ __forceinline__ void accumulate(Range& r, const float (&v)[kChunk]) {
 #pragma unroll
@@ -63,33 +44,6 @@ __device__ __forceinline__ void accumulate(Range& r, const float (&v)[kChunk]) {
             r.hi = fmaxf(r.hi, fabsf(v[i]));
         }
     }
-}
-
-// Quantization parameters of one segment: the scale as stored, its float32 reciprocal and the
-// zero point. The scale is rounded to its storage type first, so that the codes are computed
-// with exactly the scale a dequantizer will read back.
-template <typename ScaleT>
-struct QParams {
-    ScaleT stored;
-    float inv;
-    int zero;
-};
-
-template <class Fmt, typename ScaleT>
-__device__ __forceinline__ QParams<ScaleT> make_params(Range r) {
-    // IEEE division (nvcc's default -prec-div=true), matching the reference bit for bit.
-    const float steps = Fmt::kAsym ? float(Fmt::kMax - Fmt::kMin) : float(Fmt::kMax);
-    const float span = Fmt::kAsym ? r.hi - r.lo : r.hi;
-    QParams<ScaleT> p;
-    p.stored = from_float<ScaleT>(span / steps);
-    float scale = to_float(p.stored);
-    if (scale == 0.f) {  // all-zero segment (or a scale below the storage type's range)
-        p.stored = from_float<ScaleT>(1.f);
-        scale = 1.f;
-    }
-    p.inv = 1.f / scale;
-    p.zero = Fmt::kAsym ? min(max(__float2int_rn(-r.lo * p.inv), Fmt::kMin), Fmt::kMax) : 0;
-    return p;
 }
 
 // __float2int_rn rounds half to even and maps NaN to 0.

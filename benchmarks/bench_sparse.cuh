@@ -1,0 +1,233 @@
+// benchmarks/bench_sparse.cuh - family "sparse": the W4A16 GEMM on structured-sparse INT4
+// weights (ck_gemm_sparse_w4a16_prepacked on 2:4, ck_gemm_sparse_w4a16 on 16:32) beside the
+// dense prepacked INT4 GEMM and cuBLAS fp16, on the same run.
+//
+// Problems: DESIGN.md's four layer shapes (K, N) at M = 1 ... 4096, and the shapes of the
+// sparse seed (1024^2, 5120^2, 16384^2, 20480 x 5120, 5120 x 20480) at M = 1, 16, 256. Rows of
+// each (shape, M), fp16 activations, symmetric INT4 groups of 128, no bias, no activation:
+//   cuBLAS fp16 (reference)          cublasGemmEx fp16 TN on the dense [N, K] weight
+//   gemm_w4a16_prepacked fp16 g128   the library's dense INT4 weight; baseline cuBLAS fp16
+//   gemm_sparse 2:4 fp16 g128        a random fp16 weight put through ck_sparse_prune (2:4),
+//                                    ck_sparse_quantize_int4 and ck_sparse_w4a16_prepack once,
+//                                    outside timing; baseline cuBLAS fp16; notes: the weight
+//                                    stream as a % of copy bandwidth, the time against the
+//                                    dense INT4 row
+//   gemm_sparse 16:32 fp16 g128      the same with 16:32 on the interchange layout (the tiled
+//                                    reference kernel: no tensor-core path yet), at M = 1
+// Floors: the compressed weight's bytes over the copy bandwidth (2:4 prepacked: 3/8 byte per
+// weight + 2 / 128 of scales; 16:32 interchange: the same 3/8), and 2 M N K flops over the
+// dense fp16 tensor-core peak (the sparse tensor cores do half of those products).
+// The 2:4 fp16 baseline of cuSPARSELt is not in this binary (the library does not link it):
+// benchmarks/bench_sparse_torch.py times torch's to_sparse_semi_structured on the same GPU.
+#pragma once
+
+#include "bench_gemm.cuh"
+
+namespace sparse_bench {
+
+using gemm_bench::Shape;
+
+constexpr Shape kLayerShapes[] = {{4096, 4096}, {4096, 14336}, {14336, 4096}, {8192, 28672}};
+constexpr int64_t kLayerTokens[] = {1, 16, 64, 256, 1024, 4096};
+constexpr Shape kSeedShapes[] = {{1024, 1024}, {5120, 5120}, {16384, 16384}, {20480, 5120},
+                                 {5120, 20480}};
+constexpr int64_t kSeedTokens[] = {1, 16, 256};
+constexpr int64_t kReferenceMaxM = 1;   // the 16:32 rows (tiled reference kernel)
+constexpr int64_t kGroupSize = 128;
+constexpr float kFloatAbsMax = 1;
+
+struct Set {
+    DeviceBuffer x, out;            // [M, K], [M, N] fp16
+    DeviceBuffer dense;             // [N, K] fp16, cuBLAS's weight
+    DeviceBuffer int4_w, int4_s;    // dense INT4, prepacked
+    DeviceBuffer sp_w, sp_s;        // 2:4, prepacked
+    DeviceBuffer c_codes, c_meta, c_s;  // 16:32, interchange
+};
+
+class Problem {
+  public:
+    Problem(Bench& bench, Shape shape, int64_t m)
+        : bench_(bench), k_(shape.k), n_(shape.n), m_(m),
+          shape_name_("M=" + std::to_string(m) + " K=" + std::to_string(shape.k) +
+                      " N=" + std::to_string(shape.n)) {}
+
+    void run_all() {
+        const Row* fp16 = reference_row();
+        const Row* int4 = int4_row(fp16);
+        sparse24_row(fp16, int4);
+        if (m_ <= kReferenceMaxM) sparse1632_row(fp16, int4);
+    }
+
+  private:
+    double activation_bytes() const {
+        return 2.0 * (double(m_) * double(k_) + double(m_) * double(n_));
+    }
+    double int4_weight_bytes() const {
+        return double(ck_w4a16_prepacked_bytes(n_, k_)) +
+               2.0 * double(ck_w4a16_prepacked_groups(n_, k_, kGroupSize));
+    }
+    double sparse_weight_bytes() const {
+        return double(ck_sparse_w4a16_prepacked_bytes(n_, k_)) +
+               2.0 * double(ck_sparse_w4a16_prepacked_groups(n_, k_, kGroupSize));
+    }
+
+    RowSpec spec_for(const std::string& kernel, double bytes) {
+        return gemm_bench::weight_only_spec("sparse", kernel, shape_name_, bytes, m_, n_, k_,
+                                            int(sets().size()));
+    }
+
+    void notes(Row& row, const Row* fp16, const Row* int4, double weight_bytes) const {
+        if (fp16) Bench::set_baseline(row, "cuBLAS fp16", fp16->time);
+        Bench::append_note(row, "weight stream " +
+                                    format("%.1f", bench_.percent_of_copy(weight_bytes,
+                                                                          row.time.median_us)) +
+                                    "% of copy BW");
+        if (int4)
+            Bench::append_note(row, "vs dense INT4 " +
+                                        format("%.2f", int4->time.median_us / row.time.median_us) +
+                                        "x");
+    }
+
+    const Row* reference_row() {
+        RowSpec spec = spec_for("cuBLAS fp16 (reference)",
+                                2.0 * double(n_) * double(k_) + activation_bytes());
+        if (!bench_.wants(spec)) return nullptr;
+        return bench_.run(spec, [this](int i) {
+            const Set& s = set(i);
+            const float alpha = 1.f, beta = 0.f;
+            CK_BENCH_CHECK(cublasGemmEx(bench_.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, int(n_),
+                                        int(m_), int(k_), &alpha, s.dense.as(), CUDA_R_16F,
+                                        int(k_), s.x.as(), CUDA_R_16F, int(k_), &beta,
+                                        s.out.as(), CUDA_R_16F, int(n_), CUBLAS_COMPUTE_32F,
+                                        CUBLAS_GEMM_DEFAULT));
+        });
+    }
+
+    const Row* int4_row(const Row* fp16) {
+        RowSpec spec = spec_for("gemm_w4a16_prepacked fp16 g128",
+                                int4_weight_bytes() + activation_bytes());
+        if (!bench_.wants(spec)) return nullptr;
+        Row* row = bench_.run(spec, [this](int i) {
+            const Set& s = set(i);
+            CK_BENCH_CHECK(ck_gemm_w4a16_prepacked(
+                s.x.as(), CK_DTYPE_FP16, s.int4_w.as<uint8_t>(), s.int4_s.as(), nullptr,
+                kGroupSize, CK_INT4_SYMMETRIC, nullptr, CK_ACTIVATION_NONE, m_, n_, k_,
+                s.out.as(), bench_.stream()));
+        });
+        if (fp16) Bench::set_baseline(*row, "cuBLAS fp16", fp16->time);
+        return row;
+    }
+
+    void sparse24_row(const Row* fp16, const Row* int4) {
+        RowSpec spec = spec_for("gemm_sparse 2:4 fp16 g128",
+                                sparse_weight_bytes() + activation_bytes());
+        if (!bench_.wants(spec)) return;
+        Row* row = bench_.run(spec, [this](int i) {
+            const Set& s = set(i);
+            CK_BENCH_CHECK(ck_gemm_sparse_w4a16_prepacked(
+                s.x.as(), CK_DTYPE_FP16, s.sp_w.as<uint8_t>(), s.sp_s.as(), nullptr, kGroupSize,
+                CK_INT4_SYMMETRIC, nullptr, CK_ACTIVATION_NONE, m_, n_, k_, s.out.as(),
+                bench_.stream()));
+        });
+        notes(*row, fp16, int4, sparse_weight_bytes());
+        kernel_override_note(*row, "CK_GEMM_SPARSE_KERNEL");
+    }
+
+    void sparse1632_row(const Row* fp16, const Row* int4) {
+        const double bytes = double(n_) * double(k_) * 3.0 / 8.0 +
+                             2.0 * double(n_) * double(k_ / kGroupSize);
+        RowSpec spec = spec_for("gemm_sparse 16:32 fp16 g128", bytes + activation_bytes());
+        if (!bench_.wants(spec)) return;
+        Row* row = bench_.run(spec, [this](int i) {
+            const Set& s = set(i);
+            CK_BENCH_CHECK(ck_gemm_sparse_w4a16(
+                s.x.as(), CK_DTYPE_FP16, CK_SPARSITY_16_32, s.c_codes.as<uint8_t>(),
+                s.c_meta.as<uint32_t>(), s.c_s.as(), nullptr, kGroupSize, CK_INT4_SYMMETRIC,
+                nullptr, CK_ACTIVATION_NONE, m_, n_, k_, s.out.as(), bench_.stream()));
+        });
+        notes(*row, fp16, int4, bytes);
+    }
+
+    const Set& set(int i) { return sets()[size_t(i) % sets().size()]; }
+
+    // The rotation copies: every weight is the library's own quantization of a random fp16
+    // [N, K] weight (pruned to each pattern first).
+    const std::vector<Set>& sets() {
+        if (!sets_.empty()) return sets_;
+        const double dense_bytes = 2.0 * double(n_) * double(k_);
+        const double per_copy = dense_bytes + activation_bytes() + int4_weight_bytes() +
+                                2 * sparse_weight_bytes();
+        const int copies = bench_.rotation_copies(sparse_weight_bytes() + activation_bytes(),
+                                                  per_copy);
+        cudaStream_t st = bench_.stream();
+        DeviceBuffer pruned(sizeof(__half) * size_t(n_ * k_));
+        DeviceBuffer packed(size_t(n_ * k_ / 2));
+        DeviceBuffer codes(size_t(n_ * k_ / 4)), meta(size_t(n_ * k_ / 8));
+        DeviceBuffer scales(sizeof(__half) * size_t(n_ * (k_ / kGroupSize)));
+        for (int c = 0; c < copies; ++c) {
+            const uint64_t seed = 47000 + 100 * uint64_t(c);
+            Set s;
+            s.x = DeviceBuffer(sizeof(__half) * size_t(m_ * k_));
+            s.out = DeviceBuffer(sizeof(__half) * size_t(m_ * n_));
+            s.dense = DeviceBuffer(sizeof(__half) * size_t(n_ * k_));
+            fill_uniform(s.x.as(), CK_DTYPE_FP16, m_ * k_, seed + 1, -kFloatAbsMax, kFloatAbsMax,
+                         st);
+            fill_uniform(s.dense.as(), CK_DTYPE_FP16, n_ * k_, seed + 2, -kFloatAbsMax,
+                         kFloatAbsMax, st);
+            fill_random_bytes(s.out.as(), int64_t(s.out.bytes()), seed + 3, st);
+            s.int4_w = DeviceBuffer(size_t(ck_w4a16_prepacked_bytes(n_, k_)));
+            s.int4_s = DeviceBuffer(sizeof(__half) *
+                                    size_t(ck_w4a16_prepacked_groups(n_, k_, kGroupSize)));
+            CK_BENCH_CHECK(ck_quantize_int4(s.dense.as(), CK_DTYPE_FP16, n_, k_, kGroupSize,
+                                            CK_INT4_SYMMETRIC, packed.as<uint8_t>(),
+                                            scales.as(), nullptr, st));
+            CK_BENCH_CHECK(ck_w4a16_prepack(packed.as<uint8_t>(), scales.as(), nullptr,
+                                            CK_DTYPE_FP16, n_, k_, kGroupSize, CK_INT4_SYMMETRIC,
+                                            s.int4_w.as<uint8_t>(), s.int4_s.as(), nullptr, st));
+            // 2:4: prune, quantize, prepack.
+            CK_BENCH_CHECK(ck_sparse_prune(s.dense.as(), CK_DTYPE_FP16, CK_SPARSITY_2_4, n_, k_,
+                                           pruned.as(), st));
+            CK_BENCH_CHECK(ck_sparse_quantize_int4(
+                pruned.as(), CK_DTYPE_FP16, CK_SPARSITY_2_4, n_, k_, kGroupSize,
+                CK_INT4_SYMMETRIC, codes.as<uint8_t>(), meta.as<uint32_t>(), scales.as(),
+                nullptr, nullptr, st));
+            s.sp_w = DeviceBuffer(size_t(ck_sparse_w4a16_prepacked_bytes(n_, k_)));
+            s.sp_s = DeviceBuffer(sizeof(__half) *
+                                  size_t(ck_sparse_w4a16_prepacked_groups(n_, k_, kGroupSize)));
+            CK_BENCH_CHECK(ck_sparse_w4a16_prepack(
+                codes.as<uint8_t>(), meta.as<uint32_t>(), scales.as(), nullptr, CK_DTYPE_FP16,
+                n_, k_, kGroupSize, CK_INT4_SYMMETRIC, s.sp_w.as<uint8_t>(), s.sp_s.as(),
+                nullptr, st));
+            // 16:32 on the interchange layout.
+            if (m_ <= kReferenceMaxM) {
+                CK_BENCH_CHECK(ck_sparse_prune(s.dense.as(), CK_DTYPE_FP16, CK_SPARSITY_16_32,
+                                               n_, k_, pruned.as(), st));
+                s.c_codes = DeviceBuffer(codes.bytes());
+                s.c_meta = DeviceBuffer(meta.bytes());
+                s.c_s = DeviceBuffer(scales.bytes());
+                CK_BENCH_CHECK(ck_sparse_quantize_int4(
+                    pruned.as(), CK_DTYPE_FP16, CK_SPARSITY_16_32, n_, k_, kGroupSize,
+                    CK_INT4_SYMMETRIC, s.c_codes.as<uint8_t>(), s.c_meta.as<uint32_t>(),
+                    s.c_s.as(), nullptr, nullptr, st));
+            }
+            sets_.push_back(std::move(s));
+        }
+        CK_BENCH_CHECK(cudaStreamSynchronize(st));
+        return sets_;
+    }
+
+    Bench& bench_;
+    int64_t k_, n_, m_;
+    std::string shape_name_;
+    std::vector<Set> sets_;
+};
+
+}  // namespace sparse_bench
+
+inline void bench_sparse(Bench& bench, const Options&) {
+    using namespace sparse_bench;
+    for (const Shape& shape : kLayerShapes)
+        for (int64_t m : kLayerTokens) Problem(bench, shape, m).run_all();
+    for (const Shape& shape : kSeedShapes)
+        for (int64_t m : kSeedTokens) Problem(bench, shape, m).run_all();
+}

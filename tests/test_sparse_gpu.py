@@ -1,0 +1,291 @@
+"""GPU tests of the structured-sparse INT4 weights (2:4, 16:32) against tests/reference.py.
+
+- ck_sparse_prune, ck_sparse_quantize_int4 and ck_sparse_dequantize_int4 are bit for bit the
+  reference's (sparse24_* / sparse1632_*), on random weights of every float dtype with ties,
+  signed zeros and NaN mixed in; every output buffer is poisoned and guarded.
+- The quantizer counts the blocks that break the pattern (violations) exactly, and a weight
+  that keeps it reports 0.
+- ck_gemm_sparse_w4a16 (reference kernel, either pattern) and ck_gemm_sparse_w4a16_prepacked
+  (mma.sp kernel, 2:4) meet the float64 reference on the dequantized weight under the
+  tolerance of float32 accumulation (test_w4a16_gpu.py derives it) plus half an ulp of the
+  output: M on both sides of 8 and 16 and past one block of 16 rows, N not a multiple of the
+  16-row tile, K from one 128-k chunk to several per warp, group 64 / 128, symmetric and
+  asymmetric, fp16 / bf16, bias and ReLU.
+- One-hot rows of x pick single weight columns, which the mma.sp GEMM returns exactly: every
+  w' bit for bit equal to ck_sparse_dequantize_int4's output.
+- CUDA graph capture and replay of the prepacked GEMM; the override refusing what a variant
+  cannot serve.
+
+The tests skip without a CUDA device. Each test draws a seed, prints it and names it in its
+messages; CK_TEST_SEED=<seed> replays it.
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+import cuda_wrapper as ck
+import reference as ref
+from gpu_support import (
+    CK_ACTIVATION, CK_DTYPE, CK_INT4_MODE, GuardedBuffer, POISON, POISON_QUANTIZED, U32,
+    assert_bitwise_equal, assert_capture_records_then_replay_writes, assert_meets_reference,
+    assert_relu_output, dot_float32_error, ptr_or_null, synchronize,
+)
+
+pytestmark = pytest.mark.gpu
+
+KERNEL_ENV = "CK_GEMM_SPARSE_KERNEL"
+SPARSITY = {"2:4": ck.SPARSITY_2_4, "16:32": ck.SPARSITY_16_32}
+PRUNE = {"2:4": ref.sparse24_prune, "16:32": ref.sparse1632_prune}
+QUANTIZE = {"2:4": ref.sparse24_quantize, "16:32": ref.sparse1632_quantize}
+DEQUANTIZE = {"2:4": ref.sparse24_dequantize, "16:32": ref.sparse1632_dequantize}
+BLOCK = {"2:4": ref.SPARSE24_BLOCK, "16:32": ref.SPARSE1632_BLOCK}
+# x, w' fp16/bf16: every product exact in float32; mma.sp may truncate its sums (2u).
+TENSOR_CORE_ROUNDOFF = 2 * U32
+
+
+def awkward_weight(rng, n, k, dtype):
+    """Random weights (ref.random_input) with ties, -0.0, exact zeros and a few NaN."""
+    w32 = ref.to_f32(ref.random_input(rng, (n, k), dtype, scale=1.0 / math.sqrt(k)), dtype)
+    w32 = w32.copy()
+    w32[rng.random((n, k)) < 0.05] = 0.0
+    w32[rng.random((n, k)) < 0.02] = -0.0
+    ties = rng.random((n, k)) < 0.05
+    w32[ties] = np.float32(0.03125)
+    w32[rng.random((n, k)) < 0.002] = np.nan
+    return ref.to_dtype(w32, dtype)
+
+
+def sparse_weight(rng, sparsity, n, k, dtype):
+    """A weight of the pattern (the reference prune of awkward_weight), without NaN."""
+    w = awkward_weight(rng, n, k, dtype)
+    w32 = ref.to_f32(w, dtype)
+    w = ref.to_dtype(np.where(np.isnan(w32), np.float32(0.25), w32), dtype)
+    return PRUNE[sparsity](w, dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# Prune, quantize, dequantize: bit for bit
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("sparsity", list(SPARSITY))
+@pytest.mark.parametrize("dtype", ref.DTYPES)
+@pytest.mark.parametrize("n, k", [(3, 32), (37, 256)])
+def test_prune_matches_reference(sparsity, dtype, n, k, seed):
+    rng = np.random.default_rng(seed)
+    w = awkward_weight(rng, n, k, dtype)
+    w_dev = GuardedBuffer.input(w)
+    out = GuardedBuffer.output((n, k), w.dtype, POISON)
+    ck.raw.sparse_prune(w_dev.ptr, CK_DTYPE[dtype], SPARSITY[sparsity], n, k, out.ptr, 0)
+    synchronize()
+    assert_bitwise_equal(out.read("out"), PRUNE[sparsity](w, dtype), f"prune, seed={seed}")
+
+
+class Quantized:
+    """ck_sparse_quantize_int4 of w into poisoned, guarded buffers."""
+
+    def __init__(self, w, sparsity, dtype, group_size, mode):
+        n, k = w.shape
+        self.w = GuardedBuffer.input(w)
+        self.codes = GuardedBuffer.output((n, k // 4), np.uint8, POISON_QUANTIZED)
+        self.meta = GuardedBuffer.output((n, k // 32), np.uint32, POISON_QUANTIZED)
+        groups = k // group_size
+        self.scales = GuardedBuffer.output((n, groups), w.dtype, POISON_QUANTIZED)
+        self.zeros = (GuardedBuffer.output((n, groups), np.uint8, POISON_QUANTIZED)
+                      if mode == "asym" else None)
+        self.violations = GuardedBuffer.output((1,), np.int32, POISON_QUANTIZED)
+        ck.raw.sparse_quantize_int4(self.w.ptr, CK_DTYPE[dtype], SPARSITY[sparsity], n, k,
+                                    group_size, CK_INT4_MODE[mode], self.codes.ptr,
+                                    self.meta.ptr, self.scales.ptr, ptr_or_null(self.zeros),
+                                    self.violations.ptr, 0)
+        synchronize()
+
+    def read(self):
+        zeros = None if self.zeros is None else self.zeros.read("zeros")
+        return (self.codes.read("codes"), self.meta.read("meta"), self.scales.read("scales"),
+                zeros, int(self.violations.read("violations")[0]))
+
+
+@pytest.mark.parametrize("sparsity", list(SPARSITY))
+@pytest.mark.parametrize("dtype", ref.DTYPES)
+@pytest.mark.parametrize("group_size", ref.SPARSE_GROUP_SIZES)
+@pytest.mark.parametrize("mode", ["sym", "asym"])
+def test_quantize_and_dequantize_match_reference(sparsity, dtype, group_size, mode, seed):
+    rng = np.random.default_rng(seed)
+    n, k = 21, 384
+    w = sparse_weight(rng, sparsity, n, k, dtype)
+    codes, meta, scales, zeros, violations = Quantized(w, sparsity, dtype, group_size,
+                                                       mode).read()
+    ctx = f"{sparsity} {dtype} g{group_size} {mode}, seed={seed}"
+    want = QUANTIZE[sparsity](w, dtype, group_size, mode)
+    assert violations == 0, ctx
+    for got, expected, name in zip((codes, meta, scales, zeros), want,
+                                   ("codes", "meta", "scales", "zeros")):
+        if expected is None:
+            assert got is None
+            continue
+        assert_bitwise_equal(got, expected, f"{name}, {ctx}")
+
+    inputs = [GuardedBuffer.input(a) for a in (codes, meta, scales)]
+    z = None if zeros is None else GuardedBuffer.input(zeros)
+    out = GuardedBuffer.output((n, k), w.dtype, POISON)
+    ck.raw.sparse_dequantize_int4(inputs[0].ptr, inputs[1].ptr, inputs[2].ptr, ptr_or_null(z),
+                                  SPARSITY[sparsity], n, k, group_size, CK_INT4_MODE[mode],
+                                  out.ptr, CK_DTYPE[dtype], 0)
+    synchronize()
+    expected = DEQUANTIZE[sparsity](codes, meta, scales, zeros, k, group_size, mode, dtype)
+    assert_bitwise_equal(out.read("out"), expected, f"dequantize, {ctx}")
+
+
+@pytest.mark.parametrize("sparsity", list(SPARSITY))
+def test_quantize_counts_violations(sparsity, seed):
+    """A dense weight breaks the pattern in (nearly) every block: the count is the reference's
+    number of blocks with more than half non-zeros, and the codes are still a valid weight of
+    the pattern (the metadata decodes)."""
+    rng = np.random.default_rng(seed)
+    dtype, n, k = "fp16", 9, 128
+    w = awkward_weight(rng, n, k, dtype)
+    block = BLOCK[sparsity]
+    nonzero = (ref.to_f32(w, dtype) != 0).reshape(n, k // block, block).sum(axis=2)
+    want = int((nonzero > block // 2).sum())
+    assert want > 0
+    _, meta, _, _, violations = Quantized(w, sparsity, dtype, 64, "sym").read()
+    assert violations == want, f"seed={seed}"
+    if sparsity == "2:4":
+        ref.sparse24_unpack_metadata(meta)
+    else:
+        ref.sparse1632_positions(meta)
+
+
+# ---------------------------------------------------------------------------------------------
+# GEMMs
+# ---------------------------------------------------------------------------------------------
+class SparseGemm:
+    """One sparse GEMM on a weight quantized by the reference (interchange layout), or prepacked
+    on the device from it (2:4)."""
+
+    def __init__(self, rng, sparsity, dtype, group_size, mode, m, n, k, bias, activation,
+                 prepacked, onehot=False):
+        self.ctx = dict(sparsity=sparsity, dtype=dtype, g=group_size, mode=mode, mnk=(m, n, k),
+                        bias=bias, act=activation, prepacked=prepacked)
+        w = sparse_weight(rng, sparsity, n, k, dtype)
+        self.weight = QUANTIZE[sparsity](w, dtype, group_size, mode)
+        codes, meta, scales, zeros = self.weight
+        self.w_deq = DEQUANTIZE[sparsity](codes, meta, scales, zeros, k, group_size, mode, dtype)
+        if onehot:
+            x32 = np.zeros((m, k), np.float32)
+            x32[np.arange(m), rng.choice(k, m, replace=False)] = 1.0
+        else:
+            x32 = ref.to_f32(ref.random_input(rng, (m, k), dtype), dtype)
+        self.x = ref.to_dtype(x32, dtype)
+        self.b = (ref.to_dtype(rng.standard_normal(n).astype(np.float32), dtype)
+                  if bias else None)
+        self.sparsity, self.dtype, self.group_size, self.mode = sparsity, dtype, group_size, mode
+        self.activation, self.prepacked, self.mnk = activation, prepacked, (m, n, k)
+        self.x_dev = GuardedBuffer.input(self.x)
+        self.b_dev = None if self.b is None else GuardedBuffer.input(self.b)
+        self.out = GuardedBuffer.output((m, n), self.x.dtype, POISON)
+        self.inputs = [GuardedBuffer.input(a) for a in (codes, meta, scales)]
+        self.z = None if zeros is None else GuardedBuffer.input(zeros)
+        if prepacked:
+            w_bytes = ck.raw.sparse_w4a16_prepacked_bytes(n, k)
+            groups = ck.raw.sparse_w4a16_prepacked_groups(n, k, group_size)
+            assert w_bytes > 0 and groups > 0
+            self.w_pre = GuardedBuffer.output((w_bytes,), np.uint8, POISON)
+            self.s_pre = GuardedBuffer.output((groups,), self.x.dtype, POISON)
+            self.z_pre = (None if zeros is None
+                          else GuardedBuffer.output((groups,), np.uint8, POISON))
+            ck.raw.sparse_w4a16_prepack(
+                self.inputs[0].ptr, self.inputs[1].ptr, self.inputs[2].ptr, ptr_or_null(self.z),
+                CK_DTYPE[dtype], n, k, group_size, CK_INT4_MODE[mode], self.w_pre.ptr,
+                self.s_pre.ptr, ptr_or_null(self.z_pre), 0)
+
+    def launch(self, stream=0):
+        m, n, k = self.mnk
+        common = dict(bias_ptr=ptr_or_null(self.b_dev), activation=CK_ACTIVATION[self.activation],
+                      m=m, n=n, k=k, out_ptr=self.out.ptr, stream=stream)
+        if self.prepacked:
+            ck.raw.gemm_sparse_w4a16_prepacked(
+                x_ptr=self.x_dev.ptr, dtype=CK_DTYPE[self.dtype], w_ptr=self.w_pre.ptr,
+                scales_ptr=self.s_pre.ptr, zeros_ptr=ptr_or_null(self.z_pre),
+                group_size=self.group_size, mode=CK_INT4_MODE[self.mode], **common)
+        else:
+            ck.raw.gemm_sparse_w4a16(
+                x_ptr=self.x_dev.ptr, dtype=CK_DTYPE[self.dtype],
+                sparsity=SPARSITY[self.sparsity], codes_ptr=self.inputs[0].ptr,
+                meta_ptr=self.inputs[1].ptr, scales_ptr=self.inputs[2].ptr,
+                zeros_ptr=ptr_or_null(self.z), group_size=self.group_size,
+                mode=CK_INT4_MODE[self.mode], **common)
+
+    def got(self):
+        synchronize()
+        return ref.to_f32(self.out.read(f"out, {self.ctx}"), self.dtype).astype(np.float64)
+
+    def check(self, ctx):
+        got = self.got()
+        value = ref.linear_f64(self.x, self.w_deq, self.b, self.activation, self.dtype)
+        pre = ref.linear_f64(self.x, self.w_deq, self.b, "none", self.dtype)
+        as64 = lambda a: ref.to_f32(a, self.dtype).astype(np.float64)  # noqa: E731
+        error = dot_float32_error(as64(self.x), as64(self.w_deq), pre, TENSOR_CORE_ROUNDOFF)
+        assert_meets_reference(got, value, error, self.dtype, f"{self.ctx}, {ctx}")
+        if self.activation == "relu":
+            assert_relu_output(got, pre, error, f"{self.ctx}, {ctx}")
+
+
+GEMM_SHAPES = [(1, 16, 128), (5, 40, 256), (8, 136, 512), (16, 48, 1024), (33, 24, 384),
+               (70, 272, 256)]
+
+
+@pytest.mark.parametrize("variant", ["stream", "reference"])
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("group_size", ref.SPARSE_GROUP_SIZES)
+@pytest.mark.parametrize("mode", ["sym", "asym"])
+@pytest.mark.parametrize("m, n, k", GEMM_SHAPES, ids=lambda v: str(v))
+def test_gemm_meets_reference(variant, dtype, group_size, mode, m, n, k, seed, monkeypatch):
+    rng = np.random.default_rng(seed)
+    sparsities = ["2:4"] if variant == "stream" else ["2:4", "16:32"]
+    for i, sparsity in enumerate(sparsities):
+        bias, act = (i + m) % 2 == 0, "relu" if (i + n) % 3 == 0 else "none"
+        monkeypatch.setenv(KERNEL_ENV, variant)
+        call = SparseGemm(rng, sparsity, dtype, group_size, mode, m, n, k, bias, act,
+                          prepacked=variant == "stream")
+        call.launch()
+        call.check(f"{variant}, seed={seed}")
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("mode", ["sym", "asym"])
+def test_stream_weights_bit_for_bit(dtype, mode, seed):
+    """x = one-hot rows: out[i] is w'[:, j_i] exactly (one non-zero product per output)."""
+    rng = np.random.default_rng(seed)
+    m, n, k = 16, 64, 512
+    call = SparseGemm(rng, "2:4", dtype, 128, mode, m, n, k, False, "none", True, onehot=True)
+    call.launch()
+    got = call.out.read("out")
+    cols = np.argmax(ref.to_f32(call.x, dtype), axis=1)
+    want = call.w_deq[:, cols].T
+    # +0 and -0 products both sum to +0 from the accumulator's +0.
+    want32 = ref.to_f32(want, dtype)
+    want = ref.to_dtype(np.where(want32 == 0, np.float32(0), want32), dtype)
+    assert_bitwise_equal(got, want, f"one-hot rows, seed={seed}")
+
+
+def test_stream_in_a_cuda_graph(seed):
+    rng = np.random.default_rng(seed)
+    call = SparseGemm(rng, "2:4", "fp16", 128, "sym", 4, 96, 512, True, "none", True)
+    synchronize()
+    call.out.poison()
+    assert_capture_records_then_replay_writes(call.launch, call.out, f"seed={seed}")
+    call.check(f"graph replay, seed={seed}")
+
+
+def test_variants_refuse_the_other_layout(seed, monkeypatch):
+    rng = np.random.default_rng(seed)
+    interchange = SparseGemm(rng, "2:4", "fp16", 64, "sym", 2, 16, 128, False, "none", False)
+    prepacked = SparseGemm(rng, "2:4", "fp16", 64, "sym", 2, 16, 128, False, "none", True)
+    for call, variant in ((interchange, "stream"), (prepacked, "reference")):
+        monkeypatch.setenv(KERNEL_ENV, variant)
+        with pytest.raises(ck.CKError) as info:
+            call.launch()
+        assert info.value.status == ck.Status.UNSUPPORTED, info.value.message
+        assert KERNEL_ENV in info.value.message and variant in info.value.message

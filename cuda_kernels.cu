@@ -1011,7 +1011,7 @@ static_assert(CK_SPARSITY_16_32 == kSparsities - 1, "ck_sparsity_t's values are 
 // counts of an element_bytes-per-value dense [n, k] matrix representable.
 ck_status_t check_sparse_weight(const Check& check, int64_t n, int64_t k, int64_t group_size,
                                 size_t element_bytes) {
-    CK_TRY(check.matrix(n, k, element_bytes));
+    CK_TRY(check.matrix(n, k, element_bytes, "n", "k"));
     if (!ck::sparse_group_ok(group_size))
         return check.fail(CK_STATUS_UNSUPPORTED,
                           "group_size=%lld is not supported for sparse weights (use 64 or 128)",
@@ -1042,17 +1042,14 @@ std::string sparse_facts(const ck::SparseGemmArgs& args) {
 
 bool sparse_stream_serves(const ck::SparseGemmArgs& args, int cc) {
     return cc >= kMmaMinArch && args.prepacked && !args.k1632 &&
-           ck::ceil_div(args.m, ck::kSparsePackRows) <= ck::kMaxGridY;
+           ck::sparse_stream_grid_fits(args.m, args.n);
 }
-
-bool sparse_reference_serves(const ck::SparseGemmArgs& args, int) { return !args.prepacked; }
 
 const ck::Variant<ck::SparseGemmArgs> kGemmSparseRows[] = {
     {"stream", ck::gemm_sparse_w4a16_stream, sparse_stream_serves,
-     "a prepacked 2:4 weight (ck_gemm_sparse_w4a16_prepacked), m <= 2^20 - 16 and compute "
-     "capability 8.0 or newer"},
-    {"reference", ck::gemm_sparse_w4a16_reference, sparse_reference_serves,
-     "an interchange-format weight (ck_gemm_sparse_w4a16)"},
+     "a prepacked 2:4 weight (ck_gemm_sparse_w4a16_prepacked), n below 2^35 (for m > 16: at "
+     "most 1048560), and compute capability 8.0 or newer"},
+    {"reference", ck::gemm_sparse_w4a16_reference, ck::any_call, "nothing"},
 };
 const auto kGemmSparse = ck::variant_table("CK_GEMM_SPARSE_KERNEL", kGemmSparseRows, sparse_facts);
 
@@ -1076,7 +1073,7 @@ ck_status_t sparse_gemm_operands(const Check& check, const ck::SparseGemmArgs& a
         CK_TRY(check.aligned(args.codes, 16, w_name, "16-byte vector loads"));
         CK_TRY(check.aligned(args.scales, 4, s_name, "a lane's two scales in one 4-byte load"));
         if (args.zeros)
-            CK_TRY(check.aligned(args.zeros, 2, z_name, "a lane's two zero points in one load"));
+            CK_TRY(check.aligned(args.zeros, 4, z_name, "4-byte copies of the zero-point pairs"));
     } else {
         CK_TRY(check_sparse_codes(check, args.codes, args.meta));
         CK_TRY(check.element_aligned(args.scales, args.dtype, s_name));
@@ -1584,7 +1581,7 @@ ck_status_t ck_sparse_prune(const void* w, ck_dtype_t dtype, ck_sparsity_t spars
     CK_TRY(check.not_null({{w, "w"}, {out, "out"}}));
     CK_TRY(check.enum_value(sparsity, kSparsities, "sparsity", "ck_sparsity_t"));
     CK_TRY(check.float_dtype(dtype, "dtype"));
-    CK_TRY(check.matrix(n, k, dtype_size(dtype)));
+    CK_TRY(check.matrix(n, k, dtype_size(dtype), "n", "k"));
     CK_TRY(check.multiple_of(k, ck::kSparseWordK, "k", "the pattern's blocks of 32 k"));
     CK_TRY(check.element_aligned({{w, dtype, "w"}, {out, dtype, "out"}}));
     const ck::SparseWeight shape = sparse_weight(sparsity, dtype, n, k, 0, nullptr, nullptr,

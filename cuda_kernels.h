@@ -726,10 +726,10 @@ CK_API ck_status_t ck_permute_columns(const void* x, ck_dtype_t dtype, int64_t r
  * the code of 0).
  * w'[n, k] = round_to_dtype((q - zero) * scale) at kept positions (ck_dequantize_int4's rule),
  * +0 at the others.
- * Requirements of every call below: N >= 1; K >= 64, a multiple of 32 and of group_size;
- * group_size 64 or 128 (CK_STATUS_UNSUPPORTED otherwise); a valid ck_sparsity_t
- * (CK_STATUS_INVALID_VALUE); codes and meta 16-byte aligned; scales, zeros and the dense
- * matrices aligned to their element size; no output overlapping an input.
+ * Requirements of every call below that takes a quantized weight: N >= 1; K a multiple of 32
+ * and of group_size; group_size 64 or 128 (CK_STATUS_UNSUPPORTED otherwise); a valid
+ * ck_sparsity_t (CK_STATUS_INVALID_VALUE); codes and meta 16-byte aligned; scales, zeros and
+ * the dense matrices aligned to their element size; no output overlapping an input.
  * ------------------------------------------------------------------------------------------- */
 typedef enum ck_sparsity {
     CK_SPARSITY_2_4 = 0,    /* at most 2 non-zeros in every aligned block of 4 k */
@@ -738,7 +738,8 @@ typedef enum ck_sparsity {
 
 /* Prunes w [N, K] (dtype: CK_DTYPE_FP32, FP16 or BF16) to the pattern: in every block the half
  * of largest |w| keeps its bits, the other half becomes +0. Ties in |w| (+0 and -0 tie): the
- * lower k is kept. NaN ranks below every number. out [N, K] of dtype. K a multiple of 32. */
+ * lower k is kept. NaN ranks below every number. out [N, K] of dtype. N >= 1, K >= 32 and a
+ * multiple of 32; w and out aligned to dtype and not overlapping. */
 CK_API ck_status_t ck_sparse_prune(const void* w, ck_dtype_t dtype, ck_sparsity_t sparsity,
                                    int64_t n, int64_t k, void* out, ck_stream_t stream);
 
@@ -771,7 +772,8 @@ CK_API ck_status_t ck_sparse_dequantize_int4(const uint8_t* codes, const uint32_
  * layout runs a simple tiled kernel (any GPU, any M); a 2:4 weight used more than once should be
  * prepacked (ck_sparse_w4a16_prepack) for the sparse tensor cores.
  * CK_GEMM_SPARSE_KERNEL forces a variant ("reference" or "auto"; "stream" needs a prepacked
- * weight: CK_STATUS_UNSUPPORTED here). x 16-byte aligned; out must not overlap an input. */
+ * weight: CK_STATUS_UNSUPPORTED here). M >= 1; x 16-byte aligned; out must not overlap an
+ * input. */
 CK_API ck_status_t ck_gemm_sparse_w4a16(const void* x, ck_dtype_t dtype, ck_sparsity_t sparsity,
                                         const uint8_t* codes, const uint32_t* meta,
                                         const void* scales, const uint8_t* zeros,
@@ -788,9 +790,10 @@ CK_API int64_t ck_sparse_w4a16_prepacked_bytes(int64_t n, int64_t k);
 CK_API int64_t ck_sparse_w4a16_prepacked_groups(int64_t n, int64_t k, int64_t group_size);
 
 /* Converts a 2:4 weight in the format above (codes, meta, scales of dtype FP16 or BF16, zeros)
- * to the prepacked layout. CK_SPARSITY_16_32 weights are CK_STATUS_UNSUPPORTED (their mask is
- * not the sparse tensor cores' pattern; convert one whose every block of 4 keeps 2 to 2:4
- * first). K a multiple of 128; the outputs 16-byte aligned; every byte of them is written. */
+ * to the prepacked layout. meta is read as 2:4 metadata: a 16:32 weight must be converted to
+ * 2:4 first, which is possible where every block of 4 keeps 2 (tests/reference.py,
+ * sparse1632_to_24); its mask given here gives unspecified weights. K a multiple of 128; the
+ * outputs 16-byte aligned; every byte of them is written. */
 CK_API ck_status_t ck_sparse_w4a16_prepack(const uint8_t* codes, const uint32_t* meta,
                                            const void* scales, const uint8_t* zeros,
                                            ck_dtype_t dtype, int64_t n, int64_t k,
@@ -799,12 +802,12 @@ CK_API ck_status_t ck_sparse_w4a16_prepack(const uint8_t* codes, const uint32_t*
                                            uint8_t* zeros_prepacked, ck_stream_t stream);
 
 /* ck_gemm_sparse_w4a16 on a weight prepared by ck_sparse_w4a16_prepack (same n, k, group_size,
- * mode): the same w', on sparse tensor cores (mma.sp, compute capability 8.0 and newer) that
- * read each compressed weight byte once per 16 rows of x; the reference kernel elsewhere is
- * not available for this layout (CK_STATUS_UNSUPPORTED below sm_80). CK_GEMM_SPARSE_KERNEL:
- * "stream" or "auto". M <= 2^20 - 16 here (the grid's rows of x). Requirements: as
- * ck_gemm_sparse_w4a16, K a multiple of 128, w_prepacked 16-byte aligned, scales_prepacked 4-
- * and zeros_prepacked 2-byte aligned. */
+ * mode): the same w', on sparse tensor cores (mma.sp, compute capability 8.0 and newer; N
+ * below 2^35, and for M > 16 at most 1048560) that stream the compressed weight once per 16
+ * rows of x (the row blocks of a weight tile run together, so that all but one read it from
+ * L2); elsewhere the tiled reference kernel, which reads this layout too. CK_GEMM_SPARSE_KERNEL:
+ * "stream", "reference" or "auto". Requirements: as ck_gemm_sparse_w4a16, K a multiple of
+ * 128, w_prepacked 16-byte aligned, scales_prepacked and zeros_prepacked 4-byte aligned. */
 CK_API ck_status_t ck_gemm_sparse_w4a16_prepacked(const void* x, ck_dtype_t dtype,
                                                   const uint8_t* w_prepacked,
                                                   const void* scales_prepacked,

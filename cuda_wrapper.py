@@ -105,7 +105,9 @@ __all__ = [
     "WEIGHT4_INT4", "WEIGHT4_NF4", "WEIGHT4_MXFP4", "WEIGHT4_NVFP4", "ROPE_NONE", "ROPE_NEOX",
     "ROPE_INTERLEAVED", "QkvParams", "qkv_prepack", "qkv_projection", "QkvProjection",
     "quantize_tensor", "dequantize_tensor", "int8_matmul", "torch_ops",
-    "SPARSITY_2_4", "SPARSITY_16_32",
+    "SPARSITY_2_4", "SPARSITY_16_32", "sparse_prune", "sparse_quantize_int4",
+    "sparse_dequantize_int4", "sparse_w4a16_prepack", "gemm_sparse_w4a16",
+    "gemm_sparse_w4a16_prepacked", "SparseQuantizedLinear",
 ]
 
 LIBRARY_NAME = "libcuda_kernels.so"
@@ -3449,11 +3451,20 @@ class QuantizedLinear:
 
     @classmethod
     def from_float(cls, weight, bias=None, group_size=128, symmetric=True, dtype=None,
-                   activation=None):
+                   activation=None, sparsity=None, prune=True):
         """weight [out_features, in_features] (nn.Linear layout) in fp16 or bf16 (uint16 bit
         patterns with dtype="bf16"); float32 NumPy weights are converted to fp16 first. bias:
-        None or out_features values."""
+        None or out_features values. sparsity "2:4" or "16:32": a SparseQuantizedLinear on the
+        weight pruned to that pattern (prune=False: the weight must keep it already, else
+        ValueError), group_size 64 or 128."""
         wd, layer_dtype = _float_weight_on_device(weight, dtype)
+        if sparsity is not None:
+            if prune:
+                wd = sparse_prune(wd, sparsity, dtype=layer_dtype)
+            codes, meta, scales, zeros = sparse_quantize_int4(
+                wd, sparsity, group_size=group_size, symmetric=symmetric, dtype=layer_dtype)
+            return SparseQuantizedLinear(codes, meta, scales, zeros, sparsity, group_size,
+                                         layer_dtype, bias=bias, activation=activation)
         w, s, z = quantize_int4(wd, group_size=group_size, symmetric=symmetric,
                                 dtype=layer_dtype)
         return cls(w, s, z, group_size, layer_dtype, bias=bias, activation=activation)
@@ -3606,6 +3617,221 @@ class QuantizedLinear:
         return ("QuantizedLinear(in_features=%d, out_features=%d, group_size=%d, dtype=%s%s)"
                 % (self.in_features, self.out_features, self.group_size,
                    self.dtype.name.lower(), ", act-order" if self.perm is not None else ""))
+
+
+# ------------------------------------------------------------------------------------------------
+# Structured-sparse INT4 weights (2:4, 16:32 along K)
+# ------------------------------------------------------------------------------------------------
+_SPARSITIES = {"2:4": SPARSITY_2_4, "16:32": SPARSITY_16_32}
+_SPARSE_PACK_K = 128   # the prepacked 2:4 layout's chunk of K
+
+
+def _sparsity(value):
+    return _named_enum(value, "sparsity", "'2:4' or '16:32'", _SPARSITIES)
+
+
+def sparse_prune(w, sparsity="2:4", dtype=None, stream=None, out=None):
+    """Prunes w [N, K] (fp32, fp16, or bf16 with dtype="bf16") to the pattern along K
+    (ck_sparse_prune): in every block of 4 ("2:4") or 32 ("16:32") the half of largest |w|
+    keeps its bits, the others become +0 (ties: the lower k; NaN ranks lowest). Returns the
+    pruned [N, K] in the dtype of w."""
+    sp = _sparsity(sparsity)
+    with _Call(w, stream) as call:
+        wa = call.input(w, "w", dtype, matrix=True, need=_FLOAT_INPUT)
+        n, k = _matrix(wa.shape, "w")
+        o = call.output(wa.shape, wa.dtype, wa.ck_dtype, out, "out")
+        raw.sparse_prune(wa.ptr, wa.ck_dtype, sp, n, k, o.ptr, call.stream)
+        return call.finish(o)
+
+
+def sparse_quantize_int4(w, sparsity="2:4", group_size=128, symmetric=True, dtype=None,
+                         stream=None, check=True):
+    """Compresses and INT4-quantizes a weight w [N, K] that keeps the pattern
+    (ck_sparse_quantize_int4). Returns (codes uint8 [N, K / 4], meta [N, K / 32] (uint32 words,
+    held as int32 bit patterns in torch and CuPy), scales [N, K / group_size] in the dtype of w,
+    zeros uint8 or None). group_size 64 or 128, in dense k. check: read back the number of
+    blocks that break the pattern and raise ValueError if there are any (this waits for the
+    stream); prune first (:func:`sparse_prune`) to make any weight fit."""
+    sp = _sparsity(sparsity)
+    mode = INT4_SYMMETRIC if symmetric else INT4_ASYMMETRIC
+    with _Call(w, stream) as call:
+        wa = call.input(w, "w", dtype, matrix=True, need=_FLOAT_INPUT)
+        n, k = _matrix(wa.shape, "w")
+        groups = max(k // group_size, 1) if group_size in (64, 128) else 1
+        meta_np = np.uint32 if call.kind is None else np.int32
+        c = call.output((n, max(k // 4, 1)), np.uint8, DType.UINT8, None, "codes")
+        m = call.output((n, max(k // 32, 1)), meta_np, DType.INT32, None, "meta")
+        sc = call.output((n, groups), wa.dtype, wa.ck_dtype, None, "scales")
+        z = None if symmetric else call.output((n, groups), np.uint8, DType.UINT8, None, "zeros")
+        count = DeviceArray.empty((1,), np.int32, stream=call.stream) if check else None
+        raw.sparse_quantize_int4(wa.ptr, wa.ck_dtype, sp, n, k, group_size, mode, c.ptr, m.ptr,
+                                 sc.ptr, z.ptr if z is not None else 0,
+                                 count.ptr if count is not None else 0, call.stream)
+        result = call.finish(c, m, sc, z)
+    if count is not None:
+        violations = int(count.to_numpy()[0])
+        if violations:
+            raise ValueError("w breaks the %s pattern in %d blocks (more than half of a block "
+                             "non-zero): prune it first (sparse_prune)"
+                             % (sparsity if isinstance(sparsity, str) else
+                                ("2:4", "16:32")[sp], violations))
+    return result
+
+
+def _sparse_weight(call, codes, meta, scales, zeros, group_size, dtype):
+    """The device arrays of a sparse weight in the format of cuda_kernels.h: (codes, meta,
+    scales, zeros pointer, N, K)."""
+    ca = call.input(codes, "codes", matrix=True, need=np.uint8)
+    n, k = ca.shape[0], 4 * ca.shape[1]
+    ma = call.input(meta, "meta")
+    if ma.size != n * (k // 32) or ma.dtype.itemsize != 4:
+        raise ValueError("meta must hold %d 32-bit words ([N, K / 32]), not %s %s"
+                         % (n * (k // 32), ma.shape, ma.dtype))
+    sa = call.input(scales, "scales", dtype)
+    groups = k // group_size if group_size in (64, 128) else 0
+    _check_array(sa, "scales", sa.dtype, n * groups)
+    z_ptr = call.optional_input(zeros, "zeros", n * groups, need=np.uint8)
+    return ca, ma, sa, z_ptr, n, k
+
+
+def sparse_dequantize_int4(codes, meta, scales, zeros=None, sparsity="2:4", group_size=128,
+                           out_dtype=None, stream=None):
+    """The dense weight [N, K] of a sparse INT4 weight (ck_sparse_dequantize_int4), in the
+    dtype of its scales (out_dtype="bf16" marks uint16 scales as bfloat16)."""
+    sp = _sparsity(sparsity)
+    mode = INT4_SYMMETRIC if zeros is None else INT4_ASYMMETRIC
+    with _Call(codes, stream) as call:
+        ca, ma, sa, z_ptr, n, k = _sparse_weight(call, codes, meta, scales, zeros, group_size,
+                                                 out_dtype)
+        o = call.output((n, k), sa.dtype, sa.ck_dtype, None, "out")
+        raw.sparse_dequantize_int4(ca.ptr, ma.ptr, sa.ptr, z_ptr, sp, n, k, group_size, mode,
+                                   o.ptr, sa.ck_dtype, call.stream)
+        return call.finish(o)
+
+
+def sparse_w4a16_prepack(codes, meta, scales, zeros=None, group_size=128, dtype=None,
+                         stream=None):
+    """Converts a 2:4 weight (the arrays of :func:`sparse_quantize_int4`, fp16 or bf16 scales)
+    into the layout of the sparse tensor-core kernel (ck_sparse_w4a16_prepack; K a multiple of
+    128). Returns (w_prepacked uint8, scales_prepacked, zeros_prepacked or None), flat."""
+    mode = INT4_SYMMETRIC if zeros is None else INT4_ASYMMETRIC
+    with _Call(codes, stream) as call:
+        ca, ma, sa, z_ptr, n, k = _sparse_weight(call, codes, meta, scales, zeros, group_size,
+                                                 dtype)
+        nbytes = raw.sparse_w4a16_prepacked_bytes(n, k)
+        nvalues = raw.sparse_w4a16_prepacked_groups(n, k, group_size)
+        if nbytes <= 0 or nvalues <= 0:
+            raise ValueError("n=%d, k=%d, group_size=%r cannot be prepacked (K a multiple of "
+                             "128, group_size 64 or 128)" % (n, k, group_size))
+        w_out = call.output((nbytes,), np.uint8, DType.UINT8, None, "w_prepacked")
+        s_out = call.output((nvalues,), sa.dtype, sa.ck_dtype, None, "scales_prepacked")
+        z_out = (call.output((nvalues,), np.uint8, DType.UINT8, None, "zeros_prepacked")
+                 if zeros is not None else None)
+        raw.sparse_w4a16_prepack(ca.ptr, ma.ptr, sa.ptr, z_ptr, sa.ck_dtype, n, k, group_size,
+                                 mode, w_out.ptr, s_out.ptr, z_out.ptr if z_out is not None else 0,
+                                 call.stream)
+        return call.finish(w_out, s_out, z_out)
+
+
+def gemm_sparse_w4a16(x, codes, meta, scales, zeros=None, sparsity="2:4", group_size=128,
+                      bias=None, activation=None, out=None, dtype=None, stream=None):
+    """out = act(x @ w'.T + bias) on a sparse INT4 weight in the format of
+    :func:`sparse_quantize_int4` (ck_gemm_sparse_w4a16: either pattern, a simple tiled kernel;
+    prepack a 2:4 weight for the tensor cores). Returns [M, N] (or [N]) in the dtype of x."""
+    sp = _sparsity(sparsity)
+    act = _activation(activation)
+    mode = INT4_SYMMETRIC if zeros is None else INT4_ASYMMETRIC
+    with _Call(x, stream) as call:
+        xa = call.input(x, "x", dtype, matrix=True, need=_FLOAT_INPUT)
+        m, k = _matrix(xa.shape, "x")
+        ca, ma, sa, z_ptr, n, wk = _sparse_weight(call, codes, meta, scales, zeros, group_size,
+                                                  xa.ck_dtype)
+        if wk != k:
+            raise ValueError("x has K=%d, the weight K=%d" % (k, wk))
+        bias_ptr = call.optional_input(bias, "bias", n, xa.ck_dtype)
+        out_shape = (n,) if len(xa.shape) == 1 else (m, n)
+        o = call.output(out_shape, _NUMPY_OF[xa.ck_dtype], xa.ck_dtype, out, "out")
+        raw.gemm_sparse_w4a16(xa.ptr, xa.ck_dtype, sp, ca.ptr, ma.ptr, sa.ptr, z_ptr, group_size,
+                              mode, bias_ptr, act, m, n, k, o.ptr, call.stream)
+        return call.finish(o)
+
+
+def gemm_sparse_w4a16_prepacked(x, w_prepacked, scales_prepacked, zeros_prepacked=None, n=None,
+                                group_size=128, bias=None, activation=None, out=None, dtype=None,
+                                stream=None):
+    """:func:`gemm_sparse_w4a16` on a 2:4 weight prepared by :func:`sparse_w4a16_prepack`
+    (ck_gemm_sparse_w4a16_prepacked: the sparse tensor cores). n: the weight's N (the
+    prepacked arrays are padded)."""
+    if n is None or int(n) < 1:
+        raise ValueError("n (the weight's number of rows) must be given and >= 1")
+    n = int(n)
+    act = _activation(activation)
+    mode = INT4_SYMMETRIC if zeros_prepacked is None else INT4_ASYMMETRIC
+    with _Call(x, stream) as call:
+        xa = call.input(x, "x", dtype, matrix=True, need=_FLOAT_INPUT)
+        m, k = _matrix(xa.shape, "x")
+        wa = call.input(w_prepacked, "w_prepacked", need=np.uint8)
+        _check_array(wa, "w_prepacked", np.uint8, max(raw.sparse_w4a16_prepacked_bytes(n, k), 0))
+        nvalues = max(raw.sparse_w4a16_prepacked_groups(n, k, group_size), 0)
+        sa = call.input(scales_prepacked, "scales_prepacked", xa.ck_dtype)
+        _check_array(sa, "scales_prepacked", sa.dtype, nvalues)
+        z_ptr = call.optional_input(zeros_prepacked, "zeros_prepacked", nvalues, need=np.uint8)
+        bias_ptr = call.optional_input(bias, "bias", n, xa.ck_dtype)
+        out_shape = (n,) if len(xa.shape) == 1 else (m, n)
+        o = call.output(out_shape, _NUMPY_OF[xa.ck_dtype], xa.ck_dtype, out, "out")
+        raw.gemm_sparse_w4a16_prepacked(xa.ptr, xa.ck_dtype, wa.ptr, sa.ptr, z_ptr, group_size,
+                                        mode, bias_ptr, act, m, n, k, o.ptr, call.stream)
+        return call.finish(o)
+
+
+class SparseQuantizedLinear(QuantizedLinear):
+    """A W4A16 linear layer on a structured-sparse INT4 weight (2:4 or 16:32 along K), made by
+    QuantizedLinear.from_float(..., sparsity=...). A 2:4 weight with in_features a multiple of
+    128 runs prepacked on the sparse tensor cores; 16:32 (and other 2:4 shapes) on the simple
+    tiled kernel. Called as QuantizedLinear is, on NumPy, torch, CuPy or other CUDA arrays
+    (not captured by torch.compile: no custom operator)."""
+
+    def __init__(self, codes, meta, scales, zeros, sparsity, group_size, dtype, bias=None,
+                 activation=None):
+        self.dtype = _as_dtype_enum(dtype, "dtype")
+        if self.dtype not in (DType.FP16, DType.BF16):
+            raise TypeError("QuantizedLinear runs in fp16 or bf16, not %s" % self.dtype.name)
+        shape = _cai(codes, "codes")[1]
+        self.out_features, self.in_features = shape[0], 4 * shape[1]
+        self.sparsity = ("2:4", "16:32")[_sparsity(sparsity)]
+        self.group_size = group_size
+        self.activation = _activation(activation)
+        self.weight = codes, meta, scales, zeros
+        self.prepacked = (sparse_w4a16_prepack(codes, meta, scales, zeros, group_size,
+                                               dtype=self.dtype)
+                          if self.sparsity == "2:4" and self.in_features % _SPARSE_PACK_K == 0
+                          else None)
+        self.bias = None if bias is None else _to_device(_layer_host_cast(bias, self.dtype),
+                                                         self.dtype, codes)
+        self.perm = None
+        self._launch = None
+        self._torch_tensors = None
+
+    def __call__(self, x, out=None, stream=None):
+        """x [M, in_features] (or [in_features]) in the layer's dtype -> [M, out_features]."""
+        kind = _kind(x)
+        host_kind = None
+        if kind is not None and not kind.on_device(x):
+            host_kind, x = kind, kind.host_array(x, "x")
+        on_host = not _is_device(x)
+        xd = _to_device(_layer_host_cast(x, self.dtype), self.dtype) if on_host else x
+        common = dict(group_size=self.group_size, bias=self.bias, activation=self.activation,
+                      out=None if on_host else out, dtype=self.dtype, stream=stream)
+        if self.prepacked is not None:
+            y = gemm_sparse_w4a16_prepacked(xd, *self.prepacked, n=self.out_features, **common)
+        else:
+            y = gemm_sparse_w4a16(xd, *self.weight, sparsity=self.sparsity, **common)
+        return _layer_host_result(y, out, host_kind) if on_host else y
+
+    def __repr__(self):
+        return ("SparseQuantizedLinear(in_features=%d, out_features=%d, sparsity=%s, "
+                "group_size=%d, dtype=%s)" % (self.in_features, self.out_features, self.sparsity,
+                                              self.group_size, self.dtype.name.lower()))
 
 
 def _host_data(a, name):

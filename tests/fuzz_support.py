@@ -13,13 +13,16 @@ kind:
     PairedPointer(p)     given exactly when pointer p is (GPTQ's perm, with g_idx)
     Size(multiple, most) int64_t >= 1, and <= most where the export bounds it alone (else
                          CK_STATUS_INVALID_VALUE); `multiple` only steers the valid draws
-                         towards the export's multiple-of rules, which RULES check
+                         towards the export's multiple-of rules, which RULES check; label: the
+                         name its messages give it where not the header's (a sparse weight's
+                         n and k, checked as a matrix's rows and cols)
     TopK()               the MoE top_k: 1 .. min(experts, 32) (else CK_STATUS_INVALID_VALUE)
     Enum(count)          a C enum with the values 0 .. count - 1 (else CK_STATUS_INVALID_VALUE)
     DTypeArg(accepted)   a ck_dtype_t: not one (CK_STATUS_INVALID_VALUE), or one the export does
                          not take (CK_STATUS_UNSUPPORTED)
     GroupSize(sizes)     one of `sizes`: 32, 64, 128 or CK_GROUP_ROW by default, NF4's block
-                         sizes for its blocksize (else CK_STATUS_UNSUPPORTED)
+                         sizes for its blocksize, 64 or 128 for a sparse weight (else
+                         CK_STATUS_UNSUPPORTED)
     Stream()             the stream: a handle, drawn among the ones CUDA defines (0, the legacy
                          and the per-thread default streams); never garbage, which a launch
                          would dereference
@@ -359,10 +362,11 @@ def _round_up(value, multiple):
 class Size(Kind):
     """An int64_t size: >= `least` (1 unless given), and at most `most` where the export bounds
     it on its own. Valid draws are multiples of `multiple`, at most draws_up_to (default: most)
-    where rules of several arguments bound it further (the MoE layer's pairs and row blocks)."""
+    where rules of several arguments bound it further (the MoE layer's pairs and row blocks).
+    label: the name the export's messages give it, where not the header's."""
 
-    def __init__(self, multiple=1, most=None, draws_up_to=None, least=None):
-        self.multiple, self.most = multiple, most
+    def __init__(self, multiple=1, most=None, draws_up_to=None, least=None, label=None):
+        self.multiple, self.most, self.label = multiple, most, label
         self.draws_up_to = draws_up_to or most
         if least is not None:
             self.least = least
@@ -396,7 +400,7 @@ class Size(Kind):
     def violations(self, name, label, args):
         value = args[name]
         if value < self.least or (self.most is not None and value > self.most):
-            return [Violation(Status.INVALID_VALUE, (label,), (value,))]
+            return [Violation(Status.INVALID_VALUE, (self.label or label,), (value,))]
         return []
 
 
@@ -792,14 +796,16 @@ def _positive(args, *names):
     return all(isinstance(args[n], int) and args[n] >= 1 for n in names)
 
 
-def matrix_bytes(rows, cols, dtype_arg):
-    """rows * cols elements of the dtype argument's size: the byte count fits in int64_t."""
+def matrix_bytes(rows, cols, dtype_arg, labels=None):
+    """rows * cols elements of the dtype argument's size: the byte count fits in int64_t.
+    labels: the names the messages give the two sizes, where not their arguments' names."""
     def rule(args):
         size = _element_size(args[dtype_arg])
         if size is None or not _positive(args, rows, cols):
             return []
         if args[rows] * args[cols] * size > INT64_MAX:
-            return [Violation(Status.INVALID_VALUE, (rows, cols), (args[rows], args[cols]))]
+            return [Violation(Status.INVALID_VALUE, labels or (rows, cols),
+                              (args[rows], args[cols]))]
         return []
     return rule
 
@@ -1048,6 +1054,87 @@ def kn_layout(args):
     return args["b_layout"] == ck.LAYOUT_KN
 
 
+# Structured-sparse INT4 weights (cuda_kernels.h): a ck_sparsity_t (2:4 or 16:32), group_size
+# 64 or 128 (dense k per group), K a multiple of 32 (one metadata word per 32 k) and of the group
+# (so K >= 64) and, for the prepacked 2:4 layout, of 128 (its chunks of k), whose rows are padded
+# to a multiple of 16. The calls without an M check the weight [N, K] at the dtype's size as
+# ck_quantize_int4 checks its [rows, cols], their messages naming n and k (the GEMMs check M, N
+# and K first, as every GEMM does).
+SPARSITIES = 2
+SPARSE_GROUP_SIZES = (64, 128)
+SPARSE_WORD_K, SPARSE_PACK_K, SPARSE_PACK_ROWS = 32, 128, 16
+SPARSE_MATRIX_LABELS = ("n", "k")   # the messages' names of N and K
+
+
+def sparse_n():
+    """N of a sparse weight call without an M."""
+    return Size(label=SPARSE_MATRIX_LABELS[0])
+
+
+def sparse_k(multiple=SPARSE_PACK_K):
+    """K of a sparse weight call without an M; valid draws suit every group and the prepacked
+    layout (multiples of 128) unless `multiple` says otherwise (ck_sparse_prune's 32)."""
+    return Size(multiple, label=SPARSE_MATRIX_LABELS[1])
+
+
+def sparse_k_group(args):
+    """K a multiple of the group (the last group of a row whole; CK_STATUS_UNSUPPORTED naming
+    k), once the group size is valid and K positive."""
+    k, group = args["k"], args["group_size"]
+    if group not in SPARSE_GROUP_SIZES or not _positive(args, "k") or k % group == 0:
+        return []
+    return [Violation(Status.UNSUPPORTED, ("k",), (k,))]
+
+
+def sparse_prepacked_bytes(n, k):
+    """ck_sparse_w4a16_prepacked_bytes: N16 * K * 3 / 8 (N16 = ceil(N / 16) * 16) for K a
+    multiple of 128, 0 when an argument is invalid or the count overflows."""
+    if n < 1 or k < SPARSE_PACK_K or k % SPARSE_PACK_K or n > INT64_MAX - SPARSE_PACK_ROWS:
+        return 0
+    nbytes = -(-n // SPARSE_PACK_ROWS) * SPARSE_PACK_ROWS * (k // 8 * 3)
+    return nbytes if nbytes <= INT64_MAX else 0
+
+
+def sparse_prepacked_groups(n, k, group_size):
+    """ck_sparse_w4a16_prepacked_groups: N16 * (K / group_size), 0 when invalid (as the bytes,
+    or a group size other than 64 and 128) or overflowing."""
+    if group_size not in SPARSE_GROUP_SIZES or sparse_prepacked_bytes(n, k) == 0:
+        return 0
+    values = -(-n // SPARSE_PACK_ROWS) * SPARSE_PACK_ROWS * (k // group_size)
+    return values if values <= INT64_MAX else 0
+
+
+def sparse_prepacked_size(m=None):
+    """The prepacked layout's bytes and values representable (ck_sparse_w4a16_prepacked_groups
+    not 0; CK_STATUS_INVALID_VALUE naming n and k), once the sizes pass their other rules: the
+    weight's 2-byte values (the prepack), or the GEMM's operands with the argument `m`, and K's
+    multiples with a valid group. One row pads to 16: its 16 K 3 / 8 = 6 K bytes overflow past
+    K = (2^63 - 1) / 6, where the dense row's 2 K bytes fit."""
+    def rule(args):
+        n, k, group = args["n"], args["k"], args["group_size"]
+        if not _positive(args, "n", "k", *([m] if m else [])) or group not in SPARSE_GROUP_SIZES \
+                or k % SPARSE_PACK_K:
+            return []
+        if (m and max(args[m] * k, n * k, args[m] * n) * 4 > INT64_MAX) or \
+                (not m and n * k * 2 > INT64_MAX):
+            return []
+        if sparse_prepacked_groups(n, k, group) == 0:
+            return [Violation(Status.INVALID_VALUE, ("n", "k"), (n, k))]
+        return []
+    return rule
+
+
+def sparse_weight_rules(dtype_arg, prepacked=False):
+    """What every sparse call without an M checks of its [N, K] weight (check_sparse_weight):
+    its bytes at the dtype's size, K a multiple of 32 and of the group (and, prepacked, of 128,
+    with the layout's bytes representable)."""
+    rules = (matrix_bytes("n", "k", dtype_arg, SPARSE_MATRIX_LABELS),
+             multiple_of("k", SPARSE_WORD_K), sparse_k_group)
+    if prepacked:
+        rules += (multiple_of("k", SPARSE_PACK_K), sparse_prepacked_size())
+    return rules
+
+
 # Mixture of experts (cuda_kernels.h): 1 <= experts <= 1024, 1 <= top_k <= min(experts, 32),
 # tokens * top_k pairs at most 2^40 (the pair count's limit, a size error past it), hidden and
 # intermediate multiples of 32 up to 2^24; the layer groups the pairs in blocks of 16 rows, each
@@ -1266,6 +1353,25 @@ def _w4a16(prepacked):
             "group_size": GroupSize(), "mode": INT4_MODE,
             "bias_ptr": Pointer("dtype", optional=True), "activation": ACTIVATION, "m": Size(),
             "n": Size(), "k": Size(32), "out_ptr": Pointer("dtype"), "stream": Stream()}
+
+
+def _sparse_gemm(prepacked):
+    """The sparse GEMMs' arguments: the interchange format (a sparsity, codes and meta 16-byte
+    aligned, scales aligned to dtype, zeros anywhere) or the prepacked 2:4 layout (w_prepacked
+    16-byte, scales_prepacked and zeros_prepacked 4-byte aligned: a lane's two rows)."""
+    weight = {"w_ptr": Pointer(16), "scales_ptr": Pointer(4), "zeros_ptr": ZeroPoints(align=4)} \
+        if prepacked else \
+        {"sparsity": Enum(SPARSITIES), "codes_ptr": Pointer(16), "meta_ptr": Pointer(16),
+         "scales_ptr": Pointer("dtype"), "zeros_ptr": ZeroPoints()}
+    return {"x_ptr": Pointer(16), "dtype": HALVES, **weight,
+            "group_size": GroupSize(SPARSE_GROUP_SIZES), "mode": INT4_MODE,
+            "bias_ptr": Pointer("dtype", optional=True), "activation": ACTIVATION, "m": Size(),
+            "n": Size(), "k": Size(SPARSE_PACK_K), "out_ptr": Pointer("dtype"),
+            "stream": Stream()}
+
+
+_SPARSE_GEMM_RULES = (gemm_bytes("m", "n", "k", "dtype"), multiple_of("k", SPARSE_WORD_K),
+                      sparse_k_group)
 
 
 def _import(gptq):
@@ -2056,6 +2162,41 @@ DESCRIPTIONS = {
         {"x_ptr": Pointer("dtype"), "dtype": FLOATS, "rows": Size(), "cols": Size(),
          "perm_ptr": Pointer(4), "out_ptr": Pointer("dtype"), "stream": Stream()},
         (matrix_bytes("rows", "cols", "dtype"), int32_columns)),
+    "ck_sparse_prune": Description(
+        {"w_ptr": Pointer("dtype"), "dtype": FLOATS, "sparsity": Enum(SPARSITIES),
+         "n": sparse_n(), "k": sparse_k(SPARSE_WORD_K), "out_ptr": Pointer("dtype"),
+         "stream": Stream()},
+        (matrix_bytes("n", "k", "dtype", SPARSE_MATRIX_LABELS),
+         multiple_of("k", SPARSE_WORD_K))),
+    "ck_sparse_quantize_int4": Description(
+        {"w_ptr": Pointer("dtype"), "dtype": FLOATS, "sparsity": Enum(SPARSITIES),
+         "n": sparse_n(), "k": sparse_k(), "group_size": GroupSize(SPARSE_GROUP_SIZES),
+         "mode": INT4_MODE, "codes_ptr": Pointer(16), "meta_ptr": Pointer(16),
+         "scales_ptr": Pointer("dtype"), "zeros_ptr": ZeroPoints(),
+         "violations_ptr": Pointer(4, optional=True), "stream": Stream()},
+        sparse_weight_rules("dtype")),
+    "ck_sparse_dequantize_int4": Description(
+        {"codes_ptr": Pointer(16), "meta_ptr": Pointer(16), "scales_ptr": Pointer("out_dtype"),
+         "zeros_ptr": ZeroPoints(), "sparsity": Enum(SPARSITIES), "n": sparse_n(),
+         "k": sparse_k(), "group_size": GroupSize(SPARSE_GROUP_SIZES), "mode": INT4_MODE,
+         "out_ptr": Pointer("out_dtype"), "out_dtype": FLOATS, "stream": Stream()},
+        sparse_weight_rules("out_dtype")),
+    "ck_gemm_sparse_w4a16": Description(_sparse_gemm(prepacked=False), _SPARSE_GEMM_RULES),
+    "ck_sparse_w4a16_prepacked_bytes": Description({"n": Size(), "k": Size(SPARSE_PACK_K)},
+                                                   drive="pure"),
+    "ck_sparse_w4a16_prepacked_groups": Description(
+        {"n": Size(), "k": Size(SPARSE_PACK_K), "group_size": GroupSize(SPARSE_GROUP_SIZES)},
+        drive="pure"),
+    "ck_sparse_w4a16_prepack": Description(
+        {"codes_ptr": Pointer(16), "meta_ptr": Pointer(16), "scales_ptr": Pointer("dtype"),
+         "zeros_ptr": ZeroPoints(), "dtype": HALVES, "n": sparse_n(), "k": sparse_k(),
+         "group_size": GroupSize(SPARSE_GROUP_SIZES), "mode": INT4_MODE,
+         "w_out_ptr": Pointer(16), "scales_out_ptr": Pointer(16),
+         "zeros_out_ptr": ZeroPoints(align=16), "stream": Stream()},
+        sparse_weight_rules("dtype", prepacked=True)),
+    "ck_gemm_sparse_w4a16_prepacked": Description(
+        _sparse_gemm(prepacked=True),
+        _SPARSE_GEMM_RULES + (multiple_of("k", SPARSE_PACK_K), sparse_prepacked_size("m"))),
     "ck_gemm_int4": Description(
         {"a_ptr": Pointer(16), "b_ptr": Pointer(16), "m": Size(), "n": Size(), "k": Size(32),
          "c_ptr": Pointer(4), "stream": Stream()},

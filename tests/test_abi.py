@@ -8,13 +8,14 @@ test_wrapper_gpu.py).
   that names the offending argument (validation runs before any CUDA call, so fake device
   addresses are safe here: nothing is ever launched);
 - the GEMM rules (K and N multiples, alignment, NULL bias allowed) and the kernel overrides
-  (CK_GEMM_INT8_KERNEL, CK_GEMM_INT4_KERNEL, CK_GEMM_W4A16_KERNEL, CK_GEMM_BLOCK4_KERNEL), one
-  table row each: unknown
+  (CK_GEMM_INT8_KERNEL, CK_GEMM_INT4_KERNEL, CK_GEMM_W4A16_KERNEL, CK_GEMM_BLOCK4_KERNEL,
+  CK_GEMM_SPARSE_KERNEL), one table row each: unknown
   names are rejected; valid-but-unusual arguments pass validation (proved by planting the
   override's error, which the library reports only after validation); argument errors come
   first; each entry point reads its own override only;
 - error messages are per thread;
-- ck_int4_groups_per_row, the prepacked W4A16 and MoE sizes and the MoE workspace query;
+- ck_int4_groups_per_row, the prepacked W4A16, sparse and MoE sizes and the MoE workspace
+  query;
 - the parameter structs (MoE, attention): the wrapper's MoeParams and AttentionParams have the
   header's fields, in its order, with the C compiler's offsets;
 - the wrapper's own host-side checks (contiguity, shapes) and its loading errors.
@@ -841,6 +842,197 @@ PERMUTE_COLUMNS_CASES = (
        ("misaligned-out-bf16", dict(out_ptr=O + 1, dtype=DType.BF16), MISALIGNED, ["out"])]
 )
 
+# Structured-sparse INT4 weights (2:4, 16:32): codes [N, K / 4] and meta [N, K / 32] uint32,
+# both 16-byte aligned; scales (and zeros, CK_INT4_ASYMMETRIC only) [N, K / group_size], the
+# scales aligned to their dtype, zeros anywhere. Rules (cuda_kernels.h): a valid ck_sparsity_t;
+# group_size 64 or 128 only (the dense INT4 sizes 32 and -1 are unsupported); K a multiple of 32
+# and of the group (so K >= 64) and, for the prepacked 2:4 layout, of 128. The calls without an
+# M check the weight [N, K] as ck_quantize_int4 checks its matrix, at the dtype's size, and
+# their messages name N and K rows and cols too (the GEMMs name m, n and k). The prepacked
+# layout pads a row to 16 rows of K 3 / 8 bytes: one row's 6 K bytes overflow past
+# SPARSE_PACK_MOST_K, where its dense 2 K bytes (and a GEMM's 4 K) still fit.
+META, VIOLATIONS = 0x7F0001600000, 0x7F0001700000
+BAD_SPARSITIES = [2, -1, 99]
+BAD_SPARSE_GROUP_SIZES = [32, ck.GROUP_ROW] + BAD_GROUP_SIZES
+SPARSE_PACK_MOST_K = (2**63 - 1) // 6 // 128 * 128
+
+
+def sparse_matrix_cases():
+    """The weight's N and K, each case saying its value."""
+    return ([("n=%d" % v, dict(n=v), INVALID, ["n", v]) for v in (0, -1, -2**63)]
+            + [("k=%d" % v, dict(k=v), INVALID, ["k", v]) for v in (0, -32)]
+            + [("overflow-elements", dict(n=BIG, k=BIG), INVALID, ["n", "k"]),
+               ("overflow-bytes", dict(n=HALF_BIG, k=HALF_BIG), INVALID, ["n", "k"])])
+
+
+def sparse_k_cases(prepacked=False):
+    """K a multiple of 32, of the group and (prepacked) of 128, against group_size 64 or 128."""
+    cases = (bad("k", BAD_W4A16_K, UNSUPPORTED)
+             + bad("group_size", BAD_SPARSE_GROUP_SIZES, UNSUPPORTED)
+             + [("group_size=128-k=%d" % v, dict(k=v), UNSUPPORTED, ["k"]) for v in (64, 192)]
+             + [("group_size=64-k=%d" % v, dict(group_size=64, k=v), UNSUPPORTED, ["k"])
+                for v in (32, 96)])
+    if prepacked:   # multiples of 32 and of the group, not of 128
+        cases += [("prepacked-k=%d" % v, dict(group_size=64, k=v), UNSUPPORTED, ["k", 128])
+                  for v in (64, 192, 4160)]
+    return cases
+
+
+def sparse_codes_cases():
+    """codes and meta (the interchange format's) 16-byte aligned, either sparsity."""
+    return ([("misaligned-codes+%d" % d, dict(codes_ptr=Q + d), MISALIGNED, ["codes"])
+             for d in (1, 8)]
+            + [("misaligned-meta+%d" % d, dict(meta_ptr=META + d), MISALIGNED, ["meta"])
+               for d in (4, 8)]
+            + [("16:32-misaligned-meta+4", dict(sparsity=ck.SPARSITY_16_32, meta_ptr=META + 4),
+                MISALIGNED, ["meta"])])
+
+
+def sparse_format_cases():
+    """What the sparse quantizer and dequantizer check of the format: the codes, meta and scales
+    (NULL), the sparsity, the zero points against the mode, the mode, N, K and the group size."""
+    return (null("codes", "meta", "scales")
+            + [("null-zeros-asymmetric", dict(mode=ck.INT4_ASYMMETRIC), INVALID, ["zeros"]),
+               ("zeros-symmetric", dict(zeros_ptr=Z), INVALID, ["zeros"])]
+            + bad("mode", (2, -1), INVALID)
+            + bad("sparsity", BAD_SPARSITIES, INVALID)
+            + sparse_matrix_cases()
+            + sparse_k_cases()
+            + sparse_codes_cases())
+
+
+SPARSE_PRUNE = dict(w_ptr=X, dtype=DType.FP16, sparsity=ck.SPARSITY_2_4, n=64, k=256, out_ptr=O)
+SPARSE_PRUNE_CASES = (
+    null("w", "out")
+    + bad("sparsity", BAD_SPARSITIES, INVALID)
+    + bad_dtypes("dtype")
+    + sparse_matrix_cases()
+    + [("overflow-bytes-fp32", dict(n=2**31, k=2**30, dtype=DType.FP32), INVALID,
+        ["n", "k"])]
+    + bad("k", BAD_W4A16_K, UNSUPPORTED)   # K a multiple of 32: no group here
+    + [("16:32-k=48", dict(sparsity=ck.SPARSITY_16_32, k=48), UNSUPPORTED, ["k"])]
+    + [("misaligned-%s-%s" % (name[:-4], dt.name.lower()), {name: base + d, "dtype": dt},
+        MISALIGNED, [name[:-4]])
+       for name, base in (("w_ptr", X), ("out_ptr", O))
+       for dt, d in ((DType.FP16, 1), (DType.BF16, 1), (DType.FP32, 2))]
+)
+
+SPARSE_QUANTIZE_INT4 = dict(w_ptr=X, dtype=DType.FP16, sparsity=ck.SPARSITY_2_4, n=64, k=256,
+                            group_size=128, mode=ck.INT4_SYMMETRIC, codes_ptr=Q, meta_ptr=META,
+                            scales_ptr=S, zeros_ptr=0, violations_ptr=VIOLATIONS)
+SPARSE_QUANTIZE_INT4_CASES = (
+    null("w")
+    + sparse_format_cases()
+    + bad_dtypes("dtype")
+    + [("overflow-bytes-fp32", dict(n=2**31, k=2**30, dtype=DType.FP32), INVALID,
+        ["n", "k"])]
+    + [("misaligned-w-fp16", dict(w_ptr=X + 1), MISALIGNED, ["w"]),
+       ("misaligned-w-bf16", dict(w_ptr=X + 1, dtype=DType.BF16), MISALIGNED, ["w"]),
+       ("misaligned-w-fp32", dict(w_ptr=X + 2, dtype=DType.FP32), MISALIGNED, ["w"]),
+       ("misaligned-scales-fp16", dict(scales_ptr=S + 1), MISALIGNED, ["scales"]),
+       ("misaligned-scales-fp32", dict(scales_ptr=S + 2, dtype=DType.FP32), MISALIGNED,
+        ["scales"])]
+    + [("misaligned-violations+%d" % d, dict(violations_ptr=VIOLATIONS + d), MISALIGNED,
+        ["violations"]) for d in (1, 2)]
+)
+
+SPARSE_DEQUANTIZE_INT4 = dict(codes_ptr=Q, meta_ptr=META, scales_ptr=S, zeros_ptr=0,
+                              sparsity=ck.SPARSITY_2_4, n=64, k=256, group_size=128,
+                              mode=ck.INT4_SYMMETRIC, out_ptr=O, out_dtype=DType.FP16)
+SPARSE_DEQUANTIZE_INT4_CASES = (
+    null("out")
+    + sparse_format_cases()
+    + bad_dtypes("out_dtype")
+    + [("overflow-bytes-fp32", dict(n=2**31, k=2**30, out_dtype=DType.FP32), INVALID,
+        ["n", "k"])]
+    + [("misaligned-scales-fp16", dict(scales_ptr=S + 1), MISALIGNED, ["scales"]),
+       ("misaligned-scales-fp32", dict(scales_ptr=S + 2, out_dtype=DType.FP32), MISALIGNED,
+        ["scales"]),
+       ("misaligned-out-fp16", dict(out_ptr=O + 1), MISALIGNED, ["out"]),
+       ("misaligned-out-bf16", dict(out_ptr=O + 1, out_dtype=DType.BF16), MISALIGNED, ["out"]),
+       ("misaligned-out-fp32", dict(out_ptr=O + 2, out_dtype=DType.FP32), MISALIGNED, ["out"])]
+)
+
+
+def sparse_gemm_cases(prepacked):
+    """What both sparse GEMMs check (the prepacked one's weight, scales and zeros named
+    w_prepacked, scales_prepacked and zeros_prepacked), and the interchange format's codes,
+    meta and sparsity or the prepacked layout's K and alignments."""
+    z = "zeros_prepacked" if prepacked else "zeros"
+    cases = (
+        null("x", "out")
+        + [("null-%s-asymmetric" % z, dict(mode=ck.INT4_ASYMMETRIC), INVALID, [z]),
+           ("%s-symmetric" % z, dict(zeros_ptr=Z), INVALID, [z])]
+        + bad("mode", (2, -1, 99), INVALID)
+        + bad_dtypes("dtype", NOT_HALF_DTYPES)
+        + bad("activation", BAD_ACTIVATIONS, INVALID)
+        + gemm_shape_cases(k_rule=False)
+        + sparse_k_cases(prepacked)
+        + [("misaligned-x+%d" % d, dict(x_ptr=X + d), MISALIGNED, ["x"]) for d in (1, 2, 8)]
+        + [("misaligned-%s-%s" % (name[:-4], dt.name.lower()), {name: base + 1, "dtype": dt},
+            MISALIGNED, [name[:-4]])
+           for name, base in (("bias_ptr", BIAS), ("out_ptr", O))
+           for dt in (DType.FP16, DType.BF16)])
+    if prepacked:
+        return cases + (
+            [("null-w_prepacked", dict(w_ptr=0), INVALID, ["w_prepacked"]),
+             ("null-scales_prepacked", dict(scales_ptr=0), INVALID, ["scales_prepacked"]),
+             ("overflow-prepacked-bytes", dict(m=1, n=1, k=SPARSE_PACK_MOST_K + 128), INVALID,
+              ["n", "k"])]
+            + [("misaligned-w_prepacked+%d" % d, dict(w_ptr=B + d), MISALIGNED, ["w_prepacked"])
+               for d in (1, 8)]
+            + [("misaligned-scales_prepacked+%d" % d, dict(scales_ptr=S + d), MISALIGNED,
+                ["scales_prepacked"]) for d in (1, 2)]
+            + [("misaligned-zeros_prepacked+%d" % d, dict(mode=ck.INT4_ASYMMETRIC,
+                                                           zeros_ptr=Z + d),
+                MISALIGNED, ["zeros_prepacked"]) for d in (1, 2)])
+    return cases + (
+        null("codes", "meta", "scales")
+        + bad("sparsity", BAD_SPARSITIES, INVALID)
+        + sparse_codes_cases()
+        + [("misaligned-scales-%s" % dt.name.lower(), dict(scales_ptr=S + 1, dtype=dt),
+            MISALIGNED, ["scales"]) for dt in (DType.FP16, DType.BF16)])
+
+
+# ck_gemm_sparse_w4a16: either sparsity, the interchange format.
+GEMM_SPARSE_W4A16 = dict(x_ptr=X, dtype=DType.FP16, sparsity=ck.SPARSITY_2_4, codes_ptr=Q,
+                         meta_ptr=META, scales_ptr=S, zeros_ptr=0, group_size=128,
+                         mode=ck.INT4_SYMMETRIC, bias_ptr=BIAS, activation=ck.ACTIVATION_RELU,
+                         m=4, n=64, k=256, out_ptr=O)
+GEMM_SPARSE_W4A16_CASES = sparse_gemm_cases(prepacked=False)
+
+# ck_sparse_w4a16_prepack: a 2:4 weight in the interchange format in (no sparsity argument), the
+# prepacked one out (every output 16-byte aligned); fp16 or bf16 scales.
+SPARSE_W4A16_PREPACK = dict(codes_ptr=Q, meta_ptr=META, scales_ptr=S, zeros_ptr=0,
+                            dtype=DType.FP16, n=64, k=256, group_size=128,
+                            mode=ck.INT4_SYMMETRIC, w_out_ptr=B, scales_out_ptr=O,
+                            zeros_out_ptr=0)
+SPARSE_W4A16_PREPACK_CASES = (
+    [case for case in sparse_format_cases() if "sparsity" not in case[1]]
+    + [("null-w_prepacked", dict(w_out_ptr=0), INVALID, ["w_prepacked"]),
+       ("null-scales_prepacked", dict(scales_out_ptr=0), INVALID, ["scales_prepacked"]),
+       ("null-zeros_prepacked-asymmetric", dict(ASYM_PREPACK, zeros_out_ptr=0), INVALID,
+        ["zeros_prepacked"]),
+       ("zeros_prepacked-symmetric", dict(zeros_out_ptr=BIAS), INVALID, ["zeros_prepacked"])]
+    + bad_dtypes("dtype", NOT_HALF_DTYPES)
+    + [case for case in sparse_k_cases(prepacked=True) if case[0].startswith("prepacked-")]
+    + [("overflow-prepacked-bytes", dict(n=1, k=SPARSE_PACK_MOST_K + 128), INVALID, ["n", "k"])]
+    + [("misaligned-scales-%s" % dt.name.lower(), dict(scales_ptr=S + 1, dtype=dt), MISALIGNED,
+        ["scales"]) for dt in (DType.FP16, DType.BF16)]
+    + [("misaligned-w_prepacked+%d" % d, dict(w_out_ptr=B + d), MISALIGNED, ["w_prepacked"])
+       for d in (1, 8)]
+    + [("misaligned-scales_prepacked+%d" % d, dict(scales_out_ptr=O + d), MISALIGNED,
+        ["scales_prepacked"]) for d in (2, 4)]
+    + [("misaligned-zeros_prepacked+4", dict(ASYM_PREPACK, zeros_out_ptr=BIAS + 4), MISALIGNED,
+        ["zeros_prepacked"])]
+)
+
+# ck_gemm_sparse_w4a16_prepacked: the layout ck_sparse_w4a16_prepack writes (2:4 only).
+GEMM_SPARSE_W4A16_PREPACKED = {key: value for key, value in GEMM_SPARSE_W4A16.items()
+                               if key not in ("sparsity", "codes_ptr", "meta_ptr")}
+GEMM_SPARSE_W4A16_PREPACKED["w_ptr"] = B
+GEMM_SPARSE_W4A16_PREPACKED_CASES = sparse_gemm_cases(prepacked=True)
+
 # INT4 x INT4: packed a [M, K / 2] and b [N, K / 2]; K a multiple of 32; a, b 16-byte aligned.
 BAD_INT4_K = [16, 48, 100, 4112]
 
@@ -1312,7 +1504,10 @@ ENTRY_POINTS = {
                   "QUANTIZE_NVFP4", "DEQUANTIZE_NVFP4",
                   "GEMM_INT8", "GEMM_INT8_SCALED", "INT8_PREPACK", "LINEAR", "GEMM_W4A16", "GEMM_W4A16_PREPACKED",
                   "W4A16_PREPACK", "BLOCK4_PREPACK", "GEMM_BLOCK4_PREPACKED", "QKV_PREPACK",
-                  "QKV_PROJECTION", "IMPORT_GPTQ", "IMPORT_AWQ", "PERMUTE_COLUMNS", "GEMM_INT4",
+                  "QKV_PROJECTION", "IMPORT_GPTQ", "IMPORT_AWQ", "PERMUTE_COLUMNS",
+                  "SPARSE_PRUNE", "SPARSE_QUANTIZE_INT4", "SPARSE_DEQUANTIZE_INT4",
+                  "GEMM_SPARSE_W4A16", "SPARSE_W4A16_PREPACK", "GEMM_SPARSE_W4A16_PREPACKED",
+                  "GEMM_INT4",
                   "GEMM_INT4_SCALED", "MOE_ROUTE", "MOE_PREPACK", "MOE_WORKSPACE_SIZE",
                   "MOE_FORWARD", "ATTENTION_FORWARD", "ATTENTION_DECODE_WORKSPACE_SIZE",
                   "ATTENTION_DECODE")
@@ -1438,6 +1633,13 @@ def test_gemm_w4a16_null_bias_is_allowed(lib):
     assert error.status == Status.MISALIGNED and mentions(error.message, "scales")
 
 
+def test_sparse_quantize_null_violations_is_allowed(lib):
+    """violations may be NULL (no count asked for): with another defect planted, the error is
+    about that one."""
+    error = rejection("ck_sparse_quantize_int4", dict(violations_ptr=0, meta_ptr=META + 4))
+    assert error.status == Status.MISALIGNED and mentions(error.message, "meta"), error.message
+
+
 # ------------------------------------------------------------------------------------------------
 # The kernel overrides: one row each
 # ------------------------------------------------------------------------------------------------
@@ -1459,6 +1661,7 @@ INT8_GEMMS = ("ck_gemm_int8", "ck_gemm_int8_scaled")
 W4A16_GEMMS = ("ck_gemm_w4a16", "ck_gemm_w4a16_prepacked")
 INT4_GEMMS = ("ck_gemm_int4", "ck_gemm_int4_scaled")
 BLOCK4_GEMMS = ("ck_gemm_block4_prepacked",)
+SPARSE_GEMMS = ("ck_gemm_sparse_w4a16", "ck_gemm_sparse_w4a16_prepacked")
 KERNEL_OVERRIDES = [
     KernelOverride(
         "CK_GEMM_INT8_KERNEL", INT8_GEMMS, ("auto", "reference", "mma", "small_m", "wgmma"),
@@ -1519,6 +1722,31 @@ KERNEL_OVERRIDES = [
             ("global_scale+4", dict(global_scale_ptr=GS + 4)),
             ("element-aligned", dict(bias_ptr=BIAS + 6, out_ptr=O + 10)),
             ("bf16-element-aligned", dict(bias_ptr=BIAS + 2, out_ptr=O + 2, dtype=DType.BF16))]]),
+    KernelOverride(
+        "CK_GEMM_SPARSE_KERNEL", SPARSE_GEMMS, ("auto", "reference", "stream"),
+        # Any M and N, K a multiple of 32 and of the group (prepacked: of 128), bias NULL, bias
+        # and out aligned to their element only. M past the prepacked kernel's 2^20 - 16 rows
+        # is no argument error (the variant's limit).
+        [(case_id, changes, SPARSE_GEMMS) for case_id, changes in [
+            ("1x1x128", dict(m=1, n=1, k=128)),
+            ("17x7x384-group64", dict(m=17, n=7, k=384, group_size=64)),
+            ("m=1e6", dict(m=10**6)),
+            ("bf16", dict(dtype=DType.BF16, activation=ck.ACTIVATION_NONE)),
+            ("no-bias", dict(bias_ptr=0)),
+            ("element-aligned", dict(bias_ptr=BIAS + 6, out_ptr=O + 10)),
+            ("bf16-element-aligned", dict(bias_ptr=BIAS + 2, out_ptr=O + 2, dtype=DType.BF16))]]
+        # The interchange format: 16:32 too, K = 64 and other multiples of 64 alone, scales
+        # aligned to their element, zeros anywhere.
+        + [(case_id, changes, ["ck_gemm_sparse_w4a16"]) for case_id, changes in [
+            ("16:32", dict(sparsity=ck.SPARSITY_16_32)),
+            ("k=64", dict(k=64, group_size=64)),
+            ("k=192", dict(k=192, group_size=64, sparsity=ck.SPARSITY_16_32)),
+            ("scales+2", dict(scales_ptr=S + 2)),
+            ("asym-zeros+1", dict(mode=ck.INT4_ASYMMETRIC, zeros_ptr=Z + 1))]]
+        # The prepacked layout: scales_prepacked and zeros_prepacked 4-byte aligned.
+        + [(case_id, changes, ["ck_gemm_sparse_w4a16_prepacked"]) for case_id, changes in [
+            ("scales_prepacked+4", dict(scales_ptr=S + 4)),
+            ("asym-zeros_prepacked+4", dict(mode=ck.INT4_ASYMMETRIC, zeros_ptr=Z + 4))]]),
     KernelOverride(
         "CK_ATTENTION_KERNEL", ("ck_attention_forward",), ("auto", "wgmma", "mma"),
         # No keys at all (the wgmma kernel needs some: the GPU tests force it there), one
@@ -1715,6 +1943,38 @@ def test_w4a16_prepacked_groups(lib, n, k, group_size, values):
                                               (8, 128, 0)])
 def test_w4a16_prepacked_groups_invalid_is_zero(lib, n, k, group_size):
     assert lib.ck_w4a16_prepacked_groups(n, k, group_size) == 0
+
+
+# The prepacked sparse 2:4 layout: N16 = ceil(N / 16) * 16 rows of K 3 / 8 bytes (codes and
+# metadata) and N16 (K / group_size) scales (and zeros); K a multiple of 128, group 64 or 128.
+@pytest.mark.parametrize("n, k, nbytes", [
+    (1, 128, 16 * 48),              # one tile: 16 rows x 128 k, the rows padded
+    (16, 128, 16 * 48), (17, 256, 32 * 96), (64, 4096, 64 * 1536), (28672, 8192, 28672 * 3072),
+    (1, SPARSE_PACK_MOST_K, 6 * SPARSE_PACK_MOST_K),
+])
+def test_sparse_w4a16_prepacked_bytes(lib, n, k, nbytes):
+    assert lib.ck_sparse_w4a16_prepacked_bytes(n, k) == nbytes
+
+
+@pytest.mark.parametrize("n, k", [
+    (0, 128), (-1, 128), (16, 0), (16, -128), (16, 64), (16, 96), (16, 192), (16, 4160),
+    (2**63 - 1, 128), (2**62, 2**62), (1, SPARSE_PACK_MOST_K + 128)])
+def test_sparse_w4a16_prepacked_bytes_invalid_is_zero(lib, n, k):
+    assert lib.ck_sparse_w4a16_prepacked_bytes(n, k) == 0
+
+
+@pytest.mark.parametrize("n, k, group_size, values", [
+    (1, 128, 64, 16 * 2), (1, 128, 128, 16), (17, 256, 64, 32 * 4), (4096, 4096, 128, 4096 * 32),
+])
+def test_sparse_w4a16_prepacked_groups(lib, n, k, group_size, values):
+    assert lib.ck_sparse_w4a16_prepacked_groups(n, k, group_size) == values
+
+
+@pytest.mark.parametrize("n, k, group_size", [
+    (0, 128, 128), (16, 128, 32), (16, 128, ck.GROUP_ROW), (16, 128, 256), (16, 128, 0),
+    (16, 64, 64), (16, 192, 64), (2**62, 2**62, 128)])
+def test_sparse_w4a16_prepacked_groups_invalid_is_zero(lib, n, k, group_size):
+    assert lib.ck_sparse_w4a16_prepacked_groups(n, k, group_size) == 0
 
 
 @pytest.mark.parametrize("fmt, blocksize", [("nf4", 32), ("nf4", 64), ("nf4", 128),

@@ -16,9 +16,9 @@ size limits at and past 2^31 and 2^63, and the header's word on aliasing.
       defect, see GRID_LIMITED);
   and no call writes through a host pointer or crashes the process (pointers into an
   inaccessible page would fault if validation touched them). The size queries
-  (ck_int4_groups_per_row, ck_w4a16_prepacked_bytes/_groups) equal their formulas over the whole
-  int64 range; ck_status_string, ck_device_count, ck_version, ck_last_error_message and
-  ck_last_cuda_error keep their promises after any call.
+  (ck_int4_groups_per_row, ck_w4a16_prepacked_bytes/_groups, the MoE, block 4-bit and sparse
+  ones) equal their formulas over the whole int64 range; ck_status_string, ck_device_count,
+  ck_version, ck_last_error_message and ck_last_cuda_error keep their promises after any call.
 - Products of sizes past 2^31 (accepted: 64-bit sizes) and past 2^63 in elements or bytes
   (rejected with CK_STATUS_INVALID_VALUE), one deterministic table per kind of export.
 - The limits it found undocumented or mishandled (a grid past 2^31 - 1 blocks, per-row scales
@@ -34,7 +34,7 @@ import re
 import pytest
 
 pytest.importorskip("hypothesis", reason="the ABI fuzzer needs Hypothesis (requirements.txt)")
-from hypothesis import given, settings          # noqa: E402
+from hypothesis import assume, given, settings  # noqa: E402
 from hypothesis import strategies as st         # noqa: E402
 
 import cuda_wrapper as ck                       # noqa: E402
@@ -56,8 +56,7 @@ REJECTIONS = {Status.INVALID_VALUE, Status.MISALIGNED, Status.UNSUPPORTED}
 # kernel's tile holds at least one output, so it can only happen where M * N > 2^31 - 1.
 GRID_LIMITED = ("ck_gemm_int8", "ck_gemm_int8_scaled", "ck_gemm_int4", "ck_gemm_int4_scaled",
                 "ck_gemm_w4a16", "ck_gemm_w4a16_prepacked", "ck_gemm_block4_prepacked",
-                "ck_qkv_projection")
-
+                "ck_gemm_sparse_w4a16", "ck_gemm_sparse_w4a16_prepacked", "ck_qkv_projection")
 
 def gemm_mn(name, args):
     """The M and N of a GEMM's output: its m and n, or ck_qkv_projection's tokens and
@@ -217,8 +216,10 @@ def test_example_call_passes_validation(lib, name):
 # ------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", fz.VALIDATED)
 def test_fuzz_entry_point(lib, name):
-    count = run_fuzz(lambda data: check_validated_call(lib, name, fz.draw_call(data, name)))
-    assert_budget(name, count)
+    def body(data):
+        args = fz.draw_call(data, name)
+        check_validated_call(lib, name, args)
+    assert_budget(name, run_fuzz(body))
 
 
 PURE_MODELS = {
@@ -228,6 +229,8 @@ PURE_MODELS = {
     "ck_moe_prepacked_bytes": fz.moe_prepacked_bytes,
     "ck_moe_prepacked_groups": fz.moe_prepacked_groups,
     "ck_block4_prepacked_scales_bytes": fz.block4_prepacked_scales_bytes,
+    "ck_sparse_w4a16_prepacked_bytes": fz.sparse_prepacked_bytes,
+    "ck_sparse_w4a16_prepacked_groups": fz.sparse_prepacked_groups,
 }
 
 
@@ -319,8 +322,14 @@ MATRIX_EXPORTS = {"ck_quantize_int8": "x_dtype", "ck_dequantize_int8": "out_dtyp
                   "ck_permute_columns": "dtype"}
 GEMM_EXPORTS = {"ck_gemm_int8": None, "ck_gemm_int8_scaled": "out_dtype", "ck_linear": "dtype",
                 "ck_gemm_w4a16": "dtype", "ck_gemm_w4a16_prepacked": "dtype",
+                "ck_gemm_sparse_w4a16": "dtype", "ck_gemm_sparse_w4a16_prepacked": "dtype",
                 "ck_gemm_int4": None, "ck_gemm_int4_scaled": "out_dtype"}
 WEIGHT_EXPORTS = ("ck_w4a16_prepack", "ck_import_gptq", "ck_import_awq")   # [N, K], no M
+# The sparse weight calls without an M: their [N, K] counted at the dtype's size (2 bytes for
+# the prepack), K a multiple of 128 in every shape (each group, the prepacked chunks).
+SPARSE_WEIGHT_EXPORTS = {"ck_sparse_prune": "dtype", "ck_sparse_quantize_int4": "dtype",
+                         "ck_sparse_dequantize_int4": "out_dtype",
+                         "ck_sparse_w4a16_prepack": "dtype"}
 
 
 def matrix_cases():
@@ -364,8 +373,33 @@ def gemm_cases():
         yield name, "nk-wraps-2^64", dict(n=2**32 + 256, k=2**32 + 256), REJECTED
 
 
+def sparse_cases():
+    for name, dtype_arg in SPARSE_WEIGHT_EXPORTS.items():
+        fp16 = {dtype_arg: DType.FP16}
+        yield name, "nk-past-2^32", dict(n=2**21, k=2**12), ACCEPTED
+        yield name, "one-row-past-2^32", dict(n=1, k=2**32 + 128), ACCEPTED
+        # (2^32 - 1) 2^30 values: 2^63 - 2^31 bytes of fp16 fit; 2^32 x 2^30 do not.
+        yield name, "fp16-bytes-just-fit", dict(n=2**32 - 1, k=2**30, **fp16), ACCEPTED
+        yield name, "fp16-bytes-past-2^63", dict(n=2**32, k=2**30, **fp16), REJECTED
+        if name != "ck_sparse_w4a16_prepack":   # fp16 and bf16 only
+            fp32 = {dtype_arg: DType.FP32}
+            yield name, "fp32-bytes-past-2^63", dict(n=2**31, k=2**30, **fp32), REJECTED
+        yield name, "nk-past-2^63", dict(n=3037000576, k=3037000576), REJECTED
+        yield name, "nk-wraps-2^64", dict(n=2**32 + 256, k=2**32 + 256), REJECTED
+    # The prepacked layout pads a row to 16 rows of K 3 / 8 bytes: one row's 6 K bytes overflow
+    # past K = (2^63 - 1) / 6 (ck_sparse_w4a16_prepacked_bytes is then 0) where its dense 2 K
+    # bytes still fit.
+    most = (2**63 - 1) // 6 // 128 * 128
+    yield "ck_sparse_w4a16_prepack", "prepacked-bytes-just-fit", dict(n=1, k=most), ACCEPTED
+    yield "ck_sparse_w4a16_prepack", "prepacked-bytes-past-2^63", dict(n=1, k=most + 128), \
+        REJECTED
+    yield "ck_gemm_sparse_w4a16_prepacked", "prepacked-bytes-past-2^63", \
+        dict(m=1, n=1, k=most + 128), REJECTED
+
+
 @pytest.mark.parametrize("name, case, changes, outcome", [
-    pytest.param(*case, id=f"{case[0]}-{case[1]}") for case in [*matrix_cases(), *gemm_cases()]])
+    pytest.param(*case, id=f"{case[0]}-{case[1]}")
+    for case in [*matrix_cases(), *gemm_cases(), *sparse_cases()]])
 def test_size_products(lib, name, case, changes, outcome):
     args = dict(fz.example_call(name), **changes)
     status = check_validated_call(lib, name, args)   # agrees with the model, which says:

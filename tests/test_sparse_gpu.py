@@ -6,15 +6,15 @@
 - The quantizer counts the blocks that break the pattern (violations) exactly, and a weight
   that keeps it reports 0.
 - ck_gemm_sparse_w4a16 (reference kernel, either pattern) and ck_gemm_sparse_w4a16_prepacked
-  (mma.sp kernel, 2:4) meet the float64 reference on the dequantized weight under the
+  (mma.sp kernel and reference kernel, 2:4) meet the float64 reference on the dequantized weight under the
   tolerance of float32 accumulation (test_w4a16_gpu.py derives it) plus half an ulp of the
   output: M on both sides of 8 and 16 and past one block of 16 rows, N not a multiple of the
   16-row tile, K from one 128-k chunk to several per warp, group 64 / 128, symmetric and
   asymmetric, fp16 / bf16, bias and ReLU.
 - One-hot rows of x pick single weight columns, which the mma.sp GEMM returns exactly: every
   w' bit for bit equal to ck_sparse_dequantize_int4's output.
-- CUDA graph capture and replay of the prepacked GEMM; the override refusing what a variant
-  cannot serve.
+- CUDA graph capture and replay of the prepacked GEMM; the override refusing the stream kernel
+  on the interchange layout, writing nothing.
 
 The tests skip without a CUDA device. Each test draws a seed, prints it and names it in its
 messages; CK_TEST_SEED=<seed> replays it.
@@ -176,7 +176,7 @@ class SparseGemm:
             x32 = np.zeros((m, k), np.float32)
             x32[np.arange(m), rng.choice(k, m, replace=False)] = 1.0
         else:
-            x32 = ref.to_f32(ref.random_input(rng, (m, k), dtype), dtype)
+            x32 = ref.to_f32(ref.random_input(rng, (m, k), dtype, scale=1.0 / 16), dtype)
         self.x = ref.to_dtype(x32, dtype)
         self.b = (ref.to_dtype(rng.standard_normal(n).astype(np.float32), dtype)
                   if bias else None)
@@ -236,19 +236,24 @@ GEMM_SHAPES = [(1, 16, 128), (5, 40, 256), (8, 136, 512), (16, 48, 1024), (33, 2
                (70, 272, 256)]
 
 
-@pytest.mark.parametrize("variant", ["stream", "reference"])
+# (variant, prepacked): the mma.sp kernel, and the reference kernel on both layouts.
+GEMM_VARIANTS = [("stream", True), ("reference", False), ("reference", True)]
+
+
+@pytest.mark.parametrize("variant, prepacked", GEMM_VARIANTS,
+                         ids=["stream", "reference", "reference-prepacked"])
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 @pytest.mark.parametrize("group_size", ref.SPARSE_GROUP_SIZES)
 @pytest.mark.parametrize("mode", ["sym", "asym"])
 @pytest.mark.parametrize("m, n, k", GEMM_SHAPES, ids=lambda v: str(v))
-def test_gemm_meets_reference(variant, dtype, group_size, mode, m, n, k, seed, monkeypatch):
+def test_gemm_meets_reference(variant, prepacked, dtype, group_size, mode, m, n, k, seed,
+                              monkeypatch):
     rng = np.random.default_rng(seed)
-    sparsities = ["2:4"] if variant == "stream" else ["2:4", "16:32"]
+    sparsities = ["2:4"] if prepacked else ["2:4", "16:32"]
     for i, sparsity in enumerate(sparsities):
         bias, act = (i + m) % 2 == 0, "relu" if (i + n) % 3 == 0 else "none"
         monkeypatch.setenv(KERNEL_ENV, variant)
-        call = SparseGemm(rng, sparsity, dtype, group_size, mode, m, n, k, bias, act,
-                          prepacked=variant == "stream")
+        call = SparseGemm(rng, sparsity, dtype, group_size, mode, m, n, k, bias, act, prepacked)
         call.launch()
         call.check(f"{variant}, seed={seed}")
 
@@ -279,13 +284,74 @@ def test_stream_in_a_cuda_graph(seed):
     call.check(f"graph replay, seed={seed}")
 
 
-def test_variants_refuse_the_other_layout(seed, monkeypatch):
+def test_stream_refuses_the_interchange_layout(seed, monkeypatch):
     rng = np.random.default_rng(seed)
-    interchange = SparseGemm(rng, "2:4", "fp16", 64, "sym", 2, 16, 128, False, "none", False)
-    prepacked = SparseGemm(rng, "2:4", "fp16", 64, "sym", 2, 16, 128, False, "none", True)
-    for call, variant in ((interchange, "stream"), (prepacked, "reference")):
-        monkeypatch.setenv(KERNEL_ENV, variant)
-        with pytest.raises(ck.CKError) as info:
-            call.launch()
-        assert info.value.status == ck.Status.UNSUPPORTED, info.value.message
-        assert KERNEL_ENV in info.value.message and variant in info.value.message
+    call = SparseGemm(rng, "2:4", "fp16", 64, "sym", 2, 16, 128, False, "none", False)
+    monkeypatch.setenv(KERNEL_ENV, "stream")
+    with pytest.raises(ck.CKError) as info:
+        call.launch()
+    assert info.value.status == ck.Status.UNSUPPORTED, info.value.message
+    assert KERNEL_ENV in info.value.message and "stream" in info.value.message
+    synchronize()
+    assert call.out.untouched(), "a rejected call wrote its output"
+
+
+# ---------------------------------------------------------------------------------------------
+# The Python layer
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("sparsity", list(SPARSITY))
+@pytest.mark.parametrize("mode", ["sym", "asym"])
+def test_quantized_linear_from_float(sparsity, mode, seed):
+    """QuantizedLinear.from_float(..., sparsity=) on NumPy: the reference's prune, quantize and
+    dequantize, then the layer (bias, ReLU) within the GEMM's tolerance; the layer's weight
+    arrays are the reference's bit for bit."""
+    rng = np.random.default_rng(seed)
+    dtype, m, n, k, g = "fp16", 5, 72, 256, 128
+    w = ref.to_dtype(rng.standard_normal((n, k)).astype(np.float32) / 16, dtype)
+    b = ref.to_dtype(rng.standard_normal(n).astype(np.float32), dtype)
+    x = ref.random_input(rng, (m, k), dtype, scale=1.0 / 16)
+    layer = ck.QuantizedLinear.from_float(w, bias=b, group_size=g, symmetric=mode == "sym",
+                                          activation="relu", sparsity=sparsity)
+    assert isinstance(layer, ck.SparseQuantizedLinear)
+    assert (layer.prepacked is not None) == (sparsity == "2:4"), repr(layer)
+    want = QUANTIZE[sparsity](PRUNE[sparsity](w, dtype), dtype, g, mode)
+    for got, expected, name in zip(layer.weight, want, ("codes", "meta", "scales", "zeros")):
+        if expected is None:
+            assert got is None
+            continue
+        host = got.to_numpy()
+        assert_bitwise_equal(host.view(expected.dtype) if name == "meta" else host, expected,
+                             f"{name}, {sparsity} {mode}, seed={seed}")
+    y = ref.to_f32(layer(x), dtype).astype(np.float64)
+    codes, meta, scales, zeros = want
+    w_deq = DEQUANTIZE[sparsity](codes, meta, scales, zeros, k, g, mode, dtype)
+    pre = ref.linear_f64(x, w_deq, b, "none", dtype)
+    as64 = lambda a: ref.to_f32(a, dtype).astype(np.float64)  # noqa: E731
+    error = dot_float32_error(as64(x), as64(w_deq), pre, TENSOR_CORE_ROUNDOFF)
+    value = ref.linear_f64(x, w_deq, b, "relu", dtype)
+    assert_meets_reference(y, value, error, dtype, f"layer {sparsity} {mode}, seed={seed}")
+
+
+def test_quantized_linear_refuses_a_dense_weight_without_pruning(seed):
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((16, 128)).astype(np.float16)
+    with pytest.raises(ValueError, match="prune"):
+        ck.QuantizedLinear.from_float(w, sparsity="2:4", prune=False)
+    pruned = ck.sparse_prune(w, "2:4")
+    assert_bitwise_equal(pruned, ref.sparse24_prune(w, "fp16"), f"sparse_prune, seed={seed}")
+    layer = ck.QuantizedLinear.from_float(pruned, sparsity="2:4", prune=False)
+    assert layer.out_features == 16 and layer.in_features == 128
+
+
+def test_quantized_linear_on_torch_tensors(seed):
+    """A torch weight makes torch arrays; a torch input gives a torch output, the NumPy path's
+    bits."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((48, 256)).astype(np.float16) / 16
+    x = ref.random_input(rng, (3, 256), "fp16", scale=1.0 / 16)
+    want = ck.QuantizedLinear.from_float(w, sparsity="2:4")(x)
+    layer = ck.QuantizedLinear.from_float(torch.from_numpy(w).cuda(), sparsity="2:4")
+    y = layer(torch.from_numpy(x).cuda())
+    assert isinstance(y, torch.Tensor) and y.is_cuda and y.dtype == torch.float16
+    assert_bitwise_equal(y.cpu().numpy(), want, f"torch layer, seed={seed}")

@@ -168,14 +168,17 @@ ck_status_t Check::zero_points(ck_int4_mode_t mode, const void* zeros, const cha
                 "%s must be NULL for CK_INT4_SYMMETRIC (it has no zero points)", name);
 }
 
-ck_status_t Check::matrix(int64_t rows, int64_t cols, size_t max_elem_bytes) const {
-    if (rows < 1) return fail(CK_STATUS_INVALID_VALUE, "rows=%lld must be >= 1", (long long)rows);
-    if (cols < 1) return fail(CK_STATUS_INVALID_VALUE, "cols=%lld must be >= 1", (long long)cols);
+ck_status_t Check::matrix(int64_t rows, int64_t cols, size_t max_elem_bytes,
+                          const char* rows_name, const char* cols_name) const {
+    if (rows < 1)
+        return fail(CK_STATUS_INVALID_VALUE, "%s=%lld must be >= 1", rows_name, (long long)rows);
+    if (cols < 1)
+        return fail(CK_STATUS_INVALID_VALUE, "%s=%lld must be >= 1", cols_name, (long long)cols);
     int64_t elems, bytes;
     if (__builtin_mul_overflow(rows, cols, &elems) ||
         __builtin_mul_overflow(elems, int64_t(max_elem_bytes), &bytes))
-        return fail(CK_STATUS_INVALID_VALUE, "rows=%lld x cols=%lld overflows a 64-bit byte count",
-                    (long long)rows, (long long)cols);
+        return fail(CK_STATUS_INVALID_VALUE, "%s=%lld x %s=%lld overflows a 64-bit byte count",
+                    rows_name, (long long)rows, cols_name, (long long)cols);
     return CK_STATUS_SUCCESS;
 }
 

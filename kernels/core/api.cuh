@@ -111,7 +111,8 @@ class Check {
     ck_status_t zero_points(ck_int4_mode_t mode, const void* zeros, const char* name) const;
 
     // rows, cols >= 1 and rows * cols * max_elem_bytes representable in int64_t.
-    ck_status_t matrix(int64_t rows, int64_t cols, size_t max_elem_bytes) const;
+    ck_status_t matrix(int64_t rows, int64_t cols, size_t max_elem_bytes,
+                       const char* rows_name = "rows", const char* cols_name = "cols") const;
 
     // With CK_PER_ROW, the rows float32 scales' byte count representable in int64_t (a
     // [rows, cols] operand of 1- or 2-byte elements can fit where its rows * 4 bytes of scales

@@ -69,6 +69,16 @@ __device__ __forceinline__ uint64_t l2_evict_first_policy() {
     return policy;
 }
 
+// createpolicy.fractional.L2::evict_normal.b64: the default policy, as a value (for a kernel
+// that picks its weight's policy at run time).
+__device__ __forceinline__ uint64_t l2_evict_normal_policy() {
+    uint64_t policy = 0;
+#if CK_SM80
+    asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(policy));
+#endif
+    return policy;
+}
+
 // cp.async.cg.shared.global.L2::cache_hint (16 bytes, L2 only, with a cache policy).
 __device__ __forceinline__ void cp_async_16_hint(uint32_t dst, const void* src, uint64_t policy) {
 #if CK_SM80

@@ -35,6 +35,8 @@
 // Floors: bytes = rows16 k 3/8 + scales rows16 groups 2 (+ zeros) + x m k 2 + out m n 2:
 // 8192 x 28672 (n = 28672, k = 8192) at m = 1: 88 + 3.7 MB -> ~31 us at ~3 TB/s; 4096 x 4096:
 // 6.3 MB -> ~2.1 us. flops = 2 m n k (the sparse tensor cores do half the products of dense).
+#include <atomic>
+
 #include "kernels/core/dequant.cuh"
 #include "kernels/core/ptx.cuh"
 #include "kernels/gemm/w4a16_reference.cuh"
@@ -48,129 +50,257 @@ constexpr bool kHasSm80 = CK_SM80;
 // ---------------------------------------------------------------------------------------------
 // Reference
 // ---------------------------------------------------------------------------------------------
-template <typename T, bool k1632, bool kAsym>
+// Dense weights kk .. kk + 7 (kk % 8 == 0) of row `row` read from the prepacked layout (the
+// file comment): the two blocks' codes from the words of lanes (g, b % 4), their positions from
+// the metadata of lane (g, 2 (step % 2) + b / 4), the scale and zero point of row g + 8 r.
+template <typename T, bool kAsym>
+__device__ __forceinline__ void prepacked_dense8(const SparseGemmArgs& a, int64_t row, int64_t kk,
+                                                 float (&w)[8]) {
+    const int64_t chunks = a.k / kSparsePackK;
+    const int64_t tiles = sparse_prepacked_rows(a.n) / kSparsePackRows;
+    const uint8_t* meta = a.codes + tiles * kSparsePackRows * a.k / 4;
+    const int64_t tile = row / kSparsePackRows;
+    const int g = int(row % 8), r = int(row % kSparsePackRows / 8);
+    const int kc = int(kk % kSparsePackK), h = kc / 64, ss = kc / 32 % 2;
+    const int64_t lanes = (tile * chunks + kk / kSparsePackK) * 32;
+    const int64_t gi = (tile * a.groups + kk / a.group_size) * 8 + g;
+    const float scale = to_float(static_cast<const T*>(a.scales)[gi * 2 + r]);
+    const int zero = kAsym ? a.zeros[gi * 2 + r] : int(kSymmetricZero);
+#pragma unroll
+    for (int bb = 0; bb < 2; ++bb) {
+        const int b = kc % 32 / 4 + bb, j = 2 * ss + b / 4;
+        const uint32_t q =
+            reinterpret_cast<const uint32_t*>(a.codes + (lanes + g * 4 + b % 4) * 16)[2 * h + r];
+        const uint32_t e =
+            reinterpret_cast<const uint32_t*>(meta + (lanes + g * 4 + 2 * ss + b / 4) * 8)[h];
+        const uint32_t nib = e >> (16 * r + 4 * (b % 4)) & 0xFu;
+        const int u[2] = {int(q >> (4 * j) & 0xFu), int(q >> (4 * (j + 4)) & 0xFu)};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) w[4 * bb + i] = 0.f;
+        w[4 * bb + int(nib & 3u)] = to_float(from_float<T>(float(u[0] - zero) * scale));
+        w[4 * bb + int(nib >> 2)] = to_float(from_float<T>(float(u[1] - zero) * scale));
+    }
+}
+
+template <typename T, bool k1632, bool kAsym, bool kPrepacked>
 __global__ void __launch_bounds__(kRefThreads) sparse_reference_kernel(const SparseGemmArgs a) {
     const T* __restrict__ scales = static_cast<const T*>(a.scales);
     reference_tile<T>(static_cast<const T*>(a.x), a.m, a.n, a.k, a.epilogue<T>(),
                       [&](int64_t row, int64_t k0, int ld_word, float (&wv)[kRefLoadK]) {
         const int64_t kk = k0 + ld_word * kRefLoadK;
-        const int64_t gi = row * a.groups + kk / a.group_size;
-        sparse_dense8<T, k1632, kAsym>(a.codes + row * (a.k / 4),
-                                       a.meta + row * (a.k / kSparseWordK), kk,
-                                       to_float(scales[gi]), kAsym ? a.zeros[gi] : 0, wv);
+        if constexpr (kPrepacked) {
+            prepacked_dense8<T, kAsym>(a, row, kk, wv);
+        } else {
+            const int64_t gi = row * a.groups + kk / a.group_size;
+            sparse_dense8<T, k1632, kAsym>(a.codes + row * (a.k / 4),
+                                           a.meta + row * (a.k / kSparseWordK), kk,
+                                           to_float(scales[gi]), kAsym ? a.zeros[gi] : 0, wv);
+        }
     });
 }
 
 // ---------------------------------------------------------------------------------------------
 // Stream (mma.sp)
 // ---------------------------------------------------------------------------------------------
-constexpr int kWarps = 8;
-constexpr int kThreads = kWarps * 32;
+// A block has kWarps warps (4, or 8 where few blocks cover the weight's rows): warp w takes
+// chunks w, w + kWarps, ...
+constexpr int kMinStages = 3;               // per warp: two chunks in flight, one consumed
+constexpr int kMaxStages = 8;
+constexpr int kWarpRingBytes = 12 * 1024;   // 48 or 96 KB a block: four or two blocks per SM
 constexpr int kRowsPerBlock = 16;           // rows of x: two n8 B fragments
 constexpr int kSteps = kSparsePackK / 32;   // mma.sp k32 steps per chunk
+constexpr int kXRowBytes = kSparsePackK * 2;  // one x row of a chunk (fp16 / bf16)
+constexpr int kXPieces = kXRowBytes / 16;     // its 16-byte pieces
 static_assert(kSteps == 4, "a chunk is two 64-k halves of two steps each");
+static_assert(kXPieces == 16, "the x swizzle XORs a row's piece index with row % 8");
 
-// One tile's weight data of one chunk for one lane.
-struct ChunkData {
-    uint4 codes;
-    uint2 meta;
+// One stage of a warp's ring: what the warp copies for one chunk. Per tile, every lane's 16
+// bytes of codes, 8 of metadata, the 4-byte words of its scale pairs (one per group the chunk
+// touches: 2 for groups of 64) and of its zero-point pair; then kXRows rows of x (1: m = 1, the
+// other rows read a zero row; 8; 16), 16-byte pieces swizzled (piece p of row r at p ^ (r % 8))
+// so that ldmatrix's eight rows fall in eight distinct bank groups. Each lane reads back the
+// weight bytes it copied itself; x is read by ldmatrix across lanes (after a __syncwarp).
+template <int kTiles, int kXRows, bool kAsym> struct Stage {
+    static constexpr int kCodes = 0;                           // [tile][lane] 16 bytes
+    static constexpr int kMeta = kCodes + kTiles * 32 * 16;     // [tile][lane] 8 bytes
+    static constexpr int kScales = kMeta + kTiles * 32 * 8;     // [tile][half][lane] 4 bytes
+    static constexpr int kZeros = kScales + kTiles * 2 * 32 * 4;
+    static constexpr int kX = kZeros + (kAsym ? kTiles * 2 * 32 * 4 : 0);
+    static constexpr int kBytes = kX + kXRows * kXRowBytes;
+    static_assert(kX % 16 == 0 && kBytes % 16 == 0, "16-byte copies");
 };
 
-template <typename T, bool kAsym, int kTiles, int kFrags>
-__global__ void __launch_bounds__(kThreads) sparse_stream_kernel(const SparseGemmArgs a) {
+// Stages per warp: as many as kWarpRingBytes holds (small stages, one tile of one x row, need
+// many to keep enough weight bytes in flight), between kMinStages and kMaxStages.
+template <int kTiles, int kXRows, bool kAsym>
+constexpr int stages() {
+    const int fit = kWarpRingBytes / Stage<kTiles, kXRows, kAsym>::kBytes;
+    return fit < kMinStages ? kMinStages : fit > kMaxStages ? kMaxStages : fit;
+}
+
+// The warp's zero row (ldmatrix rows of x past kXRows) follows its ring.
+template <int kTiles, int kXRows, bool kAsym>
+constexpr int warp_smem_bytes() {
+    return stages<kTiles, kXRows, kAsym>() * Stage<kTiles, kXRows, kAsym>::kBytes + kXRowBytes;
+}
+
+template <typename T, bool kAsym, int kTiles, int kXRows, int kWarps>
+__global__ void __launch_bounds__(kWarps * 32) sparse_stream_kernel(const SparseGemmArgs a) {
     if constexpr (!kHasSm80) {
         __trap();  // never launched below sm_80
     } else {
-        const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+        using S = Stage<kTiles, kXRows, kAsym>;
+        constexpr int kStages = stages<kTiles, kXRows, kAsym>();
+        constexpr int kFrags = kXRows > 8 ? 2 : 1;
+        extern __shared__ __align__(16) uint8_t smem[];
+        const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4;
+        const uint32_t ring = shared_address(smem) +
+                              uint32_t(warp * warp_smem_bytes<kTiles, kXRows, kAsym>());
+        const uint32_t zero_row = ring + kStages * S::kBytes;
         const int64_t chunks = a.k / kSparsePackK;
         const int64_t tiles = sparse_prepacked_rows(a.n) / kSparsePackRows;
-        const int64_t tile0 = int64_t(blockIdx.x) * kTiles;
-        const int64_t m0 = int64_t(blockIdx.y) * kRowsPerBlock;
-        const uint4* codes = reinterpret_cast<const uint4*>(a.codes);
-        const uint2* meta = reinterpret_cast<const uint2*>(a.codes + tiles * kSparsePackRows * a.k / 4);
-        const uint32_t* scale_pairs = static_cast<const uint32_t*>(a.scales);
-        const uint16_t* zero_pairs = reinterpret_cast<const uint16_t*>(a.zeros);
-        const T* x = static_cast<const T*>(a.x);
+        // One row block: tile groups along x. Several: the row blocks of a tile group along x,
+        // so that they run together and all but the first read the group's weight from L2.
+        const bool rows_fast = a.m > kRowsPerBlock;
+        const int64_t tile0 = int64_t(rows_fast ? blockIdx.y : blockIdx.x) * kTiles;
+        const int64_t m0 = int64_t(rows_fast ? blockIdx.x : blockIdx.y) * kRowsPerBlock;
+        const uint8_t* codes = a.codes;
+        const uint8_t* meta = a.codes + tiles * kSparsePackRows * a.k / 4;
+        const uint8_t* scale_pairs = static_cast<const uint8_t*>(a.scales);
+        const uint8_t* x = static_cast<const uint8_t*>(a.x);
+        const bool g64 = a.group_size == 64;
+        // A weight read once (one row block) goes first from L2; read again, it stays.
+        const uint64_t policy = rows_fast ? l2_evict_normal_policy() : l2_evict_first_policy();
+        for (int i = lane; i < kXRowBytes / 16; i += 32)
+            asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(zero_row + 16 * i),
+                         "r"(0));
 
-        const auto load = [&](int64_t c, ChunkData (&d)[kTiles]) {
+        // The copies of chunk c into stage st. Tiles past the weight's are never read (their
+        // outputs are not stored); they copy nothing.
+        const auto issue = [&](int64_t c, int st) {
+            const uint32_t base = ring + uint32_t(st * S::kBytes);
 #pragma unroll
             for (int i = 0; i < kTiles; ++i) {
-                if (tile0 + i < tiles) {
-                    const int64_t v = ((tile0 + i) * chunks + c) * 32 + lane;
-                    d[i].codes = load_stream_16(codes + v);
-                    d[i].meta = __ldg(meta + v);
-                } else {
-                    d[i].codes = make_uint4(0, 0, 0, 0);
-                    d[i].meta = make_uint2(kSparse24FirstTwo, kSparse24FirstTwo);
+                if (tile0 + i >= tiles) break;
+                const int64_t v = ((tile0 + i) * chunks + c) * 32 + lane;
+                cp_async_16_hint(base + S::kCodes + (i * 32 + lane) * 16, codes + v * 16, policy);
+                cp_async_ca_zfill<8>(base + S::kMeta + (i * 32 + lane) * 8, meta + v * 8, true);
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    if (h == 1 && !g64) break;
+                    const int64_t group = (c * kSparsePackK + 64 * h) / a.group_size;
+                    const int64_t gi = ((tile0 + i) * a.groups + group) * 8 + g;
+                    cp_async_ca_zfill<4>(base + S::kScales + ((i * 2 + h) * 32 + lane) * 4,
+                                         scale_pairs + gi * 4, true);
+                    if constexpr (kAsym)  // the aligned word holding the pair (2 bytes at 2 gi)
+                        cp_async_ca_zfill<4>(base + S::kZeros + ((i * 2 + h) * 32 + lane) * 4,
+                                             a.zeros + (gi * 2 & ~int64_t(3)), true);
                 }
+            }
+            // x rows m0 .. m0 + kXRows - 1 of the chunk; rows past m are zero-filled.
+#pragma unroll
+            for (int p = lane; p < kXRows * kXPieces; p += 32) {
+                const int r = p / kXPieces, piece = p % kXPieces;
+                const int64_t row = m0 + r;
+                const bool valid = row < a.m;
+                const uint8_t* src = x + ((valid ? row : 0) * a.k + c * kSparsePackK) * 2 +
+                                     piece * 16;
+                cp_async_ca_zfill<16>(base + S::kX + r * kXRowBytes + ((piece ^ (r % 8)) * 16),
+                                      src, valid);
             }
         };
 
         float acc[kTiles][kFrags][4] = {};
-        ChunkData cur[kTiles], next[kTiles];
-        if (warp < chunks) load(warp, cur);
-        for (int64_t c = warp; c < chunks; c += kWarps) {
-            if (c + kWarps < chunks) load(c + kWarps, next);
+        // Chunks warp, warp + kWarps, ...: the i-th is chunk warp + i * kWarps, in stage i % kStages.
+        const int64_t mine = chunks > warp ? ceil_div(chunks - warp, kWarps) : 0;
+#pragma unroll
+        for (int i = 0; i < kStages - 1; ++i) {
+            if (i < mine) issue(warp + i * kWarps, i);
+            cp_async_commit();
+        }
+        for (int64_t it = 0; it < mine; ++it) {
+            cp_async_wait<kStages - 2>();
+            __syncwarp();  // every lane's copies of this stage landed; last stage's reads done
+            const int64_t ahead = it + kStages - 1;
+            if (ahead < mine) issue(warp + ahead * kWarps, int(ahead % kStages));
+            cp_async_commit();
+            const int64_t c = warp + it * kWarps;
+            const uint32_t base = ring + uint32_t((it % kStages) * S::kBytes);
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                const int64_t group = (c * kSparsePackK + 64 * h) / a.group_size;
-                uint32_t pg[kTiles][4], pg8[kTiles][4];  // dequantized pairs, rows g and g + 8
+                uint32_t b[2][kFrags][4];   // x of this half's two steps
+#pragma unroll
+                for (int ss = 0; ss < 2; ++ss) {
+                    const int step = 2 * h + ss;
+#pragma unroll
+                    for (int f = 0; f < kFrags; ++f) {
+                        // Lane l addresses row l % 8 of matrix l / 8 (k 32 step + 8 (l / 8)).
+                        const int r = 8 * f + lane % 8, piece = 4 * step + lane / 8;
+                        const uint32_t addr =
+                            r < kXRows ? base + S::kX + r * kXRowBytes + ((piece ^ (r % 8)) * 16)
+                                       : zero_row + piece * 16;
+                        ldmatrix_x4(b[ss][f], addr);
+                    }
+                }
 #pragma unroll
                 for (int i = 0; i < kTiles; ++i) {
-                    const int64_t gi = ((tile0 + i) * a.groups + group) * 8 + g;
-                    const bool real = tile0 + i < tiles;
-                    const uint32_t s2 = real ? __ldg(scale_pairs + gi) : 0u;
-                    const uint32_t z2 = kAsym && real ? __ldg(zero_pairs + gi) : 0x0808u;
+                    uint4 q;
+                    uint2 e;
+                    uint32_t s2, z2 = 0x08080808u;
+                    const uint32_t slot = uint32_t(i * 32 + lane);
+                    const uint32_t hslot = uint32_t(((i * 2 + (g64 ? h : 0)) * 32) + lane);
+                    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                                 : "=r"(q.x), "=r"(q.y), "=r"(q.z), "=r"(q.w)
+                                 : "r"(base + S::kCodes + slot * 16));
+                    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n"
+                                 : "=r"(e.x), "=r"(e.y) : "r"(base + S::kMeta + slot * 8));
+                    asm volatile("ld.shared.u32 %0, [%1];\n"
+                                 : "=r"(s2) : "r"(base + S::kScales + hslot * 4));
+                    if constexpr (kAsym) {
+                        asm volatile("ld.shared.u32 %0, [%1];\n"
+                                     : "=r"(z2) : "r"(base + S::kZeros + hslot * 4));
+                        const int64_t group = (c * kSparsePackK + 64 * h) / a.group_size;
+                        const int64_t gi = ((tile0 + i) * a.groups + group) * 8 + g;
+                        z2 >>= 16 * (gi & 1);  // the pair's half of the aligned word
+                    }
                     using D = Dequant<Int4Zp, T>;
                     const typename D::Block bg{kAsym ? z2 & 0xFFu : kSymmetricZero,
                                                (s2 & 0xFFFFu) * 0x10001u};
-                    const typename D::Block bg8{kAsym ? z2 >> 8 : kSymmetricZero,
+                    const typename D::Block bg8{kAsym ? z2 >> 8 & 0xFFu : kSymmetricZero,
                                                 (s2 >> 16) * 0x10001u};
-                    D::word(word(cur[i].codes, 2 * h), bg, pg[i]);
-                    D::word(word(cur[i].codes, 2 * h + 1), bg8, pg8[i]);
-                }
+                    uint32_t pg[4], pg8[4];  // dequantized pairs of rows g and g + 8
+                    D::word(word(q, 2 * h), bg, pg);
+                    D::word(word(q, 2 * h + 1), bg8, pg8);
+                    const uint32_t em = h == 0 ? e.x : e.y;
 #pragma unroll
-                for (int ss = 0; ss < 2; ++ss) {
-                    const int64_t k = c * kSparsePackK + (2 * h + ss) * 32;
-                    uint32_t b[kFrags][4];
-#pragma unroll
-                    for (int f = 0; f < kFrags; ++f) {
-                        const int64_t row = m0 + 8 * f + g;
-                        const T* xr = x + row * a.k + k + 2 * t;
-#pragma unroll
-                        for (int j = 0; j < 4; ++j)
-                            b[f][j] = row < a.m ? __ldg(reinterpret_cast<const uint32_t*>(xr + 8 * j))
-                                                : 0u;
-                    }
-#pragma unroll
-                    for (int i = 0; i < kTiles; ++i) {
-                        const uint32_t av[4] = {pg[i][2 * ss], pg8[i][2 * ss], pg[i][2 * ss + 1],
-                                                pg8[i][2 * ss + 1]};
-                        const uint32_t e = h == 0 ? cur[i].meta.x : cur[i].meta.y;
+                    for (int ss = 0; ss < 2; ++ss) {
+                        const uint32_t av[4] = {pg[2 * ss], pg8[2 * ss], pg[2 * ss + 1],
+                                                pg8[2 * ss + 1]};
 #pragma unroll
                         for (int f = 0; f < kFrags; ++f) {
-                            if (ss == 0) mma_sp_16x8x32<T, 0>(acc[i][f], av, b[f], e);
-                            else mma_sp_16x8x32<T, 1>(acc[i][f], av, b[f], e);
+                            if (ss == 0) mma_sp_16x8x32<T, 0>(acc[i][f], av, b[ss][f], em);
+                            else mma_sp_16x8x32<T, 1>(acc[i][f], av, b[ss][f], em);
                         }
                     }
                 }
             }
-#pragma unroll
-            for (int i = 0; i < kTiles; ++i) cur[i] = next[i];
         }
+        cp_async_wait<0>();
 
-        // The warps' partial tiles, added in warp order.
+        // The warps' partial tiles, added in warp order (the ring's memory is reused).
         constexpr int kRegs = kTiles * kFrags * 4;
-        __shared__ float partial[kWarps][kRegs][32];
+        __syncthreads();
+        float* partial = reinterpret_cast<float*>(smem);  // [warp][reg][lane]
 #pragma unroll
         for (int i = 0; i < kTiles; ++i)
 #pragma unroll
             for (int f = 0; f < kFrags; ++f)
 #pragma unroll
-                for (int r = 0; r < 4; ++r) partial[warp][(i * kFrags + f) * 4 + r][lane] = acc[i][f][r];
+                for (int r = 0; r < 4; ++r)
+                    partial[(warp * kRegs + (i * kFrags + f) * 4 + r) * 32 + lane] = acc[i][f][r];
         __syncthreads();
         const FloatEpilogue<T> ep = a.epilogue<T>();
-        for (int item = threadIdx.x; item < kRegs * 32; item += kThreads) {
+        for (int item = threadIdx.x; item < kRegs * 32; item += kWarps * 32) {
             const int q = item / 32, l = item % 32;
             const int i = q / (kFrags * 4), f = q / 4 % kFrags, r = q % 4;
             const int64_t n = (tile0 + i) * kSparsePackRows + l / 4 + 8 * (r / 2);
@@ -178,30 +308,46 @@ __global__ void __launch_bounds__(kThreads) sparse_stream_kernel(const SparseGem
             if (n >= a.n || m >= a.m) continue;
             float sum = 0.f;
 #pragma unroll
-            for (int w = 0; w < kWarps; ++w) sum += partial[w][q][l];
+            for (int w = 0; w < kWarps; ++w) sum += partial[(w * kRegs + q) * 32 + l];
             ep.store(m, n, ep.add_bias(n, sum));
         }
     }
 }
 
-template <typename T, bool kAsym, int kTiles, int kFrags>
+template <typename T, bool kAsym, int kTiles, int kXRows>
 cudaError_t launch_stream(const SparseGemmArgs& a, int64_t tiles, int64_t row_blocks,
                           cudaStream_t stream) {
-    const dim3 grid(unsigned(ceil_div(tiles, kTiles)), unsigned(row_blocks));
-    sparse_stream_kernel<T, kAsym, kTiles, kFrags><<<grid, kThreads, 0, stream>>>(a);
+    // Four tiles a block: four warps. Fewer tiles (few rows of weight): eight warps, so that the
+    // K split keeps enough warps streaming.
+    constexpr int kWarps = kTiles == 4 ? 4 : 8;
+    constexpr int kSmem = kWarps * warp_smem_bytes<kTiles, kXRows, kAsym>();
+    static_assert(kWarps * kTiles * (kXRows > 8 ? 2 : 1) * 4 * 32 * 4 <= kSmem,
+                  "the partial tiles fit in the ring's memory");
+    const auto kernel = sparse_stream_kernel<T, kAsym, kTiles, kXRows, kWarps>;
+    static std::atomic<uint64_t> opted_in{0};
+    const cudaError_t err = allow_dynamic_smem_once(kernel, kSmem, opted_in);
+    if (err != cudaSuccess) return err;
+    const int64_t groups = ceil_div(tiles, kTiles);
+    const dim3 grid = row_blocks > 1 ? dim3(unsigned(row_blocks), unsigned(groups))
+                                     : dim3(unsigned(groups), 1);
+    kernel<<<grid, kWarps * 32, kSmem, stream>>>(a);
     return cudaGetLastError();
 }
 
 }  // namespace
 
 cudaError_t gemm_sparse_w4a16_reference(const SparseGemmArgs& args, cudaStream_t stream) {
-    if (args.prepacked) return cudaErrorNotSupported;
     return dispatch_half_dtype(args.dtype, [&](auto tag) {
         using T = decltype(tag);
-        return with_bool(args.k1632, [&](auto k1632) {
-            return with_bool(args.zeros != nullptr, [&](auto asym) {
-                return launch_tile_grid(sparse_reference_kernel<T, k1632, asym>, args.m, args.n,
-                                        kRefBM, kRefBN, kRefThreads, 0, stream, args);
+        return with_bool(args.zeros != nullptr, [&](auto asym) {
+            constexpr bool kAsym = decltype(asym)::value;
+            if (args.prepacked)
+                return launch_tile_grid(sparse_reference_kernel<T, false, kAsym, true>, args.m,
+                                        args.n, kRefBM, kRefBN, kRefThreads, 0, stream, args);
+            return with_bool(args.k1632, [&](auto k1632) {
+                return launch_tile_grid(
+                    sparse_reference_kernel<T, decltype(k1632)::value, kAsym, false>, args.m,
+                    args.n, kRefBM, kRefBN, kRefThreads, 0, stream, args);
             });
         });
     });
@@ -210,26 +356,31 @@ cudaError_t gemm_sparse_w4a16_reference(const SparseGemmArgs& args, cudaStream_t
 cudaError_t gemm_sparse_w4a16_stream(const SparseGemmArgs& args, cudaStream_t stream) {
     const int64_t tiles = sparse_prepacked_rows(args.n) / kSparsePackRows;
     const int64_t row_blocks = ceil_div(args.m, kRowsPerBlock);
-    if (!args.prepacked || args.k1632 || compute_capability() < 80 || row_blocks > kMaxGridY ||
-        tiles > INT32_MAX)
+    if (!args.prepacked || args.k1632 || compute_capability() < 80 ||
+        !sparse_stream_grid_fits(args.m, args.n))
         return cudaErrorNotSupported;
-    // Four tiles per block (fewer loads of x per weight byte) while that still gives every SM
-    // two blocks; fewer tiles for small n.
+    // Four tiles per block (one copy of x serves four weight tiles) while that still gives
+    // every SM two blocks; fewer tiles for small n.
     const int64_t sms = std::max(sm_count(), 1);
     const int tiles_per_block = ceil_div(tiles, 4) * row_blocks >= 2 * sms   ? 4
-                                : ceil_div(tiles, 2) * row_blocks >= sms ? 2
-                                                                          : 1;
+                                : ceil_div(tiles, 2) * row_blocks >= 2 * sms ? 2
+                                                                              : 1;
+    const int x_rows = args.m == 1 ? 1 : args.m <= 8 ? 8 : 16;
     return dispatch_half_dtype(args.dtype, [&](auto tag) {
         using T = decltype(tag);
         return with_bool(args.zeros != nullptr, [&](auto asym) {
-            return with_bool(args.m > 8 || row_blocks > 1, [&](auto two) {
-                constexpr int kFrags = decltype(two)::value ? 2 : 1;
+            constexpr bool kAsym = decltype(asym)::value;
+            const auto with_rows = [&](auto rows) {
+                constexpr int kXRows = decltype(rows)::value;
                 switch (tiles_per_block) {
-                    case 4: return launch_stream<T, asym, 4, kFrags>(args, tiles, row_blocks, stream);
-                    case 2: return launch_stream<T, asym, 2, kFrags>(args, tiles, row_blocks, stream);
-                    default: return launch_stream<T, asym, 1, kFrags>(args, tiles, row_blocks, stream);
+                    case 4: return launch_stream<T, kAsym, 4, kXRows>(args, tiles, row_blocks, stream);
+                    case 2: return launch_stream<T, kAsym, 2, kXRows>(args, tiles, row_blocks, stream);
+                    default: return launch_stream<T, kAsym, 1, kXRows>(args, tiles, row_blocks, stream);
                 }
-            });
+            };
+            if (x_rows == 1) return with_rows(std::integral_constant<int, 1>{});
+            if (x_rows == 8) return with_rows(std::integral_constant<int, 8>{});
+            return with_rows(std::integral_constant<int, 16>{});
         });
     });
 }

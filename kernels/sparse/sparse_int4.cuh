@@ -134,7 +134,15 @@ struct SparseGemmArgs {
     }
 };
 
-// reference: either pattern, the interchange layout, any m, any GPU (tiled float32 FMAs).
+// The stream kernel's grid: 16-row blocks of x and 16-row tiles of the weight within a
+// launch's limits (the tile groups along y, at most 65535, where x has more than 16 rows).
+inline bool sparse_stream_grid_fits(int64_t m, int64_t n) {
+    const int64_t row_blocks = ceil_div(m, kSparsePackRows), tiles = ceil_div(n, kSparsePackRows);
+    return row_blocks <= INT32_MAX && tiles <= INT32_MAX && (row_blocks == 1 || tiles <= kMaxGridY);
+}
+
+// reference: either pattern on the interchange layout, or a prepacked 2:4 weight; any m, any GPU
+// (tiled float32 FMAs).
 cudaError_t gemm_sparse_w4a16_reference(const SparseGemmArgs& args, cudaStream_t stream);
 // stream: a prepacked 2:4 weight, sm_80+ (cudaErrorNotSupported below): mma.sp tiles that
 // stream the compressed weight once per 16 rows of x.

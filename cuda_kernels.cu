@@ -1040,15 +1040,26 @@ std::string sparse_facts(const ck::SparseGemmArgs& args) {
                          args.prepacked ? "prepacked" : "interchange-format");
 }
 
+// The stream kernel: M <= 16, and larger M where the tiles kernel's grid would not fill the GPU.
 bool sparse_stream_serves(const ck::SparseGemmArgs& args, int cc) {
     return cc >= kMmaMinArch && args.prepacked && !args.k1632 &&
-           ck::sparse_stream_grid_fits(args.m, args.n);
+           ck::sparse_stream_grid_fits(args.m, args.n) &&
+           (args.m <= kSmallMMax || !ck::sparse_tiles_fill_gpu(args.m, args.n));
+}
+
+bool sparse_tiles_serves(const ck::SparseGemmArgs& args, int cc) {
+    return cc >= kMmaMinArch && args.prepacked && !args.k1632 && args.m > kSmallMMax &&
+           args.n <= ck::kSparseTilesMaxN;
 }
 
 const ck::Variant<ck::SparseGemmArgs> kGemmSparseRows[] = {
     {"stream", ck::gemm_sparse_w4a16_stream, sparse_stream_serves,
-     "a prepacked 2:4 weight (ck_gemm_sparse_w4a16_prepacked), n below 2^35 (for m > 16: at "
-     "most 1048560), and compute capability 8.0 or newer"},
+     "a prepacked 2:4 weight (ck_gemm_sparse_w4a16_prepacked), n below 2^35, m <= 16 or a "
+     "shape whose tiles leave SMs idle (for m > 16: n at most 1048560), and compute capability "
+     "8.0 or newer"},
+    {"tiles", ck::gemm_sparse_w4a16_tiles, sparse_tiles_serves,
+     "a prepacked 2:4 weight (ck_gemm_sparse_w4a16_prepacked), m > 16, n <= 8388480 and "
+     "compute capability 8.0 or newer"},
     {"reference", ck::gemm_sparse_w4a16_reference, ck::any_call, "nothing"},
 };
 const auto kGemmSparse = ck::variant_table("CK_GEMM_SPARSE_KERNEL", kGemmSparseRows, sparse_facts);

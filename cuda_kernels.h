@@ -802,11 +802,12 @@ CK_API ck_status_t ck_sparse_w4a16_prepack(const uint8_t* codes, const uint32_t*
                                            uint8_t* zeros_prepacked, ck_stream_t stream);
 
 /* ck_gemm_sparse_w4a16 on a weight prepared by ck_sparse_w4a16_prepack (same n, k, group_size,
- * mode): the same w', on sparse tensor cores (mma.sp, compute capability 8.0 and newer; N
- * below 2^35, and for M > 16 at most 1048560) that stream the compressed weight once per 16
- * rows of x (the row blocks of a weight tile run together, so that all but one read it from
- * L2); elsewhere the tiled reference kernel, which reads this layout too. CK_GEMM_SPARSE_KERNEL:
- * "stream", "reference" or "auto". Requirements: as ck_gemm_sparse_w4a16, K a multiple of
+ * mode): the same w', on sparse tensor cores (mma.sp, compute capability 8.0 and newer):
+ * for M <= 16 a kernel that streams the compressed weight once (N below 2^35); for larger M,
+ * tiles of 128 weight rows by 64 rows of x (N at most 8388480), or, where those tiles would
+ * leave SMs idle, the streaming kernel once per 16 rows of x (N at most 1048560). Elsewhere
+ * the tiled reference kernel, which reads this layout too. CK_GEMM_SPARSE_KERNEL: "stream",
+ * "tiles", "reference" or "auto". Requirements: as ck_gemm_sparse_w4a16, K a multiple of
  * 128, w_prepacked 16-byte aligned, scales_prepacked and zeros_prepacked 4-byte aligned. */
 CK_API ck_status_t ck_gemm_sparse_w4a16_prepacked(const void* x, ck_dtype_t dtype,
                                                   const uint8_t* w_prepacked,

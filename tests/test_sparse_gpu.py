@@ -6,15 +6,16 @@
 - The quantizer counts the blocks that break the pattern (violations) exactly, and a weight
   that keeps it reports 0.
 - ck_gemm_sparse_w4a16 (reference kernel, either pattern) and ck_gemm_sparse_w4a16_prepacked
-  (mma.sp kernel and reference kernel, 2:4) meet the float64 reference on the dequantized weight under the
-  tolerance of float32 accumulation (test_w4a16_gpu.py derives it) plus half an ulp of the
-  output: M on both sides of 8 and 16 and past one block of 16 rows, N not a multiple of the
-  16-row tile, K from one 128-k chunk to several per warp, group 64 / 128, symmetric and
-  asymmetric, fp16 / bf16, bias and ReLU.
+  (the mma.sp kernels stream and tiles, and the reference kernel; 2:4) meet the float64
+  reference on the dequantized weight under the tolerance of float32 accumulation
+  (test_w4a16_gpu.py derives it) plus half an ulp of the output: M on both sides of 8 and 16,
+  past one block of 16 rows and of 64, N not a multiple of the 16-row tile nor of 128, K from
+  one 128-k chunk to several per warp, group 64 / 128, symmetric and asymmetric, fp16 / bf16,
+  bias and ReLU; auto's choice past 16 rows.
 - One-hot rows of x pick single weight columns, which the mma.sp GEMM returns exactly: every
   w' bit for bit equal to ck_sparse_dequantize_int4's output.
-- CUDA graph capture and replay of the prepacked GEMM; the override refusing the stream kernel
-  on the interchange layout, writing nothing.
+- CUDA graph capture and replay of the prepacked GEMM; the override refusing a variant that
+  cannot serve a call (the layout, M), writing nothing.
 
 The tests skip without a CUDA device. Each test draws a seed, prints it and names it in its
 messages; CK_TEST_SEED=<seed> replays it.
@@ -236,16 +237,24 @@ GEMM_SHAPES = [(1, 16, 128), (5, 40, 256), (8, 136, 512), (16, 48, 1024), (33, 2
                (70, 272, 256)]
 
 
-# (variant, prepacked): the mma.sp kernel, and the reference kernel on both layouts.
-GEMM_VARIANTS = [("stream", True), ("reference", False), ("reference", True)]
+# (variant, prepacked): the mma.sp kernels (stream: M <= 16 and small grids, as every shape
+# here; tiles: M > 16), and the reference kernel on both layouts.
+GEMM_VARIANTS = [("stream", True), ("tiles", True), ("reference", False), ("reference", True)]
+TILES_MIN_M = 17
 
 
-@pytest.mark.parametrize("variant, prepacked", GEMM_VARIANTS,
-                         ids=["stream", "reference", "reference-prepacked"])
+def gemm_params():
+    def name(variant, prepacked):
+        return variant + ("-prepacked" if prepacked and variant == "reference" else "")
+    return [pytest.param(variant, prepacked, m, n, k, id=f"{name(variant, prepacked)}-{m}x{n}x{k}")
+            for variant, prepacked in GEMM_VARIANTS for m, n, k in GEMM_SHAPES + [(200, 136, 256)]
+            if variant != "tiles" or m >= TILES_MIN_M]
+
+
+@pytest.mark.parametrize("variant, prepacked, m, n, k", gemm_params())
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 @pytest.mark.parametrize("group_size", ref.SPARSE_GROUP_SIZES)
 @pytest.mark.parametrize("mode", ["sym", "asym"])
-@pytest.mark.parametrize("m, n, k", GEMM_SHAPES, ids=lambda v: str(v))
 def test_gemm_meets_reference(variant, prepacked, dtype, group_size, mode, m, n, k, seed,
                               monkeypatch):
     rng = np.random.default_rng(seed)
@@ -284,16 +293,29 @@ def test_stream_in_a_cuda_graph(seed):
     call.check(f"graph replay, seed={seed}")
 
 
-def test_stream_refuses_the_interchange_layout(seed, monkeypatch):
+@pytest.mark.parametrize("variant, m, prepacked", [("stream", 2, False), ("tiles", 20, False),
+                                                    ("tiles", 16, True)])
+def test_forced_variant_refuses_what_it_cannot_serve(variant, m, prepacked, seed, monkeypatch):
+    """stream and tiles need a prepacked weight; tiles, more than 16 rows of x."""
     rng = np.random.default_rng(seed)
-    call = SparseGemm(rng, "2:4", "fp16", 64, "sym", 2, 16, 128, False, "none", False)
-    monkeypatch.setenv(KERNEL_ENV, "stream")
+    call = SparseGemm(rng, "2:4", "fp16", 64, "sym", m, 16, 128, False, "none", prepacked)
+    monkeypatch.setenv(KERNEL_ENV, variant)
     with pytest.raises(ck.CKError) as info:
         call.launch()
     assert info.value.status == ck.Status.UNSUPPORTED, info.value.message
-    assert KERNEL_ENV in info.value.message and "stream" in info.value.message
+    assert KERNEL_ENV in info.value.message and variant in info.value.message
     synchronize()
     assert call.out.untouched(), "a rejected call wrote its output"
+
+
+def test_auto_past_16_rows(seed):
+    """auto on both sides of 16 rows of x (stream, then stream or tiles by the grid) meets the
+    reference."""
+    rng = np.random.default_rng(seed)
+    for m in (16, 17, 130):
+        call = SparseGemm(rng, "2:4", "bf16", 128, "asym", m, 80, 384, True, "relu", True)
+        call.launch()
+        call.check(f"auto, m={m}, seed={seed}")
 
 
 # ---------------------------------------------------------------------------------------------

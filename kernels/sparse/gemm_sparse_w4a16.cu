@@ -334,6 +334,172 @@ cudaError_t launch_stream(const SparseGemmArgs& a, int64_t tiles, int64_t row_bl
     return cudaGetLastError();
 }
 
+// ---------------------------------------------------------------------------------------------
+// Tiles (mma.sp) for larger m: a block computes 128 weight rows (8 prepacked tiles) by 64 rows
+// of x over the whole K, 128 k a stage; its 8 warps are 4 (weight rows) x 2 (rows of x), each
+// 32 x 32 (2 tiles x 4 n8 fragments): every dequantized A feeds 4 mma.sp, every B fragment 2.
+// The whole block copies a stage (one 16-byte code vector, one 8-byte metadata vector and the
+// scale words per thread, and 64 rows of x, swizzled as the stream kernel's) into a ring of
+// kTileStages, __syncthreads between stages. Blocks of the same weight rows are adjacent in
+// the grid (rows of x along x), so the weight comes from DRAM about once.
+// ---------------------------------------------------------------------------------------------
+constexpr int kTileWTiles = 8;       // 16-row weight tiles of a block
+constexpr int kTileXRows = 64;       // rows of x of a block
+constexpr int kTileThreads = 256;
+constexpr int kTileStages = 4;
+static_assert(kTileWTiles * 32 == kTileThreads, "one weight vector of a stage per thread");
+
+template <bool kAsym> struct TileStage {
+    static constexpr int kCodes = 0;                               // [tile][lane] 16 bytes
+    static constexpr int kMeta = kCodes + kTileWTiles * 32 * 16;    // [tile][lane] 8 bytes
+    static constexpr int kScales = kMeta + kTileWTiles * 32 * 8;    // [half][tile][lane] 4
+    static constexpr int kZeros = kScales + 2 * kTileWTiles * 32 * 4;
+    static constexpr int kX = kZeros + (kAsym ? 2 * kTileWTiles * 32 * 4 : 0);
+    static constexpr int kBytes = kX + kTileXRows * kXRowBytes;
+};
+
+template <typename T, bool kAsym>
+__global__ void __launch_bounds__(kTileThreads, 2) sparse_tile_kernel(const SparseGemmArgs a) {
+    if constexpr (!kHasSm80) {
+        __trap();  // never launched below sm_80
+    } else {
+        using S = TileStage<kAsym>;
+        constexpr int kWarpTiles = 2, kWarpFrags = 4;
+        extern __shared__ __align__(16) uint8_t smem[];
+        const uint32_t ring = shared_address(smem);
+        const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4;
+        const int wr = warp % 4, wx = warp / 4;
+        const int64_t chunks = a.k / kSparsePackK;
+        const int64_t tiles = sparse_prepacked_rows(a.n) / kSparsePackRows;
+        const int64_t tile0 = int64_t(blockIdx.y) * kTileWTiles;
+        const int64_t m0 = int64_t(blockIdx.x) * kTileXRows;
+        const uint8_t* meta = a.codes + tiles * kSparsePackRows * a.k / 4;
+        const uint8_t* scale_pairs = static_cast<const uint8_t*>(a.scales);
+        const uint8_t* x = static_cast<const uint8_t*>(a.x);
+        const bool g64 = a.group_size == 64;
+
+        // The copies of chunk c into stage st: thread tid's weight vector (tile tid / 32, its
+        // lane), and 4 of the 64 x 16 pieces of x.
+        const int my_tile = tid / 32;
+        const bool tile_ok = tile0 + my_tile < tiles;
+        const auto issue = [&](int64_t c, int st) {
+            const uint32_t base = ring + uint32_t(st * S::kBytes);
+            if (tile_ok) {
+                const int64_t v = ((tile0 + my_tile) * chunks + c) * 32 + lane;
+                cp_async_16_zfill(base + S::kCodes + tid * 16, a.codes + v * 16, true);
+                cp_async_ca_zfill<8>(base + S::kMeta + tid * 8, meta + v * 8, true);
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    if (h == 1 && !g64) break;
+                    const int64_t group = (c * kSparsePackK + 64 * h) / a.group_size;
+                    const int64_t gi = ((tile0 + my_tile) * a.groups + group) * 8 + g;
+                    cp_async_ca_zfill<4>(base + S::kScales + (h * kTileThreads + tid) * 4,
+                                         scale_pairs + gi * 4, true);
+                    if constexpr (kAsym)
+                        cp_async_ca_zfill<4>(base + S::kZeros + (h * kTileThreads + tid) * 4,
+                                             a.zeros + (gi * 2 & ~int64_t(3)), true);
+                }
+            }
+#pragma unroll
+            for (int p = tid; p < kTileXRows * kXPieces; p += kTileThreads) {
+                const int r = p / kXPieces, piece = p % kXPieces;
+                const int64_t row = m0 + r;
+                const bool valid = row < a.m;
+                const uint8_t* src = x + ((valid ? row : 0) * a.k + c * kSparsePackK) * 2 +
+                                     piece * 16;
+                cp_async_ca_zfill<16>(base + S::kX + r * kXRowBytes + ((piece ^ (r % 8)) * 16),
+                                      src, valid);
+            }
+        };
+
+        float acc[kWarpTiles][kWarpFrags][4] = {};
+#pragma unroll
+        for (int i = 0; i < kTileStages - 1; ++i) {
+            if (i < chunks) issue(i, i);
+            cp_async_commit();
+        }
+        for (int64_t c = 0; c < chunks; ++c) {
+            cp_async_wait<kTileStages - 2>();
+            __syncthreads();  // the stage landed for every thread; the previous one is consumed
+            const int64_t ahead = c + kTileStages - 1;
+            if (ahead < chunks) issue(ahead, int(ahead % kTileStages));
+            cp_async_commit();
+            const uint32_t base = ring + uint32_t((c % kTileStages) * S::kBytes);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                uint32_t b[2][kWarpFrags][4];
+#pragma unroll
+                for (int ss = 0; ss < 2; ++ss)
+#pragma unroll
+                    for (int f = 0; f < kWarpFrags; ++f) {
+                        const int r = 32 * wx + 8 * f + lane % 8;
+                        const int piece = 4 * (2 * h + ss) + lane / 8;
+                        ldmatrix_x4(b[ss][f], base + S::kX + r * kXRowBytes +
+                                                  ((piece ^ (r % 8)) * 16));
+                    }
+#pragma unroll
+                for (int i = 0; i < kWarpTiles; ++i) {
+                    const int slot = (kWarpTiles * wr + i) * 32 + lane;
+                    const int hslot = (g64 ? h : 0) * kTileThreads + slot;
+                    uint4 q;
+                    uint2 e;
+                    uint32_t s2, z2 = 0x08080808u;
+                    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                                 : "=r"(q.x), "=r"(q.y), "=r"(q.z), "=r"(q.w)
+                                 : "r"(base + S::kCodes + slot * 16));
+                    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n"
+                                 : "=r"(e.x), "=r"(e.y) : "r"(base + S::kMeta + slot * 8));
+                    asm volatile("ld.shared.u32 %0, [%1];\n"
+                                 : "=r"(s2) : "r"(base + S::kScales + hslot * 4));
+                    if constexpr (kAsym) {
+                        asm volatile("ld.shared.u32 %0, [%1];\n"
+                                     : "=r"(z2) : "r"(base + S::kZeros + hslot * 4));
+                        const int64_t group = (c * kSparsePackK + 64 * h) / a.group_size;
+                        const int64_t gi =
+                            ((tile0 + kWarpTiles * wr + i) * a.groups + group) * 8 + g;
+                        z2 >>= 16 * (gi & 1);
+                    }
+                    using D = Dequant<Int4Zp, T>;
+                    const typename D::Block bg{kAsym ? z2 & 0xFFu : kSymmetricZero,
+                                               (s2 & 0xFFFFu) * 0x10001u};
+                    const typename D::Block bg8{kAsym ? z2 >> 8 & 0xFFu : kSymmetricZero,
+                                                (s2 >> 16) * 0x10001u};
+                    uint32_t pg[4], pg8[4];
+                    D::word(word(q, 2 * h), bg, pg);
+                    D::word(word(q, 2 * h + 1), bg8, pg8);
+                    const uint32_t em = h == 0 ? e.x : e.y;
+#pragma unroll
+                    for (int ss = 0; ss < 2; ++ss) {
+                        const uint32_t av[4] = {pg[2 * ss], pg8[2 * ss], pg[2 * ss + 1],
+                                                pg8[2 * ss + 1]};
+#pragma unroll
+                        for (int f = 0; f < kWarpFrags; ++f) {
+                            if (ss == 0) mma_sp_16x8x32<T, 0>(acc[i][f], av, b[ss][f], em);
+                            else mma_sp_16x8x32<T, 1>(acc[i][f], av, b[ss][f], em);
+                        }
+                    }
+                }
+            }
+        }
+        cp_async_wait<0>();
+
+        const FloatEpilogue<T> ep = a.epilogue<T>();
+        const int t = lane % 4;
+#pragma unroll
+        for (int i = 0; i < kWarpTiles; ++i)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const int64_t n = (tile0 + kWarpTiles * wr + i) * kSparsePackRows + g + 8 * (r / 2);
+                if (n >= a.n) continue;
+#pragma unroll
+                for (int f = 0; f < kWarpFrags; ++f) {
+                    const int64_t m = m0 + 32 * wx + 8 * f + 2 * t + r % 2;
+                    if (m < a.m) ep.store(m, n, ep.add_bias(n, acc[i][f][r]));
+                }
+            }
+    }
+}
+
 }  // namespace
 
 cudaError_t gemm_sparse_w4a16_reference(const SparseGemmArgs& args, cudaStream_t stream) {
@@ -381,6 +547,34 @@ cudaError_t gemm_sparse_w4a16_stream(const SparseGemmArgs& args, cudaStream_t st
             if (x_rows == 1) return with_rows(std::integral_constant<int, 1>{});
             if (x_rows == 8) return with_rows(std::integral_constant<int, 8>{});
             return with_rows(std::integral_constant<int, 16>{});
+        });
+    });
+}
+
+bool sparse_tiles_fill_gpu(int64_t m, int64_t n) {
+    const int64_t blocks = ceil_div(m, kTileXRows) *
+                           ceil_div(sparse_prepacked_rows(n) / kSparsePackRows, kTileWTiles);
+    return 2 * blocks >= 3 * int64_t(std::max(sm_count(), 1));
+}
+
+cudaError_t gemm_sparse_w4a16_tiles(const SparseGemmArgs& args, cudaStream_t stream) {
+    const int64_t row_blocks = ceil_div(args.m, kTileXRows);
+    const int64_t groups = ceil_div(sparse_prepacked_rows(args.n) / kSparsePackRows, kTileWTiles);
+    if (!args.prepacked || args.k1632 || compute_capability() < 80 || row_blocks > INT32_MAX ||
+        groups > kMaxGridY)
+        return cudaErrorNotSupported;
+    return dispatch_half_dtype(args.dtype, [&](auto tag) {
+        using T = decltype(tag);
+        return with_bool(args.zeros != nullptr, [&](auto asym) {
+            constexpr bool kAsym = decltype(asym)::value;
+            constexpr int kSmem = kTileStages * TileStage<kAsym>::kBytes;
+            const auto kernel = sparse_tile_kernel<T, kAsym>;
+            static std::atomic<uint64_t> opted_in{0};
+            const cudaError_t err = allow_dynamic_smem_once(kernel, kSmem, opted_in);
+            if (err != cudaSuccess) return err;
+            kernel<<<dim3(unsigned(row_blocks), unsigned(groups)), kTileThreads, kSmem, stream>>>(
+                args);
+            return cudaGetLastError();
         });
     });
 }

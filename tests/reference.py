@@ -2637,6 +2637,79 @@ def sparse1632_dequantize(packed, masks, scales, zeros, k, group_size, mode, out
     return sparse1632_decompress(values, masks, out_dtype)
 
 
+# ---- The prepacked 2:4 layout (ck_sparse_w4a16_prepack) ----------------------------------------
+# What the mma.sp kernels read (kernels/sparse/gemm_sparse_w4a16.cu), for N16 = ceil(N / 16) * 16
+# rows (16-row tiles) and K / 128 chunks; K must be a multiple of 128. Lane l = 4g + t of tile T
+# and chunk c:
+#   codes: 16 bytes at ((T * chunks + c) * 32 + l) * 16, four little-endian words: (row g, k 0..63
+#     of the chunk), (row g + 8, k 0..63), (row g, k 64..127), (row g + 8, k 64..127) with rows
+#     counted in the tile. In the word of half h, nibbles j and j + 4 (j < 4) hold the two kept
+#     values (2b, 2b + 1 of their k32 step's 16) of block b = t + 4 (j % 2) of step 2h + j // 2.
+#     Codes are unsigned: a symmetric q is stored as q + 8. Padding rows: code 8 (symmetric) or 0.
+#   metadata: after the codes (N16 K / 4 bytes), 8 bytes at the same lane index, two words: word
+#     h holds, of step 2h + t // 2 (the k32 steps the lane gives metadata for with selector
+#     t // 2), blocks 4 (t % 2) .. 4 (t % 2) + 3: row g's 16 bits of its metadata word in bits
+#     0..15, row g + 8's in bits 16..31. Padding rows: positions 0 and 1 (0x4444).
+#   scales, zeros: [N16 / 16][K / group_size][8][2]: value (g, r) is row 16 T + g + 8 r's;
+#     padding rows scale 0 and zero point 8.
+SPARSE_PACK_K = 128
+SPARSE_PACK_ROWS = 16
+
+
+def sparse24_prepack(codes, meta, scales, zeros, k, group_size):
+    """A 2:4 weight (sparse24_quantize's codes, metadata, scales and zeros or None) ->
+    (w_prepacked uint8 [N16 K 3 / 8], scales_prepacked [N16 K / group_size] in the scales'
+    dtype, zeros_prepacked uint8 or None), the layout above."""
+    codes = _matrix(_require_dtype(np.asarray(codes), np.uint8, "codes"))
+    meta = _matrix(_require_dtype(np.asarray(meta), np.uint32, "2:4 metadata"))
+    _check_sparse_group(group_size, k)
+    if k % SPARSE_PACK_K:
+        raise ValueError(f"K={k} must be a multiple of {SPARSE_PACK_K}")
+    n = codes.shape[0]
+    n16 = -(-n // SPARSE_PACK_ROWS) * SPARSE_PACK_ROWS
+    tiles, chunks, groups = n16 // SPARSE_PACK_ROWS, k // SPARSE_PACK_K, k // group_size
+    values = np.full((n16, k // 2), 0 if zeros is not None else 8, np.uint32)
+    nib = np.stack([codes & 0xF, codes >> 4], axis=2).reshape(n, -1).astype(np.uint32)
+    values[:n] = nib if zeros is not None else nib ^ 8
+    words_meta = np.full((n16, k // 32), 0x44444444, np.uint32)
+    words_meta[:n] = meta
+
+    g = np.arange(8)[:, None]
+    t = np.arange(4)[None, :]
+    code_words = np.zeros((tiles, chunks, 8, 4, 4), np.uint32)      # [T][c][g][t][word]
+    meta_words = np.zeros((tiles, chunks, 8, 4, 2), np.uint32)
+    for tile in range(tiles):
+        for c in range(chunks):
+            for h in range(2):
+                for r in range(2):
+                    rows = tile * SPARSE_PACK_ROWS + g + 8 * r                 # [8, 1]
+                    w = np.zeros((8, 4), np.uint32)
+                    for j in range(4):
+                        step = 4 * c + 2 * h + j // 2
+                        value = step * 16 + 2 * (t + 4 * (j % 2))            # [1, 4]
+                        w |= values[rows, value] << np.uint32(4 * j)
+                        w |= values[rows, value + 1] << np.uint32(4 * (j + 4))
+                    code_words[tile, c, :, :, 2 * h + r] = w
+                word = 4 * c + 2 * h + t // 2                                  # [1, 4]
+                shift = (16 * (t % 2)).astype(np.uint32)
+                lo = words_meta[tile * SPARSE_PACK_ROWS + g, word] >> shift & 0xFFFF
+                hi = words_meta[tile * SPARSE_PACK_ROWS + g + 8, word] >> shift & 0xFFFF
+                meta_words[tile, c, :, :, h] = lo | hi << np.uint32(16)
+    w_out = np.concatenate([code_words.reshape(-1).view(np.uint8),
+                            meta_words.reshape(-1).view(np.uint8)])
+
+    def pairs(a, pad):
+        a = np.asarray(a)
+        out = np.full((n16, groups), pad, a.dtype)
+        out[:n] = a
+        # [T][16 rows][groups] -> [T][groups][g][r], row = g + 8 r
+        return out.reshape(tiles, 2, 8, groups).transpose(0, 3, 2, 1).reshape(-1).copy()
+    scale_pad = np.zeros((), np.asarray(scales).dtype)
+    return (w_out, pairs(scales, scale_pad),
+            None if zeros is None else pairs(_require_dtype(np.asarray(zeros), np.uint8, "zeros"),
+                                             np.uint8(8)))
+
+
 # ---- Importer: compressed-tensors "sparse-24-bitmask" -----------------------------------------
 # compressed-tensors (Sparse24BitMaskCompressor, format "sparse-24-bitmask") stores a 2:4 weight
 # [N, K] as three tensors: `shape` int [2, 1] = [[N], [K]]; `bitmask` uint8 [N, ceil(K/8)], the

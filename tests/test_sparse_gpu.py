@@ -1,8 +1,8 @@
 """GPU tests of the structured-sparse INT4 weights (2:4, 16:32) against tests/reference.py.
 
-- ck_sparse_prune, ck_sparse_quantize_int4 and ck_sparse_dequantize_int4 are bit for bit the
-  reference's (sparse24_* / sparse1632_*), on random weights of every float dtype with ties,
-  signed zeros and NaN mixed in; every output buffer is poisoned and guarded.
+- ck_sparse_prune, ck_sparse_quantize_int4, ck_sparse_dequantize_int4 and ck_sparse_w4a16_prepack
+  are bit for bit the reference's (sparse24_* / sparse1632_*), on random weights of every float
+  dtype with ties, signed zeros and NaN mixed in; every output buffer is poisoned and guarded.
 - The quantizer counts the blocks that break the pattern (violations) exactly, and a weight
   that keeps it reports 0.
 - ck_gemm_sparse_w4a16 (reference kernel, either pattern) and ck_gemm_sparse_w4a16_prepacked
@@ -282,6 +282,26 @@ def test_stream_weights_bit_for_bit(dtype, mode, seed):
     want32 = ref.to_f32(want, dtype)
     want = ref.to_dtype(np.where(want32 == 0, np.float32(0), want32), dtype)
     assert_bitwise_equal(got, want, f"one-hot rows, seed={seed}")
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("mode", ["sym", "asym"])
+@pytest.mark.parametrize("group_size", ref.SPARSE_GROUP_SIZES)
+def test_prepack_matches_reference(dtype, mode, group_size, seed):
+    """Every byte ck_sparse_w4a16_prepack writes (padding rows included) is
+    ref.sparse24_prepack's; N not a multiple of the 16-row tile."""
+    rng = np.random.default_rng(seed)
+    call = SparseGemm(rng, "2:4", dtype, group_size, mode, 1, 37, 384, False, "none", True)
+    synchronize()
+    codes, meta, scales, zeros = call.weight
+    want = ref.sparse24_prepack(codes, meta, scales, zeros, 384, group_size)
+    got = (call.w_pre.read("w_prepacked"), call.s_pre.read("scales_prepacked"),
+           None if call.z_pre is None else call.z_pre.read("zeros_prepacked"))
+    for g, w, name in zip(got, want, ("w_prepacked", "scales_prepacked", "zeros_prepacked")):
+        if w is None:
+            assert g is None
+            continue
+        assert_bitwise_equal(g, w, f"{name}, {dtype} {mode} g{group_size}, seed={seed}")
 
 
 def test_stream_in_a_cuda_graph(seed):

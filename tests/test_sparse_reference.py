@@ -487,3 +487,52 @@ def test_import_marlin24_rejects_what_the_format_cannot_hold(seed):
         ref.import_marlin24(**{**ok, "meta": broken})
     with pytest.raises(ValueError, match="at most 2"):
         cf.marlin24_pack(np.full((k, n), 1, dtype=np.uint8), scales, 128)
+
+
+def decode_prepacked(w_pre, s_pre, z_pre, n, k, group_size, dtype):
+    """The dense [N, K] weight the mma.sp kernels see in a prepacked 2:4 weight, read the way
+    their lanes read it (ref.sparse24_prepack's layout): each lane's code words and metadata
+    halves, its two rows' scales and zero points."""
+    n16 = -(-n // 16) * 16
+    tiles, chunks, groups = n16 // 16, k // 128, k // group_size
+    code_words = w_pre[: n16 * k // 4].view(np.uint32).reshape(tiles, chunks, 8, 4, 4)
+    meta_words = w_pre[n16 * k // 4:].view(np.uint32).reshape(tiles, chunks, 8, 4, 2)
+    scales = s_pre.reshape(tiles, groups, 8, 2)
+    zeros = None if z_pre is None else z_pre.reshape(tiles, groups, 8, 2)
+    dense = np.zeros((n16, k), np.float32)
+    for tile in range(tiles):
+        for g in range(8):
+            for r in range(2):
+                row = tile * 16 + g + 8 * r
+                for kk in range(0, k, 4):
+                    c, kc = kk // 128, kk % 128
+                    h, ss, b = kc // 64, kc // 32 % 2, kc % 32 // 4
+                    j = 2 * ss + b // 4
+                    q = int(code_words[tile, c, g, b % 4, 2 * h + r])
+                    e = int(meta_words[tile, c, g, 2 * ss + b // 4, h])
+                    nib = e >> (16 * r + 4 * (b % 4)) & 0xF
+                    scale = ref.to_f32(scales[tile, kk // group_size, g, r:r + 1], dtype)[0]
+                    zero = 8 if zeros is None else int(zeros[tile, kk // group_size, g, r])
+                    kept = ((nib & 3, q >> (4 * j) & 0xF), (nib >> 2, q >> (4 * j + 16) & 0xF))
+                    for pos, u in kept:
+                        dense[row, kk + pos] = ref.to_f32(
+                            ref.to_dtype(np.float32((u - zero) * scale), dtype), dtype)
+    return dense[:n]
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("mode", ["sym", "asym"])
+@pytest.mark.parametrize("group_size", ref.SPARSE_GROUP_SIZES)
+def test_prepacked_layout_decodes_to_the_dequantized_weight(dtype, mode, group_size, seed):
+    """ref.sparse24_prepack's bytes, read as the kernels' lanes read them, are the weight
+    sparse24_dequantize gives, at every (n, k); padding rows decode to zero."""
+    rng = np.random.default_rng(seed)
+    n, k = 21, 256
+    w = ref.sparse24_prune(ref.random_input(rng, (n, k), dtype), dtype)
+    codes, meta, scales, zeros = ref.sparse24_quantize(w, dtype, group_size, mode)
+    w_pre, s_pre, z_pre = ref.sparse24_prepack(codes, meta, scales, zeros, k, group_size)
+    assert w_pre.size == -(-n // 16) * 16 * k * 3 // 8
+    want = ref.to_f32(ref.sparse24_dequantize(codes, meta, scales, zeros, k, group_size, mode,
+                                              dtype), dtype)
+    got = decode_prepacked(w_pre, s_pre, z_pre, n, k, group_size, dtype)
+    np.testing.assert_array_equal(bits(got), bits(want))

@@ -1049,7 +1049,7 @@ bool sparse_stream_serves(const ck::SparseGemmArgs& args, int cc) {
 
 bool sparse_tiles_serves(const ck::SparseGemmArgs& args, int cc) {
     return cc >= kMmaMinArch && args.prepacked && !args.k1632 && args.m > kSmallMMax &&
-           args.n <= ck::kSparseTilesMaxN;
+           ck::sparse_tiles_grid_fits(args.m, args.n);
 }
 
 const ck::Variant<ck::SparseGemmArgs> kGemmSparseRows[] = {
@@ -1058,8 +1058,8 @@ const ck::Variant<ck::SparseGemmArgs> kGemmSparseRows[] = {
      "shape whose tiles leave SMs idle (for m > 16: n at most 1048560), and compute capability "
      "8.0 or newer"},
     {"tiles", ck::gemm_sparse_w4a16_tiles, sparse_tiles_serves,
-     "a prepacked 2:4 weight (ck_gemm_sparse_w4a16_prepacked), m > 16, n <= 8388480 and "
-     "compute capability 8.0 or newer"},
+     "a prepacked 2:4 weight (ck_gemm_sparse_w4a16_prepacked), m > 16, ceil(m / 64) x "
+     "ceil(n / 128) tiles below 2^31 and compute capability 8.0 or newer"},
     {"reference", ck::gemm_sparse_w4a16_reference, ck::any_call, "nothing"},
 };
 const auto kGemmSparse = ck::variant_table("CK_GEMM_SPARSE_KERNEL", kGemmSparseRows, sparse_facts);

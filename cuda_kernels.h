@@ -804,7 +804,7 @@ CK_API ck_status_t ck_sparse_w4a16_prepack(const uint8_t* codes, const uint32_t*
 /* ck_gemm_sparse_w4a16 on a weight prepared by ck_sparse_w4a16_prepack (same n, k, group_size,
  * mode): the same w', on sparse tensor cores (mma.sp, compute capability 8.0 and newer):
  * for M <= 16 a kernel that streams the compressed weight once (N below 2^35); for larger M,
- * tiles of 128 weight rows by 64 rows of x (N at most 8388480), or, where those tiles would
+ * tiles of 128 weight rows by 64 rows of x (fewer than 2^31 of them), or, where those would
  * leave SMs idle, the streaming kernel once per 16 rows of x (N at most 1048560). Elsewhere
  * the tiled reference kernel, which reads this layout too. CK_GEMM_SPARSE_KERNEL: "stream",
  * "tiles", "reference" or "auto". Requirements: as ck_gemm_sparse_w4a16, K a multiple of

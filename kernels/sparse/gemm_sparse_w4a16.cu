@@ -340,13 +340,18 @@ cudaError_t launch_stream(const SparseGemmArgs& a, int64_t tiles, int64_t row_bl
 // 32 x 32 (2 tiles x 4 n8 fragments): every dequantized A feeds 4 mma.sp, every B fragment 2.
 // The whole block copies a stage (one 16-byte code vector, one 8-byte metadata vector and the
 // scale words per thread, and 64 rows of x, swizzled as the stream kernel's) into a ring of
-// kTileStages, __syncthreads between stages. Blocks of the same weight rows are adjacent in
-// the grid (rows of x along x), so the weight comes from DRAM about once.
+// kTileStages, __syncthreads between stages. The blocks run in bands of kTileBand weight
+// groups: every row block of x for those groups, then the next band, so that the band's weight
+// (kTileBand x 48 KB per 1024 k) stays in L2 while x passes once per band (with the rows of x
+// fastest, x came from DRAM once per weight group).
 // ---------------------------------------------------------------------------------------------
 constexpr int kTileWTiles = 8;       // 16-row weight tiles of a block
 constexpr int kTileXRows = 64;       // rows of x of a block
+static_assert(kTileWTiles * kSparsePackRows == kSparseTileRows && kTileXRows == kSparseTileXRows,
+              "sparse_tiles_grid_fits counts these blocks");
 constexpr int kTileThreads = 256;
 constexpr int kTileStages = 4;
+constexpr int64_t kTileBand = 8;     // weight groups of a band (see above)
 static_assert(kTileWTiles * 32 == kTileThreads, "one weight vector of a stage per thread");
 
 template <bool kAsym> struct TileStage {
@@ -371,8 +376,15 @@ __global__ void __launch_bounds__(kTileThreads, 2) sparse_tile_kernel(const Spar
         const int wr = warp % 4, wx = warp / 4;
         const int64_t chunks = a.k / kSparsePackK;
         const int64_t tiles = sparse_prepacked_rows(a.n) / kSparsePackRows;
-        const int64_t tile0 = int64_t(blockIdx.y) * kTileWTiles;
-        const int64_t m0 = int64_t(blockIdx.x) * kTileXRows;
+        // Block -> (weight group, row block) in bands of kTileBand groups; the last band may
+        // be narrower.
+        const int64_t row_blocks = ceil_div(a.m, kTileXRows);
+        const int64_t groups = ceil_div(tiles, kTileWTiles);
+        const int64_t band = int64_t(blockIdx.x) / (kTileBand * row_blocks);
+        const int64_t width = min(kTileBand, groups - band * kTileBand);
+        const int64_t within = int64_t(blockIdx.x) - band * kTileBand * row_blocks;
+        const int64_t tile0 = (band * kTileBand + within % width) * kTileWTiles;
+        const int64_t m0 = within / width * kTileXRows;
         const uint8_t* meta = a.codes + tiles * kSparsePackRows * a.k / 4;
         const uint8_t* scale_pairs = static_cast<const uint8_t*>(a.scales);
         const uint8_t* x = static_cast<const uint8_t*>(a.x);
@@ -560,8 +572,8 @@ bool sparse_tiles_fill_gpu(int64_t m, int64_t n) {
 cudaError_t gemm_sparse_w4a16_tiles(const SparseGemmArgs& args, cudaStream_t stream) {
     const int64_t row_blocks = ceil_div(args.m, kTileXRows);
     const int64_t groups = ceil_div(sparse_prepacked_rows(args.n) / kSparsePackRows, kTileWTiles);
-    if (!args.prepacked || args.k1632 || compute_capability() < 80 || row_blocks > INT32_MAX ||
-        groups > kMaxGridY)
+    if (!args.prepacked || args.k1632 || compute_capability() < 80 ||
+        !sparse_tiles_grid_fits(args.m, args.n))
         return cudaErrorNotSupported;
     return dispatch_half_dtype(args.dtype, [&](auto tag) {
         using T = decltype(tag);
@@ -572,8 +584,7 @@ cudaError_t gemm_sparse_w4a16_tiles(const SparseGemmArgs& args, cudaStream_t str
             static std::atomic<uint64_t> opted_in{0};
             const cudaError_t err = allow_dynamic_smem_once(kernel, kSmem, opted_in);
             if (err != cudaSuccess) return err;
-            kernel<<<dim3(unsigned(row_blocks), unsigned(groups)), kTileThreads, kSmem, stream>>>(
-                args);
+            kernel<<<unsigned(row_blocks * groups), kTileThreads, kSmem, stream>>>(args);
             return cudaGetLastError();
         });
     });

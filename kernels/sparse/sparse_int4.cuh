@@ -148,8 +148,12 @@ cudaError_t gemm_sparse_w4a16_reference(const SparseGemmArgs& args, cudaStream_t
 // stream the compressed weight once per 16 rows of x.
 cudaError_t gemm_sparse_w4a16_stream(const SparseGemmArgs& args, cudaStream_t stream);
 // tiles: a prepacked 2:4 weight, sm_80+: mma.sp tiles of 128 weight rows by 64 rows of x that
-// read the weight about once (for m > 16); m below 2^37, n at most 8388480.
-constexpr int64_t kSparseTilesMaxN = 65535 * 128;
+// read the weight about once (for m > 16), while their count fits one launch (2^31 - 1).
+constexpr int64_t kSparseTileRows = 128, kSparseTileXRows = 64;
+inline bool sparse_tiles_grid_fits(int64_t m, int64_t n) {
+    const int64_t groups = ceil_div(n, kSparseTileRows), row_blocks = ceil_div(m, kSparseTileXRows);
+    return groups <= INT32_MAX && row_blocks <= INT32_MAX / groups;
+}
 cudaError_t gemm_sparse_w4a16_tiles(const SparseGemmArgs& args, cudaStream_t stream);
 // Whether the tiles kernel's grid for [m, n] fills the GPU (1.5 blocks per SM at least): below
 // that the stream kernel, whose warps also split K, measured faster (benchmarks/NOTES.md).

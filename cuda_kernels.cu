@@ -1618,6 +1618,19 @@ ck_status_t ck_sparse_quantize_int4(const void* w, ck_dtype_t dtype, ck_sparsity
     return check.launch([&] { return ck::sparse_quantize_int4(w, out, violations, stream); });
 }
 
+ck_status_t ck_sparse_1632_to_24(const uint32_t* masks, int64_t n, int64_t k, uint32_t* meta_24,
+                                 int32_t* violations, ck_stream_t stream) {
+    const Check check("ck_sparse_1632_to_24");
+    CK_TRY(check.not_null({{masks, "masks"}, {meta_24, "meta_24"}}));
+    CK_TRY(check.matrix(n, k, sizeof(uint32_t), "n", "k"));
+    CK_TRY(check.multiple_of(k, ck::kSparseWordK, "k", "one mask word per 32 k of a row"));
+    CK_TRY(check.aligned(masks, 16, "masks", "the kernels' 16-byte accesses"));
+    CK_TRY(check.aligned(meta_24, 16, "meta_24", "the kernels' 16-byte accesses"));
+    if (violations) CK_TRY(check.element_aligned(violations, CK_DTYPE_INT32, "violations"));
+    return check.launch(
+        [&] { return ck::sparse_1632_to_24(masks, n, k, meta_24, violations, stream); });
+}
+
 ck_status_t ck_sparse_dequantize_int4(const uint8_t* codes, const uint32_t* meta,
                                       const void* scales, const uint8_t* zeros,
                                       ck_sparsity_t sparsity, int64_t n, int64_t k,

@@ -757,6 +757,18 @@ CK_API ck_status_t ck_sparse_quantize_int4(const void* w, ck_dtype_t dtype,
                                            uint8_t* zeros, int32_t* violations,
                                            ck_stream_t stream);
 
+/* A 16:32 weight as 2:4: masks [N, K / 32] (ck_sparse_quantize_int4's with CK_SPARSITY_16_32)
+ * -> meta_24 [N, K / 32], the 2:4 metadata of the same kept positions, for a weight whose every
+ * block of 4 k keeps exactly 2 of them (its codes, scales and zeros serve both patterns
+ * unchanged: the kept values keep their order). violations: NULL, or one int32 on the device
+ * that the call sets to the number of blocks of 4 that keep another count (0: the conversion
+ * is exact); such a block's metadata names positions 0 and 1, and the weight is not the
+ * caller's. N >= 1; K >= 32 and a multiple of 32; masks and meta_24 16-byte aligned and not
+ * overlapping. */
+CK_API ck_status_t ck_sparse_1632_to_24(const uint32_t* masks, int64_t n, int64_t k,
+                                        uint32_t* meta_24, int32_t* violations,
+                                        ck_stream_t stream);
+
 /* The dense weight out [N, K] of out_dtype (the scales' type: FP32, FP16 or BF16): w' above.
  * meta must name valid positions (2:4: idx0 < idx1 in every nibble; 16:32: 16 bits a word), as
  * ck_sparse_quantize_int4 writes them; other values give unspecified (but in-bounds) results. */

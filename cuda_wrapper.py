@@ -107,7 +107,7 @@ __all__ = [
     "quantize_tensor", "dequantize_tensor", "int8_matmul", "torch_ops",
     "SPARSITY_2_4", "SPARSITY_16_32", "sparse_prune", "sparse_quantize_int4",
     "sparse_dequantize_int4", "sparse_w4a16_prepack", "gemm_sparse_w4a16",
-    "gemm_sparse_w4a16_prepacked", "SparseQuantizedLinear",
+    "gemm_sparse_w4a16_prepacked", "SparseQuantizedLinear", "sparse_1632_to_24",
 ]
 
 LIBRARY_NAME = "libcuda_kernels.so"
@@ -489,6 +489,9 @@ DECLARATIONS = {
         ("w_ptr", _PTR), ("dtype", _ENUM), ("sparsity", _ENUM), ("n", _I64), ("k", _I64),
         ("group_size", _I64), ("mode", _ENUM), ("codes_ptr", _PTR), ("meta_ptr", _PTR),
         ("scales_ptr", _PTR), ("zeros_ptr", _PTR), ("violations_ptr", _PTR), _STREAM)),
+    "ck_sparse_1632_to_24": (_STATUS, (
+        ("masks_ptr", _PTR), ("n", _I64), ("k", _I64), ("meta_ptr", _PTR, "meta_24"),
+        ("violations_ptr", _PTR), _STREAM)),
     "ck_sparse_dequantize_int4": (_STATUS, (
         ("codes_ptr", _PTR), ("meta_ptr", _PTR), ("scales_ptr", _PTR), ("zeros_ptr", _PTR),
         ("sparsity", _ENUM), ("n", _I64), ("k", _I64), ("group_size", _I64), ("mode", _ENUM),
@@ -3675,6 +3678,28 @@ def sparse_quantize_int4(w, sparsity="2:4", group_size=128, symmetric=True, dtyp
                              "non-zero): prune it first (sparse_prune)"
                              % (sparsity if isinstance(sparsity, str) else
                                 ("2:4", "16:32")[sp], violations))
+    return result
+
+
+def sparse_1632_to_24(masks, stream=None):
+    """The 2:4 metadata [N, K / 32] of a 16:32 weight's masks (ck_sparse_1632_to_24), for a
+    weight whose every block of 4 k keeps exactly 2 positions: its codes, scales and zeros then
+    serve as a 2:4 weight's (:func:`sparse_w4a16_prepack`). ValueError where a block keeps
+    another count (this reads the count back: it waits for the stream)."""
+    with _Call(masks, stream) as call:
+        ma = call.input(masks, "masks", matrix=True)
+        if ma.dtype.itemsize != 4:
+            raise TypeError("masks must be 32-bit words ([N, K / 32]), not %s" % ma.dtype)
+        n, words = _matrix(ma.shape, "masks")
+        meta_np = np.uint32 if call.kind is None else np.int32
+        m = call.output((n, words), meta_np, DType.INT32, None, "meta_24")
+        count = DeviceArray.empty((1,), np.int32, stream=call.stream)
+        raw.sparse_1632_to_24(ma.ptr, n, 32 * words, m.ptr, count.ptr, call.stream)
+        result = call.finish(m)
+    bad = int(count.to_numpy()[0])
+    if bad:
+        raise ValueError("%d blocks of 4 keep other than 2 positions: the 16:32 weight is not "
+                         "a 2:4 one" % bad)
     return result
 
 

@@ -797,10 +797,11 @@ def _positive(args, *names):
 
 
 def matrix_bytes(rows, cols, dtype_arg, labels=None):
-    """rows * cols elements of the dtype argument's size: the byte count fits in int64_t.
-    labels: the names the messages give the two sizes, where not their arguments' names."""
+    """rows * cols elements of the dtype argument's size (or of dtype_arg bytes, an int): the
+    byte count fits in int64_t. labels: the names the messages give the two sizes, where not
+    their arguments' names."""
     def rule(args):
-        size = _element_size(args[dtype_arg])
+        size = dtype_arg if isinstance(dtype_arg, int) else _element_size(args[dtype_arg])
         if size is None or not _positive(args, rows, cols):
             return []
         if args[rows] * args[cols] * size > INT64_MAX:
@@ -2175,6 +2176,11 @@ DESCRIPTIONS = {
          "scales_ptr": Pointer("dtype"), "zeros_ptr": ZeroPoints(),
          "violations_ptr": Pointer(4, optional=True), "stream": Stream()},
         sparse_weight_rules("dtype")),
+    "ck_sparse_1632_to_24": Description(
+        {"masks_ptr": Pointer(16), "n": sparse_n(), "k": sparse_k(SPARSE_WORD_K),
+         "meta_ptr": Pointer(16), "violations_ptr": Pointer(4, optional=True),
+         "stream": Stream()},
+        (matrix_bytes("n", "k", 4, SPARSE_MATRIX_LABELS), multiple_of("k", SPARSE_WORD_K))),
     "ck_sparse_dequantize_int4": Description(
         {"codes_ptr": Pointer(16), "meta_ptr": Pointer(16), "scales_ptr": Pointer("out_dtype"),
          "zeros_ptr": ZeroPoints(), "sparsity": Enum(SPARSITIES), "n": sparse_n(),

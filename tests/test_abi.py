@@ -847,8 +847,8 @@ PERMUTE_COLUMNS_CASES = (
 # scales aligned to their dtype, zeros anywhere. Rules (cuda_kernels.h): a valid ck_sparsity_t;
 # group_size 64 or 128 only (the dense INT4 sizes 32 and -1 are unsupported); K a multiple of 32
 # and of the group (so K >= 64) and, for the prepacked 2:4 layout, of 128. The calls without an
-# M check the weight [N, K] as ck_quantize_int4 checks its matrix, at the dtype's size, and
-# their messages name N and K rows and cols too (the GEMMs name m, n and k). The prepacked
+# M check the weight [N, K] as ck_quantize_int4 checks its matrix, at the dtype's size, their
+# messages naming n and k (the GEMMs check m, n and k as every GEMM does). The prepacked
 # layout pads a row to 16 rows of K 3 / 8 bytes: one row's 6 K bytes overflow past
 # SPARSE_PACK_MOST_K, where its dense 2 K bytes (and a GEMM's 4 K) still fit.
 META, VIOLATIONS = 0x7F0001600000, 0x7F0001700000
@@ -993,6 +993,21 @@ def sparse_gemm_cases(prepacked):
         + [("misaligned-scales-%s" % dt.name.lower(), dict(scales_ptr=S + 1, dtype=dt),
             MISALIGNED, ["scales"]) for dt in (DType.FP16, DType.BF16)])
 
+
+# ck_sparse_1632_to_24: a 16:32 weight's masks [N, K / 32] -> 2:4 metadata, both 16-byte
+# aligned; violations optional (int32).
+SPARSE_1632_TO_24 = dict(masks_ptr=Q, n=64, k=256, meta_ptr=META, violations_ptr=VIOLATIONS)
+SPARSE_1632_TO_24_CASES = (
+    null("masks")
+    + [("null-meta_24", dict(meta_ptr=0), INVALID, ["meta_24"])]
+    + sparse_matrix_cases()
+    + bad("k", BAD_W4A16_K, UNSUPPORTED)
+    + [("misaligned-masks+%d" % d, dict(masks_ptr=Q + d), MISALIGNED, ["masks"]) for d in (4, 8)]
+    + [("misaligned-meta_24+%d" % d, dict(meta_ptr=META + d), MISALIGNED, ["meta_24"])
+       for d in (4, 8)]
+    + [("misaligned-violations+2", dict(violations_ptr=VIOLATIONS + 2), MISALIGNED,
+        ["violations"])]
+)
 
 # ck_gemm_sparse_w4a16: either sparsity, the interchange format.
 GEMM_SPARSE_W4A16 = dict(x_ptr=X, dtype=DType.FP16, sparsity=ck.SPARSITY_2_4, codes_ptr=Q,
@@ -1505,7 +1520,8 @@ ENTRY_POINTS = {
                   "GEMM_INT8", "GEMM_INT8_SCALED", "INT8_PREPACK", "LINEAR", "GEMM_W4A16", "GEMM_W4A16_PREPACKED",
                   "W4A16_PREPACK", "BLOCK4_PREPACK", "GEMM_BLOCK4_PREPACKED", "QKV_PREPACK",
                   "QKV_PROJECTION", "IMPORT_GPTQ", "IMPORT_AWQ", "PERMUTE_COLUMNS",
-                  "SPARSE_PRUNE", "SPARSE_QUANTIZE_INT4", "SPARSE_DEQUANTIZE_INT4",
+                  "SPARSE_PRUNE", "SPARSE_QUANTIZE_INT4", "SPARSE_1632_TO_24",
+                  "SPARSE_DEQUANTIZE_INT4",
                   "GEMM_SPARSE_W4A16", "SPARSE_W4A16_PREPACK", "GEMM_SPARSE_W4A16_PREPACKED",
                   "GEMM_INT4",
                   "GEMM_INT4_SCALED", "MOE_ROUTE", "MOE_PREPACK", "MOE_WORKSPACE_SIZE",

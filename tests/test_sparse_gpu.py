@@ -397,3 +397,44 @@ def test_quantized_linear_on_torch_tensors(seed):
     y = layer(torch.from_numpy(x).cuda())
     assert isinstance(y, torch.Tensor) and y.is_cuda and y.dtype == torch.float16
     assert_bitwise_equal(y.cpu().numpy(), want, f"torch layer, seed={seed}")
+
+
+def test_1632_to_24_matches_reference(seed):
+    """ck_sparse_1632_to_24 on a 16:32 weight whose every block of 4 keeps 2 positions: the
+    reference's 2:4 metadata bit for bit, no violation, and with the 16:32 codes that is the
+    2:4 quantization of the same weight; on pruned random weights (blocks of 4 keeping 0 ... 4
+    positions) the count of the other blocks, exactly. The wrapper's sparse_1632_to_24 says the
+    same (and raises on the second)."""
+    rng = np.random.default_rng(seed)
+    n, k = 24, 256
+    w32 = rng.standard_normal((n, k)).astype(np.float32) / 16 + np.float32(1e-3)
+    keep = np.argsort(rng.random((n, k // 4, 4)), axis=2)[:, :, :2]
+    mask = np.zeros((n, k // 4, 4), bool)
+    np.put_along_axis(mask, keep, True, axis=2)
+    w = ref.to_dtype(np.where(mask.reshape(n, k), w32, np.float32(0)), "fp16")
+    codes, masks, scales, zeros = ref.sparse1632_quantize(w, "fp16", 128, "sym")
+    for masks_host, want_bad in ((masks, 0), (None, None)):
+        if masks_host is None:   # pruned random weights: blocks of 4 keep 0 .. 4 positions
+            masks_host = ref.sparse1632_quantize(sparse_weight(rng, "16:32", n, k, "fp16"),
+                                                 "fp16", 128, "sym")[1]
+            per_block = (masks_host[:, :, None] >> (4 * np.arange(8, dtype=np.uint32)) & 0xF)
+            want_bad = int((np.vectorize(lambda v: bin(int(v)).count("1"))(per_block) != 2).sum())
+            assert want_bad > 0
+        m = GuardedBuffer.input(masks_host)
+        out = GuardedBuffer.output((n, k // 32), np.uint32, POISON_QUANTIZED)
+        bad = GuardedBuffer.output((1,), np.int32, POISON_QUANTIZED)
+        ck.raw.sparse_1632_to_24(m.ptr, n, k, out.ptr, bad.ptr, 0)
+        synchronize()
+        assert int(bad.read("violations")[0]) == want_bad, f"seed={seed}"
+        got = out.read("meta_24")
+        ref.sparse24_unpack_metadata(got)   # valid 2:4 metadata either way
+        if want_bad == 0:
+            _, want = ref.sparse1632_to_24(codes, masks_host)
+            assert_bitwise_equal(got, want, f"meta_24, seed={seed}")
+            codes24, meta24, _, _ = ref.sparse24_quantize(w, "fp16", 128, "sym")
+            assert_bitwise_equal(codes, codes24, f"codes, seed={seed}")
+            assert_bitwise_equal(got, meta24, f"2:4 metadata, seed={seed}")
+            assert_bitwise_equal(ck.sparse_1632_to_24(masks_host), want, f"wrapper, seed={seed}")
+        else:
+            with pytest.raises(ValueError, match="blocks of 4"):
+                ck.sparse_1632_to_24(masks_host)

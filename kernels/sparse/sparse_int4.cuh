@@ -100,6 +100,11 @@ cudaError_t sparse_prune(const void* w, const SparseWeight& shape, void* out, cu
 cudaError_t sparse_quantize_int4(const void* w, const SparseWeight& out, int32_t* violations,
                                  cudaStream_t stream);
 
+// 16:32 masks [n, k / 32] -> 2:4 metadata of the same positions; violations (or nullptr): the
+// blocks of 4 that keep other than 2 positions (their metadata: positions 0 and 1).
+cudaError_t sparse_1632_to_24(const uint32_t* masks, int64_t n, int64_t k, uint32_t* meta,
+                              int32_t* violations, cudaStream_t stream);
+
 // codes, meta, scales, zeros -> dense [n, k] of out_dtype (the scales' type).
 cudaError_t sparse_dequantize_int4(const SparseWeight& in, void* out, cudaStream_t stream);
 

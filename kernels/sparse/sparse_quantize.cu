@@ -158,6 +158,32 @@ quantize_kernel(const T* __restrict__ w, SparseWeight out, int32_t* violations, 
 }
 
 // ---------------------------------------------------------------------------------------------
+// 16:32 -> 2:4: one thread per mask word.
+// ---------------------------------------------------------------------------------------------
+__global__ void __launch_bounds__(kThreads)
+mask_to_24_kernel(const uint32_t* __restrict__ masks, uint32_t* __restrict__ meta,
+                  int32_t* violations, int64_t words) {
+    for (int64_t item = blockIdx.x * int64_t(kThreads) + threadIdx.x; item < words;
+         item += int64_t(gridDim.x) * kThreads) {
+        const uint32_t mask = masks[item];
+        uint32_t word = 0;
+        int bad = 0;
+#pragma unroll
+        for (int b = 0; b < 8; ++b) {
+            const uint32_t bits = mask >> (4 * b) & 0xFu;
+            uint32_t nibble = kSparse24FirstTwo & 0xFu;  // positions 0 and 1
+            if (__popc(bits) == 2)
+                nibble = uint32_t(__ffs(bits) - 1) | uint32_t(31 - __clz(bits)) << 2;
+            else
+                ++bad;
+            word |= nibble << (4 * b);
+        }
+        meta[item] = word;
+        if (bad && violations) atomicAdd(violations, bad);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Dequantize: one thread per 32 dense k.
 // ---------------------------------------------------------------------------------------------
 template <typename T, bool k1632, bool kAsym>
@@ -189,7 +215,8 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(SparseWeight in, T
 // ---------------------------------------------------------------------------------------------
 // Codes of row `row` (k/4 bytes per row), kept values v .. v + 1 of a block, as 2 nibbles, in the
 // prepacked (unsigned) encoding; padding rows hold the zero code.
-__device__ __forceinline__ uint32_t block_codes(const SparseWeight& in, int64_t row, int64_t value) {
+__device__ __forceinline__ uint32_t block_codes(const SparseWeight& in, int64_t row,
+                                                int64_t value) {
     if (row >= in.n) return in.zeros ? 0u : 0x88u;  // padding rows: scale 0 makes them 0 anyway
     const uint8_t byte = in.codes[row * (in.k / 4) + value / 2];
     return in.zeros ? byte : byte ^ 0x88u;  // symmetric: two's complement q -> q + 8
@@ -297,6 +324,17 @@ cudaError_t sparse_quantize_int4(const void* w, const SparseWeight& out, int32_t
             return cudaGetLastError();
         });
     });
+}
+
+cudaError_t sparse_1632_to_24(const uint32_t* masks, int64_t n, int64_t k, uint32_t* meta,
+                              int32_t* violations, cudaStream_t stream) {
+    const int64_t words = n * (k / kSparseWordK);
+    if (violations) {
+        const cudaError_t err = cudaMemsetAsync(violations, 0, sizeof(int32_t), stream);
+        if (err != cudaSuccess) return err;
+    }
+    mask_to_24_kernel<<<grid_for(words), kThreads, 0, stream>>>(masks, meta, violations, words);
+    return cudaGetLastError();
 }
 
 cudaError_t sparse_dequantize_int4(const SparseWeight& in, void* out, cudaStream_t stream) {

@@ -100,6 +100,49 @@ __global__ void __launch_bounds__(kRefThreads) sparse_reference_kernel(const Spa
 }
 
 // ---------------------------------------------------------------------------------------------
+// What both mma.sp kernels do with one 16-row weight tile and one 64-k half of a chunk: the
+// lane's code vector, metadata vector, scale-pair word and (asymmetric) zero-point word from
+// shared memory (the addresses of its slots; zero_high: the pair is the high half of its aligned
+// word), rows g and g + 8 dequantized (Dequant<Int4Zp>::word: pairs (j, j + 4) are exactly the
+// A registers, the file comment says why), and the half's two k32 steps multiplied into acc[f]
+// with the B fragments b[step][f] of x (selector = step: the metadata words' lanes).
+// ---------------------------------------------------------------------------------------------
+template <typename T, bool kAsym, int kFrags>
+__device__ __forceinline__ void tile_half_mma(uint32_t codes_at, uint32_t meta_at,
+                                              uint32_t scale_at, uint32_t zero_at,
+                                              bool zero_high, int h,
+                                              const uint32_t (&b)[2][kFrags][4],
+                                              float (&acc)[kFrags][4]) {
+    uint4 q;
+    uint2 e;
+    uint32_t s2, z2 = 0x08080808u;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(q.x), "=r"(q.y), "=r"(q.z), "=r"(q.w) : "r"(codes_at));
+    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(e.x), "=r"(e.y) : "r"(meta_at));
+    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(s2) : "r"(scale_at));
+    if constexpr (kAsym) {
+        asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(z2) : "r"(zero_at));
+        if (zero_high) z2 >>= 16;
+    }
+    using D = Dequant<Int4Zp, T>;
+    const typename D::Block bg{kAsym ? z2 & 0xFFu : kSymmetricZero, (s2 & 0xFFFFu) * 0x10001u};
+    const typename D::Block bg8{kAsym ? z2 >> 8 & 0xFFu : kSymmetricZero, (s2 >> 16) * 0x10001u};
+    uint32_t pg[4], pg8[4];  // dequantized pairs of rows g and g + 8
+    D::word(word(q, 2 * h), bg, pg);
+    D::word(word(q, 2 * h + 1), bg8, pg8);
+    const uint32_t em = h == 0 ? e.x : e.y;
+#pragma unroll
+    for (int ss = 0; ss < 2; ++ss) {
+        const uint32_t av[4] = {pg[2 * ss], pg8[2 * ss], pg[2 * ss + 1], pg8[2 * ss + 1]};
+#pragma unroll
+        for (int f = 0; f < kFrags; ++f) {
+            if (ss == 0) mma_sp_16x8x32<T, 0>(acc[f], av, b[ss][f], em);
+            else mma_sp_16x8x32<T, 1>(acc[f], av, b[ss][f], em);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Stream (mma.sp)
 // ---------------------------------------------------------------------------------------------
 // A block has kWarps warps (4, or 8 where few blocks cover the weight's rows): warp w takes
@@ -211,7 +254,8 @@ __global__ void __launch_bounds__(kWarps * 32) sparse_stream_kernel(const Sparse
         };
 
         float acc[kTiles][kFrags][4] = {};
-        // Chunks warp, warp + kWarps, ...: the i-th is chunk warp + i * kWarps, in stage i % kStages.
+        // Chunks warp, warp + kWarps, ...: the i-th is chunk warp + i kWarps, in stage
+        // i % kStages.
         const int64_t mine = chunks > warp ? ceil_div(chunks - warp, kWarps) : 0;
 #pragma unroll
         for (int i = 0; i < kStages - 1; ++i) {
@@ -244,44 +288,14 @@ __global__ void __launch_bounds__(kWarps * 32) sparse_stream_kernel(const Sparse
                 }
 #pragma unroll
                 for (int i = 0; i < kTiles; ++i) {
-                    uint4 q;
-                    uint2 e;
-                    uint32_t s2, z2 = 0x08080808u;
                     const uint32_t slot = uint32_t(i * 32 + lane);
                     const uint32_t hslot = uint32_t(((i * 2 + (g64 ? h : 0)) * 32) + lane);
-                    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                                 : "=r"(q.x), "=r"(q.y), "=r"(q.z), "=r"(q.w)
-                                 : "r"(base + S::kCodes + slot * 16));
-                    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n"
-                                 : "=r"(e.x), "=r"(e.y) : "r"(base + S::kMeta + slot * 8));
-                    asm volatile("ld.shared.u32 %0, [%1];\n"
-                                 : "=r"(s2) : "r"(base + S::kScales + hslot * 4));
-                    if constexpr (kAsym) {
-                        asm volatile("ld.shared.u32 %0, [%1];\n"
-                                     : "=r"(z2) : "r"(base + S::kZeros + hslot * 4));
-                        const int64_t group = (c * kSparsePackK + 64 * h) / a.group_size;
-                        const int64_t gi = ((tile0 + i) * a.groups + group) * 8 + g;
-                        z2 >>= 16 * (gi & 1);  // the pair's half of the aligned word
-                    }
-                    using D = Dequant<Int4Zp, T>;
-                    const typename D::Block bg{kAsym ? z2 & 0xFFu : kSymmetricZero,
-                                               (s2 & 0xFFFFu) * 0x10001u};
-                    const typename D::Block bg8{kAsym ? z2 >> 8 & 0xFFu : kSymmetricZero,
-                                                (s2 >> 16) * 0x10001u};
-                    uint32_t pg[4], pg8[4];  // dequantized pairs of rows g and g + 8
-                    D::word(word(q, 2 * h), bg, pg);
-                    D::word(word(q, 2 * h + 1), bg8, pg8);
-                    const uint32_t em = h == 0 ? e.x : e.y;
-#pragma unroll
-                    for (int ss = 0; ss < 2; ++ss) {
-                        const uint32_t av[4] = {pg[2 * ss], pg8[2 * ss], pg[2 * ss + 1],
-                                                pg8[2 * ss + 1]};
-#pragma unroll
-                        for (int f = 0; f < kFrags; ++f) {
-                            if (ss == 0) mma_sp_16x8x32<T, 0>(acc[i][f], av, b[ss][f], em);
-                            else mma_sp_16x8x32<T, 1>(acc[i][f], av, b[ss][f], em);
-                        }
-                    }
+                    const int64_t group = (c * kSparsePackK + 64 * h) / a.group_size;
+                    const int64_t gi = ((tile0 + i) * a.groups + group) * 8 + g;
+                    tile_half_mma<T, kAsym, kFrags>(
+                        base + S::kCodes + slot * 16, base + S::kMeta + slot * 8,
+                        base + S::kScales + hslot * 4, base + S::kZeros + hslot * 4, gi & 1, h,
+                        b, acc[i]);
                 }
             }
         }
@@ -453,43 +467,13 @@ __global__ void __launch_bounds__(kTileThreads, 2) sparse_tile_kernel(const Spar
                 for (int i = 0; i < kWarpTiles; ++i) {
                     const int slot = (kWarpTiles * wr + i) * 32 + lane;
                     const int hslot = (g64 ? h : 0) * kTileThreads + slot;
-                    uint4 q;
-                    uint2 e;
-                    uint32_t s2, z2 = 0x08080808u;
-                    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                                 : "=r"(q.x), "=r"(q.y), "=r"(q.z), "=r"(q.w)
-                                 : "r"(base + S::kCodes + slot * 16));
-                    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n"
-                                 : "=r"(e.x), "=r"(e.y) : "r"(base + S::kMeta + slot * 8));
-                    asm volatile("ld.shared.u32 %0, [%1];\n"
-                                 : "=r"(s2) : "r"(base + S::kScales + hslot * 4));
-                    if constexpr (kAsym) {
-                        asm volatile("ld.shared.u32 %0, [%1];\n"
-                                     : "=r"(z2) : "r"(base + S::kZeros + hslot * 4));
-                        const int64_t group = (c * kSparsePackK + 64 * h) / a.group_size;
-                        const int64_t gi =
-                            ((tile0 + kWarpTiles * wr + i) * a.groups + group) * 8 + g;
-                        z2 >>= 16 * (gi & 1);
-                    }
-                    using D = Dequant<Int4Zp, T>;
-                    const typename D::Block bg{kAsym ? z2 & 0xFFu : kSymmetricZero,
-                                               (s2 & 0xFFFFu) * 0x10001u};
-                    const typename D::Block bg8{kAsym ? z2 >> 8 & 0xFFu : kSymmetricZero,
-                                                (s2 >> 16) * 0x10001u};
-                    uint32_t pg[4], pg8[4];
-                    D::word(word(q, 2 * h), bg, pg);
-                    D::word(word(q, 2 * h + 1), bg8, pg8);
-                    const uint32_t em = h == 0 ? e.x : e.y;
-#pragma unroll
-                    for (int ss = 0; ss < 2; ++ss) {
-                        const uint32_t av[4] = {pg[2 * ss], pg8[2 * ss], pg[2 * ss + 1],
-                                                pg8[2 * ss + 1]};
-#pragma unroll
-                        for (int f = 0; f < kWarpFrags; ++f) {
-                            if (ss == 0) mma_sp_16x8x32<T, 0>(acc[i][f], av, b[ss][f], em);
-                            else mma_sp_16x8x32<T, 1>(acc[i][f], av, b[ss][f], em);
-                        }
-                    }
+                    const int64_t group = (c * kSparsePackK + 64 * h) / a.group_size;
+                    const int64_t gi =
+                        ((tile0 + kWarpTiles * wr + i) * a.groups + group) * 8 + g;
+                    tile_half_mma<T, kAsym, kWarpFrags>(
+                        base + S::kCodes + slot * 16, base + S::kMeta + slot * 8,
+                        base + S::kScales + hslot * 4, base + S::kZeros + hslot * 4, gi & 1, h,
+                        b, acc[i]);
                 }
             }
         }
@@ -550,10 +534,14 @@ cudaError_t gemm_sparse_w4a16_stream(const SparseGemmArgs& args, cudaStream_t st
             constexpr bool kAsym = decltype(asym)::value;
             const auto with_rows = [&](auto rows) {
                 constexpr int kXRows = decltype(rows)::value;
+                const auto launch = [&](auto per_block) {
+                    return launch_stream<T, kAsym, decltype(per_block)::value, kXRows>(
+                        args, tiles, row_blocks, stream);
+                };
                 switch (tiles_per_block) {
-                    case 4: return launch_stream<T, kAsym, 4, kXRows>(args, tiles, row_blocks, stream);
-                    case 2: return launch_stream<T, kAsym, 2, kXRows>(args, tiles, row_blocks, stream);
-                    default: return launch_stream<T, kAsym, 1, kXRows>(args, tiles, row_blocks, stream);
+                    case 4: return launch(std::integral_constant<int, 4>{});
+                    case 2: return launch(std::integral_constant<int, 2>{});
+                    default: return launch(std::integral_constant<int, 1>{});
                 }
             };
             if (x_rows == 1) return with_rows(std::integral_constant<int, 1>{});

@@ -2949,6 +2949,16 @@ def gemm_w4a16_prepacked(x, w_prepacked, scales_prepacked, zeros_prepacked=None,
     original weight. n: the weight's N (the prepacked arrays are padded, so it must be given).
     Returns [M, N] (or [N]) in the dtype of x.
     """
+    return _gemm_prepacked(x, w_prepacked, scales_prepacked, zeros_prepacked, n, group_size, bias,
+                           activation, out, dtype, stream, raw.w4a16_prepacked_bytes,
+                           raw.w4a16_prepacked_groups, raw.gemm_w4a16_prepacked)
+
+
+def _gemm_prepacked(x, w_prepacked, scales_prepacked, zeros_prepacked, n, group_size, bias,
+                    activation, out, dtype, stream, bytes_of, groups_of, launch):
+    """What the GEMMs on a prepacked INT4 weight (dense or 2:4) share: the arrays checked
+    against the layout's sizes (bytes_of(n, k), groups_of(n, k, group_size)), the output, and
+    launch (the raw entry point, gemm_w4a16_prepacked's arguments)."""
     if n is None or int(n) < 1:
         raise ValueError("n (the weight's number of rows) must be given and >= 1")
     n = int(n)
@@ -2958,16 +2968,16 @@ def gemm_w4a16_prepacked(x, w_prepacked, scales_prepacked, zeros_prepacked=None,
         xa = call.input(x, "x", dtype, matrix=True, need=_FLOAT_INPUT)
         m, k = _matrix(xa.shape, "x")
         wa = call.input(w_prepacked, "w_prepacked", need=np.uint8)
-        _check_array(wa, "w_prepacked", np.uint8, max(raw.w4a16_prepacked_bytes(n, k), 0))
-        nvalues = max(raw.w4a16_prepacked_groups(n, k, group_size), 0)
+        _check_array(wa, "w_prepacked", np.uint8, max(bytes_of(n, k), 0))
+        nvalues = max(groups_of(n, k, group_size), 0)
         sa = call.input(scales_prepacked, "scales_prepacked", xa.ck_dtype)
         _check_array(sa, "scales_prepacked", sa.dtype, nvalues)
         z_ptr = call.optional_input(zeros_prepacked, "zeros_prepacked", nvalues, need=np.uint8)
         bias_ptr = call.optional_input(bias, "bias", n, xa.ck_dtype)
         out_shape = (n,) if len(xa.shape) == 1 else (m, n)
         o = call.output(out_shape, _NUMPY_OF[xa.ck_dtype], xa.ck_dtype, out, "out")
-        raw.gemm_w4a16_prepacked(xa.ptr, xa.ck_dtype, wa.ptr, sa.ptr, z_ptr, group_size, mode,
-                                 bias_ptr, act, m, n, k, o.ptr, call.stream)
+        launch(xa.ptr, xa.ck_dtype, wa.ptr, sa.ptr, z_ptr, group_size, mode, bias_ptr, act, m, n,
+               k, o.ptr, call.stream)
         return call.finish(o)
 
 
@@ -3787,26 +3797,9 @@ def gemm_sparse_w4a16_prepacked(x, w_prepacked, scales_prepacked, zeros_prepacke
     """:func:`gemm_sparse_w4a16` on a 2:4 weight prepared by :func:`sparse_w4a16_prepack`
     (ck_gemm_sparse_w4a16_prepacked: the sparse tensor cores). n: the weight's N (the
     prepacked arrays are padded)."""
-    if n is None or int(n) < 1:
-        raise ValueError("n (the weight's number of rows) must be given and >= 1")
-    n = int(n)
-    act = _activation(activation)
-    mode = INT4_SYMMETRIC if zeros_prepacked is None else INT4_ASYMMETRIC
-    with _Call(x, stream) as call:
-        xa = call.input(x, "x", dtype, matrix=True, need=_FLOAT_INPUT)
-        m, k = _matrix(xa.shape, "x")
-        wa = call.input(w_prepacked, "w_prepacked", need=np.uint8)
-        _check_array(wa, "w_prepacked", np.uint8, max(raw.sparse_w4a16_prepacked_bytes(n, k), 0))
-        nvalues = max(raw.sparse_w4a16_prepacked_groups(n, k, group_size), 0)
-        sa = call.input(scales_prepacked, "scales_prepacked", xa.ck_dtype)
-        _check_array(sa, "scales_prepacked", sa.dtype, nvalues)
-        z_ptr = call.optional_input(zeros_prepacked, "zeros_prepacked", nvalues, need=np.uint8)
-        bias_ptr = call.optional_input(bias, "bias", n, xa.ck_dtype)
-        out_shape = (n,) if len(xa.shape) == 1 else (m, n)
-        o = call.output(out_shape, _NUMPY_OF[xa.ck_dtype], xa.ck_dtype, out, "out")
-        raw.gemm_sparse_w4a16_prepacked(xa.ptr, xa.ck_dtype, wa.ptr, sa.ptr, z_ptr, group_size,
-                                        mode, bias_ptr, act, m, n, k, o.ptr, call.stream)
-        return call.finish(o)
+    return _gemm_prepacked(x, w_prepacked, scales_prepacked, zeros_prepacked, n, group_size, bias,
+                           activation, out, dtype, stream, raw.sparse_w4a16_prepacked_bytes,
+                           raw.sparse_w4a16_prepacked_groups, raw.gemm_sparse_w4a16_prepacked)
 
 
 class SparseQuantizedLinear(QuantizedLinear):

@@ -91,12 +91,7 @@ class Problem {
         if (!bench_.wants(spec)) return nullptr;
         Row* row = bench_.run(spec, [this](int i) {
             const Set& s = set(i);
-            const float alpha = 1.f, beta = 0.f;
-            CK_BENCH_CHECK(cublasGemmEx(bench_.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, int(n_), int(m_),
-                                        int(k_), &alpha, s.dense.as(), CUDA_R_16F, int(k_),
-                                        s.x.as(), CUDA_R_16F, int(k_), &beta, s.out.as(),
-                                        CUDA_R_16F, int(n_), CUBLAS_COMPUTE_32F,
-                                        CUBLAS_GEMM_DEFAULT));
+            gemm_bench::cublas_fp16_linear(bench_, s.dense.as(), s.x.as(), s.out.as(), m_, n_, k_);
         });
         stream_note(*row, 2.0 * double(n_) * double(k_));
         return row;
@@ -169,16 +164,8 @@ class Problem {
             fill_uniform(s.dense.as(), CK_DTYPE_FP16, n_ * k_, seed + 2, -kFloatAbsMax,
                          kFloatAbsMax, st);
             fill_random_bytes(s.out.as(), int64_t(s.out.bytes()), seed + 3, st);
-            s.int4_w = DeviceBuffer(size_t(ck_w4a16_prepacked_bytes(n_, k_)));
-            s.int4_s = DeviceBuffer(sizeof(__half) *
-                                    size_t(ck_w4a16_prepacked_groups(n_, k_, kInt4GroupSize)));
-            CK_BENCH_CHECK(ck_quantize_int4(s.dense.as(), CK_DTYPE_FP16, n_, k_, kInt4GroupSize,
-                                            CK_INT4_SYMMETRIC, packed.as<uint8_t>(),
-                                            int4_scales.as(), nullptr, st));
-            CK_BENCH_CHECK(ck_w4a16_prepack(packed.as<uint8_t>(), int4_scales.as(), nullptr,
-                                            CK_DTYPE_FP16, n_, k_, kInt4GroupSize,
-                                            CK_INT4_SYMMETRIC, s.int4_w.as<uint8_t>(),
-                                            s.int4_s.as(), nullptr, st));
+            gemm_bench::prepack_int4_fp16(s.dense.as(), n_, k_, kInt4GroupSize, packed,
+                                          int4_scales, s.int4_w, s.int4_s, st);
             for (size_t f = 0; f < std::size(kFormats); ++f) {
                 const Format& fmt = kFormats[f];
                 switch (fmt.format) {

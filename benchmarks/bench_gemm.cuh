@@ -119,6 +119,31 @@ inline bool int4_scaled_row_at(int64_t m, bool quick) {
     return m == (quick ? kQuickInt4ScaledTokens : kInt4ScaledTokens);
 }
 
+// y[m, n] = x[m, k] w[n, k]^T in fp16 on cuBLAS (TN, float32 accumulation): the unquantized
+// layer every weight-only family (block4, qkv, sparse) measures itself beside.
+inline void cublas_fp16_linear(Bench& bench, const void* w, const void* x, void* y, int64_t m,
+                               int64_t n, int64_t k) {
+    const float alpha = 1.f, beta = 0.f;
+    CK_BENCH_CHECK(cublasGemmEx(bench.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, int(n), int(m), int(k),
+                                &alpha, w, CUDA_R_16F, int(k), x, CUDA_R_16F, int(k), &beta, y,
+                                CUDA_R_16F, int(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+// A fp16 [n, k] weight as the library's prepacked symmetric INT4 of groups `group`
+// (ck_quantize_int4, then ck_w4a16_prepack) into new buffers w_out and s_out; packed (n k / 2
+// bytes) and scales (n k / group halves) are the caller's scratch.
+inline void prepack_int4_fp16(const void* dense, int64_t n, int64_t k, int64_t group,
+                              DeviceBuffer& packed, DeviceBuffer& scales, DeviceBuffer& w_out,
+                              DeviceBuffer& s_out, cudaStream_t st) {
+    w_out = DeviceBuffer(size_t(ck_w4a16_prepacked_bytes(n, k)));
+    s_out = DeviceBuffer(sizeof(__half) * size_t(ck_w4a16_prepacked_groups(n, k, group)));
+    CK_BENCH_CHECK(ck_quantize_int4(dense, CK_DTYPE_FP16, n, k, group, CK_INT4_SYMMETRIC,
+                                    packed.as<uint8_t>(), scales.as(), nullptr, st));
+    CK_BENCH_CHECK(ck_w4a16_prepack(packed.as<uint8_t>(), scales.as(), nullptr, CK_DTYPE_FP16, n,
+                                    k, group, CK_INT4_SYMMETRIC, w_out.as<uint8_t>(), s_out.as(),
+                                    nullptr, st));
+}
+
 // A fp16 GEMM row of the weight-only families (block4, qkv): 2 M N K flops, `bytes` its floor,
 // `copies` the rotation copies of its inputs.
 inline RowSpec weight_only_spec(const char* family, const std::string& kernel,

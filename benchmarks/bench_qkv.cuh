@@ -119,11 +119,7 @@ class Problem {
     }
 
     void gemm(const void* w, const void* x, void* y) {
-        const float alpha = 1.f, beta = 0.f;
-        CK_BENCH_CHECK(cublasGemmEx(bench_.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, int(n_), int(t_),
-                                    int(k_), &alpha, w, CUDA_R_16F, int(k_), x, CUDA_R_16F, int(k_),
-                                    &beta, y, CUDA_R_16F, int(n_), CUBLAS_COMPUTE_32F,
-                                    CUBLAS_GEMM_DEFAULT));
+        gemm_bench::cublas_fp16_linear(bench_, w, x, y, t_, n_, k_);
     }
 
     const Row* dense_row() {

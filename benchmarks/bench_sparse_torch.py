@@ -38,13 +38,13 @@ device.
 import argparse
 import datetime
 import re
-import statistics
 import sys
 import warnings
 from pathlib import Path
 
+from bench_sdpa import copies_for, time_calls   # the same timing: CUDA graphs past the L2
+
 EXIT_NO_DEVICE = 2
-L2_BYTES = 50 * 2**20
 LAYER_SHAPES = [(4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672)]  # K, N
 LAYER_TOKENS = [1, 16, 64, 256, 1024, 4096]
 SEED_SHAPES = [(1024, 1024), (5120, 5120), (16384, 16384), (20480, 5120), (5120, 20480)]
@@ -59,47 +59,9 @@ FORMS = (  # the ways to call the sparse weight, in the order tried
 )
 
 
-def copies_for(bytes_per_call):
-    return max(2, int(2 * L2_BYTES // max(bytes_per_call, 1)) + 1)
-
-
 def first_line(e, width=120):
     text = str(e).strip()
     return (text.splitlines()[0] if text else type(e).__name__)[:width]
-
-
-def time_calls(torch, call, copies, reps):
-    """Device time per call (us): one CUDA graph of `copies` calls (one per input copy) replayed
-    after warm-up, CUDA events around the replays, the median of 5 loops; so that torch's host
-    time per call (tens of us) stays out of it. Where a call cannot be captured, the calls
-    are timed directly ("eager" in the note). Returns (us, note)."""
-    for i in range(copies):
-        call(i)
-    torch.cuda.synchronize()
-    graph, note = None, ""
-    try:
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for i in range(copies):
-                call(i)
-    except RuntimeError as e:
-        graph, note = None, "eager: " + str(e).splitlines()[0][:60]
-        torch.cuda.synchronize()
-    replays = max(1, reps // copies)
-    times = []
-    for _ in range(5):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for r in range(replays):
-            if graph is not None:
-                graph.replay()
-            else:
-                for i in range(copies):
-                    call(i)
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop) * 1e3 / (replays * copies))
-    return statistics.median(times), note
 
 
 def run_case(torch, call, copies, reps):

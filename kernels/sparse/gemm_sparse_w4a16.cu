@@ -100,6 +100,33 @@ __global__ void __launch_bounds__(kRefThreads) sparse_reference_kernel(const Spa
 }
 
 // ---------------------------------------------------------------------------------------------
+// x in a stage of either mma.sp kernel: rows of one 128-k chunk (kXRowBytes each) in 16-byte
+// pieces, piece p of row r at p ^ (r % 8), so that ldmatrix's eight rows of one piece column
+// fall in eight distinct bank groups.
+// ---------------------------------------------------------------------------------------------
+constexpr int kXRowBytes = kSparsePackK * 2;  // one x row of a chunk (fp16 / bf16)
+constexpr int kXPieces = kXRowBytes / 16;     // its 16-byte pieces
+static_assert(kXPieces == 16, "the x swizzle XORs a row's piece index with row % 8");
+__device__ __forceinline__ uint32_t x_piece_at(uint32_t x_base, int r, int piece) {
+    return x_base + uint32_t(r * kXRowBytes + ((piece ^ (r % 8)) * 16));
+}
+
+// Copies rows m0 .. m0 + kRows - 1 of x's chunk c to x_base (rows past m zero-filled): the
+// caller's thread `first` of kStride takes pieces first, first + kStride, ...
+template <int kRows, int kStride>
+__device__ __forceinline__ void copy_x_chunk(uint32_t x_base, const uint8_t* x, int64_t m0,
+                                             int64_t m, int64_t k, int64_t c, int first) {
+#pragma unroll
+    for (int p = first; p < kRows * kXPieces; p += kStride) {
+        const int r = p / kXPieces, piece = p % kXPieces;
+        const int64_t row = m0 + r;
+        const bool valid = row < m;
+        const uint8_t* src = x + ((valid ? row : 0) * k + c * kSparsePackK) * 2 + piece * 16;
+        cp_async_ca_zfill<16>(x_piece_at(x_base, r, piece), src, valid);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // What both mma.sp kernels do with one 16-row weight tile and one 64-k half of a chunk: the
 // lane's code vector, metadata vector, scale-pair word and (asymmetric) zero-point word from
 // shared memory (the addresses of its slots; zero_high: the pair is the high half of its aligned
@@ -152,10 +179,7 @@ constexpr int kMaxStages = 8;
 constexpr int kWarpRingBytes = 12 * 1024;   // 48 or 96 KB a block: four or two blocks per SM
 constexpr int kRowsPerBlock = 16;           // rows of x: two n8 B fragments
 constexpr int kSteps = kSparsePackK / 32;   // mma.sp k32 steps per chunk
-constexpr int kXRowBytes = kSparsePackK * 2;  // one x row of a chunk (fp16 / bf16)
-constexpr int kXPieces = kXRowBytes / 16;     // its 16-byte pieces
 static_assert(kSteps == 4, "a chunk is two 64-k halves of two steps each");
-static_assert(kXPieces == 16, "the x swizzle XORs a row's piece index with row % 8");
 
 // One stage of a warp's ring: what the warp copies for one chunk. Per tile, every lane's 16
 // bytes of codes, 8 of metadata, the 4-byte words of its scale pairs (one per group the chunk
@@ -240,17 +264,7 @@ __global__ void __launch_bounds__(kWarps * 32) sparse_stream_kernel(const Sparse
                                              a.zeros + (gi * 2 & ~int64_t(3)), true);
                 }
             }
-            // x rows m0 .. m0 + kXRows - 1 of the chunk; rows past m are zero-filled.
-#pragma unroll
-            for (int p = lane; p < kXRows * kXPieces; p += 32) {
-                const int r = p / kXPieces, piece = p % kXPieces;
-                const int64_t row = m0 + r;
-                const bool valid = row < a.m;
-                const uint8_t* src = x + ((valid ? row : 0) * a.k + c * kSparsePackK) * 2 +
-                                     piece * 16;
-                cp_async_ca_zfill<16>(base + S::kX + r * kXRowBytes + ((piece ^ (r % 8)) * 16),
-                                      src, valid);
-            }
+            copy_x_chunk<kXRows, 32>(base + S::kX, x, m0, a.m, a.k, c, lane);
         };
 
         float acc[kTiles][kFrags][4] = {};
@@ -280,9 +294,8 @@ __global__ void __launch_bounds__(kWarps * 32) sparse_stream_kernel(const Sparse
                     for (int f = 0; f < kFrags; ++f) {
                         // Lane l addresses row l % 8 of matrix l / 8 (k 32 step + 8 (l / 8)).
                         const int r = 8 * f + lane % 8, piece = 4 * step + lane / 8;
-                        const uint32_t addr =
-                            r < kXRows ? base + S::kX + r * kXRowBytes + ((piece ^ (r % 8)) * 16)
-                                       : zero_row + piece * 16;
+                        const uint32_t addr = r < kXRows ? x_piece_at(base + S::kX, r, piece)
+                                                         : zero_row + piece * 16;
                         ldmatrix_x4(b[ss][f], addr);
                     }
                 }
@@ -426,16 +439,7 @@ __global__ void __launch_bounds__(kTileThreads, 2) sparse_tile_kernel(const Spar
                                              a.zeros + (gi * 2 & ~int64_t(3)), true);
                 }
             }
-#pragma unroll
-            for (int p = tid; p < kTileXRows * kXPieces; p += kTileThreads) {
-                const int r = p / kXPieces, piece = p % kXPieces;
-                const int64_t row = m0 + r;
-                const bool valid = row < a.m;
-                const uint8_t* src = x + ((valid ? row : 0) * a.k + c * kSparsePackK) * 2 +
-                                     piece * 16;
-                cp_async_ca_zfill<16>(base + S::kX + r * kXRowBytes + ((piece ^ (r % 8)) * 16),
-                                      src, valid);
-            }
+            copy_x_chunk<kTileXRows, kTileThreads>(base + S::kX, x, m0, a.m, a.k, c, tid);
         };
 
         float acc[kWarpTiles][kWarpFrags][4] = {};
@@ -460,8 +464,7 @@ __global__ void __launch_bounds__(kTileThreads, 2) sparse_tile_kernel(const Spar
                     for (int f = 0; f < kWarpFrags; ++f) {
                         const int r = 32 * wx + 8 * f + lane % 8;
                         const int piece = 4 * (2 * h + ss) + lane / 8;
-                        ldmatrix_x4(b[ss][f], base + S::kX + r * kXRowBytes +
-                                                  ((piece ^ (r % 8)) * 16));
+                        ldmatrix_x4(b[ss][f], x_piece_at(base + S::kX, r, piece));
                     }
 #pragma unroll
                 for (int i = 0; i < kWarpTiles; ++i) {

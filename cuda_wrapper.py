@@ -3249,12 +3249,7 @@ class QkvProjection:
 
     def __call__(self, x, positions=None, stream=None):
         """x [T, hidden] (or [hidden]) in the layer's dtype -> (q, k, v)."""
-        kind = _kind(x)
-        host_kind = None
-        if kind is not None and not kind.on_device(x):
-            host_kind, x = kind, kind.host_array(x, "x")
-        on_host = not _is_device(x)
-        xd = _to_device(_layer_host_cast(x, self.dtype), self.dtype) if on_host else x
+        xd, on_host, host_kind = _layer_input(x, self.dtype)
         if positions is not None and not _is_device(positions):
             positions = _to_device(np.asarray(positions, np.int32), None)
         w, s, z = self.prepacked
@@ -3411,6 +3406,19 @@ def _layer_host_cast(a, dtype):
         if a.dtype == np.float32:
             return a.astype(np.float16)
     return a
+
+
+def _layer_input(x, dtype):
+    """A layer's input on the device: (xd, on_host, host_kind). A CUDA array is used as it is;
+    host data (NumPy, or a CPU tensor of host_kind's framework) is uploaded in the layer's dtype
+    (float32 NumPy for an fp16 layer converted first), and its result goes back the host way
+    (_layer_host_result)."""
+    kind = _kind(x)
+    host_kind = None
+    if kind is not None and not kind.on_device(x):
+        host_kind, x = kind, kind.host_array(x, "x")
+    on_host = not _is_device(x)
+    return (_to_device(_layer_host_cast(x, dtype), dtype) if on_host else x), on_host, host_kind
 
 
 def _layer_host_result(y, out, host_kind=None):
@@ -3832,12 +3840,7 @@ class SparseQuantizedLinear(QuantizedLinear):
 
     def __call__(self, x, out=None, stream=None):
         """x [M, in_features] (or [in_features]) in the layer's dtype -> [M, out_features]."""
-        kind = _kind(x)
-        host_kind = None
-        if kind is not None and not kind.on_device(x):
-            host_kind, x = kind, kind.host_array(x, "x")
-        on_host = not _is_device(x)
-        xd = _to_device(_layer_host_cast(x, self.dtype), self.dtype) if on_host else x
+        xd, on_host, host_kind = _layer_input(x, self.dtype)
         common = dict(group_size=self.group_size, bias=self.bias, activation=self.activation,
                       out=None if on_host else out, dtype=self.dtype, stream=stream)
         if self.prepacked is not None:

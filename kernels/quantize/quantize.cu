@@ -18,6 +18,8 @@
 //     longer rows are read twice (absmax pass, encode pass), the second time mostly from L2;
 //   - per tensor: absmax into scales[0] with one atomicMax per block, then the encode pass: x is
 //     read twice, which no single-pass scheme avoids once x is larger than the chip's storage.
+//     A tensor that fits one block's row cache is one row of the per-row kernel instead: one
+//     launch where the two passes take four stream operations (a decode step's activations).
 //
 // Floors: these kernels do a few operations per byte, so time is bytes / copy bandwidth:
 //   bytes = elements * (sizeof(input) + sizeof(output)) + scales (+ zeros); per-tensor dynamic
@@ -373,6 +375,12 @@ cudaError_t launch_int8_quantize(const T* x, int64_t rows, int64_t cols, ck_gran
     }
     // Per tensor: the rows do not matter, so the tensor is one long row.
     const int64_t n = rows * cols;
+    if (mode == CK_SCALE_DYNAMIC && ceil_div(n, kChunk) <= int64_t(kBlockThreads) * row_cache<T>()) {
+        // Small enough for one block's registers (a decode step's activations): the per-row
+        // kernel on that one row is one launch, where the absmax pass below takes four.
+        launch_row_quantize<T, Int8Sym, float, kVec>(x, q, scales, nullptr, 1, n, stream);
+        return cudaGetLastError();
+    }
     if (mode == CK_SCALE_DYNAMIC) {
         const cudaError_t err = launch_tensor_absmax<T, kVec>(x, n, scales, stream);
         if (err != cudaSuccess) return err;

@@ -953,8 +953,9 @@ ck_status_t check_decode_params(const Check& check, const ck_attention_decode_pa
                                         q_bytes, cache_bytes, lse_bytes, "k_cache", "v_cache"));
     }
 
-    const int64_t splits = ck::decode_num_splits(p->batch, p->num_heads_q, p->num_heads_kv,
-                                                 p->seqlen_q, p->max_seqlen_k, p->num_splits);
+    const int64_t splits =
+        ck::decode_num_splits(p->batch, p->num_heads_q, p->num_heads_kv, p->seqlen_q,
+                              p->max_seqlen_k, paged ? p->page_size : 0, p->num_splits);
     call->q_bytes = q_bytes, call->cache_bytes = cache_bytes, call->lse_bytes = lse_bytes;
     call->workspace = ck::decode_workspace(splits, p->batch, p->seqlen_q, p->num_heads_q,
                                            p->head_dim);

@@ -1109,10 +1109,14 @@ CK_API ck_status_t ck_attention_forward(const ck_attention_params_t* params, ck_
  *   n          = ceil(max_seqlen_k / 64)        (key blocks of the longest sequence),
  *   per(s)     = ceil(n / s)                    (blocks of a split of s),
  *   cost(s)    = ceil(ctas * ceil(n / per(s)) / 264) * per(s),
- *   num_splits = the s in 1 .. min(64, ceil(max_seqlen_k / 128)) of the least cost, the
+ *   most       = 64 for a paged cache of pages below 64 keys, else 16,
+ *   num_splits = the s in 1 .. min(most, ceil(max_seqlen_k / 128)) of the least cost, the
  *                smallest among equals
  * (waves of 264 CTAs, two per SM of the 132-SM H100 the library is tuned on, times the blocks
- * each CTA streams; each split at least 128 keys), unless params->num_splits forces a count. Workspace (num_splits > 1), with rows = num_splits * batch * seqlen_q * Hq:
+ * each CTA streams; each split at least 128 keys; at most 16 since a grid of one CTA per SM
+ * runs a deeper pipeline, but for pages smaller than a 64-key tile, whose table lookups two
+ * CTAs per SM hide), unless params->num_splits forces a count (1 .. 64). Workspace
+ * (num_splits > 1), with rows = num_splits * batch * seqlen_q * Hq:
  *   float32 O_s [num_splits, batch, seqlen_q, Hq, D] at byte 0 (rows * D * 4 bytes, rounded up
  *   to a multiple of 256), then float32 lse_s [num_splits, batch, seqlen_q, Hq] (rows * 4
  *   bytes, rounded up to 256); an empty split (or one wholly after a token) has lse_s = -inf and

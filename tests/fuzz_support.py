@@ -1511,6 +1511,7 @@ DECODE_MAX_QUERIES = 16
 DECODE_MAX_SEQLEN = 2**30
 DECODE_MAX_PAGE_SIZE = 65536
 DECODE_MAX_SPLITS = 64
+DECODE_MAX_AUTO_SPLITS = 16   # the automatic rule's most, but for pages below 64 keys: 64
 DECODE_WAVE_CTAS, DECODE_MIN_SPLIT_KEYS, DECODE_BLOCK_N = 264, 128, 64
 
 
@@ -1618,7 +1619,9 @@ def decode_num_splits(params):
     width = 16 if rows <= 16 else 32 if rows <= 32 else 64
     ctas = params["batch"] * params["num_heads_kv"] * -(-rows // width)
     blocks = -(-params["max_seqlen_k"] // DECODE_BLOCK_N)
-    most = min(DECODE_MAX_SPLITS, -(-params["max_seqlen_k"] // DECODE_MIN_SPLIT_KEYS))
+    small_pages = params["block_table"] and params["page_size"] < DECODE_BLOCK_N
+    most = min(DECODE_MAX_SPLITS if small_pages else DECODE_MAX_AUTO_SPLITS,
+               -(-params["max_seqlen_k"] // DECODE_MIN_SPLIT_KEYS))
 
     def cost(splits):  # waves x key blocks per split
         per_split = -(-blocks // splits)

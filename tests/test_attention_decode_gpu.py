@@ -287,8 +287,8 @@ def test_one_long_sequence(seed, dtype, page_size):
 
 @pytest.mark.parametrize("page_size", [None, 256], ids=["contiguous", "paged256"])
 def test_long_cache(seed, page_size):
-    """A 32k+ cache: 64 splits of 576 keys under the automatic rule (4 CTAs per split), a
-    group of 8 query heads per kv head."""
+    """A 32k+ cache: 16 splits of 2112 keys under the automatic rule (4 CTAs per split, one
+    wave of the deeper pipeline), a group of 8 query heads per kv head."""
     rng = np.random.default_rng(seed)
     call = DecodeCall(rng, "bf16", 128, 32, 4, 2, [32768 + 37], page_size=page_size)
     call.launch()

@@ -38,14 +38,18 @@ constexpr bool kHasSm80 = CK_SM80;
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kBlockN = kDecodeBlockN;  // keys per shared-memory tile
-constexpr int kStages = 3;              // tiles in shared memory: two load while one computes
+// Tiles in shared memory: two load while one computes, where two CTAs share each SM; four
+// load (five stages) where the grid has at most one CTA per SM, which then keeps as many bytes
+// in flight alone.
+constexpr int kStages = 3, kDeepStages = 5;
 static_assert(kBlockN % (16 * kWarps) == 0, "each of 4 key slices holds whole k16 steps of P V");
 
 // Shared memory: Q [kRows][D], then kStages x (K [kBlockN][D], V [kBlockN][D]). The 16-byte
 // chunk c of row r sits at chunk c ^ (r % 8) (rows are 128 or 256 bytes: without the swizzle
 // the 8 rows an ldmatrix reads would share banks). After the key loop the K/V stages hold the
 // warps' softmax states for the merge.
-template <int kD, int kWarpsM> struct Smem {
+template <int kD, int kWarpsM, int kStagesT> struct Smem {
+    static constexpr int kStages = kStagesT;
     static constexpr int kRows = 16 * kWarpsM;
     static constexpr int kChunks = kD / kChunkElems;
     static constexpr int kRowBytes = kD * 2;
@@ -88,10 +92,9 @@ __device__ __forceinline__ int64_t kv_offset(const DecodeArgs& a, int b, int h, 
 // Copies the K and V rows of key positions n0 .. n0 + kBlockN - 1 into a stage; positions at or
 // past `end` are zero-filled and read nothing (neither the cache nor the block table): a masked
 // key's p is 0, and 0 * V must stay 0 whatever the cache holds there (NaN too).
-template <typename T, int kD, int kWarpsM>
+template <typename T, class S>
 __device__ __forceinline__ void load_kv(const DecodeArgs& a, uint32_t k_tile, uint32_t v_tile,
                                         int b, int h, int n0, int end) {
-    using S = Smem<kD, kWarpsM>;
     const T* k = static_cast<const T*>(a.k);
     const T* v = static_cast<const T*>(a.v);
 #pragma unroll
@@ -115,10 +118,11 @@ __device__ __forceinline__ QueryRow query_row(int row, int group, int kv_head) {
 }
 
 // Fragment layout: attention_tile.cuh's.
-template <typename T, int kD, int kWarpsM>
+template <typename T, int kD, int kWarpsM, int kStagesT>
 __global__ void __launch_bounds__(kThreads) decode_split_kernel(const DecodeArgs a) {
     if constexpr (!kHasSm80) __trap();
-    using S = Smem<kD, kWarpsM>;
+    using S = Smem<kD, kWarpsM, kStagesT>;
+    constexpr int kStages = S::kStages;
     constexpr int kWarpsN = kWarps / kWarpsM;
     constexpr int kSlice = kBlockN / kWarpsN;  // keys of a tile that one warp computes
     constexpr int kNT = kSlice / 8;            // n8 tiles of S
@@ -163,8 +167,8 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const DecodeArgs
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
         if (s < tiles)
-            load_kv<T, kD, kWarpsM>(a, S::k_tile(base, s), S::v_tile(base, s), b, hkv,
-                                    lo + s * kBlockN, hi);
+            load_kv<T, S>(a, S::k_tile(base, s), S::v_tile(base, s), b, hkv, lo + s * kBlockN,
+                          hi);
         cp_async_commit();
     }
 
@@ -195,8 +199,8 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const DecodeArgs
         __syncthreads();
         if (j + kStages - 1 < tiles) {
             const int stage = (j + kStages - 1) % kStages;
-            load_kv<T, kD, kWarpsM>(a, S::k_tile(base, stage), S::v_tile(base, stage), b, hkv,
-                                    lo + (j + kStages - 1) * kBlockN, hi);
+            load_kv<T, S>(a, S::k_tile(base, stage), S::v_tile(base, stage), b, hkv,
+                          lo + (j + kStages - 1) * kBlockN, hi);
         }
         cp_async_commit();
         if (j == 0) load_q_fragments<S>(qf, base, wm * 16, lane);
@@ -361,15 +365,23 @@ __global__ void __launch_bounds__(kCombineWarps * 32) decode_combine_kernel(cons
     }
 }
 
-template <typename T, int kD, int kWarpsM>
-cudaError_t launch_split(const DecodeArgs& a, int64_t row_groups, cudaStream_t stream) {
-    const auto kernel = decode_split_kernel<T, kD, kWarpsM>;
-    constexpr int kSmemBytes = Smem<kD, kWarpsM>::kBytes;
+template <typename T, int kD, int kWarpsM, int kStagesT>
+cudaError_t launch_split_stages(const DecodeArgs& a, dim3 grid, cudaStream_t stream) {
+    const auto kernel = decode_split_kernel<T, kD, kWarpsM, kStagesT>;
+    constexpr int kSmemBytes = Smem<kD, kWarpsM, kStagesT>::kBytes;
     static std::atomic<uint64_t> smem_done{0};
     const cudaError_t e = allow_dynamic_smem_once(kernel, kSmemBytes, smem_done);
     if (e != cudaSuccess) return e;
-    const dim3 grid(unsigned(a.splits * row_groups), unsigned(a.num_heads_kv), unsigned(a.batch));
     return launch_dependent(kernel, grid, dim3(kThreads), kSmemBytes, stream, a);
+}
+
+// The pipeline depth does not change what a warp computes, nor in which order: the same bits.
+template <typename T, int kD, int kWarpsM>
+cudaError_t launch_split(const DecodeArgs& a, int64_t row_groups, cudaStream_t stream) {
+    const dim3 grid(unsigned(a.splits * row_groups), unsigned(a.num_heads_kv), unsigned(a.batch));
+    const int64_t ctas = int64_t(grid.x) * grid.y * grid.z;
+    return ctas <= sm_count() ? launch_split_stages<T, kD, kWarpsM, kDeepStages>(a, grid, stream)
+                              : launch_split_stages<T, kD, kWarpsM, kStages>(a, grid, stream);
 }
 
 template <typename T, int kD> cudaError_t launch(const DecodeArgs& a, cudaStream_t stream) {

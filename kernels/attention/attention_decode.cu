@@ -375,13 +375,17 @@ cudaError_t launch_split_stages(const DecodeArgs& a, dim3 grid, cudaStream_t str
     return launch_dependent(kernel, grid, dim3(kThreads), kSmemBytes, stream, a);
 }
 
-// The pipeline depth does not change what a warp computes, nor in which order: the same bits.
+// The deeper pipeline where the grid has at most one CTA per SM and the GPU gives a block its
+// shared memory (up to 176 KB: not before the H100). The depth does not change what a warp
+// computes, nor in which order: the same bits.
 template <typename T, int kD, int kWarpsM>
 cudaError_t launch_split(const DecodeArgs& a, int64_t row_groups, cudaStream_t stream) {
     const dim3 grid(unsigned(a.splits * row_groups), unsigned(a.num_heads_kv), unsigned(a.batch));
     const int64_t ctas = int64_t(grid.x) * grid.y * grid.z;
-    return ctas <= sm_count() ? launch_split_stages<T, kD, kWarpsM, kDeepStages>(a, grid, stream)
-                              : launch_split_stages<T, kD, kWarpsM, kStages>(a, grid, stream);
+    const bool deep = ctas <= sm_count() &&
+                      Smem<kD, kWarpsM, kDeepStages>::kBytes <= max_smem_optin();
+    return deep ? launch_split_stages<T, kD, kWarpsM, kDeepStages>(a, grid, stream)
+                : launch_split_stages<T, kD, kWarpsM, kStages>(a, grid, stream);
 }
 
 template <typename T, int kD> cudaError_t launch(const DecodeArgs& a, cudaStream_t stream) {

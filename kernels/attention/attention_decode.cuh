@@ -19,7 +19,6 @@ constexpr int64_t kDecodeMaxSplits = 64;
 // per SM, each a deeper pipeline) beat 32 (two per SM) at 4k and 32k keys alike, except for
 // pages of fewer than a tile's 64 keys, whose block-table lookups the second CTA per SM hides.
 constexpr int64_t kDecodeMaxAutoSplits = 16;
-constexpr int64_t kDecodeMaxAutoSplitsSmallPages = kDecodeMaxSplits;
 // The split-KV kernel deals each sequence's keys to the splits in whole blocks of this many
 // keys (tests/reference.py attention_split_bounds with block_n = kDecodeBlockN).
 constexpr int kDecodeBlockN = 64;
@@ -43,10 +42,10 @@ inline int64_t decode_row_groups(int64_t rows) {
 // The splits of a call: `forced` (1 .. kDecodeMaxSplits) when given, else the count s in
 // 1 .. min(most, ceil(max_seqlen_k / kDecodeMinSplitKeys)) that minimizes the time model
 // waves(s) x blocks(s), the smallest s among equals: with n = ceil(max_seqlen_k / kDecodeBlockN)
-// key blocks, a split holds blocks(s) = ceil(n / s) of them, ceil(n / blocks(s))
-// splits hold any, and their CTAs take waves(s) = ceil(ctas x that / kDecodeWaveCtas) waves.
-// most = kDecodeMaxAutoSplits, or kDecodeMaxAutoSplitsSmallPages for a paged cache (page_size
-// > 0) of pages below kDecodeBlockN keys.
+// key blocks, a split holds blocks(s) = ceil(n / s) of them, ceil(n / blocks(s)) splits hold
+// any, and their CTAs take waves(s) = ceil(ctas x that / kDecodeWaveCtas) waves. most =
+// kDecodeMaxAutoSplits, or kDecodeMaxSplits for a paged cache (page_size > 0) of pages below
+// kDecodeBlockN keys.
 inline int64_t decode_num_splits(int64_t batch, int64_t heads_q, int64_t heads_kv,
                                  int64_t seqlen_q, int64_t max_seqlen_k, int64_t page_size,
                                  int64_t forced) {
@@ -55,7 +54,7 @@ inline int64_t decode_num_splits(int64_t batch, int64_t heads_q, int64_t heads_k
     const int64_t blocks = ceil_div(max_seqlen_k, kDecodeBlockN);
     const bool small_pages = page_size > 0 && page_size < kDecodeBlockN;
     const int64_t most =
-        std::min(small_pages ? kDecodeMaxAutoSplitsSmallPages : kDecodeMaxAutoSplits,
+        std::min(small_pages ? kDecodeMaxSplits : kDecodeMaxAutoSplits,
                  ceil_div(max_seqlen_k, kDecodeMinSplitKeys));
     int64_t best = 1, best_cost = INT64_MAX;
     for (int64_t s = 1; s <= most; ++s) {

@@ -375,13 +375,13 @@ cudaError_t launch_int8_quantize(const T* x, int64_t rows, int64_t cols, ck_gran
     }
     // Per tensor: the rows do not matter, so the tensor is one long row.
     const int64_t n = rows * cols;
-    if (mode == CK_SCALE_DYNAMIC && ceil_div(n, kChunk) <= int64_t(kBlockThreads) * row_cache<T>()) {
-        // Small enough for one block's registers (a decode step's activations): the per-row
-        // kernel on that one row is one launch, where the absmax pass below takes four.
-        launch_row_quantize<T, Int8Sym, float, kVec>(x, q, scales, nullptr, 1, n, stream);
-        return cudaGetLastError();
-    }
     if (mode == CK_SCALE_DYNAMIC) {
+        if (ceil_div(n, kChunk) <= int64_t(kBlockThreads) * row_cache<T>()) {
+            // Small enough for one block's registers (a decode step's activations): the per-row
+            // kernel on that one row is one launch, where the absmax pass below takes four.
+            launch_row_quantize<T, Int8Sym, float, kVec>(x, q, scales, nullptr, 1, n, stream);
+            return cudaGetLastError();
+        }
         const cudaError_t err = launch_tensor_absmax<T, kVec>(x, n, scales, stream);
         if (err != cudaSuccess) return err;
         launch_map(Int8EncodeOp<T, kVec, false, true>{x, scales, q, n}, 1, n, stream);

@@ -25,9 +25,7 @@ using gemm_bench::Shape;
 
 constexpr Shape kShapes[] = {{4096, 6144}, {8192, 10240}};  // Llama-3-8B QKV, Llama-3-70B QKV
 constexpr int64_t kTokens[] = {1, 16};
-constexpr int64_t kInt4GroupSize = 128;
 constexpr int64_t kNf4BlockSize = 64;   // bitsandbytes' default
-constexpr float kFloatAbsMax = 1;
 
 struct Format {
     ck_block4_format_t format;
@@ -47,73 +45,30 @@ struct Set {
     DeviceBuffer dense;                                 // [N, K] fp16 (cuBLAS's weight)
 };
 
-class Problem {
+class Problem : public gemm_bench::WeightOnlyProblem<Problem, Set> {
   public:
-    Problem(Bench& bench, Shape shape, int64_t m)
-        : bench_(bench), k_(shape.k), n_(shape.n), m_(m),
-          shape_name_("M=" + std::to_string(m) + " K=" + std::to_string(shape.k) +
-                      " N=" + std::to_string(shape.n)) {}
+    Problem(Bench& bench, Shape shape, int64_t m) : WeightOnlyProblem(bench, "block4", shape, m) {}
 
     void run_all() {
-        const Row* fp16 = reference_row();
-        const Row* int4 = int4_row(fp16);
+        Row* fp16 = reference_row();
+        if (fp16) stream_note(*fp16, dense_weight_bytes());
+        Row* int4 = int4_row(fp16);
+        if (int4) {
+            kernel_override_note(*int4, "CK_GEMM_W4A16_KERNEL");
+            stream_note(*int4, int4_weight_bytes());
+        }
         for (size_t f = 0; f < std::size(kFormats); ++f) block4_row(f, fp16, int4);
     }
 
   private:
-    double activation_bytes() const { return 2.0 * (double(m_) * double(k_) + double(m_) * double(n_)); }
+    friend WeightOnlyProblem;
+
     double scales_bytes(const Format& f) const {
         return double(ck_block4_prepacked_scales_bytes(f.format, n_, k_, f.blocksize));
     }
     double block4_weight_bytes(const Format& f) const {
         return double(ck_w4a16_prepacked_bytes(n_, k_)) + scales_bytes(f);
     }
-    double int4_weight_bytes() const {
-        return double(ck_w4a16_prepacked_bytes(n_, k_)) +
-               2.0 * double(ck_w4a16_prepacked_groups(n_, k_, kInt4GroupSize));
-    }
-
-    RowSpec spec_for(const std::string& kernel, double bytes) {
-        return gemm_bench::weight_only_spec("block4", kernel, shape_name_, bytes, m_, n_, k_,
-                                            int(sets().size()));
-    }
-
-    void stream_note(Row& row, double weight_bytes) const {
-        Bench::append_note(row, "weight stream " +
-                                    format("%.1f", bench_.percent_of_copy(weight_bytes,
-                                                                          row.time.median_us)) +
-                                    "% of copy BW");
-    }
-
-    const Row* reference_row() {
-        RowSpec spec = spec_for("cuBLAS fp16 (reference)",
-                                2.0 * double(n_) * double(k_) + activation_bytes());
-        if (!bench_.wants(spec)) return nullptr;
-        Row* row = bench_.run(spec, [this](int i) {
-            const Set& s = set(i);
-            gemm_bench::cublas_fp16_linear(bench_, s.dense.as(), s.x.as(), s.out.as(), m_, n_, k_);
-        });
-        stream_note(*row, 2.0 * double(n_) * double(k_));
-        return row;
-    }
-
-    const Row* int4_row(const Row* fp16) {
-        RowSpec spec = spec_for("gemm_w4a16_prepacked fp16 g" + std::to_string(kInt4GroupSize),
-                                int4_weight_bytes() + activation_bytes());
-        if (!bench_.wants(spec)) return nullptr;
-        Row* row = bench_.run(spec, [this](int i) {
-            const Set& s = set(i);
-            CK_BENCH_CHECK(ck_gemm_w4a16_prepacked(
-                s.x.as(), CK_DTYPE_FP16, s.int4_w.as<uint8_t>(), s.int4_s.as(), nullptr,
-                kInt4GroupSize, CK_INT4_SYMMETRIC, nullptr, CK_ACTIVATION_NONE, m_, n_, k_,
-                s.out.as(), bench_.stream()));
-        });
-        if (fp16) Bench::set_baseline(*row, "cuBLAS fp16", fp16->time);
-        kernel_override_note(*row, "CK_GEMM_W4A16_KERNEL");
-        stream_note(*row, int4_weight_bytes());
-        return row;
-    }
-
     void block4_row(size_t f, const Row* fp16, const Row* int4) {
         const Format& fmt = kFormats[f];
         RowSpec spec = spec_for(std::string("gemm_block4 fp16 ") + fmt.name,
@@ -135,13 +90,10 @@ class Problem {
                                          "x");
     }
 
-    const Set& set(int i) { return sets()[size_t(i) % sets().size()]; }
-
-    // The rotation copies, allocated on first use: each weight is the library's own format of a
-    // random fp16 [N, K] weight (ck_quantize_*, then the prepacks).
-    const std::vector<Set>& sets() {
-        if (!sets_.empty()) return sets_;
-        double per_copy = 2.0 * double(n_) * double(k_) + activation_bytes() + int4_weight_bytes();
+    // The rotation copies: each weight is the library's own format of a random fp16 [N, K]
+    // weight (ck_quantize_*, then the prepacks).
+    std::vector<Set> make_sets() {
+        double per_copy = dense_weight_bytes() + activation_bytes() + int4_weight_bytes();
         double smallest = int4_weight_bytes();
         for (const Format& f : kFormats) {
             per_copy += block4_weight_bytes(f);
@@ -153,19 +105,10 @@ class Problem {
         DeviceBuffer packed(size_t(n_ * k_ / 2));
         DeviceBuffer native_scales(sizeof(float) * size_t(n_ * (k_ / 16)));
         DeviceBuffer int4_scales(sizeof(__half) * size_t(n_ * (k_ / kInt4GroupSize)));
+        std::vector<Set> sets;
         for (int c = 0; c < copies; ++c) {
-            const uint64_t seed = 31000 + 100 * uint64_t(c);
-            Set s;
-            s.x = DeviceBuffer(sizeof(__half) * size_t(m_ * k_));
-            s.out = DeviceBuffer(sizeof(__half) * size_t(m_ * n_));
-            s.dense = DeviceBuffer(sizeof(__half) * size_t(n_ * k_));
+            Set s = new_copy(31000 + 100 * uint64_t(c), packed, int4_scales, st);
             s.g = DeviceBuffer(sizeof(float));
-            fill_uniform(s.x.as(), CK_DTYPE_FP16, m_ * k_, seed + 1, -kFloatAbsMax, kFloatAbsMax, st);
-            fill_uniform(s.dense.as(), CK_DTYPE_FP16, n_ * k_, seed + 2, -kFloatAbsMax,
-                         kFloatAbsMax, st);
-            fill_random_bytes(s.out.as(), int64_t(s.out.bytes()), seed + 3, st);
-            gemm_bench::prepack_int4_fp16(s.dense.as(), n_, k_, kInt4GroupSize, packed,
-                                          int4_scales, s.int4_w, s.int4_s, st);
             for (size_t f = 0; f < std::size(kFormats); ++f) {
                 const Format& fmt = kFormats[f];
                 switch (fmt.format) {
@@ -192,16 +135,11 @@ class Problem {
                                                  native_scales.as(), n_, k_, fmt.blocksize,
                                                  s.w[f].as<uint8_t>(), s.s[f].as(), st));
             }
-            sets_.push_back(std::move(s));
+            sets.push_back(std::move(s));
         }
         CK_BENCH_CHECK(cudaStreamSynchronize(st));
-        return sets_;
+        return sets;
     }
-
-    Bench& bench_;
-    int64_t k_, n_, m_;
-    std::string shape_name_;
-    std::vector<Set> sets_;
 };
 
 }  // namespace block4_bench

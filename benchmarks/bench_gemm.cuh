@@ -144,8 +144,8 @@ inline void prepack_int4_fp16(const void* dense, int64_t n, int64_t k, int64_t g
                                     nullptr, st));
 }
 
-// A fp16 GEMM row of the weight-only families (block4, qkv): 2 M N K flops, `bytes` its floor,
-// `copies` the rotation copies of its inputs.
+// A fp16 GEMM row of the weight-only families (block4, qkv, sparse): 2 M N K flops, `bytes` its
+// floor, `copies` the rotation copies of its inputs.
 inline RowSpec weight_only_spec(const char* family, const std::string& kernel,
                                 const std::string& shape, double bytes, int64_t m, int64_t n,
                                 int64_t k, int copies) {
@@ -155,6 +155,100 @@ inline RowSpec weight_only_spec(const char* family, const std::string& kernel,
     spec.copies = copies;
     return spec;
 }
+
+// What the weight-only families block4 and sparse share: a problem of M tokens through an
+// [N, K] fp16 layer, its names and byte counts, the first part of each rotation copy (x, out,
+// the dense fp16 weight and its prepacked INT4, symmetric g128), and the rows every such family
+// runs first: cuBLAS fp16 on the dense weight and the dense INT4 W4A16 GEMM. Derived::make_sets()
+// makes the copies (once, on first use); its Set holds at least x, out, dense, int4_w, int4_s.
+template <class Derived, class Set> class WeightOnlyProblem {
+  public:
+    WeightOnlyProblem(Bench& bench, const char* family, Shape shape, int64_t m)
+        : bench_(bench), family_(family), k_(shape.k), n_(shape.n), m_(m),
+          shape_name_("M=" + std::to_string(m) + " K=" + std::to_string(shape.k) +
+                      " N=" + std::to_string(shape.n)) {}
+
+  protected:
+    static constexpr int64_t kInt4GroupSize = 128;
+
+    double activation_bytes() const {
+        return 2.0 * (double(m_) * double(k_) + double(m_) * double(n_));
+    }
+    double dense_weight_bytes() const { return 2.0 * double(n_) * double(k_); }
+    double int4_weight_bytes() const {
+        return double(ck_w4a16_prepacked_bytes(n_, k_)) +
+               2.0 * double(ck_w4a16_prepacked_groups(n_, k_, kInt4GroupSize));
+    }
+
+    RowSpec spec_for(const std::string& kernel, double bytes) {
+        return weight_only_spec(family_, kernel, shape_name_, bytes, m_, n_, k_,
+                                int(sets().size()));
+    }
+
+    const std::vector<Set>& sets() {
+        if (sets_.empty()) sets_ = static_cast<Derived*>(this)->make_sets();
+        return sets_;
+    }
+    const Set& set(int i) { return sets()[size_t(i) % sets().size()]; }
+
+    // A new copy's x and dense weight (uniform in +-kFloatAbsMax), out (random bytes), and the
+    // weight's INT4 (prepack_int4_fp16 through the scratch packed and scales).
+    Set new_copy(uint64_t seed, DeviceBuffer& packed, DeviceBuffer& scales, cudaStream_t st) {
+        Set s;
+        s.x = DeviceBuffer(sizeof(__half) * size_t(m_ * k_));
+        s.out = DeviceBuffer(sizeof(__half) * size_t(m_ * n_));
+        s.dense = DeviceBuffer(sizeof(__half) * size_t(n_ * k_));
+        fill_uniform(s.x.as(), CK_DTYPE_FP16, m_ * k_, seed + 1, -kFloatAbsMax, kFloatAbsMax, st);
+        fill_uniform(s.dense.as(), CK_DTYPE_FP16, n_ * k_, seed + 2, -kFloatAbsMax, kFloatAbsMax,
+                     st);
+        fill_random_bytes(s.out.as(), int64_t(s.out.bytes()), seed + 3, st);
+        prepack_int4_fp16(s.dense.as(), n_, k_, kInt4GroupSize, packed, scales, s.int4_w,
+                          s.int4_s, st);
+        return s;
+    }
+
+    void stream_note(Row& row, double weight_bytes) const {
+        Bench::append_note(row, "weight stream " +
+                                    format("%.1f", bench_.percent_of_copy(weight_bytes,
+                                                                          row.time.median_us)) +
+                                    "% of copy BW");
+    }
+
+    // cuBLAS fp16 on the dense weight; nullptr where the filter leaves it out.
+    Row* reference_row() {
+        RowSpec spec =
+            spec_for("cuBLAS fp16 (reference)", dense_weight_bytes() + activation_bytes());
+        if (!bench_.wants(spec)) return nullptr;
+        return bench_.run(spec, [this](int i) {
+            const Set& s = set(i);
+            cublas_fp16_linear(bench_, s.dense.as(), s.x.as(), s.out.as(), m_, n_, k_);
+        });
+    }
+
+    // The dense INT4 W4A16 GEMM, baseline cuBLAS fp16; nullptr where the filter leaves it out.
+    Row* int4_row(const Row* fp16) {
+        RowSpec spec = spec_for("gemm_w4a16_prepacked fp16 g" + std::to_string(kInt4GroupSize),
+                                int4_weight_bytes() + activation_bytes());
+        if (!bench_.wants(spec)) return nullptr;
+        Row* row = bench_.run(spec, [this](int i) {
+            const Set& s = set(i);
+            CK_BENCH_CHECK(ck_gemm_w4a16_prepacked(
+                s.x.as(), CK_DTYPE_FP16, s.int4_w.template as<uint8_t>(), s.int4_s.as(), nullptr,
+                kInt4GroupSize, CK_INT4_SYMMETRIC, nullptr, CK_ACTIVATION_NONE, m_, n_, k_,
+                s.out.as(), bench_.stream()));
+        });
+        if (fp16) Bench::set_baseline(*row, "cuBLAS fp16", fp16->time);
+        return row;
+    }
+
+    Bench& bench_;
+    const char* family_;
+    int64_t k_, n_, m_;
+    std::string shape_name_;
+
+  private:
+    std::vector<Set> sets_;
+};
 
 inline const char* int4_mode_word(ck_int4_mode_t mode) {  // the row names' "asym " or nothing
     return mode == CK_INT4_ASYMMETRIC ? "asym " : "";

@@ -34,7 +34,6 @@ constexpr Shape kSeedShapes[] = {{1024, 1024}, {5120, 5120}, {16384, 16384}, {20
 constexpr int64_t kSeedTokens[] = {1, 16, 256};
 constexpr int64_t kReferenceMaxM = 1;   // the 16:32 rows (tiled reference kernel)
 constexpr int64_t kGroupSize = 128;
-constexpr float kFloatAbsMax = 1;
 
 struct Set {
     DeviceBuffer x, out;            // [M, K], [M, N] fp16
@@ -44,12 +43,9 @@ struct Set {
     DeviceBuffer c_codes, c_meta, c_s;  // 16:32, interchange
 };
 
-class Problem {
+class Problem : public gemm_bench::WeightOnlyProblem<Problem, Set> {
   public:
-    Problem(Bench& bench, Shape shape, int64_t m)
-        : bench_(bench), k_(shape.k), n_(shape.n), m_(m),
-          shape_name_("M=" + std::to_string(m) + " K=" + std::to_string(shape.k) +
-                      " N=" + std::to_string(shape.n)) {}
+    Problem(Bench& bench, Shape shape, int64_t m) : WeightOnlyProblem(bench, "sparse", shape, m) {}
 
     void run_all() {
         const Row* fp16 = reference_row();
@@ -59,58 +55,20 @@ class Problem {
     }
 
   private:
-    double activation_bytes() const {
-        return 2.0 * (double(m_) * double(k_) + double(m_) * double(n_));
-    }
-    double int4_weight_bytes() const {
-        return double(ck_w4a16_prepacked_bytes(n_, k_)) +
-               2.0 * double(ck_w4a16_prepacked_groups(n_, k_, kGroupSize));
-    }
+    friend WeightOnlyProblem;
+
     double sparse_weight_bytes() const {
         return double(ck_sparse_w4a16_prepacked_bytes(n_, k_)) +
                2.0 * double(ck_sparse_w4a16_prepacked_groups(n_, k_, kGroupSize));
     }
 
-    RowSpec spec_for(const std::string& kernel, double bytes) {
-        return gemm_bench::weight_only_spec("sparse", kernel, shape_name_, bytes, m_, n_, k_,
-                                            int(sets().size()));
-    }
-
     void notes(Row& row, const Row* fp16, const Row* int4, double weight_bytes) const {
         if (fp16) Bench::set_baseline(row, "cuBLAS fp16", fp16->time);
-        Bench::append_note(row, "weight stream " +
-                                    format("%.1f", bench_.percent_of_copy(weight_bytes,
-                                                                          row.time.median_us)) +
-                                    "% of copy BW");
+        stream_note(row, weight_bytes);
         if (int4)
             Bench::append_note(row, "vs dense INT4 " +
                                         format("%.2f", int4->time.median_us / row.time.median_us) +
                                         "x");
-    }
-
-    const Row* reference_row() {
-        RowSpec spec = spec_for("cuBLAS fp16 (reference)",
-                                2.0 * double(n_) * double(k_) + activation_bytes());
-        if (!bench_.wants(spec)) return nullptr;
-        return bench_.run(spec, [this](int i) {
-            const Set& s = set(i);
-            gemm_bench::cublas_fp16_linear(bench_, s.dense.as(), s.x.as(), s.out.as(), m_, n_, k_);
-        });
-    }
-
-    const Row* int4_row(const Row* fp16) {
-        RowSpec spec = spec_for("gemm_w4a16_prepacked fp16 g128",
-                                int4_weight_bytes() + activation_bytes());
-        if (!bench_.wants(spec)) return nullptr;
-        Row* row = bench_.run(spec, [this](int i) {
-            const Set& s = set(i);
-            CK_BENCH_CHECK(ck_gemm_w4a16_prepacked(
-                s.x.as(), CK_DTYPE_FP16, s.int4_w.as<uint8_t>(), s.int4_s.as(), nullptr,
-                kGroupSize, CK_INT4_SYMMETRIC, nullptr, CK_ACTIVATION_NONE, m_, n_, k_,
-                s.out.as(), bench_.stream()));
-        });
-        if (fp16) Bench::set_baseline(*row, "cuBLAS fp16", fp16->time);
-        return row;
     }
 
     void sparse24_row(const Row* fp16, const Row* int4) {
@@ -143,14 +101,10 @@ class Problem {
         notes(*row, fp16, int4, bytes);
     }
 
-    const Set& set(int i) { return sets()[size_t(i) % sets().size()]; }
-
     // The rotation copies: every weight is the library's own quantization of a random fp16
     // [N, K] weight (pruned to each pattern first).
-    const std::vector<Set>& sets() {
-        if (!sets_.empty()) return sets_;
-        const double dense_bytes = 2.0 * double(n_) * double(k_);
-        const double per_copy = dense_bytes + activation_bytes() + int4_weight_bytes() +
+    std::vector<Set> make_sets() {
+        const double per_copy = dense_weight_bytes() + activation_bytes() + int4_weight_bytes() +
                                 2 * sparse_weight_bytes();
         const int copies = bench_.rotation_copies(sparse_weight_bytes() + activation_bytes(),
                                                   per_copy);
@@ -159,19 +113,9 @@ class Problem {
         DeviceBuffer packed(size_t(n_ * k_ / 2));
         DeviceBuffer codes(size_t(n_ * k_ / 4)), meta(size_t(n_ * k_ / 8));
         DeviceBuffer scales(sizeof(__half) * size_t(n_ * (k_ / kGroupSize)));
+        std::vector<Set> sets;
         for (int c = 0; c < copies; ++c) {
-            const uint64_t seed = 47000 + 100 * uint64_t(c);
-            Set s;
-            s.x = DeviceBuffer(sizeof(__half) * size_t(m_ * k_));
-            s.out = DeviceBuffer(sizeof(__half) * size_t(m_ * n_));
-            s.dense = DeviceBuffer(sizeof(__half) * size_t(n_ * k_));
-            fill_uniform(s.x.as(), CK_DTYPE_FP16, m_ * k_, seed + 1, -kFloatAbsMax, kFloatAbsMax,
-                         st);
-            fill_uniform(s.dense.as(), CK_DTYPE_FP16, n_ * k_, seed + 2, -kFloatAbsMax,
-                         kFloatAbsMax, st);
-            fill_random_bytes(s.out.as(), int64_t(s.out.bytes()), seed + 3, st);
-            gemm_bench::prepack_int4_fp16(s.dense.as(), n_, k_, kGroupSize, packed, scales,
-                                          s.int4_w, s.int4_s, st);
+            Set s = new_copy(47000 + 100 * uint64_t(c), packed, scales, st);
             // 2:4: prune, quantize, prepack.
             CK_BENCH_CHECK(ck_sparse_prune(s.dense.as(), CK_DTYPE_FP16, CK_SPARSITY_2_4, n_, k_,
                                            pruned.as(), st));
@@ -198,16 +142,11 @@ class Problem {
                     CK_INT4_SYMMETRIC, s.c_codes.as<uint8_t>(), s.c_meta.as<uint32_t>(),
                     s.c_s.as(), nullptr, nullptr, st));
             }
-            sets_.push_back(std::move(s));
+            sets.push_back(std::move(s));
         }
         CK_BENCH_CHECK(cudaStreamSynchronize(st));
-        return sets_;
+        return sets;
     }
-
-    Bench& bench_;
-    int64_t k_, n_, m_;
-    std::string shape_name_;
-    std::vector<Set> sets_;
 };
 
 }  // namespace sparse_bench

@@ -344,7 +344,7 @@ static const char* const kSampleFilters[] = {
 static void print_usage(FILE* to) {
     std::fprintf(to,
                  "usage: ck_bench [--out DIR] [--filter SUBSTR[,SUBSTR...]] [--sample] [--quick]\n"
-                 "                [--size N] [--reps N] [--warmup N]\n"
+                 "                [--size N] [--reps N] [--warmup N] [--batch N]\n"
                  "  --out DIR      results directory (default benchmarks/results): DIR/<gpu>.json, .md\n"
                  "  --filter S     run only rows whose key family/kernel/dtype/shape contains S\n"
                  "                 (repeatable; commas separate alternatives; a trailing $ anchors S\n"
@@ -355,6 +355,8 @@ static void print_usage(FILE* to) {
                  "  --size N       elements of memory-bound problems (K/M/G suffixes; default %lldM)\n"
                  "  --reps N       timed runs per row (default %d)\n"
                  "  --warmup N     untimed runs first (default %d)\n"
+                 "  --batch N      calls per event pair, launched back to back (default 1): the\n"
+                 "                 time per call without the gap between two timed samples\n"
                  "Exit status: 0 success, 1 failure, 2 no CUDA device.\n",
                  (long long)(kQuickSize >> 20), kQuickReps, (long long)(kDefaultSize >> 20),
                  kDefaultReps, kDefaultWarmup);
@@ -423,6 +425,8 @@ static Options parse_options(int argc, char** argv) {
         } else if (arg == "--warmup") {
             options.warmup = int(std::min<int64_t>(parse_count(value(), "--warmup"), 100000));
             warmup_given = true;
+        } else if (arg == "--batch") {
+            options.batch = int(std::min<int64_t>(parse_count(value(), "--batch"), 1000));
         } else {
             usage_error("unknown option '" + arg + "'");
         }

@@ -467,12 +467,14 @@ struct Options {
     int64_t size = kDefaultSize;       // elements of the memory-bound problems
     int warmup = kDefaultWarmup;
     int reps = kDefaultReps;
+    int batch = 1;                     // calls per event pair (--batch)
     std::string command_line;          // recorded in the results' header
 
     TimingConfig timing() const {
         TimingConfig config;
         config.warmup = warmup;
         config.reps = reps;
+        config.batch = batch;
         return config;
     }
 };
@@ -981,7 +983,11 @@ class Bench {
         s << "- Date: " << utc_now() << "\n";
         s << "- Command: `" << options_.command_line << "`\n";
         s << "- Timing: CUDA events, " << options_.warmup << " warm-up runs, then the median (min, max) "
-          << "of " << options_.reps << " runs each timed with its own event pair; inputs rotated "
+          << "of " << options_.reps << " runs each timed with its own event pair"
+          << (options_.batch > 1 ? " around " + std::to_string(options_.batch) +
+                                       " calls launched back to back (time per call)"
+                                 : std::string())
+          << "; inputs rotated "
           << "across copies so that the working set is >= " << format("%.0f", kRotationL2Multiple)
           << "x L2" << (options_.quick ? "; **--quick: a smoke test, not a measurement**" : "")
           << "\n";

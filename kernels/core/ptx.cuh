@@ -34,6 +34,15 @@ __device__ __forceinline__ uint4 load_stream_16(const void* p) {
     return v;
 }
 
+// prefetch.global.L2: brings the line holding p into L2 and nothing into the SM. Safe before
+// wait_for_prior_grid() even where the kernel before writes that line: L2 is where every SM's
+// writes meet, so a load after the wait sees them either way.
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+#if CK_SM80
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+#endif
+}
+
 // cp.async.cg.shared.global (16 bytes, L2 only): src_bytes = 0 reads nothing from global memory
 // and fills the 16 shared bytes with zeros, which is how out-of-range rows and the K tail load.
 __device__ __forceinline__ void cp_async_16_zfill(uint32_t dst, const void* src, bool valid) {

@@ -16,17 +16,17 @@
 // zeros the same shape uint8 (nullptr: symmetric, zero point 8). x [m, k], out [m, n] row-major.
 //
 // Algorithm. A block owns kTiles n8 tiles (a "tile group", 8 * kTiles output columns) at a time
-// and walks the tile groups blockIdx.x, blockIdx.x + gridDim.x, ... (one block per SM: the ring
-// below takes the SM's shared memory); its warps split K, warp w taking chunks w, w + warps, ...
-// Each warp owns a ring of `stages` stages in shared memory. Per step (one chunk of all kTiles
-// tiles) every lane cp.async's exactly the bytes it will read back itself: its 16-byte weight
-// vector of each tile (cp.async.cg, L2 evict_first: read once), its 64 bytes of x row g (and
-// g + 8) at the same 32 k (cp.async.ca: every tile group of every block reads x again), and the
-// 4-byte words holding its scale and zero of each tile (cp.async.ca). So the main loop needs only
-// cp.async.wait_group: no __syncthreads, no __syncwarp, and the weight bytes in flight are the
-// ring's, not registers (gemm_w4a16_small_m holds one step in registers: ~225 registers, 8 warps
-// per SM, too few bytes in flight). The ring runs on across tile groups; at the end of each
-// group the warps add their partial accumulators through shared memory in a fixed order
+// and walks the tile groups blockIdx.x, blockIdx.x + gridDim.x, ... (one or two blocks per SM,
+// all resident); its warps split K, warp w taking chunks w, w + warps, ... Each warp owns a
+// ring of `stages` (kStages, kGroupedStages) stages in shared memory. Per step (one chunk of
+// all kTiles tiles) every lane cp.async's exactly the bytes it will read back itself: its
+// 16-byte weight vector of each tile (cp.async.cg, L2 evict_first: read once), its 64 bytes of
+// x row g (and g + 8) at the same 32 k (cp.async.ca: every tile group of every block reads x
+// again), and the 4-byte words holding its scale and zero of each tile (cp.async.ca). So the main
+// loop needs only cp.async.wait_group: no __syncthreads, no __syncwarp, and the weight bytes in
+// flight are the ring's, not registers (gemm_w4a16_small_m holds one step in registers: ~225
+// registers, 8 warps per SM, too few bytes in flight). The ring runs on across tile groups; at the
+// end of each group the warps add their partial accumulators through shared memory in a fixed order
 // (deterministic) and store the group's [m, 8 * kTiles] slice: bias, activation, one rounding.
 //
 // Fragments. the INT4 dequantizer (Dequant<Int4Zp>) turns word i of a lane's vector into pairs p[j] = (k 8i + 2j,
@@ -66,8 +66,24 @@ constexpr bool kHasSm80 = CK_SM80;
 // Shape of the pipeline.
 // ---------------------------------------------------------------------------------------------
 constexpr int kStreamMaxM = 16;       // two n8 B fragments of x rows
-constexpr int kMaxStages = 8;         // cp.async.wait_group takes an immediate: 0 .. kMaxStages - 2
-constexpr int kMinStages = 3;         // two stages in flight while one is consumed
+// Ring stages per warp: two steps in flight while one is consumed. An H100 sweep of 3 ... 8
+// stages (M = 1 and 16 on the layer shapes of DESIGN.md and 4096 x 6144, one or two blocks per
+// SM) found the fewest the fastest or within noise on every shape: at M = 1, 4 stages took up to
+// 8% longer and the up to 8 stages that fit up to 14% longer; at M = 16 the smaller rings leave
+// room for 6 warps instead of 4 (up to 17% faster). The count reaches the kernel as an argument:
+// compiled in as a constant, the same 3 stages made the M = 1 main loop up to 28% slower at
+// K = 8192 and 14336 (8192 x 28672: 56.6 us against 44.1).
+constexpr int kStages = 3;
+// A grouped (MoE) call's row blocks share the SMs between experts: there the 3-stage rings took
+// 2-4% longer than the deeper ones that fit (Mixtral, T = 1 and 16), so it keeps 5.
+constexpr int kGroupedStages = 5;
+constexpr int kMaxStages = 8;  // what cp_async_wait_pending covers: 0 .. kMaxStages - 2 pending
+
+// Blocks per SM: two for one x row, whose rings and registers are small (16 warps hide the
+// dequantization's latencies better than 8: 4096 x 14336 at M = 1 took 14.7 us against 18.8 with
+// one block on the H100); one for more rows (M = 16, two 4-warp blocks: up to 22% slower).
+__host__ __device__ constexpr int stream_blocks_per_sm(int x_rows) { return x_rows == 1 ? 2 : 1; }
+
 constexpr int kMaxWarps = 8;          // warps of a block (the launcher may take fewer)
 constexpr int kXVectors = kPackSliceK * 2 / 16;  // 16-byte x vectors per row, lane and chunk
 constexpr int kLanes = 32;
@@ -108,8 +124,8 @@ __host__ __device__ constexpr int partial_floats(int warps, int tiles, int x_row
     return warps * tiles * (x_rows == 16 ? 4 : 2) * kLanes;
 }
 
-// cp.async.wait_group with a run-time count (the stage count is chosen from the device's shared
-// memory): one uniform branch per step.
+// cp.async.wait_group with a run-time count (the stage count is a kernel argument, see kStages):
+// one uniform branch per step.
 __device__ __forceinline__ void cp_async_wait_pending(int pending) {
     static_assert(kMaxStages - 2 == 6, "one case per possible count");
     switch (pending) {
@@ -140,7 +156,7 @@ template <> struct Words<2> {
 // 4-byte word per lane and tile holding the lane's unit, and its table (kTableFloats) sits in
 // shared memory after the reduction buffer.
 template <typename T, int kTiles, int kXRows, bool kAsym, int kMoe, class Format = Int4Zp>
-__global__ void __launch_bounds__(kMaxWarps * kLanes, 1)
+__global__ void __launch_bounds__(kMaxWarps * kLanes, stream_blocks_per_sm(kXRows))
 gemm_w4a16_stream_kernel(const GemmW4A16Args a, const int stages, const int64_t tile_groups,
                          const MoeRows mr) {
     if constexpr (!kHasSm80) __trap();  // never launched below sm_80 (see kHasSm80)
@@ -170,6 +186,27 @@ gemm_w4a16_stream_kernel(const GemmW4A16Args a, const int stages, const int64_t 
     extern __shared__ __align__(16) uint8_t smem[];
     const int lane = threadIdx.x % kLanes, warp = threadIdx.x / kLanes;
     const int warps = blockDim.x / kLanes;
+
+    // Launched as a programmatic dependent of the stream's previous kernel (launch_stream): the
+    // block may start while that kernel ends. Before waiting for it, the weight bytes of the
+    // first steps of the ring (below) are prefetched into L2 (a dense call's: a grouped call
+    // reads its expert from memory first), so that the stream starts while the kernel before
+    // ends; past the wait, every global access. The next kernel may launch at once: it waits
+    // for this grid's end in turn.
+    if constexpr (!grouped_rows(kMoe)) {
+        const int64_t tile0 = int64_t(blockIdx.x) * kTiles;
+        if (warp < a.chunks && tile0 < a.tiles8) {
+            const int tiles_first = int(std::min<int64_t>(kTiles, a.tiles8 - tile0));
+            const int steps = int(std::min<int64_t>(stages - 1, (a.chunks - 1 - warp) / warps + 1));
+            const uint8_t* p = a.w + (tile0 * a.chunks + warp) * kPackTileBytes + lane * 16;
+            if (lane % 8 == 0)  // one lane per 128-byte line
+                for (int j = 0; j < steps; ++j)
+                    for (int t = 0; t < tiles_first; ++t)
+                        prefetch_l2(p + (t * a.chunks + int64_t(j) * warps) * kPackTileBytes);
+        }
+    }
+    wait_for_prior_grid();
+    allow_dependent_launch();
     const int g = lane / 4, s = lane % 4;  // fragment row / column of the lane; s = k slice
     const int ring_bytes = stages * kL.bytes;
     const uint8_t* ring = smem + warp * ring_bytes;
@@ -516,7 +553,7 @@ cudaError_t allow_smem(int bytes) {
                                    bytes, done);
 }
 
-// A block shape: warps and ring stages that fit the shared memory, and its bytes.
+// A block shape (its warps, ring stages and shared memory bytes) and the grid.
 struct StreamPlan {
     int tiles = 0;   // kTiles
     int warps = 0;
@@ -526,27 +563,13 @@ struct StreamPlan {
     double score = -1;
 };
 
-// The most stages (<= kMaxStages) of `warps` rings that fit `smem_limit` beside the reduction
-// buffer; 0 when fewer than kMinStages fit.
-inline int fit_stages(int smem_limit, int warps, int tiles, int x_rows, bool asym) {
-    const int stage = stage_layout(tiles, x_rows, asym).bytes;
-    const int free_bytes = smem_limit - partial_floats(warps, tiles, x_rows) * int(sizeof(float));
-    const int stages = std::min(kMaxStages, free_bytes / (warps * stage));
-    return stages >= kMinStages ? stages : 0;
-}
-
 // Tile counts the launcher weighs, widest first. Wider tile groups read x fewer times per
 // weight byte; narrower ones cut the last round of tile groups finer.
 constexpr int kTileChoices[] = {8, 4, 2};
 
 // Warps per block the launcher weighs, most first: more warps hide the dequantization's
-// latencies better, fewer leave each ring more stages.
+// latencies better.
 constexpr int kWarpChoices[] = {kMaxWarps, 6, 4};
-
-// Weight bytes in flight per SM that the launcher aims for. Little's law: 3.0 TB/s / 132 SMs
-// x ~2 us of loaded DRAM latency ~ 45 KB; more lets the SMs of a partial last round (and an
-// SM whose neighbours finished) pull more than their share.
-constexpr int kInFlightTarget = 64 * 1024;
 
 // Weight of the x traffic from L2 against the weight stream in the choice: L2 serves roughly 3x
 // the DRAM bandwidth, so one x byte per weight byte costs ~1/3 of a weight byte when it does not
@@ -555,32 +578,30 @@ constexpr int kInFlightTarget = 64 * 1024;
 constexpr double kXTrafficCost = 0.2;
 
 // The plan for one tile count, or score -1 when no block shape fits the shared memory.
-// One block per SM (its rings take the SM's shared memory), persistent over tile groups: the
-// pipeline fills once per block, not once per tile group. Warps: the most of kWarpChoices
-// whose rings keep kInFlightTarget weight bytes in flight, else the one that keeps the most.
-// Score: the share of SM time spent streaming, groups / (SMs * rounds), divided by
-// 1 + kXTrafficCost * (x bytes read from L2 per weight byte).
-inline StreamPlan plan_for(int tiles, int x_rows, bool asym, int64_t m, int64_t n_tiles, int sms,
-                           int smem_limit) {
+// Persistent blocks over tile groups (the pipeline fills once per block, not once per tile
+// group), `slots` of them at most; warps: the most of kWarpChoices whose rings of `stages`
+// stages and reduction buffer fit `smem_limit`. Score: the share of block time spent streaming,
+// groups / (slots * rounds), divided by 1 + kXTrafficCost * (x bytes read from L2 per weight
+// byte).
+inline StreamPlan plan_for(int tiles, int x_rows, bool asym, int64_t m, int64_t n_tiles, int slots,
+                           int smem_limit, int stages) {
     StreamPlan p;
     p.tiles = tiles;
-    int64_t best_in_flight = 0;
+    p.stages = stages;
     for (int warps : kWarpChoices) {
-        const int stages = fit_stages(smem_limit, warps, tiles, x_rows, asym);
-        const int64_t in_flight = int64_t(warps) * (stages - 1) * tiles * kPackTileBytes;
-        if (stages == 0 || in_flight <= best_in_flight) continue;
-        best_in_flight = in_flight;
-        p.warps = warps;
-        p.stages = stages;
-        if (in_flight >= kInFlightTarget) break;
+        const int bytes = warps * stages * stage_layout(tiles, x_rows, asym).bytes +
+                          partial_floats(warps, tiles, x_rows) * int(sizeof(float));
+        if (bytes <= smem_limit) {
+            p.warps = warps;
+            p.smem = bytes;
+            break;
+        }
     }
-    if (p.stages == 0) return p;
-    p.smem = p.warps * p.stages * stage_layout(tiles, x_rows, asym).bytes +
-             partial_floats(p.warps, tiles, x_rows) * int(sizeof(float));
+    if (p.warps == 0) return p;
     const int64_t groups = ceil_div(n_tiles, tiles);
-    p.grid = std::min<int64_t>(groups, sms);
-    const int64_t rounds = ceil_div(groups, sms);
-    const double busy = double(groups) / double(int64_t(sms) * rounds);
+    p.grid = std::min<int64_t>(groups, slots);
+    const int64_t rounds = ceil_div(groups, slots);
+    const double busy = double(groups) / double(int64_t(slots) * rounds);
     // Per chunk a block reads m x rows of 128 k (2 bytes each) against tiles * 512 weight bytes.
     const double x_per_weight = double(m) * kPackK * 2 / (double(tiles) * kPackTileBytes);
     p.score = busy / (1.0 + kXTrafficCost * x_per_weight);
@@ -604,9 +625,9 @@ cudaError_t launch_stream(const GemmW4A16Args& a, const StreamLaunch& l, cudaStr
     const cudaError_t e = allow_smem<T, kTiles, kXRows, kAsym, kMoe, Format>(l.smem_limit);
     if (e != cudaSuccess) return e;
     const dim3 grid(unsigned(p.grid), unsigned(l.row_blocks));
-    gemm_w4a16_stream_kernel<T, kTiles, kXRows, kAsym, kMoe, Format><<<grid, p.warps * kLanes, size_t(p.smem), stream>>>(
-        a, p.stages, ceil_div(a.tiles8, kTiles), l.rows);
-    return cudaGetLastError();
+    return launch_dependent(gemm_w4a16_stream_kernel<T, kTiles, kXRows, kAsym, kMoe, Format>, grid,
+                            dim3(p.warps * kLanes), p.smem, stream, a, p.stages,
+                            ceil_div(a.tiles8, kTiles), l.rows);
 }
 
 template <typename T, int kXRows, bool kAsym, int kMoe = kMoeDense, class Format = Int4Zp>
@@ -619,13 +640,23 @@ cudaError_t launch_rows(const GemmW4A16Args& a, const StreamLaunch& l, cudaStrea
     }
 }
 
-// The plan of the widest-scoring tile count for x_rows rows (score -1: none fits).
-inline StreamPlan best_plan(const GemmW4A16Args& a, int x_rows, int64_t m, int sms, int smem_limit) {
+// The plan of the widest-scoring tile count for x_rows rows on `sms` SMs whose blocks may opt
+// in to smem_limit bytes each (score -1: none fits). extra_smem: bytes a block takes beyond the
+// plan's (a block format's table), added to the plan's smem.
+inline StreamPlan best_plan(const GemmW4A16Args& a, int x_rows, int64_t m, int sms, int smem_limit,
+                            int extra_smem = 0, int stages = kStages) {
+    // Blocks of an SM share its shared memory, less the 1 KB the runtime reserves per block.
+    constexpr int kReservedPerBlock = 1024;
+    const int blocks = stream_blocks_per_sm(x_rows);
+    const int per_block =
+        (smem_limit + kReservedPerBlock) / blocks - kReservedPerBlock - extra_smem;
     StreamPlan best;
     for (int tiles : kTileChoices) {
-        const StreamPlan p = plan_for(tiles, x_rows, a.zeros != nullptr, m, a.tiles8, sms, smem_limit);
+        const StreamPlan p = plan_for(tiles, x_rows, a.zeros != nullptr, m, a.tiles8, sms * blocks,
+                                      per_block, stages);
         if (p.score > best.score) best = p;  // ties go to the wider tile group (listed first)
     }
+    best.smem += extra_smem;
     return best;
 }
 
@@ -669,7 +700,8 @@ cudaError_t gemm_w4a16_prepacked_stream_grouped(const GemmW4A16Args& args, MoeMo
     // Each row block is one weight stream, planned as a 16-row call on its share of the SMs
     // (the blocks of experts with rows come first in the grid; the others leave at once).
     const int share = int(std::max<int64_t>(1, std::max(sm_count(), 1) / std::max<int64_t>(active_experts, 1)));
-    const StreamLaunch l{best_plan(args, kMoeBlockRows, kMoeBlockRows, share, max_smem_optin()),
+    const StreamLaunch l{best_plan(args, kMoeBlockRows, kMoeBlockRows, share, max_smem_optin(), 0,
+                                   kGroupedStages),
                          max_smem_optin(), blocks, rows};
     if (l.plan.score < 0) return cudaErrorNotSupported;
     return dispatch_half_dtype(args.dtype, [&](auto tag) {
@@ -693,10 +725,9 @@ cudaError_t block4_stream(const GemmW4A16Args& args, cudaStream_t stream) {
         using T = decltype(tag);
         constexpr int kTableBytes = Dequant<Format, T>::kTableFloats * int(sizeof(float));
         const int x_rows = args.m == 1 ? 1 : args.m <= 8 ? 8 : 16;
-        StreamLaunch l{best_plan(args, x_rows, args.m, sms, smem_limit - kTableBytes), smem_limit, 1,
-                       MoeRows{}};
+        const StreamLaunch l{best_plan(args, x_rows, args.m, sms, smem_limit, kTableBytes),
+                             smem_limit, 1, MoeRows{}};
         if (l.plan.score < 0) return cudaErrorNotSupported;
-        l.plan.smem += kTableBytes;
         return with_bool(args.qkv.q != nullptr, [&](auto qkv_tag) {
             constexpr int kMode = decltype(qkv_tag)::value ? kQkvRows : kMoeDense;
             switch (x_rows) {

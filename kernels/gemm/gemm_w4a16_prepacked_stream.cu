@@ -16,8 +16,8 @@
 // zeros the same shape uint8 (nullptr: symmetric, zero point 8). x [m, k], out [m, n] row-major.
 //
 // Algorithm. A block owns kTiles n8 tiles (a "tile group", 8 * kTiles output columns) at a time
-// and walks the tile groups blockIdx.x, blockIdx.x + gridDim.x, ... (one or two blocks per SM,
-// all resident); its warps split K, warp w taking chunks w, w + warps, ... Each warp owns a
+// and walks the tile groups blockIdx.x, blockIdx.x + gridDim.x, ... (one or two blocks per SM:
+// stream_blocks_per_sm); its warps split K, warp w taking chunks w, w + warps, ... Each warp owns a
 // ring of `stages` (kStages, kGroupedStages) stages in shared memory. Per step (one chunk of
 // all kTiles tiles) every lane cp.async's exactly the bytes it will read back itself: its
 // 16-byte weight vector of each tile (cp.async.cg, L2 evict_first: read once), its 64 bytes of
@@ -78,6 +78,7 @@ constexpr int kStages = 3;
 // 2-4% longer than the deeper ones that fit (Mixtral, T = 1 and 16), so it keeps 5.
 constexpr int kGroupedStages = 5;
 constexpr int kMaxStages = 8;  // what cp_async_wait_pending covers: 0 .. kMaxStages - 2 pending
+static_assert(kStages >= 3 && kGroupedStages <= kMaxStages, "two steps in flight, a known wait");
 
 // Blocks per SM: two for one x row, whose rings and registers are small (16 warps hide the
 // dequantization's latencies better than 8: 4096 x 14336 at M = 1 took 14.7 us against 18.8 with

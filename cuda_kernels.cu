@@ -42,6 +42,45 @@ template <class Args> bool small_m_serves(const Args& args, int cc) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Scale granularities (INT8, FP8, the integer GEMMs' scales)
+// ---------------------------------------------------------------------------------------------
+constexpr int kGranularities = 4;     // the values of ck_granularity_t
+constexpr int kIntGranularities = 2;  // CK_PER_TENSOR and CK_PER_ROW: INT8 and the integer GEMMs
+static_assert(CK_PER_BLOCK_128X128 == kGranularities - 1 && CK_PER_ROW == kIntGranularities - 1,
+              "the block granularities follow the two that every scaled function takes");
+
+// A ck_granularity_t among the first `count` values: CK_STATUS_INVALID_VALUE otherwise, for a
+// value outside the enum and for one the function does not take (the block granularities, which
+// INT8 and the integer GEMMs reject as they rejected any unknown value before FP8 added them).
+ck_status_t check_granularity(const Check& check, ck_granularity_t granularity, int count,
+                              const char* name) {
+    CK_TRY(check.enum_value(granularity, kGranularities, name, "ck_granularity_t"));
+    if (granularity < count) return CK_STATUS_SUCCESS;
+    return check.fail(CK_STATUS_INVALID_VALUE,
+                      "%s=%d (%s) is not supported here (use CK_PER_TENSOR or CK_PER_ROW; the "
+                      "block granularities are FP8's)",
+                      name, int(granularity),
+                      granularity == CK_PER_BLOCK_1X128 ? "CK_PER_BLOCK_1X128"
+                                                        : "CK_PER_BLOCK_128X128");
+}
+
+// The float32 scales of an FP8 [rows, cols] tensor (a valid matrix and granularity): their byte
+// count fits in int64_t (a [rows, cols] matrix of 1- or 2-byte elements does not bound it).
+ck_status_t check_fp8_scales(const Check& check, ck_granularity_t granularity, int64_t rows,
+                             int64_t cols) {
+    const ck::ScaleGrid grid = ck::fp8_scale_grid(rows, cols, granularity);
+    int64_t bytes;
+    if (__builtin_mul_overflow(grid.rows, grid.cols, &bytes) ||
+        __builtin_mul_overflow(bytes, int64_t(sizeof(float)), &bytes))
+        return check.fail(CK_STATUS_INVALID_VALUE,
+                          "rows=%lld x cols=%lld: %lld x %lld float32 scales overflow a 64-bit "
+                          "byte count",
+                          (long long)rows, (long long)cols, (long long)grid.rows,
+                          (long long)grid.cols);
+    return CK_STATUS_SUCCESS;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Block 4-bit formats (NF4, MXFP4, NVFP4)
 // ---------------------------------------------------------------------------------------------
 // The element matrix of a block 4-bit call: its dtype (one of fp32, fp16, bf16) and its shape
@@ -188,8 +227,8 @@ ck_status_t check_scaled_int_gemm(const Check& check, const ck::IntGemmArgs& arg
                                   const ScaledEpilogue& epilogue) {
     CK_TRY(check.not_null({{epilogue.scale_a, "scale_a"}, {epilogue.scale_b, "scale_b"}}));
     CK_TRY(check.float_dtype(args.out_dtype, "out_dtype"));
-    CK_TRY(check.enum_value(epilogue.a_granularity, 2, "a_granularity", "ck_granularity_t"));
-    CK_TRY(check.enum_value(epilogue.b_granularity, 2, "b_granularity", "ck_granularity_t"));
+    CK_TRY(check_granularity(check, epilogue.a_granularity, kIntGranularities, "a_granularity"));
+    CK_TRY(check_granularity(check, epilogue.b_granularity, kIntGranularities, "b_granularity"));
     CK_TRY(check.enum_value(epilogue.activation, 2, "activation", "ck_activation_t"));
     CK_TRY(check_int_gemm_operands(check, args, k_rule));
     CK_TRY(check.element_aligned({{epilogue.scale_a, CK_DTYPE_FP32, "scale_a"},
@@ -1158,7 +1197,7 @@ ck_status_t ck_quantize_int8(const void* x, ck_dtype_t x_dtype, int64_t rows, in
     const Check check("ck_quantize_int8");
     CK_TRY(check.not_null({{x, "x"}, {scales, "scales"}, {q, "q"}}));
     CK_TRY(check.float_dtype(x_dtype, "x_dtype"));
-    CK_TRY(check.enum_value(granularity, 2, "granularity", "ck_granularity_t"));
+    CK_TRY(check_granularity(check, granularity, kIntGranularities, "granularity"));
     CK_TRY(check.enum_value(scale_mode, 2, "scale_mode", "ck_scale_mode_t"));
     CK_TRY(check.matrix(rows, cols, dtype_size(x_dtype)));
     CK_TRY(check.row_scales(granularity, rows));
@@ -1174,12 +1213,48 @@ ck_status_t ck_dequantize_int8(const int8_t* q, const float* scales, int64_t row
     const Check check("ck_dequantize_int8");
     CK_TRY(check.not_null({{q, "q"}, {scales, "scales"}, {out, "out"}}));
     CK_TRY(check.float_dtype(out_dtype, "out_dtype"));
-    CK_TRY(check.enum_value(granularity, 2, "granularity", "ck_granularity_t"));
+    CK_TRY(check_granularity(check, granularity, kIntGranularities, "granularity"));
     CK_TRY(check.matrix(rows, cols, dtype_size(out_dtype)));
     CK_TRY(check.row_scales(granularity, rows));
     CK_TRY(check.element_aligned({{scales, CK_DTYPE_FP32, "scales"}, {out, out_dtype, "out"}}));
     return check.launch([&] {
         return ck::dequantize_int8(q, scales, rows, cols, granularity, out, out_dtype, stream);
+    });
+}
+
+ck_status_t ck_quantize_fp8(const void* x, ck_dtype_t x_dtype, int64_t rows, int64_t cols,
+                            ck_fp8_format_t format, ck_granularity_t granularity,
+                            ck_scale_mode_t scale_mode, float* scales, uint8_t* q,
+                            ck_stream_t stream) {
+    const Check check("ck_quantize_fp8");
+    CK_TRY(check.not_null({{x, "x"}, {scales, "scales"}, {q, "q"}}));
+    CK_TRY(check.float_dtype(x_dtype, "x_dtype"));
+    CK_TRY(check.enum_value(format, 2, "format", "ck_fp8_format_t"));
+    CK_TRY(check_granularity(check, granularity, kGranularities, "granularity"));
+    CK_TRY(check.enum_value(scale_mode, 2, "scale_mode", "ck_scale_mode_t"));
+    CK_TRY(check.matrix(rows, cols, dtype_size(x_dtype)));
+    CK_TRY(check_fp8_scales(check, granularity, rows, cols));
+    CK_TRY(check.element_aligned({{x, x_dtype, "x"}, {scales, CK_DTYPE_FP32, "scales"}}));
+    return check.launch([&] {
+        return ck::quantize_fp8(x, x_dtype, rows, cols, format, granularity, scale_mode, scales,
+                                q, stream);
+    });
+}
+
+ck_status_t ck_dequantize_fp8(const uint8_t* q, ck_fp8_format_t format, const float* scales,
+                              int64_t rows, int64_t cols, ck_granularity_t granularity, void* out,
+                              ck_dtype_t out_dtype, ck_stream_t stream) {
+    const Check check("ck_dequantize_fp8");
+    CK_TRY(check.not_null({{q, "q"}, {scales, "scales"}, {out, "out"}}));
+    CK_TRY(check.enum_value(format, 2, "format", "ck_fp8_format_t"));
+    CK_TRY(check.float_dtype(out_dtype, "out_dtype"));
+    CK_TRY(check_granularity(check, granularity, kGranularities, "granularity"));
+    CK_TRY(check.matrix(rows, cols, dtype_size(out_dtype)));
+    CK_TRY(check_fp8_scales(check, granularity, rows, cols));
+    CK_TRY(check.element_aligned({{scales, CK_DTYPE_FP32, "scales"}, {out, out_dtype, "out"}}));
+    return check.launch([&] {
+        return ck::dequantize_fp8(q, format, scales, rows, cols, granularity, out, out_dtype,
+                                  stream);
     });
 }
 

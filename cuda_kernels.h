@@ -18,8 +18,8 @@
  *     16-byte alignment and a column count divisible by 8 select the vectorized fast path.
  *   - Non-finite inputs: NaN encodes as 0 and is ignored when computing absmax/min/max. An
  *     infinite input makes its scale infinite and every code of its segment 0: inputs are
- *     expected to be finite. (The block 4-bit formats follow their publishers instead; their
- *     section says how.)
+ *     expected to be finite. (The block 4-bit formats and FP8 follow their publishers instead;
+ *     their sections say how.)
  *   - Outputs must not overlap inputs (no entry point works in place); each function says so.
  *     A call given overlapping buffers writes nothing outside its outputs and none of its other
  *     inputs, but the values it writes are unspecified (ck_moe_forward rejects the overlaps it
@@ -54,6 +54,9 @@
  *   INT4 asymmetric: lo = min(min(x), 0), hi = max(max(x), 0); scale = (hi - lo) / 15, stored as
  *                    above (0 becomes 1); zero = clamp(rint(-lo * inv), 0, 15) stored as uint8;
  *                    q = clamp(rint(x * inv) + zero, 0, 15); x' = (float)(q - zero) * scale.
+ *   FP8 (E4M3, E5M2): scale = amax / FMAX (FMAX = 448 or 57344; a zero or subnormal scale
+ *                    becomes 1); q = fp8(x * inv) with inv = 1 / scale (float32), rounded to
+ *                    nearest even and saturating at +-FMAX; x' = fp8_value(q) * scale.
  *   Packed INT4:     two values per byte along the row: element 2i in the low nibble, 2i+1 in
  *                    the high nibble; signed values in two's complement. A row of `cols` values
  *                    takes (cols + 1) / 2 bytes; when cols is odd the last high nibble is 0.
@@ -131,11 +134,26 @@ typedef enum ck_dtype {
     CK_DTYPE_UINT8 = 5
 } ck_dtype_t;
 
-/* How many scales an INT8 tensor has. */
+/* How many scales a quantized [rows, cols] tensor has. INT8 (and the scales of the integer
+ * GEMMs) take CK_PER_TENSOR and CK_PER_ROW, and reject the block values with
+ * CK_STATUS_INVALID_VALUE; FP8 takes all four. A partial last block (rows or cols not a
+ * multiple of 128) takes its scale from the elements it has. */
 typedef enum ck_granularity {
-    CK_PER_TENSOR = 0,  /* one scale for the whole tensor: scales[0] */
-    CK_PER_ROW = 1      /* one scale per row (per token / per output channel): scales[rows] */
+    CK_PER_TENSOR = 0,        /* one scale for the whole tensor: scales[0] */
+    CK_PER_ROW = 1,           /* one scale per row (per token / per output channel): scales[rows] */
+    CK_PER_BLOCK_1X128 = 2,   /* one scale per row per 128 consecutive columns (DeepSeek-V3's
+                                 activations): scales [rows, ceil(cols / 128)] */
+    CK_PER_BLOCK_128X128 = 3  /* one scale per 128 x 128 tile (DeepSeek-V3's weights): scales
+                                 [ceil(rows / 128), ceil(cols / 128)] */
 } ck_granularity_t;
+
+/* The FP8 element formats (OCP 8-bit Floating Point Specification, OFP8). */
+typedef enum ck_fp8_format {
+    CK_FP8_E4M3 = 0,  /* E4M3 'fn': bias 7, max 448, subnormals down to 2^-9, no infinity;
+                         NaN is S.1111.111 (0x7F / 0xFF) */
+    CK_FP8_E5M2 = 1   /* E5M2: bias 15, max 57344, subnormals down to 2^-16, +-inf
+                         (0x7C / 0xFC); NaN is S.11111.{01,10,11} */
+} ck_fp8_format_t;
 
 /* Where quantization scales come from. */
 typedef enum ck_scale_mode {
@@ -184,6 +202,54 @@ CK_API ck_status_t ck_quantize_int8(const void* x, ck_dtype_t x_dtype, int64_t r
 CK_API ck_status_t ck_dequantize_int8(const int8_t* q, const float* scales, int64_t rows,
                                       int64_t cols, ck_granularity_t granularity, void* out,
                                       ck_dtype_t out_dtype, ck_stream_t stream);
+
+/* ---------------------------------------------------------------------------------------------
+ * FP8 quantization (E4M3 and E5M2, scaled per tensor, row or block)
+ *
+ * q holds one FP8 byte per element, [rows, cols]; the float32 scales are laid out as the
+ * granularity says (ck_granularity_t): 1 value, `rows` values, [rows, ceil(cols / 128)] or
+ * [ceil(rows / 128), ceil(cols / 128)], row-major. tests/reference.py implements the formats
+ * and both functions exactly and the kernels match it bit for bit (float32 IEEE arithmetic,
+ * no fused multiply-add):
+ *   amax  = max |x| over the scale's scope (the tensor, a row or a block), NaN ignored;
+ *   scale = amax / FMAX (FMAX = 448 for E4M3, 57344 for E5M2); a scale of 0 (an all-zero or
+ *           all-NaN scope) becomes 1, as INT8's does, and so does a subnormal one (amax below
+ *           FMAX * 2^-126), which keeps 1 / scale finite;
+ *   q     = fp8(x * inv) with inv = 1 / scale (float32), fp8() rounding to nearest, ties to
+ *           even, and saturating (PTX cvt.rn.satfinite, the OCP saturating mode): a finite
+ *           value past +-FMAX and +-inf become +-FMAX (E4M3 0x7E / 0xFE, E5M2 0x7B / 0xFB), so
+ *           E5M2's infinities are never written; NaN becomes 0x7F (either sign: the byte
+ *           cvt writes, on every GPU); -0.0 becomes 0x80;
+ *   x'    = fp8_value(q) * scale (float32; NaN codes give NaN and E5M2's +-inf codes +-inf),
+ *           rounded to the output dtype.
+ * An infinite input makes its dynamic scale infinite (inv = 0): the scope's finite elements
+ * encode as +-0 and its infinities as NaN (inf * 0). Static scales are the caller's: finite,
+ * > 0 and not subnormal (device data is not checked); under them +-inf saturates to +-FMAX.
+ * Requirements (both): rows, cols >= 1; x, out aligned to their element size, scales to 4
+ * bytes (q: any address). With cols % 8 == 0 (for CK_PER_TENSOR: rows * cols % 8 == 0), x (or
+ * out) 16-byte aligned and q 8-byte aligned, the kernels take their vectorized path. Sizes: the
+ * byte counts of x (or out) and of the scales must fit in int64_t (CK_STATUS_INVALID_VALUE
+ * beyond).
+ * ------------------------------------------------------------------------------------------- */
+/* Quantizes x [rows, cols] (float32, float16 or bfloat16) to FP8 q [rows, cols] (uint8 bytes in
+ * `format`), with the scales of `granularity`. With CK_SCALE_STATIC the scales are read; with
+ * CK_SCALE_DYNAMIC they are computed as above and written. Kernels: static scales, dynamic
+ * CK_PER_ROW and dynamic CK_PER_BLOCK_1X128 read x once in one launch; dynamic
+ * CK_PER_BLOCK_128X128 runs one block of threads per 128 x 128 tile (x read once, one launch);
+ * dynamic CK_PER_TENSOR reads x twice (absmax first, as ck_quantize_int8) unless the tensor is
+ * small enough for one block (16384 fp16/bf16 or 8192 fp32 values: one launch).
+ * x, q and scales must not overlap. */
+CK_API ck_status_t ck_quantize_fp8(const void* x, ck_dtype_t x_dtype, int64_t rows, int64_t cols,
+                                   ck_fp8_format_t format, ck_granularity_t granularity,
+                                   ck_scale_mode_t scale_mode, float* scales, uint8_t* q,
+                                   ck_stream_t stream);
+
+/* Dequantizes FP8 q [rows, cols] (bytes in `format`) with the float32 scales of `granularity`:
+ * out = fp8_value(q) * scale, written as out_dtype (float32, float16 or bfloat16) to
+ * out [rows, cols]. out must not overlap q or scales. */
+CK_API ck_status_t ck_dequantize_fp8(const uint8_t* q, ck_fp8_format_t format, const float* scales,
+                                     int64_t rows, int64_t cols, ck_granularity_t granularity,
+                                     void* out, ck_dtype_t out_dtype, ck_stream_t stream);
 
 /* ---------------------------------------------------------------------------------------------
  * Packed INT4 quantization (group-wise along the row, scales computed on the device)

@@ -27,6 +27,7 @@
 // the scales for dequantization (+ one more read of x for NVFP4's computed global scale).
 #include "kernels/quantize/block4.cuh"
 
+#include "kernels/core/fp8.cuh"
 #include "kernels/quantize/chunk_map.cuh"
 #include "kernels/quantize/quantize.cuh"
 
@@ -59,28 +60,9 @@ __device__ __forceinline__ float e2m1_value(int code) {
     return __uint_as_float(mag | uint32_t(code & 8) << 28);
 }
 
-constexpr float kE4M3Max = 448.f;
-constexpr uint32_t kE4M3Nan = 0x7F;
-constexpr int kE4M3MinExp = -6;  // of the smallest normal; the subnormal quantum is 2^-9
-
-// FP8 E4M3 ('fn': bias 7, no infinity, S.1111.111 NaN): |x| rounded to a multiple of its
-// quantum 2^(floor(log2 |x|) - 3) (2^-9 below 2^-6), ties to even; past 448 (and +-inf) it
-// saturates to 448 (0x7E), as cvt.rn.satfinite.e4m3x2.f32 does; NaN gives 0x7F.
-__device__ __forceinline__ uint32_t e4m3_encode(float x) {
-    if (isnan(x)) return kE4M3Nan;
-    const uint32_t sign = (__float_as_uint(x) >> 31) << 7;
-    const float mag = fabsf(x);
-    if (mag > kE4M3Max) return sign | 0x7E;  // rounds to 448 (below 464) or beyond the range
-    // floor(log2 mag) from the float32 exponent (mag >= 2^-6 is a normal float32; anything
-    // smaller, subnormals and 0 included, is in E4M3's subnormal range).
-    const int e = max(int(__float_as_uint(mag) >> 23) - 127, kE4M3MinExp);
-    // The significand in quanta, 0 .. 16 (exact scaling by a power of two, then RNE). Biased
-    // exponent e + 7 and mantissa q - 8 give the bits (e + 6) * 8 + q: a subnormal (e = -6,
-    // q < 8) is q itself, q = 8 there is the smallest normal, and q = 16 carries into the
-    // exponent, all by the same sum.
-    const int q = int(rintf(mag * pow2(3 - e)));
-    return sign | uint32_t((e - kE4M3MinExp) * 8 + q);
-}
+// FP8 E4M3 ('fn': bias 7, no infinity, S.1111.111 NaN) scales are encoded by fp8.cuh's
+// fp8_encode<CK_FP8_E4M3>: ties to even, past 448 (and +-inf) saturating to 448, NaN 0x7F.
+constexpr uint32_t kE4M3Nan = kFp8Nan;
 
 __device__ __forceinline__ float e4m3_value(uint32_t bits) {
     if ((bits & 0x7F) == kE4M3Nan) return __uint_as_float(0x7FC00000u);
@@ -204,7 +186,7 @@ struct Nvfp4 : Fp4Codes {
     };
     // scale = e4m3(g * (amax * 1/6)); out = 1 / (e4m3_value * (1 / g)), 0 for a zero scale.
     __device__ static Params params(const BlockStats& s, float g, Scale& stored) {
-        const uint32_t bits = e4m3_encode(g * (s.amax * kSixth));
+        const uint32_t bits = fp8_encode<CK_FP8_E4M3>(g * (s.amax * kSixth));
         stored = Scale(bits);
         const float scale = e4m3_value(bits);
         return {scale == 0.f ? 0.f : 1.f / (scale * (1.f / g))};

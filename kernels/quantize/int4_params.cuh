@@ -1,23 +1,29 @@
 // int4_params.cuh - the integer quantization formats' ranges and the scale / zero-point rule
-// (cuda_kernels.h: "Quantization formats"), shared by the dense quantizers (quantize.cu) and the
-// structured-sparse one (kernels/sparse/sparse_quantize.cu), so that both compute the same bits.
+// (cuda_kernels.h: "Quantization formats"), shared by the dense quantizers (quantize.cu, which
+// applies the symmetric rule to FP8 too: fp8.cuh) and the structured-sparse one
+// (kernels/sparse/sparse_quantize.cu), so that all compute the same bits.
 #pragma once
 
 #include "kernels/core/common.cuh"
 
 namespace ck {
 
+// kMinScale: a computed scale below it becomes 1, as a zero one does (0 for the integer
+// formats: their subnormal scales stay; FP8's formats, fp8.cuh, set the smallest normal float).
 struct Int8Sym {
     static constexpr int kMin = -127, kMax = 127;
     static constexpr bool kAsym = false;
+    static constexpr float kMinScale = 0.f;
 };
 struct Int4Sym {
     static constexpr int kMin = -8, kMax = 7;
     static constexpr bool kAsym = false;
+    static constexpr float kMinScale = 0.f;
 };
 struct Int4Asym {
     static constexpr int kMin = 0, kMax = 15;
     static constexpr bool kAsym = true;
+    static constexpr float kMinScale = 0.f;
 };
 
 // Running statistics of a segment: the range [lo, hi] always contains 0, so for symmetric
@@ -45,7 +51,8 @@ __device__ __forceinline__ QParams<ScaleT> make_params(Range r) {
     QParams<ScaleT> p;
     p.stored = from_float<ScaleT>(span / steps);
     float scale = to_float(p.stored);
-    if (scale == 0.f) {  // all-zero segment (or a scale below the storage type's range)
+    // All-zero segment (or a scale below the storage type's range, or below kMinScale).
+    if (scale == 0.f || scale < Fmt::kMinScale) {
         p.stored = from_float<ScaleT>(1.f);
         scale = 1.f;
     }

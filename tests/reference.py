@@ -192,6 +192,101 @@ def dequantize_int8(q, scales, granularity, out_dtype):
 
 
 # ---------------------------------------------------------------------------------------------
+# FP8 (E4M3, E5M2), one float32 scale per tensor, row, 1 x 128 block or 128 x 128 tile
+# ---------------------------------------------------------------------------------------------
+FP8_GRANULARITIES = ("tensor", "row", "block1x128", "block128x128")
+FP8_BLOCK = 128
+FP8_MIN_SCALE = np.float32(2.0**-126)  # computed scales below it (0 included) become 1
+
+
+def fp8_scale_shape(rows, cols, granularity):
+    """The shape of the scales of a [rows, cols] FP8 tensor: (1,) per tensor, (rows,) per row,
+    (rows, ceil(cols / 128)) per 1 x 128 block, (ceil(rows / 128), ceil(cols / 128)) per
+    128 x 128 tile (partial blocks at the ends)."""
+    blocks_r, blocks_c = -(-rows // FP8_BLOCK), -(-cols // FP8_BLOCK)
+    shapes = {"tensor": (1,), "row": (rows,), "block1x128": (rows, blocks_c),
+              "block128x128": (blocks_r, blocks_c)}
+    try:
+        return shapes[granularity]
+    except KeyError:
+        raise ValueError(f"unknown FP8 granularity {granularity!r} (use one of "
+                         f"{FP8_GRANULARITIES})") from None
+
+
+def _fp8_scale_index(rows, cols, granularity):
+    """(row index, column index) into the scales, as 2-D, of every element: scales2d[ri, ci]."""
+    r, c = np.arange(rows)[:, None], np.arange(cols)[None, :]
+    zero_r, zero_c = np.zeros_like(r), np.zeros_like(c)
+    return {"tensor": (zero_r, zero_c), "row": (r, zero_c), "block1x128": (r, c // FP8_BLOCK),
+            "block128x128": (r // FP8_BLOCK, c // FP8_BLOCK)}[granularity]
+
+
+def _fp8_scope_amax(absx, granularity):
+    """max over each scale's scope of absx [rows, cols] (no NaN), in the scales' shape."""
+    rows, cols = absx.shape
+    shape = fp8_scale_shape(rows, cols, granularity)
+    if granularity == "tensor":
+        return absx.max().reshape(shape)
+    if granularity == "row":
+        return absx.max(axis=1)
+    # Zero padding to whole blocks changes no max of absolute values.
+    pad_r = -rows % FP8_BLOCK if granularity == "block128x128" else 0
+    padded = np.pad(absx, ((0, pad_r), (0, -cols % FP8_BLOCK)))
+    block_r = FP8_BLOCK if granularity == "block128x128" else 1
+    return padded.reshape(shape[0], block_r, shape[1], FP8_BLOCK).max(axis=(1, 3))
+
+
+def quantize_fp8(x, dtype, fmt, granularity, scales=None):
+    """x [rows, cols] in `dtype`'s representation -> (q uint8 [rows, cols] FP8 bytes of `fmt`,
+    scales float32 of fp8_scale_shape).
+
+    Dynamic (scales None): amax = max |x| over each scope (NaN ignored), scale = amax / FMAX in
+    float32 (FMAX 448 for 'e4m3', 57344 for 'e5m2'); a zero scale (an all-zero or all-NaN
+    scope) becomes 1, as INT8's does, and so does a subnormal one (< 2**-126), so that 1 / scale
+    is finite. Static: `scales` (float32, finite, > 0, any shape of the right size) are used as
+    given and returned in fp8_scale_shape.
+    Encoding: inv = 1 / scale (float32), q = fp8_encode(x * inv) (float32 product; ties to even,
+    saturating at +-FMAX, +-inf -> +-FMAX, NaN -> 0x7F). An infinite element makes its dynamic
+    scale inf and inv 0: its scope's finite elements encode as +-0, its infinities as NaN.
+    """
+    xf = _matrix(to_f32(x, dtype))
+    rows, cols = xf.shape
+    shape = fp8_scale_shape(rows, cols, granularity)
+    if scales is None:
+        amax = _fp8_scope_amax(np.abs(_nan_to_zero(xf)), granularity)
+        scales = (amax / np.float32(FP8_MAX[fmt])).astype(np.float32)
+        scales[~(scales >= FP8_MIN_SCALE)] = _F32_ONE
+    else:
+        scales = _require_dtype(np.asarray(scales), np.float32, "fp8 scales")
+        if scales.size != int(np.prod(shape)):
+            raise ValueError(f"{granularity} granularity needs {int(np.prod(shape))} scales, "
+                             f"got {scales.size}")
+        scales = scales.reshape(shape).copy()
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        inv = _F32_ONE / scales
+        ri, ci = _fp8_scale_index(rows, cols, granularity)
+        y = xf * inv.reshape(len(inv), -1)[ri, ci]
+    return fp8_encode(y, fmt), scales
+
+
+def dequantize_fp8(q, scales, fmt, granularity, out_dtype):
+    """q uint8 [rows, cols] FP8 bytes of `fmt`, float32 scales (fp8_scale_shape's count) ->
+    fp8_decode(q) * scale in float32 (NaN codes give NaN, E5M2's infinities +-inf), rounded to
+    out_dtype."""
+    q = _matrix(_require_dtype(np.asarray(q), np.uint8, "fp8 codes"))
+    rows, cols = q.shape
+    shape = fp8_scale_shape(rows, cols, granularity)
+    scales = _require_dtype(np.asarray(scales), np.float32, "fp8 scales")
+    if scales.size != int(np.prod(shape)):
+        raise ValueError(f"{granularity} granularity needs {int(np.prod(shape))} scales, got "
+                         f"{scales.size}")
+    scales2d = scales.reshape(shape[0], -1)
+    ri, ci = _fp8_scale_index(rows, cols, granularity)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return to_dtype(fp8_decode(q, fmt) * scales2d[ri, ci], out_dtype)
+
+
+# ---------------------------------------------------------------------------------------------
 # Packed INT4, group-wise along the row
 # ---------------------------------------------------------------------------------------------
 def quantize_int4(x, dtype, group_size, mode):
@@ -915,54 +1010,99 @@ def e2m1_decode(codes):
     return E2M1_VALUES[codes]
 
 
-# ---- FP8 E4M3 ('fn') --------------------------------------------------------------------------
+# ---- FP8: E4M3 ('fn') and E5M2 (OCP 8-bit Floating Point Specification, OFP8) ------------------
+# One encoder and one decoder serve both formats, from their bit fields: a sign bit, an exponent
+# field with its bias, a mantissa field; exponent field 0 holds the subnormals (0 included).
+# E4M3 ('fn'): 4 exponent bits (bias 7), 3 mantissa bits, no infinities; S.1111.111 is NaN, so
+#   the largest value is S.1111.110 = 448 and S.1111.000 .. S.1111.110 are ordinary numbers.
+# E5M2: 5 exponent bits (bias 15), 2 mantissa bits, IEEE-like: S.11111.00 is +-inf,
+#   S.11111.{01,10,11} NaN, the largest finite value 57344 (S.11110.11).
+FP8_FORMATS = ("e4m3", "e5m2")
 E4M3_MAX = 448.0
-E4M3_NAN = 0x7F             # the canonical NaN this encoder writes (0xFF is NaN too)
-_E4M3_MANTISSA_BITS = 3
-_E4M3_MIN_EXP = -6          # of the smallest normal, 2**-6; the subnormal quantum is 2**-9
+E5M2_MAX = 57344.0
+FP8_MAX = {"e4m3": E4M3_MAX, "e5m2": E5M2_MAX}
+FP8_NAN = 0x7F             # the NaN the encoders write, for a NaN of either sign (as PTX cvt)
+E4M3_NAN = FP8_NAN          # (0xFF is NaN too)
+E5M2_INF = 0x7C             # +inf; 0xFC is -inf (decoded, never written: encoding saturates)
+_FP8_FIELDS = {             # format -> (mantissa bits, exponent bias)
+    "e4m3": (3, 7),
+    "e5m2": (2, 15),
+}
 
 
-def e4m3_encode(x):
-    """float32 values -> FP8 E4M3 bit patterns (uint8): round to nearest, ties to even, saturating.
+def _fp8_fields(fmt):
+    try:
+        return _FP8_FIELDS[fmt]
+    except KeyError:
+        raise ValueError(f"unknown FP8 format {fmt!r} (use one of {FP8_FORMATS})") from None
 
-    E4M3 'fn': bias 7, 3 mantissa bits, no infinities, S.1111.111 is NaN, so the largest finite
-    value is 448 (0x7E). |x| is rounded to a multiple of its quantum, 2**(floor(log2|x|) - 3) for
-    |x| >= 2**-6 and 2**-9 below (the subnormals), ties to even; a magnitude that rounds above 448
-    (|x| > 464, and +-inf) saturates to 448, as PTX cvt.rn.satfinite.e4m3x2.f32 does. The sign bit
-    is x's (a negative value that rounds to zero gives 0x80, -0). NaN encodes as 0x7F.
+
+def fp8_encode(x, fmt):
+    """float32 values -> FP8 bit patterns (uint8) of `fmt` ('e4m3' or 'e5m2'): round to nearest,
+    ties to even, saturating.
+
+    |x| is rounded to a multiple of its quantum, 2**(floor(log2|x|) - M) for |x| >= 2**(1 - bias)
+    (the smallest normal) and 2**(1 - bias - M) below (the subnormals), M the mantissa bits, ties
+    to even; a magnitude that rounds above the format's largest value, and +-inf, saturate to it
+    (E4M3 448 = 0x7E, past 464; E5M2 57344 = 0x7B, from 61440), as PTX cvt.rn.satfinite does
+    (OCP's saturating conversion): E5M2's infinities are never written. The sign bit is x's (a
+    negative value that rounds to zero gives 0x80, -0). NaN, of either sign and any payload,
+    encodes as 0x7F, the byte the GPU conversion writes for both formats.
     """
+    mantissa_bits, bias = _fp8_fields(fmt)
     x = np.asarray(x, dtype=np.float32)
     finite = np.isfinite(x)
     mag = np.abs(np.where(finite, x, 0)).astype(np.float64)  # exact, as is everything below
     _, e = np.frexp(mag)                       # mag = f * 2**e, f in [0.5, 1): floor(log2) = e - 1
-    quantum = np.ldexp(1.0, np.maximum(e - 1, _E4M3_MIN_EXP) - _E4M3_MANTISSA_BITS)
+    quantum = np.ldexp(1.0, np.maximum(e - 1, 1 - bias) - mantissa_bits)
     rounded = np.rint(mag / quantum) * quantum  # np.rint: half to even
-    rounded = np.where(finite, np.minimum(rounded, E4M3_MAX), E4M3_MAX)
-    bits = _e4m3_magnitude_bits(rounded) | (np.signbit(x).astype(np.uint8) << 7)
-    return np.where(np.isnan(x), np.uint8(E4M3_NAN), bits).astype(np.uint8)
+    rounded = np.where(finite, np.minimum(rounded, FP8_MAX[fmt]), FP8_MAX[fmt])
+    bits = _fp8_magnitude_bits(rounded, mantissa_bits, bias)
+    bits |= np.signbit(x).astype(np.uint8) << 7
+    return np.where(np.isnan(x), np.uint8(FP8_NAN), bits).astype(np.uint8)
 
 
-def _e4m3_magnitude_bits(mag):
-    """Representable E4M3 magnitudes (float64, <= 448) -> their 7-bit patterns (uint8)."""
+def _fp8_magnitude_bits(mag, mantissa_bits, bias):
+    """Representable FP8 magnitudes (float64, finite) -> their 7-bit patterns (uint8)."""
     _, e = np.frexp(mag)
-    normal = mag >= 2.0 ** _E4M3_MIN_EXP
-    exponent = np.where(normal, e - 1, _E4M3_MIN_EXP)
-    significand = (mag / np.ldexp(1.0, exponent - _E4M3_MANTISSA_BITS)).astype(np.int64)
-    # A normal significand is 8 + mantissa (the implicit one), a subnormal one the mantissa.
-    biased = np.where(normal, exponent + 7, 0)
-    mantissa = np.where(normal, significand - 8, significand)
-    return ((biased << _E4M3_MANTISSA_BITS) | mantissa).astype(np.uint8)
+    normal = mag >= 2.0 ** (1 - bias)
+    exponent = np.where(normal, e - 1, 1 - bias)
+    significand = (mag / np.ldexp(1.0, exponent - mantissa_bits)).astype(np.int64)
+    # A normal significand is 2**M + mantissa (the implicit one), a subnormal one the mantissa.
+    biased = np.where(normal, exponent + bias, 0)
+    mantissa = np.where(normal, significand - (1 << mantissa_bits), significand)
+    return ((biased << mantissa_bits) | mantissa).astype(np.uint8)
+
+
+def fp8_decode(bits, fmt):
+    """FP8 bit patterns (uint8) of `fmt` -> float32 values (exact): E4M3 0x7F / 0xFF are NaN;
+    E5M2 0x7C / 0xFC are +-inf and 0x7D-0x7F / 0xFD-0xFF NaN."""
+    mantissa_bits, bias = _fp8_fields(fmt)
+    bits = _require_dtype(np.asarray(bits), np.uint8, f"{fmt} bits")
+    exponent_max = (1 << (7 - mantissa_bits)) - 1
+    biased = ((bits & 0x7F) >> mantissa_bits).astype(np.int64)
+    mantissa = (bits & ((1 << mantissa_bits) - 1)).astype(np.int64)
+    mag = np.where(biased == 0, np.ldexp(mantissa.astype(np.float64), 1 - bias - mantissa_bits),
+                   np.ldexp(((1 << mantissa_bits) + mantissa).astype(np.float64),
+                            biased - bias - mantissa_bits))
+    if fmt == "e4m3":
+        nan = (bits & 0x7F) == 0x7F
+    else:
+        nan = (biased == exponent_max) & (mantissa != 0)
+        mag = np.where((biased == exponent_max) & (mantissa == 0), np.inf, mag)
+    value = np.where(bits & 0x80, -mag, mag)
+    return np.where(nan, np.nan, value).astype(np.float32)
+
+
+def e4m3_encode(x):
+    """float32 values -> FP8 E4M3 bit patterns (uint8): fp8_encode(x, 'e4m3') (ties to even,
+    saturating at 448, NaN -> 0x7F)."""
+    return fp8_encode(x, "e4m3")
 
 
 def e4m3_decode(bits):
     """FP8 E4M3 bit patterns (uint8) -> float32 values (exact; 0x7F and 0xFF are NaN)."""
-    bits = _require_dtype(np.asarray(bits), np.uint8, "e4m3 bits")
-    biased = ((bits >> 3) & 0xF).astype(np.int64)
-    mantissa = (bits & 0x7).astype(np.float64)
-    mag = np.where(biased == 0, np.ldexp(mantissa, -9),
-                   np.ldexp(8.0 + mantissa, biased - 7 - _E4M3_MANTISSA_BITS))
-    value = np.where(bits & 0x80, -mag, mag)
-    return np.where((bits & 0x7F) == 0x7F, np.nan, value).astype(np.float32)
+    return fp8_decode(bits, "e4m3")
 
 
 # ---- E8M0 (power-of-two scale) ----------------------------------------------------------------

@@ -3,7 +3,8 @@
 Three levels, from convenient to exact:
 
 * NumPy / ``__cuda_array_interface__`` functions: :func:`quantize_int8`,
-  :func:`dequantize_int8`, :func:`quantize_int4`, :func:`dequantize_int4`, the block 4-bit
+  :func:`dequantize_int8`, :func:`quantize_fp8`, :func:`dequantize_fp8` (E4M3 / E5M2, scaled
+  per tensor, row or block), :func:`quantize_int4`, :func:`dequantize_int4`, the block 4-bit
   formats (:func:`quantize_nf4` / :func:`dequantize_nf4`, :func:`quantize_mxfp4` /
   :func:`dequantize_mxfp4`, :func:`quantize_nvfp4` / :func:`dequantize_nvfp4`), the matrix products
   :func:`gemm_int8` (int32 out), :func:`gemm_int8_scaled` (W8A8 with a fused scale/bias/ReLU
@@ -89,12 +90,13 @@ import numpy as np
 
 __all__ = [
     "DType", "Status", "CKError", "CUDAError", "LibraryNotFoundError",
-    "PER_TENSOR", "PER_ROW", "STATIC", "DYNAMIC", "INT4_SYMMETRIC", "INT4_ASYMMETRIC",
+    "PER_TENSOR", "PER_ROW", "PER_BLOCK_1X128", "PER_BLOCK_128X128", "FP8_E4M3", "FP8_E5M2",
+    "FP8_BLOCK", "STATIC", "DYNAMIC", "INT4_SYMMETRIC", "INT4_ASYMMETRIC",
     "GROUP_ROW", "LAYOUT_NK", "LAYOUT_KN", "ACTIVATION_NONE", "ACTIVATION_RELU", "MOE_SWIGLU",
     "version", "device_count", "library_path", "load_library",
     "cuda", "CUDAGraph", "DeviceArray", "raw",
-    "quantize_int8", "dequantize_int8", "quantize_int4", "dequantize_int4",
-    "NF4_BLOCK_SIZES", "MXFP4_BLOCK", "NVFP4_BLOCK", "quantize_nf4", "dequantize_nf4",
+    "quantize_int8", "dequantize_int8", "quantize_fp8", "dequantize_fp8", "quantize_int4",
+    "dequantize_int4", "NF4_BLOCK_SIZES", "MXFP4_BLOCK", "NVFP4_BLOCK", "quantize_nf4", "dequantize_nf4",
     "quantize_mxfp4", "dequantize_mxfp4", "quantize_nvfp4", "dequantize_nvfp4",
     "gemm_int8", "gemm_int8_scaled", "int8_prepack", "linear", "gemm_w4a16", "w4a16_prepack",
     "gemm_w4a16_prepacked", "BLOCK4_NF4", "BLOCK4_MXFP4", "BLOCK4_NVFP4", "block4_prepack",
@@ -139,6 +141,11 @@ class Status(enum.IntEnum):
 
 PER_TENSOR = 0          # ck_granularity_t
 PER_ROW = 1
+PER_BLOCK_1X128 = 2     # FP8 only: one scale per row per 128 columns
+PER_BLOCK_128X128 = 3   #           one scale per 128 x 128 tile
+FP8_E4M3 = 0            # ck_fp8_format_t
+FP8_E5M2 = 1
+FP8_BLOCK = 128         # the edge of FP8's scale blocks
 STATIC = 0              # ck_scale_mode_t
 DYNAMIC = 1
 INT4_SYMMETRIC = 0      # ck_int4_mode_t
@@ -394,6 +401,13 @@ DECLARATIONS = {
         _STREAM)),
     "ck_dequantize_int8": (_STATUS, (
         ("q_ptr", _PTR), ("scales_ptr", _PTR), ("rows", _I64), ("cols", _I64),
+        ("granularity", _ENUM), ("out_ptr", _PTR), ("out_dtype", _ENUM), _STREAM)),
+    "ck_quantize_fp8": (_STATUS, (
+        ("x_ptr", _PTR), ("x_dtype", _ENUM), ("rows", _I64), ("cols", _I64), ("format", _ENUM),
+        ("granularity", _ENUM), ("scale_mode", _ENUM), ("scales_ptr", _PTR), ("q_ptr", _PTR),
+        _STREAM)),
+    "ck_dequantize_fp8": (_STATUS, (
+        ("q_ptr", _PTR), ("format", _ENUM), ("scales_ptr", _PTR), ("rows", _I64), ("cols", _I64),
         ("granularity", _ENUM), ("out_ptr", _PTR), ("out_dtype", _ENUM), _STREAM)),
     "ck_int4_groups_per_row": (_I64, (("cols", _I64), ("group_size", _I64))),
     "ck_quantize_int4": (_STATUS, (
@@ -2535,6 +2549,114 @@ def dequantize_int8(q, scales, granularity=None, out_dtype="fp32", stream=None, 
         _check_array(s, "scales", np.float32, 1 if gran == PER_TENSOR else rows)
         o = call.output(qa.shape, _NUMPY_OF[ck_out], ck_out, out, "out")
         raw.dequantize_int8(qa.ptr, s.ptr, rows, cols, gran, o.ptr, ck_out, call.stream)
+        return call.finish(o)
+
+
+_FP8_FORMATS = {"e4m3": FP8_E4M3, "e5m2": FP8_E5M2}
+_FP8_GRANULARITIES = dict(_GRANULARITIES, block1x128=PER_BLOCK_1X128,
+                          block128x128=PER_BLOCK_128X128)
+_FP8_GRANULARITY_NAMES = "'tensor', 'row', 'block1x128' or 'block128x128'"
+
+
+def _fp8_format(value):
+    fmt = _named_enum(value, "format", "'e4m3' or 'e5m2'", _FP8_FORMATS)
+    if fmt not in (FP8_E4M3, FP8_E5M2):
+        raise ValueError("format=%r: use 'e4m3' or 'e5m2'" % (value,))
+    return fmt
+
+
+def _fp8_granularity(value):
+    gran = _named_enum(value, "granularity", _FP8_GRANULARITY_NAMES, _FP8_GRANULARITIES)
+    if gran not in (PER_TENSOR, PER_ROW, PER_BLOCK_1X128, PER_BLOCK_128X128):
+        raise ValueError("granularity=%r: use %s" % (value, _FP8_GRANULARITY_NAMES))
+    return gran
+
+
+def _fp8_scale_shape(rows, cols, gran, one_d=False):
+    """The scales' shape of a [rows, cols] FP8 tensor (cuda_kernels.h); a 1-D tensor (one row)
+    has 1-D block scales."""
+    blocks_r, blocks_c = -(-rows // FP8_BLOCK), -(-cols // FP8_BLOCK)
+    if gran == PER_TENSOR:
+        return (1,)
+    if gran == PER_ROW:
+        return (rows,)
+    if one_d:
+        return (blocks_c,)
+    return (rows, blocks_c) if gran == PER_BLOCK_1X128 else (blocks_r, blocks_c)
+
+
+def _fp8_inferred_granularity(shape, rows, cols):
+    """The granularity of FP8 scales of this shape: 1 value per tensor, (rows,) per row,
+    (rows, ceil(cols / 128)) per 1 x 128 block, (ceil(rows / 128), ceil(cols / 128)) per tile
+    (where two fit, they hold the same numbers)."""
+    size = math.prod(shape)
+    blocks_r, blocks_c = -(-rows // FP8_BLOCK), -(-cols // FP8_BLOCK)
+    if size == 1:
+        return PER_TENSOR
+    if len(shape) == 2 and tuple(shape) == (rows, blocks_c):
+        return PER_BLOCK_1X128
+    if len(shape) == 2 and tuple(shape) == (blocks_r, blocks_c):
+        return PER_BLOCK_128X128
+    if len(shape) == 1 and size == rows:
+        return PER_ROW
+    if len(shape) == 1 and rows == 1 and size == blocks_c:
+        return PER_BLOCK_1X128
+    raise ValueError("scales of shape %s: 1 value (per tensor), (%d,) (per row), (%d, %d) "
+                     "(per 1 x 128 block) or (%d, %d) (per 128 x 128 tile) expected, or say "
+                     "granularity=" % (tuple(shape), rows, rows, blocks_c, blocks_r, blocks_c))
+
+
+def quantize_fp8(x, format="e4m3", granularity="tensor", scales=None, dtype=None, stream=None,
+                 out=None):
+    """FP8 quantization of x [rows, cols] (fp32, fp16, or bf16 with dtype="bf16").
+
+    format: "e4m3" (max 448) or "e5m2" (max 57344). granularity: "tensor", "row", "block1x128"
+    (one scale per row per 128 columns) or "block128x128" (one per 128 x 128 tile). scales: None
+    computes them on the device (dynamic: amax / max of the format); given (float32, as many as
+    the granularity has, or one Python float) they are used as they are (static). out: q, or
+    (q, scales). Returns (q uint8 FP8 bytes like x, scales float32 of shape (1,), (rows,),
+    (rows, ceil(cols / 128)) or (ceil(rows / 128), ceil(cols / 128)); a 1-D x has 1-D block
+    scales).
+    """
+    fmt = _fp8_format(format)
+    gran = _fp8_granularity(granularity)
+    with _Call(x, stream) as call:
+        xa = call.input(x, "x", dtype, matrix=True, need=_FLOAT_INPUT)
+        rows, cols = _matrix(xa.shape, "x")
+        shape = _fp8_scale_shape(rows, cols, gran, len(xa.shape) == 1)
+        q_out, s_out = _split_out(out, 2, ("q", "scales"))
+        q = call.output(xa.shape, np.uint8, DType.UINT8, q_out, "q")
+        if scales is None:
+            mode = DYNAMIC
+            s = call.output(shape, np.float32, DType.FP32, s_out, "scales")
+        else:
+            mode = STATIC
+            s = call.input(scales, "scales", scalar_dtype=np.float32)
+            _check_array(s, "scales", np.float32, math.prod(shape))
+        raw.quantize_fp8(xa.ptr, xa.ck_dtype, rows, cols, fmt, gran, mode, s.ptr, q.ptr,
+                         call.stream)
+        return call.finish(q, s)
+
+
+def dequantize_fp8(q, scales, format="e4m3", granularity=None, out_dtype="fp32", stream=None,
+                   out=None):
+    """out = fp8_value(q) * scale of FP8 bytes q [rows, cols] (uint8, in `format`: "e4m3" or
+    "e5m2") with float32 scales. granularity: "tensor", "row", "block1x128", "block128x128", or
+    None to infer it from the scales' shape (as quantize_fp8 returns them). out_dtype: "fp32",
+    "fp16" or "bf16" (returned as uint16 bit patterns)."""
+    fmt = _fp8_format(format)
+    ck_out = _as_dtype_enum(out_dtype, "out_dtype")
+    with _Call(q, stream) as call:
+        qa = call.input(q, "q", matrix=True, need=np.uint8)
+        rows, cols = _matrix(qa.shape, "q")
+        s = call.input(scales, "scales", scalar_dtype=np.float32)
+        if granularity is None:
+            gran = _fp8_inferred_granularity(s.shape, rows, cols)
+        else:
+            gran = _fp8_granularity(granularity)
+        _check_array(s, "scales", np.float32, math.prod(_fp8_scale_shape(rows, cols, gran)))
+        o = call.output(qa.shape, _NUMPY_OF[ck_out], ck_out, out, "out")
+        raw.dequantize_fp8(qa.ptr, fmt, s.ptr, rows, cols, gran, o.ptr, ck_out, call.stream)
         return call.finish(o)
 
 

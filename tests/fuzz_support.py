@@ -819,6 +819,23 @@ def row_scales(args):
     return []
 
 
+def fp8_scale_bytes(args):
+    """ck_quantize_fp8 / ck_dequantize_fp8: the float32 scales of the granularity (rows, rows x
+    ceil(cols / 128) or ceil(rows / 128) x ceil(cols / 128)) have a byte count that fits in
+    int64_t, checked once the matrix and the granularity pass."""
+    rows, cols, gran = args["rows"], args["cols"], args["granularity"]
+    size = _element_size(args["x_dtype" if "x_dtype" in args else "out_dtype"])
+    if size is None or not _positive(args, "rows", "cols") or rows * cols * size > INT64_MAX \
+            or not 0 <= gran < 4:
+        return []
+    blocks_r, blocks_c = -(-rows // 128), -(-cols // 128)
+    count = {ck.PER_TENSOR: 1, ck.PER_ROW: rows, ck.PER_BLOCK_1X128: rows * blocks_c,
+             ck.PER_BLOCK_128X128: blocks_r * blocks_c}[gran]
+    if count * 4 > INT64_MAX:
+        return [Violation(Status.INVALID_VALUE, ("rows", "cols"), (rows, cols))]
+    return []
+
+
 def _int8_prepack_spans(args):
     """ck_int8_prepack: b_nk's K N bytes must not overlap b_kn's."""
     k, n = args["k"], args["n"]
@@ -1331,7 +1348,8 @@ class Description(typing.NamedTuple):
 
 FLOATS = DTypeArg(FLOAT_DTYPES)
 HALVES = DTypeArg(HALF_DTYPES)
-GRANULARITY, SCALE_MODE, INT4_MODE = Enum(2), Enum(2), Enum(2)
+GRANULARITY, SCALE_MODE, INT4_MODE = Enum(2), Enum(2), Enum(2)   # INT8: tensor or row
+FP8_FORMAT, FP8_GRANULARITY = Enum(2), Enum(4)   # FP8 takes the block granularities too
 LAYOUT, ACTIVATION = Enum(2), Enum(2)
 
 
@@ -2068,6 +2086,16 @@ DESCRIPTIONS = {
          "granularity": GRANULARITY, "out_ptr": Pointer("out_dtype"), "out_dtype": FLOATS,
          "stream": Stream()},
         (matrix_bytes("rows", "cols", "out_dtype"), row_scales)),
+    "ck_quantize_fp8": Description(
+        {"x_ptr": Pointer("x_dtype"), "x_dtype": FLOATS, "rows": Size(), "cols": Size(),
+         "format": FP8_FORMAT, "granularity": FP8_GRANULARITY, "scale_mode": SCALE_MODE,
+         "scales_ptr": Pointer(4), "q_ptr": Pointer(1), "stream": Stream()},
+        (matrix_bytes("rows", "cols", "x_dtype"), fp8_scale_bytes)),
+    "ck_dequantize_fp8": Description(
+        {"q_ptr": Pointer(1), "format": FP8_FORMAT, "scales_ptr": Pointer(4), "rows": Size(),
+         "cols": Size(), "granularity": FP8_GRANULARITY, "out_ptr": Pointer("out_dtype"),
+         "out_dtype": FLOATS, "stream": Stream()},
+        (matrix_bytes("rows", "cols", "out_dtype"), fp8_scale_bytes)),
     "ck_int4_groups_per_row": Description({"cols": Size(), "group_size": GroupSize()},
                                           drive="pure"),
     "ck_quantize_int4": Description(

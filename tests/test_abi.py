@@ -279,6 +279,9 @@ def test_wrapper_enums_match_header():
     assert {m.name: m.value for m in DType} == header_enum("DTYPE")
     assert (ck.PER_TENSOR, ck.PER_ROW) == (header_macro_enum("CK_PER_TENSOR"),
                                            header_macro_enum("CK_PER_ROW"))
+    assert (ck.PER_BLOCK_1X128, ck.PER_BLOCK_128X128) == (
+        header_macro_enum("CK_PER_BLOCK_1X128"), header_macro_enum("CK_PER_BLOCK_128X128"))
+    assert header_enum("FP8") == {"E4M3": ck.FP8_E4M3, "E5M2": ck.FP8_E5M2}
     assert (ck.STATIC, ck.DYNAMIC) == (header_macro_enum("CK_SCALE_STATIC"),
                                        header_macro_enum("CK_SCALE_DYNAMIC"))
     assert (ck.INT4_SYMMETRIC, ck.INT4_ASYMMETRIC) == (header_macro_enum("CK_INT4_SYMMETRIC"),
@@ -350,6 +353,9 @@ UNKNOWN_DTYPES = [99, -1, 6]
 NOT_FLOAT_DTYPES = [DType.INT8, DType.INT32, DType.UINT8]
 NOT_HALF_DTYPES = [DType.FP32] + NOT_FLOAT_DTYPES   # the W4A16 GEMMs and importers: fp16, bf16
 BAD_GROUP_SIZES = [48, 0, 256, 16, 1, 4096, -2]
+# INT8 and the integer GEMMs take CK_PER_TENSOR and CK_PER_ROW: the block granularities (FP8's)
+# are rejected as any value outside the enum is.
+BAD_INT_GRANULARITIES = [ck.PER_BLOCK_1X128, ck.PER_BLOCK_128X128, 4, -1, 99]
 
 # Each row: (id, changed arguments, status, names the message must contain as words). A value
 # written as name=value in the changes must also appear in the message when it is an int.
@@ -398,7 +404,7 @@ QUANTIZE_INT8_CASES = (
     + [("null-scales-dynamic", dict(scales_ptr=0), INVALID, ["scales"]),
        ("null-scales-static", dict(scales_ptr=0, scale_mode=ck.STATIC), INVALID, ["scales"])]
     + bad_dtypes("x_dtype")
-    + bad("granularity", (2, -1, 99), INVALID)
+    + bad("granularity", BAD_INT_GRANULARITIES, INVALID)
     + bad("scale_mode", (2, -1), INVALID)
     + rows_cols_cases((0, -1, -2**63), (0, -5))
     + [("misaligned-x-fp32", dict(x_ptr=X + 2), MISALIGNED, ["x"]),
@@ -414,13 +420,55 @@ DEQUANTIZE_INT8 = dict(q_ptr=Q, scales_ptr=S, rows=4, cols=64, granularity=ck.PE
 DEQUANTIZE_INT8_CASES = (
     null("q", "scales", "out")
     + bad_dtypes("out_dtype")
-    + bad("granularity", (2, -1), INVALID)
+    + bad("granularity", BAD_INT_GRANULARITIES, INVALID)
     + rows_cols_cases((0, -3), (0, -1))
     + [("misaligned-scales", dict(scales_ptr=S + 2), MISALIGNED, ["scales"]),
        ("misaligned-out-fp32", dict(out_ptr=O + 2), MISALIGNED, ["out"]),
        ("misaligned-out-fp16", dict(out_ptr=O + 1, out_dtype=DType.FP16), MISALIGNED, ["out"]),
        ("misaligned-out-bf16", dict(out_ptr=O + 1, out_dtype=DType.BF16), MISALIGNED, ["out"])]
 )
+
+# FP8: q takes any address, scales are float32; the scales' byte count overflows int64 where the
+# matrix of 2-byte elements does not (a [rows, 1] matrix has rows scales of 4 bytes).
+QUANTIZE_FP8 = dict(x_ptr=X, x_dtype=DType.BF16, rows=300, cols=1000, format=ck.FP8_E4M3,
+                    granularity=ck.PER_BLOCK_1X128, scale_mode=ck.DYNAMIC, scales_ptr=S, q_ptr=Q)
+FP8_SCALES_OVERFLOW = dict(rows=2**61, cols=1, granularity=ck.PER_ROW)
+QUANTIZE_FP8_CASES = (
+    null("x", "scales", "q")
+    + [("null-scales-static", dict(scales_ptr=0, scale_mode=ck.STATIC), INVALID, ["scales"])]
+    + bad_dtypes("x_dtype")
+    + bad("format", (2, -1, 99), INVALID)
+    + bad("granularity", (4, -1, 99), INVALID)
+    + bad("scale_mode", (2, -1), INVALID)
+    + rows_cols_cases((0, -1, -2**63), (0, -5), x_dtype=DType.FP32)
+    + [("overflow-scales-row", FP8_SCALES_OVERFLOW, INVALID, ["rows", "cols"]),
+       ("overflow-scales-1x128", dict(FP8_SCALES_OVERFLOW, granularity=ck.PER_BLOCK_1X128),
+        INVALID, ["rows", "cols"]),
+       ("misaligned-x-fp32", dict(x_ptr=X + 2, x_dtype=DType.FP32), MISALIGNED, ["x"]),
+       ("misaligned-x-fp16", dict(x_ptr=X + 1, x_dtype=DType.FP16), MISALIGNED, ["x"]),
+       ("misaligned-x-bf16", dict(x_ptr=X + 1), MISALIGNED, ["x"]),
+       ("misaligned-scales", dict(scales_ptr=S + 2), MISALIGNED, ["scales"]),
+       ("misaligned-scales-static", dict(scales_ptr=S + 1, scale_mode=ck.STATIC,
+                                         granularity=ck.PER_BLOCK_128X128), MISALIGNED,
+        ["scales"])]
+)
+
+DEQUANTIZE_FP8 = dict(q_ptr=Q, format=ck.FP8_E5M2, scales_ptr=S, rows=300, cols=1000,
+                      granularity=ck.PER_BLOCK_128X128, out_ptr=O, out_dtype=DType.FP16)
+DEQUANTIZE_FP8_CASES = (
+    null("q", "scales", "out")
+    + bad("format", (2, -1), INVALID)
+    + bad_dtypes("out_dtype")
+    + bad("granularity", (4, -1), INVALID)
+    + rows_cols_cases((0, -3), (0, -1), out_dtype=DType.FP32)
+    + [("overflow-scales-row", dict(FP8_SCALES_OVERFLOW, out_dtype=DType.BF16), INVALID,
+        ["rows", "cols"]),
+       ("misaligned-scales", dict(scales_ptr=S + 2), MISALIGNED, ["scales"]),
+       ("misaligned-out-fp32", dict(out_ptr=O + 2, out_dtype=DType.FP32), MISALIGNED, ["out"]),
+       ("misaligned-out-fp16", dict(out_ptr=O + 1), MISALIGNED, ["out"]),
+       ("misaligned-out-bf16", dict(out_ptr=O + 1, out_dtype=DType.BF16), MISALIGNED, ["out"])]
+)
+
 
 QUANTIZE_INT4 = dict(x_ptr=X, x_dtype=DType.FP16, rows=4, cols=256, group_size=128,
                      mode=ck.INT4_SYMMETRIC, q_ptr=Q, scales_ptr=S, zeros_ptr=0)
@@ -599,8 +647,8 @@ GEMM_INT8_SCALED_CASES = (
     gemm_operand_cases() + gemm_shape_cases()
     + null("out", "scale_a", "scale_b")
     + bad_dtypes("out_dtype")
-    + bad("a_granularity", (2, -1), INVALID)
-    + bad("b_granularity", (2, -1), INVALID)
+    + bad("a_granularity", BAD_INT_GRANULARITIES, INVALID)
+    + bad("b_granularity", BAD_INT_GRANULARITIES, INVALID)
     + bad("activation", BAD_ACTIVATIONS, INVALID)
     + [("misaligned-out-fp16", dict(out_ptr=O + 1), MISALIGNED, ["out"]),
        ("misaligned-out-bf16", dict(out_ptr=O + 1, out_dtype=DType.BF16), MISALIGNED, ["out"]),
@@ -1514,7 +1562,8 @@ STRUCT_CALLS = {"ck_moe_workspace_size": moe_workspace_size, "ck_moe_forward": m
 # (QUANTIZE_INT8 for ck_quantize_int8), its cases are that table's _CASES.
 ENTRY_POINTS = {
     "ck_" + table.lower(): (globals()[table], globals()[table + "_CASES"])
-    for table in ("QUANTIZE_INT8", "DEQUANTIZE_INT8", "QUANTIZE_INT4", "DEQUANTIZE_INT4",
+    for table in ("QUANTIZE_INT8", "DEQUANTIZE_INT8", "QUANTIZE_FP8", "DEQUANTIZE_FP8",
+                  "QUANTIZE_INT4", "DEQUANTIZE_INT4",
                   "QUANTIZE_NF4", "DEQUANTIZE_NF4", "QUANTIZE_MXFP4", "DEQUANTIZE_MXFP4",
                   "QUANTIZE_NVFP4", "DEQUANTIZE_NVFP4",
                   "GEMM_INT8", "GEMM_INT8_SCALED", "INT8_PREPACK", "LINEAR", "GEMM_W4A16", "GEMM_W4A16_PREPACKED",

@@ -318,6 +318,7 @@ def test_fuzz_error_state_after_any_call(lib):
 # accepted (64-bit arithmetic): here such a call reaches its launch (CK_STATUS_NO_DEVICE).
 ACCEPTED, REJECTED = "accepted", "rejected"
 MATRIX_EXPORTS = {"ck_quantize_int8": "x_dtype", "ck_dequantize_int8": "out_dtype",
+                  "ck_quantize_fp8": "x_dtype", "ck_dequantize_fp8": "out_dtype",
                   "ck_quantize_int4": "x_dtype", "ck_dequantize_int4": "out_dtype",
                   "ck_permute_columns": "dtype"}
 GEMM_EXPORTS = {"ck_gemm_int8": None, "ck_gemm_int8_scaled": "out_dtype", "ck_linear": "dtype",
@@ -436,12 +437,15 @@ def test_gemm_past_int32_tiles_is_served_or_unsupported(lib, name):
         assert status == Status.NO_DEVICE, f"{Status(status).name}: {message!r} ({cuda_error})"
 
 
-@pytest.mark.parametrize("name, dtype_arg", [("ck_quantize_int8", "x_dtype"),
-                                             ("ck_dequantize_int8", "out_dtype")])
-def test_per_row_scales_past_int64_bytes_are_rejected(lib, name, dtype_arg):
+@pytest.mark.parametrize("name, dtype_arg, granularity", [
+    ("ck_quantize_int8", "x_dtype", ck.PER_ROW), ("ck_dequantize_int8", "out_dtype", ck.PER_ROW),
+    ("ck_quantize_fp8", "x_dtype", ck.PER_ROW),
+    ("ck_quantize_fp8", "x_dtype", ck.PER_BLOCK_1X128),
+    ("ck_dequantize_fp8", "out_dtype", ck.PER_BLOCK_1X128)])
+def test_per_row_scales_past_int64_bytes_are_rejected(lib, name, dtype_arg, granularity):
     """rows >= 2^61 with a 2-byte dtype fits the [rows, 1] operand but not its rows float32
-    scales: rejected before any launch."""
-    args = dict(fz.example_call(name), rows=2**61, cols=1, granularity=ck.PER_ROW,
+    scales (per row, or per 1 x 128 block of a row): rejected before any launch."""
+    args = dict(fz.example_call(name), rows=2**61, cols=1, granularity=granularity,
                 **{dtype_arg: DType.FP16})
     status, _ = fz.call(lib, name, args)
     assert status == Status.INVALID_VALUE and mentions(message_of(lib), "rows"), \

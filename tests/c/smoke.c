@@ -83,6 +83,12 @@ static void check_null_rejected(void) {
     expect(st == CK_STATUS_INVALID_VALUE, "NULL x gives CK_STATUS_INVALID_VALUE");
     expect(msg != NULL && msg[0] != '\0', "a rejected call leaves a message");
 
+    expect(ck_quantize_fp8(NULL, CK_DTYPE_FP32, 1, 4, CK_FP8_E4M3, CK_PER_BLOCK_128X128,
+                           CK_SCALE_DYNAMIC, scales, (uint8_t*)q, 0) == CK_STATUS_INVALID_VALUE,
+           "ck_quantize_fp8 with NULL x gives CK_STATUS_INVALID_VALUE");
+    expect(ck_quantize_int8(FAKE_DEVICE_PTR, CK_DTYPE_FP32, 1, 4, CK_PER_BLOCK_1X128,
+                            CK_SCALE_DYNAMIC, scales, q, 0) == CK_STATUS_INVALID_VALUE,
+           "ck_quantize_int8 rejects FP8's block granularity");
     expect(ck_gemm_int8(NULL, q, CK_LAYOUT_NK, 1, 1, 16, (int32_t*)scales, 0) ==
                CK_STATUS_INVALID_VALUE, "ck_gemm_int8 with NULL a gives CK_STATUS_INVALID_VALUE");
     /* fp16 rows of 12 elements do not start 16-byte aligned: K must be a multiple of 8 */

@@ -2625,14 +2625,13 @@ def quantize_fp8(x, format="e4m3", granularity="tensor", scales=None, dtype=None
         rows, cols = _matrix(xa.shape, "x")
         shape = _fp8_scale_shape(rows, cols, gran, len(xa.shape) == 1)
         q_out, s_out = _split_out(out, 2, ("q", "scales"))
-        q = call.output(xa.shape, np.uint8, DType.UINT8, q_out, "q")
-        if scales is None:
-            mode = DYNAMIC
-            s = call.output(shape, np.float32, DType.FP32, s_out, "scales")
-        else:
-            mode = STATIC
+        if scales is not None:   # the inputs' checks before any output is allocated
             s = call.input(scales, "scales", scalar_dtype=np.float32)
             _check_array(s, "scales", np.float32, math.prod(shape))
+        q = call.output(xa.shape, np.uint8, DType.UINT8, q_out, "q")
+        if scales is None:
+            s = call.output(shape, np.float32, DType.FP32, s_out, "scales")
+        mode = DYNAMIC if scales is None else STATIC
         raw.quantize_fp8(xa.ptr, xa.ck_dtype, rows, cols, fmt, gran, mode, s.ptr, q.ptr,
                          call.stream)
         return call.finish(q, s)

@@ -342,6 +342,26 @@ def assert_bitwise_equal(actual, expected, what):
         f"expected {expected[at].item()!r} (bits {int(want[at]):#x})")
 
 
+def nan_mask(a):
+    """Where a holds NaN: float arrays directly, bfloat16 bit patterns (uint16) by their bits."""
+    if a.dtype == np.uint16:
+        return (a & 0x7FFF) > 0x7F80
+    return np.isnan(a)
+
+
+def assert_same_values(actual, expected, what):
+    """Bitwise equal, except that a NaN matches a NaN of any sign and payload."""
+    expected = np.asarray(expected)
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+    got_nan, want_nan = nan_mask(actual), nan_mask(expected)
+    assert np.array_equal(got_nan, want_nan), \
+        f"{what}: NaN at {np.argwhere(got_nan != want_nan)[0]} in one and not the other"
+    as_uint = UINT_OF_SIZE[actual.dtype.itemsize]
+    got, want = actual.view(as_uint).copy(), expected.view(as_uint).copy()
+    got[got_nan] = want[want_nan] = 0
+    assert_bitwise_equal(got.view(actual.dtype), want.view(expected.dtype), what)
+
+
 class FakeCudaArray:
     """Just a __cuda_array_interface__: enough for the wrapper's host-side checks, or for a
     foreign view of device memory (never dereferenced here). The default address is a fake one,

@@ -2356,6 +2356,44 @@ def test_wrapper_attention_decode_rejects_before_any_copy(lib, call, error):
         call()
 
 
+# FP8 operands as foreign device arrays: x [130, 300] float32, q [130, 300] uint8; the scales of
+# each granularity: (1,), (130,), (130, 3), (2, 3).
+X_FP8, Q_FP8 = FakeCudaArray((130, 300)), FakeCudaArray((130, 300), "|u1")
+
+
+@pytest.mark.parametrize("call, error", [
+    (lambda: ck.quantize_fp8(X_FP8, format="e3m4"), ValueError),
+    (lambda: ck.quantize_fp8(X_FP8, format=2), ValueError),
+    (lambda: ck.quantize_fp8(X_FP8, granularity="block"), ValueError),
+    (lambda: ck.quantize_fp8(X_FP8, granularity=4), ValueError),
+    (lambda: ck.quantize_fp8(X_FP8, granularity="block1x128",
+                             scales=FakeCudaArray((2, 3))), ValueError),
+    (lambda: ck.quantize_fp8(X_FP8, scales=FakeCudaArray((1,), "<f2")), TypeError),
+    (lambda: ck.dequantize_fp8(Q_FP8, FakeCudaArray((3, 3))), ValueError),
+    (lambda: ck.dequantize_fp8(Q_FP8, FakeCudaArray((130, 3)), granularity="block128x128"),
+     ValueError),
+    (lambda: ck.dequantize_fp8(FakeCudaArray((130, 300), "|i1"), FakeCudaArray((1,))),
+     TypeError),
+    (lambda: ck.dequantize_fp8(Q_FP8, FakeCudaArray((1,)), format="fp8"), ValueError),
+], ids=["format-name", "format-int", "granularity-name", "granularity-int", "scales-count",
+        "scales-fp16", "scales-shape", "scales-count-given", "q-int8", "dq-format"])
+def test_wrapper_fp8_rejects_before_any_copy(lib, call, error):
+    with pytest.raises(error):
+        call()
+
+
+def test_wrapper_fp8_infers_the_granularity_of_each_scale_shape():
+    for gran, shape in ((ck.PER_TENSOR, (1,)), (ck.PER_TENSOR, ()), (ck.PER_ROW, (130,)),
+                        (ck.PER_BLOCK_1X128, (130, 3)), (ck.PER_BLOCK_128X128, (2, 3))):
+        assert ck._fp8_inferred_granularity(shape, 130, 300) == gran, shape
+        if shape:
+            assert ck._fp8_scale_shape(130, 300, gran) == (shape if len(shape) == 2 or
+                                                           gran != ck.PER_TENSOR else (1,))
+    # One row: its block scales are 1-D, as quantize_fp8 returns them for a 1-D x.
+    assert ck._fp8_inferred_granularity((3,), 1, 300) == ck.PER_BLOCK_1X128
+    assert ck._fp8_scale_shape(1, 300, ck.PER_BLOCK_128X128, one_d=True) == (3,)
+
+
 def test_wrapper_accepts_contiguous_strides_of_unit_dimensions():
     assert ck._c_contiguous((1, 8), (999, 4), 4)
     assert ck._c_contiguous((4, 8), (32, 4), 4)

@@ -20,9 +20,9 @@ import pytest
 import cuda_wrapper as ck
 import reference as ref
 from gpu_support import (
-    CK_DTYPE, POISON, POISON_QUANTIZED, SANITIZE, GuardedBuffer, KernelCall, UINT_OF_SIZE,
-    assert_bitwise_equal, assert_graph_replays, dtype_arg, shape_id, synchronize, to_device,
-    to_host,
+    CK_DTYPE, POISON, POISON_QUANTIZED, SANITIZE, GuardedBuffer, KernelCall,
+    assert_bitwise_equal, assert_graph_replays, assert_same_values, dtype_arg, shape_id,
+    synchronize, to_device, to_host,
 )
 
 pytestmark = pytest.mark.gpu
@@ -80,26 +80,6 @@ def ties_input(rng, shape, dtype):
     x = (rng.integers(-32, 33, size=shape) * 0.25).astype(np.float32)
     x[:, ::16] = 4.0 + 0.25 * rng.integers(0, 16, size=x[:, ::16].shape)
     return ref.to_dtype(x, dtype)
-
-
-def nan_mask(a):
-    """Where a holds NaN: float arrays directly, bfloat16 bit patterns (uint16) by their bits."""
-    if a.dtype == np.uint16:
-        return (a & 0x7FFF) > 0x7F80
-    return np.isnan(a)
-
-
-def assert_same_values(actual, expected, what):
-    """Bitwise equal, except that a NaN matches a NaN of any sign and payload."""
-    expected = np.asarray(expected)
-    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
-    got_nan, want_nan = nan_mask(actual), nan_mask(expected)
-    assert np.array_equal(got_nan, want_nan), \
-        f"{what}: NaN at {np.argwhere(got_nan != want_nan)[0]} in one and not the other"
-    as_uint = UINT_OF_SIZE[actual.dtype.itemsize]
-    got, want = actual.view(as_uint).copy(), expected.view(as_uint).copy()
-    got[got_nan] = want[want_nan] = 0
-    assert_bitwise_equal(got.view(actual.dtype), want.view(expected.dtype), what)
 
 
 def reference_quantize(fmt, x, dtype, blocksize, global_scale=None):

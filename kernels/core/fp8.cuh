@@ -5,8 +5,10 @@
 // Both directions go through cuda_fp8.h: on compute capability 8.9 and newer its conversions are
 // single PTX instructions (cvt.rn.satfinite.{e4m3x2,e5m2x2}.f32, cvt.rn.f16x2.{e4m3x2,e5m2x2});
 // on older GPUs cuda_fp8.h computes the same bits in software. (Checked on an H100 over all 2^32
-// float32 inputs of both formats: the instruction, cuda_fp8.h's software path as compute_80 PTX
-// builds it, and tests/reference.py's fp8_encode agree on every byte.)
+// float32 inputs of both formats: the instruction and cuda_fp8.h's software path, as compute_80
+// PTX builds it, agree on every byte, and for E4M3 so does the hand-written encoder NVFP4 used
+// before; tests/test_fp8_reference.py checks tests/reference.py's fp8_encode against brute-force
+// rounding.)
 #pragma once
 
 #include <cuda_fp8.h>

@@ -162,6 +162,22 @@ const ck::Variant<ck::IntGemmArgs> kGemmInt4Rows[] = {
 };
 const auto kGemmInt4 = ck::variant_table("CK_GEMM_INT4_KERNEL", kGemmInt4Rows, int4_gemm_facts);
 
+// FP8 (E4M3 x E4M3, float32 sums): the weight stream for M <= 16, wgmma on Hopper, the reference
+// kernel elsewhere. The entry point refuses GPUs without FP8 tensor cores (before 8.9) first.
+constexpr int kFp8MinArch = 89;
+
+bool fp8_small_m_serves(const ck::IntGemmArgs& args, int) { return args.m <= kSmallMMax; }
+
+bool fp8_wgmma_serves(const ck::IntGemmArgs&, int) { return ck::gemm_int8_sm90_available(); }
+
+const ck::Variant<ck::IntGemmArgs> kGemmFp8Rows[] = {
+    {"small_m", ck::gemm_fp8_small_m, fp8_small_m_serves, "m <= 16"},
+    {"wgmma", ck::gemm_fp8_sm90, fp8_wgmma_serves,
+     "a compute capability 9.0 GPU and a build with sm_90a"},
+    {"reference", ck::gemm_fp8_reference, ck::any_call, "nothing"},
+};
+const auto kGemmFp8 = ck::variant_table("CK_GEMM_FP8_KERNEL", kGemmFp8Rows, int4_gemm_facts);
+
 // What a family asks of K: rows of a and b are read in 16-byte vectors.
 struct KRule {
     int64_t multiple;
@@ -1382,6 +1398,26 @@ ck_status_t ck_gemm_int8_scaled(const int8_t* a, const int8_t* b, ck_layout_t b_
     const auto args = int_gemm_operands(a, b, b_layout, m, n, k, out, out_dtype, &epilogue);
     CK_TRY(check_scaled_int_gemm(check, args, kInt8K, epilogue));
     return ck::run_variant(check, kGemmInt8, args, stream);
+}
+
+ck_status_t ck_gemm_fp8_scaled(const uint8_t* a, const uint8_t* b, int64_t m, int64_t n,
+                               int64_t k, const float* scale_a, ck_granularity_t a_granularity,
+                               const float* scale_b, ck_granularity_t b_granularity,
+                               const void* bias, ck_activation_t activation, void* out,
+                               ck_dtype_t out_dtype, ck_stream_t stream) {
+    const Check check("ck_gemm_fp8_scaled");
+    const ScaledEpilogue epilogue{scale_a, a_granularity, scale_b, b_granularity, bias, activation};
+    const auto args = int_gemm_operands(a, b, CK_LAYOUT_NK, m, n, k, out, out_dtype, &epilogue);
+    CK_TRY(check_scaled_int_gemm(check, args, kInt8K, epilogue));
+    CK_TRY(ck::check_variant_name(check, kGemmFp8));
+    int devices = 0;
+    CK_TRY(check.device_count(&devices));
+    const int cc = ck::compute_capability();
+    if (cc < kFp8MinArch)
+        return check.fail(CK_STATUS_UNSUPPORTED,
+                          "FP8 GEMMs need FP8 tensor cores (compute capability 8.9 or newer); "
+                          "this GPU is %d.%d", cc / 10, cc % 10);
+    return ck::run_variant(check, kGemmFp8, args, stream);
 }
 
 ck_status_t ck_int8_prepack(const int8_t* b_kn, int64_t k, int64_t n, int8_t* b_nk,

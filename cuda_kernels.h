@@ -428,6 +428,31 @@ CK_API ck_status_t ck_gemm_int8_scaled(const int8_t* a, const int8_t* b, ck_layo
                                        ck_activation_t activation, void* out, ck_dtype_t out_dtype,
                                        ck_stream_t stream);
 
+/* FP8 GEMM with the scaled epilogue (W8A8 FP8 linear layers): a [M, K] and b [N, K] hold FP8
+ * E4M3 bytes (OCP 'fn': 1 sign, 4 exponent bits with bias 7, 3 mantissa bits; no infinities;
+ * 0x7F / 0xFF are NaN; largest finite 448), b the [N, K] weight of nn.Linear (K contiguous in
+ * both, the layout FP8 tensor cores read):
+ *   acc[m, n] = sum_k e4m3(a[m, k]) * e4m3(b[n, k])        (float32 sums)
+ *   out[m, n] = act(fmaf(acc[m, n] * scale_a[m or 0], scale_b[n or 0], bias[n]))
+ * then one rounding to out_dtype, as ck_gemm_int8_scaled (the same scales, granularities, bias
+ * and activation; out_dtype CK_DTYPE_FP32, FP16 or BF16). Every product is exact in float32;
+ * the sums are float32 in an order that depends on the kernel: each kernel adds the tensor
+ * cores' sums of at most 256 products (the tensor cores keep fewer bits than float32 within
+ * those) into float32 accumulators. tests/reference.py gemm_fp8_scaled is the definition and
+ * tests/test_gemm_fp8_gpu.py states the error bound against it. A NaN operand makes its sums NaN.
+ * Kernels: a weight stream for M <= 16, Hopper's wgmma with TMA for larger M, and a reference
+ * kernel (float32 fma in k order; what the tests compare against); CK_GEMM_FP8_KERNEL forces
+ * one ("small_m", "wgmma", "reference", "auto").
+ * FP8 tensor cores come with compute capability 8.9: earlier GPUs get CK_STATUS_UNSUPPORTED.
+ * Requirements: M, N >= 1; K >= 16 and a multiple of 16; a and b 16-byte aligned; scales 4-byte
+ * aligned, bias and out aligned to out_dtype; out must not overlap an input. */
+CK_API ck_status_t ck_gemm_fp8_scaled(const uint8_t* a, const uint8_t* b, int64_t m, int64_t n,
+                                      int64_t k, const float* scale_a,
+                                      ck_granularity_t a_granularity, const float* scale_b,
+                                      ck_granularity_t b_granularity, const void* bias,
+                                      ck_activation_t activation, void* out, ck_dtype_t out_dtype,
+                                      ck_stream_t stream);
+
 /* A [K, N] INT8 weight (CK_LAYOUT_KN) rewritten once as [N, K] (CK_LAYOUT_NK): b_nk[n, k] =
  * b_kn[k, n], bit for bit. The fast INT8 kernels read [N, K] only (the weight-streaming kernel
  * for M <= 16 and Hopper's wgmma; the mma.sync tiles read both), so a [K, N] weight used more

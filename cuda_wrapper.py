@@ -8,7 +8,8 @@ Three levels, from convenient to exact:
   formats (:func:`quantize_nf4` / :func:`dequantize_nf4`, :func:`quantize_mxfp4` /
   :func:`dequantize_mxfp4`, :func:`quantize_nvfp4` / :func:`dequantize_nvfp4`), the matrix products
   :func:`gemm_int8` (int32 out), :func:`gemm_int8_scaled` (W8A8 with a fused scale/bias/ReLU
-  epilogue) with :func:`int8_prepack` ([K, N] weights to [N, K]), :func:`linear` (fp32/fp16/bf16), :func:`gemm_w4a16` (fp16/bf16 activations
+  epilogue) with :func:`int8_prepack` ([K, N] weights to [N, K]), :func:`gemm_fp8_scaled` (the
+  same with FP8 E4M3 operands), :func:`linear` (fp32/fp16/bf16), :func:`gemm_w4a16` (fp16/bf16 activations
   times a packed INT4 weight, W4A16) with :func:`w4a16_prepack` / :func:`gemm_w4a16_prepacked`
   (its fast path), :func:`gemm_int4` / :func:`gemm_int4_scaled` (INT4 x INT4), the checkpoint
   importers :func:`import_gptq` / :func:`import_awq` with :func:`permute_columns`, the layer
@@ -98,7 +99,7 @@ __all__ = [
     "quantize_int8", "dequantize_int8", "quantize_fp8", "dequantize_fp8", "quantize_int4",
     "dequantize_int4", "NF4_BLOCK_SIZES", "MXFP4_BLOCK", "NVFP4_BLOCK", "quantize_nf4", "dequantize_nf4",
     "quantize_mxfp4", "dequantize_mxfp4", "quantize_nvfp4", "dequantize_nvfp4",
-    "gemm_int8", "gemm_int8_scaled", "int8_prepack", "linear", "gemm_w4a16", "w4a16_prepack",
+    "gemm_int8", "gemm_int8_scaled", "gemm_fp8_scaled", "int8_prepack", "linear", "gemm_w4a16", "w4a16_prepack",
     "gemm_w4a16_prepacked", "BLOCK4_NF4", "BLOCK4_MXFP4", "BLOCK4_NVFP4", "block4_prepack",
     "gemm_block4_prepacked", "import_gptq", "import_awq", "permute_columns", "gemm_int4",
     "gemm_int4_scaled", "QuantizedLinear", "MoeParams", "moe_route", "moe_prepack",
@@ -445,6 +446,11 @@ DECLARATIONS = {
     "ck_gemm_int8_scaled": (_STATUS, (
         ("a_ptr", _PTR), ("b_ptr", _PTR), ("b_layout", _ENUM), ("m", _I64), ("n", _I64),
         ("k", _I64), ("scale_a_ptr", _PTR), ("a_granularity", _ENUM), ("scale_b_ptr", _PTR),
+        ("b_granularity", _ENUM), ("bias_ptr", _PTR), ("activation", _ENUM), ("out_ptr", _PTR),
+        ("out_dtype", _ENUM), _STREAM)),
+    "ck_gemm_fp8_scaled": (_STATUS, (
+        ("a_ptr", _PTR), ("b_ptr", _PTR), ("m", _I64), ("n", _I64), ("k", _I64),
+        ("scale_a_ptr", _PTR), ("a_granularity", _ENUM), ("scale_b_ptr", _PTR),
         ("b_granularity", _ENUM), ("bias_ptr", _PTR), ("activation", _ENUM), ("out_ptr", _PTR),
         ("out_dtype", _ENUM), _STREAM)),
     "ck_linear": (_STATUS, (
@@ -2964,6 +2970,32 @@ def gemm_int8_scaled(a, b, scale_a, scale_b, bias=None, activation=None, out_dty
                                                              ck_out, out, out_shape)
         raw.gemm_int8_scaled(aa.ptr, ba.ptr, lay, m, n, k, sa.ptr, a_gran, sb.ptr, b_gran,
                              bias_ptr, act, o.ptr, ck_out, call.stream)
+        return call.finish(o)
+
+
+def gemm_fp8_scaled(a, b, scale_a, scale_b, bias=None, activation=None, out_dtype="fp32",
+                    out=None, stream=None):
+    """FP8 matrix product with the fused epilogue of :func:`gemm_int8_scaled`
+    (ck_gemm_fp8_scaled), a W8A8 FP8 linear layer:
+
+        out[m, n] = act(acc[m, n] * scale_a[m or 0] * scale_b[n or 0] + bias[n])
+
+    a: uint8 FP8 E4M3 bit patterns [M, K] (or [K]); b: uint8 E4M3 [N, K] (the nn.Linear
+    weight); acc = sum_k e4m3(a) e4m3(b) in float32. Scales, bias, activation and out_dtype as
+    gemm_int8_scaled. Needs FP8 tensor cores (compute capability 8.9+).
+    """
+    act = _activation(activation)
+    ck_out = _as_dtype_enum(out_dtype, "out_dtype")
+    if ck_out not in _FLOAT_DTYPES:
+        raise ValueError("out_dtype must be fp32, fp16 or bf16, not %r" % (out_dtype,))
+    with _Call(a, stream) as call:
+        aa = call.input(a, "a", matrix=True, need=np.uint8)
+        ba = call.input(b, "b", need=np.uint8)
+        m, n, k, out_shape = _gemm_shape(aa, ba, LAYOUT_NK)
+        sa, a_gran, sb, b_gran, bias_ptr, o = _epilogue_args(call, scale_a, scale_b, bias, m, n,
+                                                             ck_out, out, out_shape)
+        raw.gemm_fp8_scaled(aa.ptr, ba.ptr, m, n, k, sa.ptr, a_gran, sb.ptr, b_gran, bias_ptr,
+                            act, o.ptr, ck_out, call.stream)
         return call.finish(o)
 
 

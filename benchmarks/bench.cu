@@ -277,6 +277,12 @@ void bench_quantize(Bench& bench, const Options& options) {
 #include "bench_gemm.cuh"
 
 // ================================================================================================
+// Family "fp8": the FP8 W8A8 GEMM beside cuBLASLt FP8, the INT8 GEMM and cuBLAS fp16
+// (bench_fp8.cuh).
+// ================================================================================================
+#include "bench_fp8.cuh"
+
+// ================================================================================================
 // Family "moe": the Mixture-of-Experts layer (ck_moe_forward) beside dense fp16 pipelines on
 // cuBLAS (bench_moe.cuh).
 // ================================================================================================
@@ -318,6 +324,7 @@ struct Family {
 static const Family kFamilies[] = {
     {"quantize", bench_quantize},
     {"gemm", bench_gemm},
+    {"fp8", bench_fp8},
     {"moe", bench_moe},
     {"block4", bench_block4},
     {"sparse", bench_sparse},

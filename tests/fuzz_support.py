@@ -2148,6 +2148,11 @@ DESCRIPTIONS = {
              stream=Stream()),
         (gemm_bytes("m", "n", "k", "out_dtype"), multiple_of("k", 16),
          multiple_of("n", 16, kn_layout))),
+    "ck_gemm_fp8_scaled": Description(
+        dict({"a_ptr": Pointer(16), "b_ptr": Pointer(16), "m": Size(), "n": Size(),
+              "k": Size(16)}, **_epilogue(), out_ptr=Pointer("out_dtype"), out_dtype=FLOATS,
+             stream=Stream()),
+        (gemm_bytes("m", "n", "k", "out_dtype"), multiple_of("k", 16))),
     "ck_linear": Description(
         {"x_ptr": Pointer(16), "w_ptr": Pointer(16), "bias_ptr": Pointer(16, optional=True),
          "dtype": FLOATS, "m": Size(), "n": Size(8), "k": Size(8), "activation": ACTIVATION,

@@ -512,10 +512,17 @@ def int8_epilogue_f64(acc, scale_a, scale_b, bias=None, activation="none", out_d
     the sum with the bias within 2**-53), far below the float32 roundings the GPU makes.
     """
     acc = _matrix(_require_dtype(np.asarray(acc), np.int32, "acc"))
+    return scaled_epilogue_f64(acc.astype(np.float64), scale_a, scale_b, bias, activation,
+                               out_dtype)
+
+
+def scaled_epilogue_f64(acc, scale_a, scale_b, bias=None, activation="none", out_dtype="fp32"):
+    """The scaled epilogue of the INT8 and FP8 GEMMs on exact float64 sums acc [M, N] (see
+    int8_epilogue_f64)."""
     rows, cols = acc.shape
     sa = scale_vector(scale_a, rows, "scale_a")
     sb = scale_vector(scale_b, cols, "scale_b")
-    v = acc.astype(np.float64) * sa[:, None] * sb[None, :]
+    v = acc * sa[:, None] * sb[None, :]
     if bias is not None:
         bias = np.asarray(bias).reshape(-1)
         if bias.size != cols:
@@ -542,6 +549,35 @@ def gemm_int8_scaled(a, b, layout, scale_a, scale_b, bias=None, activation="none
     return round_f64_to_dtype(
         gemm_int8_scaled_f64(a, b, layout, scale_a, scale_b, bias, activation, out_dtype),
         out_dtype)
+
+
+def gemm_fp8(a, b):
+    """ck_gemm_fp8_scaled's sums, exactly: acc[m, n] = sum_k e4m3(a[m, k]) e4m3(b[n, k]) as
+    float64 [M, N], from FP8 E4M3 bit patterns a [M, K] and b [N, K] (uint8; NaN codes give NaN).
+
+    Exact: a product of two E4M3 values has at most 8 significant bits and lies in [2^-18,
+    448^2]; float64 holds every sum of up to 2^16 of them without rounding.
+    """
+    a = _matrix(_require_dtype(np.asarray(a), np.uint8, "a"))
+    b = _matrix(_require_dtype(np.asarray(b), np.uint8, "b"))
+    if a.shape[1] != b.shape[1]:
+        raise ValueError(f"K differs: a is {list(a.shape)}, b is {list(b.shape)} ([N, K])")
+    if a.shape[1] > 2**16:
+        raise ValueError("K > 2^16: float64 sums would no longer be exact")
+    return e4m3_decode(a).astype(np.float64) @ e4m3_decode(b).astype(np.float64).T
+
+
+def gemm_fp8_abs_sums(a, b):
+    """sum_k |e4m3(a[m, k]) e4m3(b[n, k])| as float64 [M, N]: the scale of the accumulation
+    error bound of ck_gemm_fp8_scaled."""
+    return (np.abs(e4m3_decode(a).astype(np.float64))
+            @ np.abs(e4m3_decode(b).astype(np.float64)).T)
+
+
+def gemm_fp8_scaled_f64(a, b, scale_a, scale_b, bias=None, activation="none", out_dtype="fp32"):
+    """The float64 values of ck_gemm_fp8_scaled before the rounding to out_dtype: the exact sums
+    (gemm_fp8) through the scaled epilogue (scaled_epilogue_f64)."""
+    return scaled_epilogue_f64(gemm_fp8(a, b), scale_a, scale_b, bias, activation, out_dtype)
 
 
 def linear_f64(x, w, bias=None, activation="none", dtype=None):

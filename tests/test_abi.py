@@ -643,14 +643,21 @@ GEMM_INT8_SCALED = dict(a_ptr=A, b_ptr=B, b_layout=NK, m=4, n=64, k=64, scale_a_
                         a_granularity=ck.PER_ROW, scale_b_ptr=SB, b_granularity=ck.PER_ROW,
                         bias_ptr=BIAS, activation=ck.ACTIVATION_RELU, out_ptr=O,
                         out_dtype=DType.FP16)
-GEMM_INT8_SCALED_CASES = (
-    gemm_operand_cases() + gemm_shape_cases()
-    + null("out", "scale_a", "scale_b")
-    + bad_dtypes("out_dtype")
-    + bad("a_granularity", BAD_INT_GRANULARITIES, INVALID)
-    + bad("b_granularity", BAD_INT_GRANULARITIES, INVALID)
-    + bad("activation", BAD_ACTIVATIONS, INVALID)
-    + [("misaligned-out-fp16", dict(out_ptr=O + 1), MISALIGNED, ["out"]),
+
+
+def scaled_epilogue_cases():
+    """What the INT8 and FP8 GEMMs with the scaled epilogue check of it."""
+    return (
+        null("out", "scale_a", "scale_b")
+        + bad_dtypes("out_dtype")
+        + bad("a_granularity", BAD_INT_GRANULARITIES, INVALID)
+        + bad("b_granularity", BAD_INT_GRANULARITIES, INVALID)
+        + bad("activation", BAD_ACTIVATIONS, INVALID)
+        + SCALED_EPILOGUE_ALIGNMENT_CASES)
+
+
+SCALED_EPILOGUE_ALIGNMENT_CASES = [
+       ("misaligned-out-fp16", dict(out_ptr=O + 1), MISALIGNED, ["out"]),
        ("misaligned-out-bf16", dict(out_ptr=O + 1, out_dtype=DType.BF16), MISALIGNED, ["out"]),
        ("misaligned-out-fp32", dict(out_ptr=O + 2, out_dtype=DType.FP32), MISALIGNED, ["out"]),
        ("misaligned-scale_a", dict(scale_a_ptr=SA + 2), MISALIGNED, ["scale_a"]),
@@ -664,7 +671,18 @@ GEMM_INT8_SCALED_CASES = (
         ["bias"]),
        ("misaligned-bias-fp32", dict(bias_ptr=BIAS + 2, out_dtype=DType.FP32), MISALIGNED,
         ["bias"])]
-)
+
+GEMM_INT8_SCALED_CASES = (
+    gemm_operand_cases() + gemm_shape_cases() + scaled_epilogue_cases())
+
+# FP8 E4M3 operands [M, K] and [N, K] (no layout argument), the epilogue of GEMM_INT8_SCALED.
+GEMM_FP8_SCALED = {key: value for key, value in GEMM_INT8_SCALED.items() if key != "b_layout"}
+GEMM_FP8_SCALED_CASES = (
+    null("a", "b")
+    + [("misaligned-a+%d" % d, dict(a_ptr=A + d), MISALIGNED, ["a"]) for d in (1, 4, 8)]
+    + [("misaligned-b+%d" % d, dict(b_ptr=B + d), MISALIGNED, ["b"]) for d in (1, 2, 8)]
+    + gemm_shape_cases(k_rule=False) + bad("k", BAD_GEMM_K, UNSUPPORTED)
+    + scaled_epilogue_cases())
 
 LINEAR = dict(x_ptr=X, w_ptr=B, bias_ptr=BIAS, dtype=DType.FP16, m=4, n=64, k=64,
               activation=ck.ACTIVATION_NONE, out_ptr=O)
@@ -1566,7 +1584,7 @@ ENTRY_POINTS = {
                   "QUANTIZE_INT4", "DEQUANTIZE_INT4",
                   "QUANTIZE_NF4", "DEQUANTIZE_NF4", "QUANTIZE_MXFP4", "DEQUANTIZE_MXFP4",
                   "QUANTIZE_NVFP4", "DEQUANTIZE_NVFP4",
-                  "GEMM_INT8", "GEMM_INT8_SCALED", "INT8_PREPACK", "LINEAR", "GEMM_W4A16", "GEMM_W4A16_PREPACKED",
+                  "GEMM_INT8", "GEMM_INT8_SCALED", "GEMM_FP8_SCALED", "INT8_PREPACK", "LINEAR", "GEMM_W4A16", "GEMM_W4A16_PREPACKED",
                   "W4A16_PREPACK", "BLOCK4_PREPACK", "GEMM_BLOCK4_PREPACKED", "QKV_PREPACK",
                   "QKV_PROJECTION", "IMPORT_GPTQ", "IMPORT_AWQ", "PERMUTE_COLUMNS",
                   "SPARSE_PRUNE", "SPARSE_QUANTIZE_INT4", "SPARSE_1632_TO_24",
@@ -1745,6 +1763,15 @@ KERNEL_OVERRIDES = [
             ("scales+4", dict(scale_a_ptr=SA + 4, scale_b_ptr=SB + 12)),
             ("no-bias", dict(bias_ptr=0, activation=ck.ACTIVATION_NONE)),
             ("per-tensor", dict(a_granularity=ck.PER_TENSOR, b_granularity=ck.PER_TENSOR))]]),
+    KernelOverride(
+        "CK_GEMM_FP8_KERNEL", ("ck_gemm_fp8_scaled",), ("auto", "reference", "small_m", "wgmma"),
+        # Any M and N, K a multiple of 16; the epilogue's alignments as INT8's.
+        [(case_id, changes, ["ck_gemm_fp8_scaled"]) for case_id, changes in [
+            ("1x1x16", dict(n=1, m=1, k=16)), ("n=4097", dict(n=4097, m=3, k=48)),
+            ("m=1e6", dict(m=10**6)),
+            ("fp32+4", dict(out_ptr=O + 4, bias_ptr=BIAS + 12, out_dtype=DType.FP32)),
+            ("per-tensor", dict(a_granularity=ck.PER_TENSOR, b_granularity=ck.PER_TENSOR)),
+            ("no-bias", dict(bias_ptr=0, activation=ck.ACTIVATION_NONE))]]),
     KernelOverride(
         "CK_GEMM_W4A16_KERNEL", W4A16_GEMMS, ("auto", "reference", "small_m", "tc", "wgmma"),
         # Any M and N, K a multiple of 32, any supported group size (K need not be a multiple
@@ -2241,6 +2268,9 @@ S16 = FakeCudaArray((8, 1), "<f2", ptr=S)
     (lambda: ck.gemm_int8_scaled(I8, I8, 1.0, 1.0, activation="gelu"), ValueError),
     (lambda: ck.gemm_int8_scaled(I8, I8, 1.0, 1.0, out_dtype="fp8"), ValueError),
     (lambda: ck.gemm_int8_scaled(I8, I8, 1.0, 1.0, layout="nn"), ValueError),
+    (lambda: ck.gemm_fp8_scaled(I8, I8.astype(np.uint8), 1.0, 1.0), TypeError),
+    (lambda: ck.gemm_fp8_scaled(I8.astype(np.uint8), I8.astype(np.uint8), 1.0, 1.0,
+                                out_dtype="int32"), ValueError),
     (lambda: ck.linear(np.zeros((4, 32), np.float64), I8), TypeError),
     (lambda: ck.linear(np.zeros((4, 32), np.uint16), I8), TypeError),
     (lambda: ck.linear(np.zeros((4, 32), np.float32), I8, activation="tanh"), ValueError),
@@ -2257,7 +2287,8 @@ S16 = FakeCudaArray((8, 1), "<f2", ptr=S)
     (lambda: ck.gemm_w4a16(X16, W4D, S16, group_size=48), ValueError),
     (lambda: ck.gemm_w4a16(X16, W4D, S16, bias=FakeCudaArray((7,), "<f2")), ValueError),
 ], ids=["int16", "float32", "sliced", "3d", "empty", "cai-strided", "layout", "scaled-uint8",
-        "activation", "out_dtype", "scaled-layout", "linear-float64",
+        "activation", "out_dtype", "scaled-layout", "fp8-int8", "fp8-out-int32",
+        "linear-float64",
         "linear-uint16", "linear-activation", "int8_matmul-float32", "w4a16-float64",
         "w4a16-uint16", "w4a16-activation", "w4a16-w-unpacked", "w4a16-w-int8",
         "w4a16-scales-count", "w4a16-scales-float32", "w4a16-zeros-int8", "w4a16-zeros-count",

@@ -1,6 +1,7 @@
 // epilogue.cuh - the GEMM epilogues shared by every matrix kernel, one rounding to the output
 // type each:
-//   Epilogue<OutT>       int32 accumulators (INT8, INT4 GEMMs): scale by row and column, bias,
+//   Epilogue<OutT>       int32 accumulators (INT8, INT4 GEMMs) or float32 ones (FP8 GEMMs):
+//                        scale by row and column, bias,
 //                        activation: out[r, c] = act(fma(float(acc) * scale_a[r or 0], scale_b[c or 0], bias[c]))
 //   FloatEpilogue<T>     float accumulators (W4A16 GEMMs): out[r, c] = act(acc + bias[c]), the
 //                        bias added only where there is one.
@@ -103,10 +104,13 @@ template <typename OutT> struct Epilogue {
         return r < m ? row_scale(r) : 0.f;
     }
 
-    // One accumulator -> output value. Written out with explicit roundings so that every kernel
-    // computes the same bits: v = fma(acc * scale_a, scale_b, bias) (the header's definition).
-    __device__ __forceinline__ OutT convert(int32_t acc, float row_s, float col_s, float b) const {
+    // One accumulator (int32, or float32 for FP8) -> output value. Written out with explicit
+    // roundings so that every kernel computes the same bits: v = fma(acc * scale_a, scale_b,
+    // bias) (the header's definition).
+    template <typename Acc>
+    __device__ __forceinline__ OutT convert(Acc acc, float row_s, float col_s, float b) const {
         if constexpr (std::is_same_v<OutT, int32_t>) {
+            static_assert(std::is_same_v<Acc, int32_t>, "raw int32 output of int32 sums only");
             return acc;
         } else {
             const float v = __fmaf_rn(__fmul_rn(float(acc), row_s), col_s, b);
@@ -116,7 +120,8 @@ template <typename OutT> struct Epilogue {
 
     // Stores the accumulators of columns c and c + 1 of row r (c is even), given the row's scale
     // and the columns' parameters. Anything outside the matrix is dropped.
-    __device__ __forceinline__ void store_pair(int64_t r, int64_t c, int32_t acc0, int32_t acc1,
+    template <typename Acc>
+    __device__ __forceinline__ void store_pair(int64_t r, int64_t c, Acc acc0, Acc acc1,
                                                float row_s, const Columns& col) const {
         if (r >= m || c >= n) return;
         OutT* p = out + r * n + c;
@@ -133,8 +138,8 @@ template <typename OutT> struct Epilogue {
     }
 
     // The same, looking the row and column parameters up itself.
-    __device__ __forceinline__ void store_pair(int64_t r, int64_t c, int32_t acc0,
-                                               int32_t acc1) const {
+    template <typename Acc>
+    __device__ __forceinline__ void store_pair(int64_t r, int64_t c, Acc acc0, Acc acc1) const {
         if (r >= m || c >= n) return;
         store_pair(r, c, acc0, acc1, rows(r), columns(c));
     }

@@ -150,6 +150,20 @@ __device__ __forceinline__ void mma_s8_16x8x32(int32_t (&c)[4], uint32_t a0, uin
 #endif
 }
 
+// mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32: the same fragments as mma_s8_16x8x32,
+// FP8 E4M3 bytes, float32 c (sm_89 and newer; below, nothing). As with wgmma, the tensor cores
+// add the 32 products to c with fewer bits than float32 keeps.
+__device__ __forceinline__ void mma_e4m3_16x8x32(float (&c)[4], uint32_t a0, uint32_t a1,
+                                                 uint32_t a2, uint32_t a3, uint32_t b0,
+                                                 uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
+
 // mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32: c += a (16x16) * b (16x8).
 // Fragments (g = lane / 4, t = lane % 4), two 16-bit values per register, lower k in the low half:
 //   a0: A[g][2t..2t+1]   a1: A[g+8][2t..]   a2: A[g][2t+8..2t+9]   a3: A[g+8][2t+8..]

@@ -267,7 +267,7 @@ __device__ __forceinline__ uint64_t wgmma_descriptor_advance(uint64_t desc, uint
 // CK_WGMMA_ACC_n with constraint c), then desc_a, desc_b and accumulate, whose operand numbers
 // n, n+1, n+2 are given as strings. accumulate = 0 overwrites d instead of adding to it (the
 // scale-d predicate). immediates: what follows scale-d for the 16-bit types (", 1, 1, 0, 0": scale
-// and transpose of A and B); empty for the 8-bit ones.
+// and transpose of A and B); ", 1, 1" for FP8 (scales only); empty for the integer ones.
 #define CK_WGMMA_SS(kind, acc, c, n_desc_a, n_desc_b, n_accumulate, immediates)                   \
     asm volatile("{\n.reg .pred p;\n"                                                             \
                  "setp.ne.b32 p, %" n_accumulate ", 0;\n"                                         \
@@ -290,6 +290,15 @@ __device__ __forceinline__ void wgmma_m64n128k32_s8(int32_t (&d)[64], uint64_t d
 __device__ __forceinline__ void wgmma_m64n256k32_s8(int32_t (&d)[128], uint64_t desc_a,
                                                     uint64_t desc_b, int accumulate) {
     CK_WGMMA_SS("m64n256k32.s32.s8.s8", CK_WGMMA_ACC_128, "+r", "128", "129", "130", "");
+}
+
+// wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3: FP8 E4M3 operands (32 bytes of K, as
+// s8), float32 accumulators in the same layout; A and B K-major (FP8 has no transpose), scale-a
+// and scale-b +1. The tensor cores add a step's 32 products to d with fewer bits than float32
+// keeps: callers that need float32 sums add d into their own accumulators every few steps.
+__device__ __forceinline__ void wgmma_m64n128k32_e4m3(float (&d)[64], uint64_t desc_a,
+                                                      uint64_t desc_b, int accumulate) {
+    CK_WGMMA_SS("m64n128k32.f32.e4m3.e4m3", CK_WGMMA_ACC_64, "+f", "64", "65", "66", ", 1, 1");
 }
 
 // wgmma.mma_async.sync.aligned.m64n128k16.f32.{f16,bf16}.{f16,bf16} with both matrices in shared

@@ -37,6 +37,12 @@ namespace {
 // The sm_80 kernels' bodies compile for every target; below sm_80 (and in the host pass) the
 // PTX wrappers are empty and the kernels trap at entry, so nothing after the trap is emitted.
 constexpr bool kHasSm80 = CK_SM80;
+// FP8 tensor cores (mma.sync e4m3): sm_89 and newer.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+constexpr bool kHasSm89 = true;
+#else
+constexpr bool kHasSm89 = false;
+#endif
 
 // ---------------------------------------------------------------------------------------------
 // PTX wrappers
@@ -310,6 +316,9 @@ cudaError_t launch_mma(const IntGemmArgs& g, cudaStream_t stream) {
 // A (m x K, tiny) is read by every block, from L1/L2; one activation load serves kSmallTiles
 // weight rows. At the end the warps add their partial accumulators through shared memory and
 // the block stores its [m, kSmallCols] slice through the epilogue.
+// FP8 (kFp8): the same fragments of E4M3 bytes through mma.sync e4m3 (sm_89+); each step's 8
+// products of k32 per tile are summed from zero by the tensor cores, then added to the float32
+// accumulators (the tensor cores' own sums keep fewer bits; see gemm_int8_sm90.cu).
 // ---------------------------------------------------------------------------------------------
 constexpr int kSmallTiles = 2;                 // n8 tiles per block
 constexpr int kSmallCols = 8 * kSmallTiles;    // output columns per block
@@ -317,12 +326,13 @@ constexpr int kSmallChunk = 64;                // k bytes per chunk: 4 lanes x 1
 constexpr int kSmallUnroll = 4;                // consecutive chunks in flight per warp and step
 constexpr int kSmallMaxM = 16;                 // rows of the mma fragment
 
-template <int kWarps, typename OutT>
+template <int kWarps, typename OutT, bool kFp8 = false>
 __global__ void __launch_bounds__(kWarps * 32)
 gemm_int8_small_m_kernel(const int8_t* __restrict__ a, const int8_t* __restrict__ w, int64_t k,
                          Epilogue<OutT> ep) {
-    if constexpr (!kHasSm80) __trap();  // never launched below sm_80 (see kHasSm80)
-    __shared__ WarpPartials<kWarps, kSmallTiles, 2, int32_t> partial;
+    if constexpr (!kHasSm80 || (kFp8 && !kHasSm89)) __trap();  // never launched there
+    using Acc = std::conditional_t<kFp8, float, int32_t>;
+    __shared__ WarpPartials<kWarps, kSmallTiles, 2, Acc> partial;
 
     const int64_t m = ep.m, n = ep.n;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -357,17 +367,30 @@ gemm_int8_small_m_kernel(const int8_t* __restrict__ a, const int8_t* __restrict_
 
     // Software pipeline in registers: the next step's loads are issued before this step's
     // MMAs (register_pipeline, mma_pipeline.cuh).
-    int32_t acc[kSmallTiles][4] = {};
+    Acc acc[kSmallTiles][4] = {};
     register_pipeline<kWarps, kSmallUnroll, Step>(chunks, warp, load_step, [&](const Step& cur) {
+        // INT8 sums straight into acc; FP8 into this step's own, added to acc after.
+        [[maybe_unused]] float step[kSmallTiles][4] = {};
 #pragma unroll
         for (int u = 0; u < kSmallUnroll; ++u)
 #pragma unroll
             for (int j = 0; j < 2; ++j)
 #pragma unroll
-                for (int t = 0; t < kSmallTiles; ++t)
-                    mma_s8_16x8x32(acc[t], word(cur.lo[u], 2 * j), word(cur.hi[u], 2 * j),
-                                   word(cur.lo[u], 2 * j + 1), word(cur.hi[u], 2 * j + 1),
-                                   word(cur.w[u][t], 2 * j), word(cur.w[u][t], 2 * j + 1));
+                for (int t = 0; t < kSmallTiles; ++t) {
+                    const uint32_t a0 = word(cur.lo[u], 2 * j), a1 = word(cur.hi[u], 2 * j);
+                    const uint32_t a2 = word(cur.lo[u], 2 * j + 1);
+                    const uint32_t a3 = word(cur.hi[u], 2 * j + 1);
+                    const uint32_t b0 = word(cur.w[u][t], 2 * j);
+                    const uint32_t b1 = word(cur.w[u][t], 2 * j + 1);
+                    if constexpr (kFp8) mma_e4m3_16x8x32(step[t], a0, a1, a2, a3, b0, b1);
+                    else mma_s8_16x8x32(acc[t], a0, a1, a2, a3, b0, b1);
+                }
+        if constexpr (kFp8) {
+#pragma unroll
+            for (int t = 0; t < kSmallTiles; ++t)
+#pragma unroll
+                for (int r = 0; r < 4; ++r) acc[t][r] += step[t][r];
+        }
     });
 
     // Sum the warps' partial tiles; one thread per accumulator pair (c0 c1 or c2 c3) stores.
@@ -376,9 +399,9 @@ gemm_int8_small_m_kernel(const int8_t* __restrict__ a, const int8_t* __restrict_
     });
 }
 
-template <int kWarps, typename OutT>
+template <int kWarps, typename OutT, bool kFp8>
 cudaError_t launch_small_m(const IntGemmArgs& g, int64_t blocks, cudaStream_t stream) {
-    gemm_int8_small_m_kernel<kWarps, OutT>
+    gemm_int8_small_m_kernel<kWarps, OutT, kFp8>
         <<<unsigned(blocks), kWarps * 32, 0, stream>>>(g.a_as<int8_t>(), g.b_as<int8_t>(), g.k, make_epilogue<OutT>(g));
     return cudaGetLastError();
 }
@@ -412,13 +435,15 @@ cudaError_t gemm_int8_mma(const IntGemmArgs& args, cudaStream_t stream) {
     });
 }
 
-cudaError_t gemm_int8_small_m(const IntGemmArgs& args, cudaStream_t stream) {
+namespace {
+
+template <bool kFp8> cudaError_t small_m(const IntGemmArgs& args, cudaStream_t stream) {
     if (args.m > kSmallMaxM || args.b_layout != CK_LAYOUT_NK) return cudaErrorNotSupported;
     const int64_t blocks = ceil_div(args.n, kSmallCols);
     if (!grid_fits(blocks)) return cudaErrorInvalidConfiguration;
     const int64_t chunks = ceil_div(args.k, kSmallChunk);
     const int64_t sms = std::max(sm_count(), 1);
-    return dispatch_out_dtype(args.out_dtype, [&](auto tag) {
+    const auto launch = [&](auto tag) {
         using OutT = decltype(tag);
         // Bandwidth wants many loads in flight on every SM. 4 warps per block, 2 tiles x 4
         // chunks of loads per warp and step, pipelined (the best of a sweep of eleven
@@ -426,9 +451,22 @@ cudaError_t gemm_int8_small_m(const IntGemmArgs& args, cudaStream_t stream) {
         // them splitting K) only when there are too few column groups to give every SM two
         // blocks. (16 warps would cap registers at 128 and spill.)
         if (blocks * 2 <= sms && chunks >= 8 * kSmallUnroll)
-            return launch_small_m<8, OutT>(args, blocks, stream);
-        return launch_small_m<4, OutT>(args, blocks, stream);
-    });
+            return launch_small_m<8, OutT, kFp8>(args, blocks, stream);
+        return launch_small_m<4, OutT, kFp8>(args, blocks, stream);
+    };
+    // FP8 writes float outputs only (the entry point's rule): no int32 instance.
+    if constexpr (kFp8) return dispatch_float_dtype(args.out_dtype, launch);
+    else return dispatch_out_dtype(args.out_dtype, launch);
+}
+
+}  // namespace
+
+cudaError_t gemm_int8_small_m(const IntGemmArgs& args, cudaStream_t stream) {
+    return small_m<false>(args, stream);
+}
+
+cudaError_t gemm_fp8_small_m(const IntGemmArgs& args, cudaStream_t stream) {
+    return small_m<true>(args, stream);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -21,6 +21,14 @@ cudaError_t gemm_int8_small_m(const IntGemmArgs& args, cudaStream_t stream);
 bool gemm_int8_sm90_available();
 cudaError_t gemm_int8_sm90(const IntGemmArgs& args, cudaStream_t stream);
 
+// FP8 E4M3 x E4M3 with float32 sums (ck_gemm_fp8_scaled), on the same IntGemmArgs (a and b the
+// E4M3 bytes, CK_LAYOUT_NK, a scaled epilogue): the reference kernel (gemm_fp8.cu: shared-memory
+// tiles, float32 fma in k order), the small-M stream (mma.sync e4m3, sm_89 and newer) and the
+// Hopper wgmma kernel (gemm_int8_sm90.cu). The entry point refuses GPUs before sm_89.
+cudaError_t gemm_fp8_reference(const IntGemmArgs& args, cudaStream_t stream);
+cudaError_t gemm_fp8_small_m(const IntGemmArgs& args, cudaStream_t stream);
+cudaError_t gemm_fp8_sm90(const IntGemmArgs& args, cudaStream_t stream);
+
 // ck_int8_prepack (kernels/gemm_int8.cu): b_nk [n, k] = b_kn [k, n]^T, any GPU; k and n
 // multiples of 16, both pointers 16-byte aligned.
 cudaError_t int8_prepack(const int8_t* b_kn, int64_t k, int64_t n, int8_t* b_nk,

@@ -33,7 +33,15 @@
 // the product's, exactly, while 256 * 64 * K < 2^31 (K <= kInt4SM90MaxK); the epilogue shifts
 // them back first.
 //
-// What bounds it (H100, ncu; benchmarks/NOTES.md): the unpacking. Per 48 KB int8 stage it moves
+// FP8 E4M3 x E4M3 (ck_gemm_fp8_scaled) runs it too, on float32 accumulators: the tiles, TMA
+// and pipeline of INT8 (FP8 is K-major only too, 32 bytes of K per wgmma). The tensor cores sum
+// FP8 products with fewer bits than float32 (and each wgmma adds its 32 products into d so),
+// so every k-block's 4 wgmmas start from zero in a second accumulator set, which is then added
+// into the float32 sums (the promotion DeepSeek-V3 and CUTLASS use). The two sets need 128-wide
+// tiles (64 + 64 registers a thread); each k-block's sums are waited for before the next starts,
+// while the other consumer warpgroup's wgmmas keep the tensor cores busy.
+//
+// What bounds INT4 (H100, ncu; benchmarks/NOTES.md): the unpacking. Per 48 KB int8 stage it moves
 // 72 KB through shared memory (TMA's 24 KB in, 24 KB read and 48 KB written) beside the wgmmas'
 // 80 KB, and its loads wait long beside the wgmmas' operand reads: each thread loads all its
 // units of a tile before unpacking any (one unit per step left the loop waiting on every load;
@@ -86,16 +94,23 @@ static_assert(kBlockK == 128, "tiles are 128-byte swizzled K-major rows: TMA's S
 // ---------------------------------------------------------------------------------------------
 // The wgmma (ptx_sm90.cuh) of one 32-byte K step for a tile kBlockN wide.
 // ---------------------------------------------------------------------------------------------
+// The operands: int8 (INT8 and, unpacked, INT4) with exact int32 sums, or FP8 E4M3 with float32
+// sums. FP8 tiles are 128 wide: its k-block sums take a second set of accumulators (below).
+enum class Operand { kInt8, kInt4, kFp8 };
+template <Operand kOp> using Accumulator = std::conditional_t<kOp == Operand::kFp8, float, int32_t>;
+
 #ifdef CK_SM90A_DEVICE
-template <int kN> struct Wgmma;
-template <> struct Wgmma<128> {
-    static __device__ __forceinline__ void run(int32_t (&d)[64], uint64_t a, uint64_t b, int acc) {
-        wgmma_m64n128k32_s8(d, a, b, acc);
+template <int kN, Operand kOp> struct Wgmma {
+    static __device__ __forceinline__ void run(int32_t (&d)[kN / 2], uint64_t a, uint64_t b,
+                                               int acc) {
+        static_assert(kN == 128 || kN == 256, "tiles 128 or 256 wide");
+        if constexpr (kN == 128) wgmma_m64n128k32_s8(d, a, b, acc);
+        else wgmma_m64n256k32_s8(d, a, b, acc);
     }
 };
-template <> struct Wgmma<256> {
-    static __device__ __forceinline__ void run(int32_t (&d)[128], uint64_t a, uint64_t b, int acc) {
-        wgmma_m64n256k32_s8(d, a, b, acc);
+template <> struct Wgmma<128, Operand::kFp8> {
+    static __device__ __forceinline__ void run(float (&d)[64], uint64_t a, uint64_t b, int acc) {
+        wgmma_m64n128k32_e4m3(d, a, b, acc);
     }
 };
 #endif  // CK_SM90A_DEVICE
@@ -109,8 +124,8 @@ template <> struct Wgmma<256> {
 // 8-byte aligned, go pair by pair.
 // ---------------------------------------------------------------------------------------------
 #ifdef CK_SM90A_DEVICE
-template <int kBlockN, typename OutT, class Columns>
-__device__ __forceinline__ void store_16bit_tile(const Epilogue<OutT>& ep, const int32_t* acc,
+template <int kBlockN, typename OutT, typename Acc, class Columns>
+__device__ __forceinline__ void store_16bit_tile(const Epilogue<OutT>& ep, const Acc* acc,
                                                  int64_t row, int64_t n0, int t, float row_scale0,
                                                  float row_scale1, Columns&& columns) {
     const bool rows_aligned = ep.n % 4 == 0 && reinterpret_cast<uintptr_t>(ep.out) % 8 == 0;
@@ -235,12 +250,16 @@ struct TileGrid {
     int k_blocks;
 };
 
-template <typename OutT, int kConsumers, int kBlockN, bool kInt4>
-__global__ void __launch_bounds__(Sm90Config<kConsumers, kBlockN, kInt4>::kThreads, 1)
+template <typename OutT, int kConsumers, int kBlockN, Operand kOp>
+__global__ void
+__launch_bounds__(Sm90Config<kConsumers, kBlockN, kOp == Operand::kInt4>::kThreads, 1)
     gemm_int8_wgmma_kernel(const __grid_constant__ CUtensorMap map_a,
                            const __grid_constant__ CUtensorMap map_b, TileGrid grid,
                            Epilogue<OutT> epilogue) {
 #ifdef CK_SM90A_DEVICE
+    constexpr bool kInt4 = kOp == Operand::kInt4, kFp8 = kOp == Operand::kFp8;
+    static_assert(!kFp8 || kBlockN == 128, "FP8 holds two accumulator sets: 128-wide tiles");
+    using Acc = Accumulator<kOp>;
     using Config = Sm90Config<kConsumers, kBlockN, kInt4>;
     constexpr int kStages = Config::kStages;
     extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -356,7 +375,10 @@ __global__ void __launch_bounds__(Sm90Config<kConsumers, kBlockN, kInt4>::kThrea
         const int consumer = warpgroup - 1;
         const int warp = lane_in_group / 32;
         const int lane = lane_in_group % 32;
-        int32_t acc[kBlockN / 2];  // 64 x kBlockN int32 over the 128 threads
+        Acc acc[kBlockN / 2];  // 64 x kBlockN sums over the 128 threads
+        // FP8: each k-block's sums (4 wgmmas, 128 k) are taken in `block` and added to acc in
+        // float32: the tensor cores' own sums keep fewer bits, and a long K would lose them.
+        [[maybe_unused]] float block[kFp8 ? kBlockN / 2 : 1];
         // The epilogue's scales and bias are loaded when a tile starts, into registers, so that
         // their latency hides behind the main loop; at its end they go through shared memory to
         // the threads that store each column.
@@ -396,32 +418,53 @@ __global__ void __launch_bounds__(Sm90Config<kConsumers, kBlockN, kInt4>::kThrea
             }
 
             int prev_stage = -1;
+            if constexpr (kFp8) {
+#pragma unroll
+                for (int i = 0; i < kBlockN / 2; ++i) acc[i] = 0.f;
+            }
             for (int kb = 0; kb < grid.k_blocks; ++kb) {
                 mbar_wait(&full[stage], round & 1);
                 const uint8_t* a = tiles_a + stage * Config::kBytesA + consumer * 64 * kBlockK;
                 const uint8_t* b = tiles_b + stage * Config::kBytesB;
                 wgmma_fence();
+                if constexpr (kFp8) {
 #pragma unroll
-                for (int ks = 0; ks < kBlockK / kWgmmaK; ++ks)
-                    Wgmma<kBlockN>::run(acc, wgmma_descriptor(a + ks * kWgmmaK),
-                                        wgmma_descriptor(b + ks * kWgmmaK), kb > 0 || ks > 0);
-                wgmma_commit();
-                // INT4: the next k-block's share while these wgmmas run.
-                if constexpr (kInt4) {
-                    if (unpacked < sequence) unpack_b(unpacked++);
+                    for (int ks = 0; ks < kBlockK / kWgmmaK; ++ks)
+                        Wgmma<kBlockN, kOp>::run(block, wgmma_descriptor(a + ks * kWgmmaK),
+                                                 wgmma_descriptor(b + ks * kWgmmaK), ks > 0);
+                    wgmma_commit();
+                    // The block's sums are needed now: the stage is free once they are done
+                    // (the other consumer's wgmmas keep the tensor cores busy meanwhile).
+                    wgmma_wait<0>();
+                    if (lane == 0) mbar_arrive(&empty[stage]);
+#pragma unroll
+                    for (int i = 0; i < kBlockN / 2; ++i) acc[i] += block[i];
+                } else {
+#pragma unroll
+                    for (int ks = 0; ks < kBlockK / kWgmmaK; ++ks)
+                        Wgmma<kBlockN, kOp>::run(acc, wgmma_descriptor(a + ks * kWgmmaK),
+                                                 wgmma_descriptor(b + ks * kWgmmaK),
+                                                 kb > 0 || ks > 0);
+                    wgmma_commit();
+                    // INT4: the next k-block's share while these wgmmas run.
+                    if constexpr (kInt4) {
+                        if (unpacked < sequence) unpack_b(unpacked++);
+                    }
+                    // Keep one stage's wgmmas in flight; the previous stage's are done now, so
+                    // its buffers can be refilled.
+                    wgmma_wait<1>();
+                    if (prev_stage >= 0 && lane == 0) mbar_arrive(&empty[prev_stage]);
+                    prev_stage = stage;
                 }
-                // Keep one stage's wgmmas in flight; the previous stage's are done now, so its
-                // buffers can be refilled.
-                wgmma_wait<1>();
-                if (prev_stage >= 0 && lane == 0) mbar_arrive(&empty[prev_stage]);
-                prev_stage = stage;
                 if (++stage == kStages) {
                     stage = 0;
                     ++round;
                 }
             }
-            wgmma_wait<0>();
-            if (lane == 0) mbar_arrive(&empty[prev_stage]);
+            if constexpr (!kFp8) {
+                wgmma_wait<0>();
+                if (lane == 0) mbar_arrive(&empty[prev_stage]);
+            }
             if constexpr (kInt4) {
                 // The sums of 16 a x 16 b: exact multiples of 256 (kInt4SM90MaxK keeps them in
                 // range).
@@ -485,8 +528,9 @@ cudaError_t make_packed_operand_map(CUtensorMap* map, const void* base, int64_t 
                               box_rows, kPackedK, CU_TENSOR_MAP_SWIZZLE_NONE);
 }
 
-template <typename OutT, int kConsumers, int kBlockN, bool kInt4>
+template <typename OutT, int kConsumers, int kBlockN, Operand kOp>
 cudaError_t launch_sm90(const IntGemmArgs& args, cudaStream_t stream) {
+    constexpr bool kInt4 = kOp == Operand::kInt4;
     using Config = Sm90Config<kConsumers, kBlockN, kInt4>;
     CUtensorMap map_a, map_b;
     cudaError_t err =
@@ -503,7 +547,7 @@ cudaError_t launch_sm90(const IntGemmArgs& args, cudaStream_t stream) {
                   int(ceil_div(args.k, kBlockK))};
     const int64_t tiles = int64_t(grid.tiles_m) * grid.tiles_n;
     const int blocks = int(std::min<int64_t>(tiles, std::max(sm_count(), 1)));
-    auto kernel = gemm_int8_wgmma_kernel<OutT, kConsumers, kBlockN, kInt4>;
+    auto kernel = gemm_int8_wgmma_kernel<OutT, kConsumers, kBlockN, kOp>;
     static std::atomic<uint64_t> opted_in{0};  // per device, for this one kernel
     err = allow_dynamic_smem_once(kernel, Config::kSmemBytes, opted_in);
     if (err != cudaSuccess) return err;
@@ -513,7 +557,7 @@ cudaError_t launch_sm90(const IntGemmArgs& args, cudaStream_t stream) {
 
 // The tile shape: the one with the least estimated time, counting whole waves of persistent
 // CTAs and a per-tile cost that favours the larger tiles (less shared-memory traffic per MAC).
-template <typename OutT, bool kInt4>
+template <typename OutT, Operand kOp>
 cudaError_t dispatch_tiles(const IntGemmArgs& args, cudaStream_t stream) {
     struct Choice {
         int consumers, block_n;
@@ -521,22 +565,28 @@ cudaError_t dispatch_tiles(const IntGemmArgs& args, cudaStream_t stream) {
     };
     constexpr Choice kChoices[] = {{2, 256, 1.0}, {2, 128, 0.9}, {1, 256, 0.85}, {1, 128, 0.75}};
     const int sms = std::max(sm_count(), 1);
-    int best = 0;
+    int best = -1;
     double best_cost = 0;
     for (int i = 0; i < int(sizeof kChoices / sizeof kChoices[0]); ++i) {
+        if (kOp == Operand::kFp8 && kChoices[i].block_n != 128) continue;
         const int64_t bm = 64 * kChoices[i].consumers, bn = kChoices[i].block_n;
         const int64_t tiles = ceil_div(args.m, bm) * ceil_div(args.n, bn);
         const double cost = double(ceil_div(tiles, sms)) * double(bm * bn) / kChoices[i].efficiency;
-        if (i == 0 || cost < best_cost) {
+        if (best < 0 || cost < best_cost) {
             best = i;
             best_cost = cost;
         }
     }
-    switch (best) {
-        case 0: return launch_sm90<OutT, 2, 256, kInt4>(args, stream);
-        case 1: return launch_sm90<OutT, 2, 128, kInt4>(args, stream);
-        case 2: return launch_sm90<OutT, 1, 256, kInt4>(args, stream);
-        default: return launch_sm90<OutT, 1, 128, kInt4>(args, stream);
+    if constexpr (kOp == Operand::kFp8) {
+        return best == 1 ? launch_sm90<OutT, 2, 128, kOp>(args, stream)
+                         : launch_sm90<OutT, 1, 128, kOp>(args, stream);
+    } else {
+        switch (best) {
+            case 0: return launch_sm90<OutT, 2, 256, kOp>(args, stream);
+            case 1: return launch_sm90<OutT, 2, 128, kOp>(args, stream);
+            case 2: return launch_sm90<OutT, 1, 256, kOp>(args, stream);
+            default: return launch_sm90<OutT, 1, 128, kOp>(args, stream);
+        }
     }
 }
 
@@ -546,12 +596,14 @@ bool gemm_int8_sm90_available() { return tma_wgmma_built_and_runnable(); }
 
 namespace {
 
-template <bool kInt4> cudaError_t dispatch_out(const IntGemmArgs& args, cudaStream_t stream) {
+template <Operand kOp> cudaError_t dispatch_out(const IntGemmArgs& args, cudaStream_t stream) {
     switch (args.out_dtype) {
-        case CK_DTYPE_INT32: return dispatch_tiles<int32_t, kInt4>(args, stream);
-        case CK_DTYPE_FP32: return dispatch_tiles<float, kInt4>(args, stream);
-        case CK_DTYPE_FP16: return dispatch_tiles<__half, kInt4>(args, stream);
-        case CK_DTYPE_BF16: return dispatch_tiles<__nv_bfloat16, kInt4>(args, stream);
+        case CK_DTYPE_INT32:
+            if constexpr (kOp == Operand::kFp8) return cudaErrorInvalidValue;
+            else return dispatch_tiles<int32_t, kOp>(args, stream);
+        case CK_DTYPE_FP32: return dispatch_tiles<float, kOp>(args, stream);
+        case CK_DTYPE_FP16: return dispatch_tiles<__half, kOp>(args, stream);
+        case CK_DTYPE_BF16: return dispatch_tiles<__nv_bfloat16, kOp>(args, stream);
         default: return cudaErrorInvalidValue;
     }
 }
@@ -560,13 +612,18 @@ template <bool kInt4> cudaError_t dispatch_out(const IntGemmArgs& args, cudaStre
 
 cudaError_t gemm_int8_sm90(const IntGemmArgs& args, cudaStream_t stream) {
     if (args.b_layout != CK_LAYOUT_NK || !gemm_int8_sm90_available()) return cudaErrorNotSupported;
-    return dispatch_out<false>(args, stream);
+    return dispatch_out<Operand::kInt8>(args, stream);
 }
 
 cudaError_t gemm_int4_sm90(const IntGemmArgs& args, cudaStream_t stream) {
     if (args.b_layout != CK_LAYOUT_NK || args.k > kInt4SM90MaxK || !gemm_int8_sm90_available())
         return cudaErrorNotSupported;
-    return dispatch_out<true>(args, stream);
+    return dispatch_out<Operand::kInt4>(args, stream);
+}
+
+cudaError_t gemm_fp8_sm90(const IntGemmArgs& args, cudaStream_t stream) {
+    if (args.b_layout != CK_LAYOUT_NK || !gemm_int8_sm90_available()) return cudaErrorNotSupported;
+    return dispatch_out<Operand::kFp8>(args, stream);
 }
 
 }  // namespace ck

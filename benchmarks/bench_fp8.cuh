@@ -1,0 +1,253 @@
+// benchmarks/bench_fp8.cuh - family "fp8": the FP8 W8A8 GEMM (ck_gemm_fp8_scaled) beside
+// cuBLASLt FP8, the library's INT8 GEMM and cuBLAS fp16, on the same run.
+//
+// Problems: DESIGN.md's four layer shapes (K, N) at M = 1 ... 4096 (--quick: one shape, three M).
+// Operands: random E4M3 bytes with the top exponent bit cleared (|x| <= 1.875, no NaN). Rows of
+// each (shape, M), fp16 out, no bias:
+//   gemm_fp8 scaled fp16 (per-tensor)   one scale per operand, as cuBLASLt's call below;
+//                                       baseline "cuBLASLt FP8 (per-tensor)": cublasLtMatmul
+//                                       E4M3 x E4M3 -> fp16, TN, device scale pointers for A and
+//                                       B, float32 compute without fast accumulation (its
+//                                       default: sums promoted to float32, as the library
+//                                       does), a 32 MB workspace, the fastest of cuBLASLt's
+//                                       top heuristics (timed)
+//   gemm_fp8 scaled fp16 (per-token x per-channel)
+//                                       the same with M + N scales; baseline the same cuBLASLt
+//                                       timing; notes: ck_gemm_int8_scaled on int8 operands of
+//                                       the same sizes and epilogue (the ratio INT8 / FP8), and
+//                                       cuBLAS fp16 (cublasGemmEx TN) on the layer unquantized
+// Floors: bytes = M K + N K + 2 M N (+ the scales); flops = 2 M N K, against the dense FP8
+// tensor-core peak (the INT8 one) at large M.
+#pragma once
+
+#include "bench_gemm.cuh"
+
+namespace fp8_bench {
+
+using gemm_bench::Shape;
+
+constexpr Shape kShapes[] = {{4096, 4096}, {4096, 14336}, {14336, 4096}, {8192, 28672}};
+constexpr int64_t kTokens[] = {1, 16, 64, 256, 1024, 4096};
+constexpr Shape kQuickShape = {4096, 4096};
+constexpr int64_t kQuickTokens[] = {1, 16, 256};
+
+// Random bytes -> E4M3 codes without the top exponent bit: exponents 0 ... 7 (|x| < 2), never
+// the all-ones exponent of NaN.
+__global__ void clear_top_exponent_bit(uint8_t* bytes, int64_t n) {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+         i += int64_t(gridDim.x) * blockDim.x)
+        bytes[i] &= 0xBF;
+}
+
+inline void fill_e4m3(DeviceBuffer& buf, uint64_t seed, cudaStream_t st) {
+    fill_random_bytes(buf.as(), int64_t(buf.bytes()), seed, st);
+    clear_top_exponent_bit<<<264, 256, 0, st>>>(buf.as<uint8_t>(), int64_t(buf.bytes()));
+    CK_BENCH_CHECK(cudaGetLastError());
+}
+
+// cuBLASLt E4M3 x E4M3 -> fp16 with per-tensor scales on an [N, K] row-major weight: the TN
+// GEMM of LtInt8Gemm (bench_gemm.cuh), D^T[N, M] = scale_a scale_b b[N, K] a^T.
+class LtFp8Gemm {
+  public:
+    LtFp8Gemm(cublasLtHandle_t lt, int64_t m, int64_t n, int64_t k, const float* scale_a,
+              const float* scale_b)
+        : lt_(lt) {
+        const cublasOperation_t transpose = CUBLAS_OP_T, no_transpose = CUBLAS_OP_N;
+        CK_BENCH_CHECK(cublasLtMatmulDescCreate(&op_, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+        CK_BENCH_CHECK(cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_TRANSA, &transpose,
+                                                      sizeof transpose));
+        CK_BENCH_CHECK(cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_TRANSB,
+                                                      &no_transpose, sizeof no_transpose));
+        // Lt's A is the weight (scale_b), its B the activations (scale_a).
+        CK_BENCH_CHECK(cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                                      &scale_b, sizeof scale_b));
+        CK_BENCH_CHECK(cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                                      &scale_a, sizeof scale_a));
+        CK_BENCH_CHECK(cublasLtMatrixLayoutCreate(&a_, CUDA_R_8F_E4M3, uint64_t(k), uint64_t(n), k));
+        CK_BENCH_CHECK(cublasLtMatrixLayoutCreate(&b_, CUDA_R_8F_E4M3, uint64_t(k), uint64_t(m), k));
+        CK_BENCH_CHECK(cublasLtMatrixLayoutCreate(&c_, CUDA_R_16F, uint64_t(n), uint64_t(m), n));
+    }
+    ~LtFp8Gemm() {
+        cublasLtMatrixLayoutDestroy(c_);
+        cublasLtMatrixLayoutDestroy(b_);
+        cublasLtMatrixLayoutDestroy(a_);
+        cublasLtMatmulDescDestroy(op_);
+    }
+    LtFp8Gemm(const LtFp8Gemm&) = delete;
+    LtFp8Gemm& operator=(const LtFp8Gemm&) = delete;
+
+    std::vector<cublasLtMatmulAlgo_t> candidates(size_t workspace_bytes, int count) const {
+        cublasLtMatmulPreference_t pref = nullptr;
+        CK_BENCH_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+        const uint64_t max_workspace = workspace_bytes;
+        CK_BENCH_CHECK(cublasLtMatmulPreferenceSetAttribute(
+            pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_workspace, sizeof max_workspace));
+        std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<size_t>(count));
+        int found = 0;
+        CK_BENCH_CHECK(cublasLtMatmulAlgoGetHeuristic(lt_, op_, a_, b_, c_, c_, pref, count,
+                                                      results.data(), &found));
+        cublasLtMatmulPreferenceDestroy(pref);
+        std::vector<cublasLtMatmulAlgo_t> algos;
+        for (int i = 0; i < found; ++i)
+            if (results[size_t(i)].state == CUBLAS_STATUS_SUCCESS)
+                algos.push_back(results[size_t(i)].algo);
+        if (algos.empty()) {
+            std::fprintf(stderr, "cuBLASLt has no FP8 algorithm for this problem\n");
+            std::exit(kExitFailure);
+        }
+        return algos;
+    }
+
+    void launch(const cublasLtMatmulAlgo_t& algo, const void* a, const void* b, void* d,
+                void* workspace, size_t workspace_bytes, cudaStream_t stream) const {
+        const float alpha = 1.f, beta = 0.f;
+        CK_BENCH_CHECK(cublasLtMatmul(lt_, op_, &alpha, b, a_, a, b_, &beta, d, c_, d, c_, &algo,
+                                      workspace, workspace_bytes, stream));
+    }
+
+  private:
+    cublasLtHandle_t lt_;
+    cublasLtMatmulDesc_t op_ = nullptr;
+    cublasLtMatrixLayout_t a_ = nullptr, b_ = nullptr, c_ = nullptr;
+};
+
+struct Set {
+    DeviceBuffer a, b;            // [M, K], [N, K] E4M3 (read as int8 by the INT8 row)
+    DeviceBuffer scale_a, scale_b;  // [M], [N] float32 (their first value: the per-tensor ones)
+    DeviceBuffer out;             // [M, N] fp16
+    DeviceBuffer x16, w16;        // [M, K], [N, K] fp16 (cuBLAS fp16)
+};
+
+class Problem {
+  public:
+    Problem(gemm_bench::Context& ctx, Shape shape, int64_t m)
+        : ctx_(ctx), bench_(ctx.bench), k_(shape.k), n_(shape.n), m_(m),
+          shape_name_("M=" + std::to_string(m) + " K=" + std::to_string(shape.k) +
+                      " N=" + std::to_string(shape.n)) {}
+
+    void run_all() {
+        const RowSpec tensor = spec("gemm_fp8 scaled fp16 (per-tensor)");
+        const RowSpec rows = spec("gemm_fp8 scaled fp16 (per-token x per-channel)");
+        if (!bench_.wants(tensor) && !bench_.wants(rows)) return;
+        const Timing lt = lt_timing();
+        if (Row* row = bench_.run(with_copies(tensor), [this](int i) { launch(set(i), false); }))
+            Bench::set_baseline(*row, "cuBLASLt FP8 (per-tensor)", lt);
+        if (Row* row = bench_.run(with_copies(rows), [this](int i) { launch(set(i), true); })) {
+            Bench::set_baseline(*row, "cuBLASLt FP8 (per-tensor)", lt);
+            const Timing int8 = bench_.time([this](int i) {
+                const Set& s = set(i);
+                CK_BENCH_CHECK(ck_gemm_int8_scaled(
+                    s.a.as<int8_t>(), s.b.as<int8_t>(), CK_LAYOUT_NK, m_, n_, k_,
+                    s.scale_a.as<float>(), CK_PER_ROW, s.scale_b.as<float>(), CK_PER_ROW,
+                    nullptr, CK_ACTIVATION_NONE, s.out.as(), CK_DTYPE_FP16, bench_.stream()));
+            });
+            const Timing fp16 = bench_.time([this](int i) {
+                const Set& s = set(i);
+                gemm_bench::cublas_fp16_linear(bench_, s.w16.as(), s.x16.as(), s.out.as(), m_, n_,
+                                               k_);
+            });
+            Bench::append_note(*row, "gemm_int8 scaled " + format("%.1f", int8.median_us) +
+                                         " us (" + format("%.2f", int8.median_us /
+                                                                      row->time.median_us) +
+                                         "x); cuBLAS fp16 " + format("%.1f", fp16.median_us) +
+                                         " us");
+        }
+    }
+
+  private:
+    RowSpec spec(const std::string& kernel) const {
+        RowSpec s = row_spec("fp8", kernel, "e4m3", shape_name_);
+        s.bytes = double(m_) * double(k_) + double(n_) * double(k_) + 2.0 * double(m_) * double(n_) +
+                  4.0 * double(m_ + n_);
+        s.flops = 2.0 * double(m_) * double(n_) * double(k_);
+        return s;
+    }
+    RowSpec with_copies(RowSpec s) {
+        s.copies = int(sets().size());
+        return s;
+    }
+
+    void launch(const Set& s, bool per_row) const {
+        const ck_granularity_t g = per_row ? CK_PER_ROW : CK_PER_TENSOR;
+        CK_BENCH_CHECK(ck_gemm_fp8_scaled(s.a.as<uint8_t>(), s.b.as<uint8_t>(), m_, n_, k_,
+                                          s.scale_a.as<float>(), g, s.scale_b.as<float>(), g,
+                                          nullptr, CK_ACTIVATION_NONE, s.out.as(), CK_DTYPE_FP16,
+                                          bench_.stream()));
+    }
+
+    // cuBLASLt's fastest of its top heuristics on these buffers, then timed in full.
+    Timing lt_timing() {
+        const Set& first = set(0);
+        lt_ = std::make_unique<LtFp8Gemm>(ctx_.lt, m_, n_, k_, first.scale_a.as<float>(),
+                                          first.scale_b.as<float>());
+        TimingConfig pick;
+        pick.warmup = gemm_bench::kPickWarmup;
+        pick.reps = gemm_bench::kPickReps;
+        double best_us = 0;
+        for (const cublasLtMatmulAlgo_t& algo :
+             lt_->candidates(gemm_bench::kLtWorkspaceBytes, gemm_bench::kHeuristicCandidates)) {
+            const Timing t = bench_.time([this, &algo](int i) { lt_launch(algo, set(i)); }, pick);
+            if (best_us == 0 || t.median_us < best_us) {
+                best_us = t.median_us;
+                lt_algo_ = algo;
+            }
+        }
+        return bench_.time([this](int i) { lt_launch(lt_algo_, set(i)); });
+    }
+    void lt_launch(const cublasLtMatmulAlgo_t& algo, const Set& s) const {
+        lt_->launch(algo, s.a.as(), s.b.as(), s.out.as(), ctx_.workspace.as(),
+                    ctx_.workspace.bytes(), bench_.stream());
+    }
+
+    const std::vector<Set>& sets() {
+        if (!sets_.empty()) return sets_;
+        const double per_call = spec("").bytes;
+        const double per_copy = per_call + 2.0 * double(m_ + n_) * double(k_);
+        const int copies = bench_.rotation_copies(per_call, per_copy);
+        cudaStream_t st = bench_.stream();
+        for (int c = 0; c < copies; ++c) {
+            const uint64_t seed = 31000 + 100 * uint64_t(c);
+            Set s;
+            s.a = DeviceBuffer(size_t(m_ * k_));
+            s.b = DeviceBuffer(size_t(n_ * k_));
+            s.scale_a = DeviceBuffer(sizeof(float) * size_t(m_));
+            s.scale_b = DeviceBuffer(sizeof(float) * size_t(n_));
+            s.out = DeviceBuffer(sizeof(__half) * size_t(m_ * n_));
+            s.x16 = DeviceBuffer(sizeof(__half) * size_t(m_ * k_));
+            s.w16 = DeviceBuffer(sizeof(__half) * size_t(n_ * k_));
+            fill_e4m3(s.a, seed + 1, st);
+            fill_e4m3(s.b, seed + 2, st);
+            fill_uniform(s.scale_a.as(), CK_DTYPE_FP32, m_, seed + 3, 0.01f, 0.1f, st);
+            fill_uniform(s.scale_b.as(), CK_DTYPE_FP32, n_, seed + 4, 0.01f, 0.1f, st);
+            fill_uniform(s.x16.as(), CK_DTYPE_FP16, m_ * k_, seed + 5, -1.f, 1.f, st);
+            fill_uniform(s.w16.as(), CK_DTYPE_FP16, n_ * k_, seed + 6, -1.f, 1.f, st);
+            fill_random_bytes(s.out.as(), int64_t(s.out.bytes()), seed + 7, st);
+            sets_.push_back(std::move(s));
+        }
+        CK_BENCH_CHECK(cudaStreamSynchronize(st));
+        return sets_;
+    }
+    const Set& set(int i) { return sets()[size_t(i) % sets().size()]; }
+
+    gemm_bench::Context& ctx_;
+    Bench& bench_;
+    int64_t k_, n_, m_;
+    std::string shape_name_;
+    std::vector<Set> sets_;
+    std::unique_ptr<LtFp8Gemm> lt_;
+    cublasLtMatmulAlgo_t lt_algo_{};
+};
+
+}  // namespace fp8_bench
+
+inline void bench_fp8(Bench& bench, const Options& options) {
+    using namespace fp8_bench;
+    gemm_bench::Context ctx(bench, options.quick);
+    const bool quick = options.quick;
+    for (const Shape& shape : kShapes) {
+        if (quick && !(shape == kQuickShape)) continue;
+        const auto run = [&](int64_t m) { Problem(ctx, shape, m).run_all(); };
+        if (quick) for (int64_t m : kQuickTokens) run(m);
+        else for (int64_t m : kTokens) run(m);
+    }
+}

@@ -1,0 +1,75 @@
+// gemm_fp8.cu - the reference FP8 GEMM (ck_gemm_fp8_scaled's "reference" variant): the kernel the
+// fast ones (the small-M stream of gemm_int8.cu, the wgmma kernel of gemm_int8_sm90.cu) are
+// tested against on the GPU.
+//
+//   acc[m, n] = sum_k float(a[m, k]) * float(b[n, k]),   a [M, K], b [N, K]: FP8 E4M3 bytes
+//
+// in float32, one fma per k in ascending k order; then the scaled epilogue (epilogue.cuh). An
+// E4M3 x E4M3 product is exact in float32 (4 + 4 significand bits; |product| <= 448^2, >= 2^-18),
+// so only the additions round. Tiles of 16 rows x 32 columns per 256-thread block, K in steps of
+// 64 through shared memory, the E4M3 values decoded to float32 once on their way in; thread
+// (ty, tx) owns row ty and the column pair 2 tx, 2 tx + 1 (the epilogue's store unit). The entry
+// point guarantees K % 16 == 0 and 16-byte aligned rows; partial tiles read zeros.
+#include <cuda_fp8.h>
+
+#include "kernels/core/epilogue.cuh"
+#include "kernels/gemm/gemm_int8.cuh"
+
+namespace ck {
+namespace {
+
+constexpr int kRefRows = 16, kRefCols = 32, kRefK = 64, kRefThreads = 256;
+static_assert(kRefRows * 16 == kRefThreads && kRefCols == 2 * 16, "thread (ty, tx): a row, a pair");
+
+__device__ __forceinline__ float e4m3_to_float(uint8_t byte) {
+    __nv_fp8_e4m3 v;
+    v.__x = byte;
+    return float(v);
+}
+
+template <typename OutT>
+__global__ void __launch_bounds__(kRefThreads)
+gemm_fp8_reference_kernel(const uint8_t* __restrict__ a, const uint8_t* __restrict__ b, int64_t k,
+                          Epilogue<OutT> ep) {
+    __shared__ float sa[kRefRows][kRefK + 1];
+    __shared__ float sb[kRefCols][kRefK + 1];
+    const int64_t tiles_m = ceil_div(ep.m, int64_t(kRefRows));
+    const int64_t m0 = int64_t(blockIdx.x) % tiles_m * kRefRows;
+    const int64_t n0 = int64_t(blockIdx.x) / tiles_m * kRefCols;
+    const int ty = int(threadIdx.x) / 16, tx = int(threadIdx.x) % 16;
+    float acc0 = 0.f, acc1 = 0.f;
+    for (int64_t k0 = 0; k0 < k; k0 += kRefK) {
+        __syncthreads();  // the previous step's reads are done
+        // A: 16 x 64 bytes, 4 per thread; B: 32 x 64 bytes, 8 per thread.
+        for (int i = int(threadIdx.x); i < kRefRows * kRefK; i += kRefThreads) {
+            const int r = i / kRefK, c = i % kRefK;
+            const bool ok = m0 + r < ep.m && k0 + c < k;
+            sa[r][c] = ok ? e4m3_to_float(a[(m0 + r) * k + k0 + c]) : 0.f;
+        }
+        for (int i = int(threadIdx.x); i < kRefCols * kRefK; i += kRefThreads) {
+            const int r = i / kRefK, c = i % kRefK;
+            const bool ok = n0 + r < ep.n && k0 + c < k;
+            sb[r][c] = ok ? e4m3_to_float(b[(n0 + r) * k + k0 + c]) : 0.f;
+        }
+        __syncthreads();
+#pragma unroll 8
+        for (int c = 0; c < kRefK; ++c) {
+            acc0 = __fmaf_rn(sa[ty][c], sb[2 * tx][c], acc0);
+            acc1 = __fmaf_rn(sa[ty][c], sb[2 * tx + 1][c], acc1);
+        }
+    }
+    ep.store_pair(m0 + ty, n0 + 2 * tx, acc0, acc1);
+}
+
+}  // namespace
+
+cudaError_t gemm_fp8_reference(const IntGemmArgs& args, cudaStream_t stream) {
+    return dispatch_float_dtype(args.out_dtype, [&](auto tag) {
+        using OutT = decltype(tag);
+        return launch_tile_grid(gemm_fp8_reference_kernel<OutT>, args.m, args.n, kRefRows,
+                                kRefCols, kRefThreads, 0, stream, args.a_as<uint8_t>(),
+                                args.b_as<uint8_t>(), args.k, make_epilogue<OutT>(args));
+    });
+}
+
+}  // namespace ck

@@ -1,0 +1,262 @@
+"""GPU tests of ck_gemm_fp8_scaled (FP8 E4M3 x E4M3, float32 sums, the scaled epilogue of
+ck_gemm_int8_scaled) against tests/reference.py (gemm_fp8: the exact sums, in float64).
+
+- Every kernel variant (CK_GEMM_FP8_KERNEL=reference, small_m, wgmma, auto) on shapes with
+  partial tiles in M, N and K, every output dtype, scale granularity, bias and activation, on
+  fresh random E4M3 operands; outputs poisoned before the launch and between guard regions.
+- The accumulation bound (below) is checked element by element, on random data and on K = 8192
+  of same-signed products, where sums that kept the tensor cores' few bits over the whole of K
+  (no float32 accumulators) would miss it by an order of magnitude.
+- NaN operands make NaN sums in their rows and columns only; graph capture and replay.
+
+The tests skip without a CUDA device and on GPUs without FP8 tensor cores (before 8.9), where
+the entry point answers CK_STATUS_UNSUPPORTED (tests/test_abi.py and test_fuzz_abi.py check the
+argument rules on any machine).
+"""
+
+import numpy as np
+import pytest
+
+import cuda_wrapper as ck
+import reference as ref
+from gpu_support import (
+    CK_ACTIVATION, CK_DTYPE, CK_GRANULARITY, GuardedBuffer, KernelCall, POISON, SANITIZE,
+    SECOND_ORDER_SLACK, U32, assert_graph_replays, assert_relu_output, assert_within,
+    compute_capability, force_variant, output_tolerance, ptr_or_null, random_normal, scale_count,
+    shape_id, synchronize, write_buffers,
+)
+
+pytestmark = pytest.mark.gpu
+
+KERNEL_ENV = "CK_GEMM_FP8_KERNEL"
+VARIANTS = ("auto", "reference", "small_m", "wgmma")
+SMALL_M_MAX = 16
+
+# ---------------------------------------------------------------------------------------------
+# The accumulation bound. Every E4M3 product is exact in float32. The reference kernel adds them
+# one at a time in float32: within gamma_K sum_k |a_k b_k| of the exact sum (Higham, Thm. 3.1).
+# The tensor-core kernels take sums of at most 256 products on the tensor cores, which add each
+# instruction's 32 products into their accumulators with fewer bits than float32 (they align
+# the addends to the largest and keep about 13 of its bits), then add those sums into float32
+# accumulators: within TENSOR_CORE_REL sum |a_k b_k| + gamma_{K/32} sum |a_k b_k|.
+# TENSOR_CORE_REL = 2^-10 leaves a wide margin over the measured worst (benchmarks/NOTES.md),
+# and sums of K = 8192 same-signed products kept on the tensor cores throughout (256
+# truncations of a growing sum) would be off by ~2^-7 of it.
+# ---------------------------------------------------------------------------------------------
+TENSOR_CORE_REL = 2.0**-10
+
+
+def accumulation_error(variant, abs_sums, k):
+    gamma = k * U32 / (1 - k * U32)
+    if variant == "reference":
+        return gamma * abs_sums
+    return (TENSOR_CORE_REL + gamma) * abs_sums
+
+
+def use_variant(monkeypatch, variant, m):
+    """Forces the variant (auto: the library's choice), skipping below FP8 tensor cores."""
+    cc = compute_capability()
+    if cc < (8, 9):
+        pytest.skip(f"FP8 GEMMs need compute capability 8.9+ (this GPU: {cc})")
+    if variant == "small_m":
+        assert m <= SMALL_M_MAX, "small_m serves m <= 16"
+    force_variant(monkeypatch, KERNEL_ENV, variant)
+
+
+def random_e4m3(rng, shape, scale=1.0, positive=False):
+    """E4M3 codes of scale * N(0, 1) values (or their magnitudes), rounded to nearest even: a
+    spread of exponents and mantissas, no NaN."""
+    x = rng.standard_normal(shape) * scale
+    return ref.e4m3_encode(np.abs(x) if positive else x)
+
+
+def random_fp8_scales(rng, count, k):
+    """Positive float32 scales that bring |acc| (~ sqrt(K) for N(0, 1) operands) near 1."""
+    return ((1.0 / k**0.25) * 10.0 ** rng.uniform(-1, 0.5, count)).astype(np.float32)
+
+
+class GemmFp8Call(KernelCall):
+    """ck_gemm_fp8_scaled on guarded buffers; misalign: extra bytes before a, b and out."""
+
+    def __init__(self, variant, a, b, scale_a, scale_b, bias, activation, out_dtype,
+                 granularities, misalign=(0, 0, 0)):
+        self.variant, self.activation, self.out_dtype = variant, activation, out_dtype
+        self.granularities = granularities
+        m, k = a.shape
+        n = b.shape[0]
+        self.mnk = (m, n, k)
+        self.inputs = (a, b, scale_a, scale_b, bias)
+        self.a = GuardedBuffer.input(a, misalign[0])
+        self.b = GuardedBuffer.input(b, misalign[1])
+        self.scale_a = GuardedBuffer.input(scale_a)
+        self.scale_b = GuardedBuffer.input(scale_b)
+        self.bias = None if bias is None else GuardedBuffer.input(bias)
+        self.out = GuardedBuffer.output((m, n), ref.NUMPY_DTYPE[out_dtype], POISON, misalign[2])
+        self.outputs = {"out": self.out}
+
+    def launch(self, stream=0):
+        ck.raw.gemm_fp8_scaled(
+            self.a.ptr, self.b.ptr, *self.mnk, self.scale_a.ptr,
+            CK_GRANULARITY[self.granularities[0]], self.scale_b.ptr,
+            CK_GRANULARITY[self.granularities[1]], ptr_or_null(self.bias),
+            CK_ACTIVATION[self.activation], self.out.ptr, CK_DTYPE[self.out_dtype], stream)
+
+    def refill(self, rng):
+        m, n, k = self.mnk
+        a, b = random_e4m3(rng, (m, k)), random_e4m3(rng, (n, k))
+        scale_a = random_fp8_scales(rng, self.scale_a.shape[0], k)
+        scale_b = random_fp8_scales(rng, self.scale_b.shape[0], k)
+        bias = None if self.bias is None else random_normal(rng, n, self.out_dtype, 2.0)
+        write_buffers((self.a, self.b, self.scale_a, self.scale_b, self.bias),
+                      (a, b, scale_a, scale_b, bias))
+        self.inputs = (a, b, scale_a, scale_b, bias)
+
+    def check(self, ctx):
+        synchronize()
+        a, b, scale_a, scale_b, bias = self.inputs
+        k = self.mnk[2]
+        acc = ref.gemm_fp8(a, b)
+        abs_sums = ref.gemm_fp8_abs_sums(a, b)
+        scales = ref.scaled_epilogue_f64(np.ones_like(acc), scale_a, scale_b)  # |sa sb|
+        pre = ref.scaled_epilogue_f64(acc, scale_a, scale_b, bias, "none", self.out_dtype)
+        value = ref.activate(pre, self.activation)
+        product = acc * scales
+        # The sums' error scaled by the epilogue, then the epilogue's own float32 roundings
+        # (those of ck_gemm_int8_scaled: three on the product, one on the sum).
+        error32 = (accumulation_error(self.variant, abs_sums, k) * scales
+                   + (3 * np.abs(product) + np.abs(pre)) * U32) * SECOND_ORDER_SLACK
+        out = self.out.read(f"out, {ctx}")
+        got = ref.to_f32(out, self.out_dtype).astype(np.float64)
+        assert_within(got, value, output_tolerance(value, error32, self.out_dtype),
+                      f"out ({self.out_dtype}), {ctx}")
+        if self.activation == "relu":
+            assert_relu_output(got, pre, error32, f"out, {ctx}")
+        return got
+
+
+def make_call(rng, variant, shape, out_dtype="fp16", granularities=("row", "row"), bias=True,
+              activation="relu", misalign=(0, 0, 0)):
+    m, n, k = shape
+    a, b = random_e4m3(rng, (m, k)), random_e4m3(rng, (n, k))
+    scale_a = random_fp8_scales(rng, scale_count(granularities[0], m), k)
+    scale_b = random_fp8_scales(rng, scale_count(granularities[1], n), k)
+    bias_values = random_normal(rng, n, out_dtype, 2.0) if bias else None
+    return GemmFp8Call(variant, a, b, scale_a, scale_b, bias_values, activation, out_dtype,
+                       granularities, misalign)
+
+
+# (M, N, K): partial tiles in every dimension (the kernels' tiles: 16 or 64/128 rows, 16 to 128
+# columns, K steps of 64 or 128 bytes), K down to one 16-byte vector.
+SMALL_SHAPES = [(1, 1, 16), (1, 200, 1008), (2, 24, 48), (7, 129, 144), (16, 136, 4096),
+                (13, 8, 80)]
+LARGE_SHAPES = [(17, 129, 48), (64, 256, 1008), (100, 200, 4096), (129, 1000, 144),
+                (255, 136, 80), (1000, 24, 1040)]
+
+
+def variant_shapes():
+    for variant in VARIANTS:
+        shapes = SMALL_SHAPES if variant == "small_m" else SMALL_SHAPES + LARGE_SHAPES
+        for shape in shapes:
+            yield pytest.param(variant, shape, id=f"{variant}-{shape_id(shape)}")
+
+
+@pytest.mark.parametrize("variant, shape", list(variant_shapes()))
+def test_gemm_fp8_shapes(variant, shape, monkeypatch, seed):
+    use_variant(monkeypatch, variant, shape[0])
+    call = make_call(np.random.default_rng(seed), variant, shape)
+    call.launch()
+    call.check(f"{variant}, seed={seed}")
+
+
+@pytest.mark.parametrize("full", [False, True], ids=["tensor-plain", "row-bias-relu"])
+@pytest.mark.parametrize("out_dtype", ref.DTYPES)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_gemm_fp8_epilogues(variant, out_dtype, full, monkeypatch, seed):
+    m, n, k = (13, 200, 1008) if variant == "small_m" else (100, 200, 1008)
+    use_variant(monkeypatch, variant, m)
+    granularities = ("row", "row") if full else ("tensor", "tensor")
+    call = make_call(np.random.default_rng(seed), variant, (m, n, k), out_dtype, granularities,
+                     bias=full, activation="relu" if full else "none")
+    call.launch()
+    call.check(f"{variant}, {out_dtype}, seed={seed}")
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_gemm_fp8_long_same_signed_sums(variant, monkeypatch, seed):
+    """K = 8192 of positive products, sums ~K: float32 accumulators must carry them (the
+    tensor cores' own sums, kept over the whole of K, would drift far past the bound)."""
+    rng = np.random.default_rng(seed)
+    m, n, k = (16, 136, 8192) if variant == "small_m" or SANITIZE else (130, 264, 8192)
+    use_variant(monkeypatch, variant, m)
+    a = random_e4m3(rng, (m, k), positive=True)
+    b = random_e4m3(rng, (n, k), positive=True)
+    ones_a, ones_b = np.ones(1, np.float32), np.ones(1, np.float32)
+    call = GemmFp8Call(variant, a, b, ones_a, ones_b, None, "none", "fp32",
+                       ("tensor", "tensor"))
+    call.launch()
+    got = call.check(f"{variant}, seed={seed}")
+    assert got.min() > 0.5 * k * (2 / np.pi), f"sums of |N(0,1)|^2 products ~0.64 K, seed={seed}"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_gemm_fp8_minimally_aligned_pointers(variant, monkeypatch, seed):
+    """a and b 16-byte aligned only, out 4-byte aligned with an even N."""
+    m, n, k = (9, 136, 1008) if variant == "small_m" else (100, 136, 1008)
+    use_variant(monkeypatch, variant, m)
+    call = make_call(np.random.default_rng(seed), variant, (m, n, k), "fp32",
+                     misalign=(16, 48, 4))
+    call.launch()
+    call.check(f"{variant}, seed={seed}")
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_gemm_fp8_nan_codes_stay_in_their_rows_and_columns(variant, monkeypatch, seed):
+    """0x7F / 0xFF (E4M3 NaN) in a[i, :] makes row i NaN, in b[j, :] column j; the rest is
+    finite and within the bound."""
+    rng = np.random.default_rng(seed)
+    m, n, k = (5, 136, 272) if variant == "small_m" else (70, 136, 272)
+    use_variant(monkeypatch, variant, m)
+    a, b = random_e4m3(rng, (m, k)), random_e4m3(rng, (n, k))
+    a[3, 17], b[100, 200] = 0x7F, 0xFF
+    scale_a, scale_b = random_fp8_scales(rng, m, k), random_fp8_scales(rng, n, k)
+    call = GemmFp8Call(variant, a, b, scale_a, scale_b, None, "none", "fp32", ("row", "row"))
+    call.launch()
+    synchronize()
+    got = call.out.read(f"out, {variant}")
+    nan = np.zeros((m, n), bool)
+    nan[3, :], nan[:, 100] = True, True
+    assert np.isnan(got[nan]).all(), f"row 3 and column 100 must be NaN, seed={seed}"
+    clean = ~nan
+    a_clean, b_clean = a.copy(), b.copy()
+    a_clean[3, 17], b_clean[100, 200] = 0, 0
+    value = ref.scaled_epilogue_f64(ref.gemm_fp8(a_clean, b_clean), scale_a, scale_b)
+    scales = ref.scaled_epilogue_f64(np.ones((m, n)), scale_a, scale_b)
+    tol = (accumulation_error(variant, ref.gemm_fp8_abs_sums(a_clean, b_clean), k) * scales
+           + 4 * np.abs(value) * U32) * SECOND_ORDER_SLACK + 2.0**-149
+    assert_within(got[clean], value[clean], tol[clean], f"finite outputs, {variant}")
+
+
+def test_gemm_fp8_graph_replays(monkeypatch, seed):
+    rng = np.random.default_rng(seed)
+    use_variant(monkeypatch, "auto", 64)
+    call = make_call(rng, "auto", (64, 200, 1008))
+    assert_graph_replays(call, rng, seed)
+
+
+def test_gemm_fp8_wrapper_numpy(seed):
+    """ck.gemm_fp8_scaled on NumPy arrays: the same values as the raw call's bound allows."""
+    if compute_capability() < (8, 9):
+        pytest.skip("FP8 GEMMs need compute capability 8.9+")
+    rng = np.random.default_rng(seed)
+    m, n, k = 33, 72, 528
+    a, b = random_e4m3(rng, (m, k)), random_e4m3(rng, (n, k))
+    scale_a, scale_b = random_fp8_scales(rng, m, k), random_fp8_scales(rng, n, k)
+    got = ck.gemm_fp8_scaled(a, b, scale_a, scale_b, out_dtype="fp32")
+    value = ref.gemm_fp8_scaled_f64(a, b, scale_a, scale_b)
+    scales = ref.scaled_epilogue_f64(np.ones((m, n)), scale_a, scale_b)
+    tol = (accumulation_error("auto", ref.gemm_fp8_abs_sums(a, b), k) * scales
+           + 4 * np.abs(value) * U32) * SECOND_ORDER_SLACK
+    assert got.dtype == np.float32 and got.shape == (m, n)
+    assert_within(got.astype(np.float64), value, tol, f"wrapper, seed={seed}")
+    with pytest.raises((TypeError, ValueError)):
+        ck.gemm_fp8_scaled(a.astype(np.int8), b, scale_a, scale_b)

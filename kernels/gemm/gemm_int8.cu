@@ -394,7 +394,7 @@ gemm_int8_small_m_kernel(const int8_t* __restrict__ a, const int8_t* __restrict_
     });
 
     // Sum the warps' partial tiles; one thread per accumulator pair (c0 c1 or c2 c3) stores.
-    sum_warp_partials(partial, acc, [&](int t, int rh, int l, int32_t s0, int32_t s1) {
+    sum_warp_partials(partial, acc, [&](int t, int rh, int l, Acc s0, Acc s1) {
         ep.store_pair(l / 4 + 8 * rh, n0 + 8 * t + 2 * (l % 4), s0, s1);
     });
 }

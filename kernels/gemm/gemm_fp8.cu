@@ -10,9 +10,8 @@
 // 64 through shared memory, the E4M3 values decoded to float32 once on their way in; thread
 // (ty, tx) owns row ty and the column pair 2 tx, 2 tx + 1 (the epilogue's store unit). The entry
 // point guarantees K % 16 == 0 and 16-byte aligned rows; partial tiles read zeros.
-#include <cuda_fp8.h>
-
 #include "kernels/core/epilogue.cuh"
+#include "kernels/core/fp8.cuh"
 #include "kernels/gemm/gemm_int8.cuh"
 
 namespace ck {
@@ -20,12 +19,6 @@ namespace {
 
 constexpr int kRefRows = 16, kRefCols = 32, kRefK = 64, kRefThreads = 256;
 static_assert(kRefRows * 16 == kRefThreads && kRefCols == 2 * 16, "thread (ty, tx): a row, a pair");
-
-__device__ __forceinline__ float e4m3_to_float(uint8_t byte) {
-    __nv_fp8_e4m3 v;
-    v.__x = byte;
-    return float(v);
-}
 
 template <typename OutT>
 __global__ void __launch_bounds__(kRefThreads)
@@ -44,12 +37,12 @@ gemm_fp8_reference_kernel(const uint8_t* __restrict__ a, const uint8_t* __restri
         for (int i = int(threadIdx.x); i < kRefRows * kRefK; i += kRefThreads) {
             const int r = i / kRefK, c = i % kRefK;
             const bool ok = m0 + r < ep.m && k0 + c < k;
-            sa[r][c] = ok ? e4m3_to_float(a[(m0 + r) * k + k0 + c]) : 0.f;
+            sa[r][c] = ok ? fp8x2_value<CK_FP8_E4M3>(a[(m0 + r) * k + k0 + c]).x : 0.f;
         }
         for (int i = int(threadIdx.x); i < kRefCols * kRefK; i += kRefThreads) {
             const int r = i / kRefK, c = i % kRefK;
             const bool ok = n0 + r < ep.n && k0 + c < k;
-            sb[r][c] = ok ? e4m3_to_float(b[(n0 + r) * k + k0 + c]) : 0.f;
+            sb[r][c] = ok ? fp8x2_value<CK_FP8_E4M3>(b[(n0 + r) * k + k0 + c]).x : 0.f;
         }
         __syncthreads();
 #pragma unroll 8

@@ -37,9 +37,13 @@
 // and pipeline of INT8 (FP8 is K-major only too, 32 bytes of K per wgmma). The tensor cores sum
 // FP8 products with fewer bits than float32 (and each wgmma adds its 32 products into d so),
 // so every k-block's 4 wgmmas start from zero in a second accumulator set, which is then added
-// into the float32 sums (the promotion DeepSeek-V3 and CUTLASS use). Two such sets alternate, so
-// that one k-block's wgmmas run while the previous one's sums are added: with the float32 sums,
-// three sets of 64 registers a thread, which 128-wide tiles allow.
+// into the float32 sums (the promotion DeepSeek-V3 and CUTLASS use): on the H100 the results
+// have the errors of cuBLASLt's default FP8 GEMM (without fast accumulation) on the same data,
+// up to 2^-10 of sum |a b| on same-signed operands, where sums kept on the tensor cores over
+// all of K are off by up to 2^-3 (benchmarks/NOTES.md). The two sets need 128-wide tiles (64 +
+// 64 registers a thread); each k-block's sums are waited for before the next starts, while the
+// other consumer warpgroup's wgmmas keep the tensor cores busy (two alternating sets, one
+// k-block's wgmmas running while the previous one's sums were added, measured 10-25% slower).
 //
 // What bounds INT4 (H100, ncu; benchmarks/NOTES.md): the unpacking. Per 48 KB int8 stage it moves
 // 72 KB through shared memory (TMA's 24 KB in, 24 KB read and 48 KB written) beside the wgmmas'
@@ -376,11 +380,9 @@ __launch_bounds__(Sm90Config<kConsumers, kBlockN, kOp == Operand::kInt4>::kThrea
         const int warp = lane_in_group / 32;
         const int lane = lane_in_group % 32;
         Acc acc[kBlockN / 2];  // 64 x kBlockN sums over the 128 threads
-        // FP8: each k-block's sums (4 wgmmas, 128 k) are taken from zero in one of two sets,
-        // alternately, and added to acc in float32 once retired (the tensor cores' own sums keep
-        // fewer bits, and a long K would lose them): k-block j's wgmmas run while j - 1's sums
-        // are added.
-        [[maybe_unused]] float block0[kFp8 ? kBlockN / 2 : 1], block1[kFp8 ? kBlockN / 2 : 1];
+        // FP8: each k-block's sums (4 wgmmas, 128 k) are taken in `block` and added to acc in
+        // float32: the tensor cores' own sums keep fewer bits, and a long K would lose them.
+        [[maybe_unused]] float block[kFp8 ? kBlockN / 2 : 1];
         // The epilogue's scales and bias are loaded when a tile starts, into registers, so that
         // their latency hides behind the main loop; at its end they go through shared memory to
         // the threads that store each column.
@@ -423,57 +425,25 @@ __launch_bounds__(Sm90Config<kConsumers, kBlockN, kOp == Operand::kInt4>::kThrea
             if constexpr (kFp8) {
 #pragma unroll
                 for (int i = 0; i < kBlockN / 2; ++i) acc[i] = 0.f;
-                // k-block `stage`'s wgmmas into `sums` (from zero), committed as one group.
-                auto issue = [&](float (&sums)[kBlockN / 2]) {
-                    mbar_wait(&full[stage], round & 1);
-                    const uint8_t* a = tiles_a + stage * Config::kBytesA + consumer * 64 * kBlockK;
-                    const uint8_t* b = tiles_b + stage * Config::kBytesB;
-                    wgmma_fence();
+            }
+            for (int kb = 0; kb < grid.k_blocks; ++kb) {
+                mbar_wait(&full[stage], round & 1);
+                const uint8_t* a = tiles_a + stage * Config::kBytesA + consumer * 64 * kBlockK;
+                const uint8_t* b = tiles_b + stage * Config::kBytesB;
+                wgmma_fence();
+                if constexpr (kFp8) {
 #pragma unroll
                     for (int ks = 0; ks < kBlockK / kWgmmaK; ++ks)
-                        Wgmma<kBlockN, kOp>::run(sums, wgmma_descriptor(a + ks * kWgmmaK),
+                        Wgmma<kBlockN, kOp>::run(block, wgmma_descriptor(a + ks * kWgmmaK),
                                                  wgmma_descriptor(b + ks * kWgmmaK), ks > 0);
                     wgmma_commit();
-                    wgmma_fence_operands(sums);
-                };
-                // The sums of the k-block before (retired by a wgmma_wait) into acc; its stage
-                // is free again.
-                auto retire = [&](float (&sums)[kBlockN / 2]) {
-                    wgmma_fence_operands(sums);
+                    // The block's sums are needed now: the stage is free once they are done
+                    // (the other consumer's wgmmas keep the tensor cores busy meanwhile).
+                    wgmma_wait<0>();
+                    if (lane == 0) mbar_arrive(&empty[stage]);
 #pragma unroll
-                    for (int i = 0; i < kBlockN / 2; ++i) acc[i] += sums[i];
-                    if (lane == 0) mbar_arrive(&empty[prev_stage]);
-                };
-                auto advance = [&] {
-                    prev_stage = stage;
-                    if (++stage == kStages) {
-                        stage = 0;
-                        ++round;
-                    }
-                };
-                for (int kb = 0; kb < grid.k_blocks; kb += 2) {
-                    issue(block0);
-                    if (kb > 0) {
-                        wgmma_wait<1>();
-                        retire(block1);
-                    }
-                    advance();
-                    if (kb + 1 < grid.k_blocks) {
-                        issue(block1);
-                        wgmma_wait<1>();
-                        retire(block0);
-                        advance();
-                    }
-                }
-                wgmma_wait<0>();
-                if (grid.k_blocks % 2) retire(block0);
-                else retire(block1);
-            } else {
-                for (int kb = 0; kb < grid.k_blocks; ++kb) {
-                    mbar_wait(&full[stage], round & 1);
-                    const uint8_t* a = tiles_a + stage * Config::kBytesA + consumer * 64 * kBlockK;
-                    const uint8_t* b = tiles_b + stage * Config::kBytesB;
-                    wgmma_fence();
+                    for (int i = 0; i < kBlockN / 2; ++i) acc[i] += block[i];
+                } else {
 #pragma unroll
                     for (int ks = 0; ks < kBlockK / kWgmmaK; ++ks)
                         Wgmma<kBlockN, kOp>::run(acc, wgmma_descriptor(a + ks * kWgmmaK),
@@ -489,11 +459,13 @@ __launch_bounds__(Sm90Config<kConsumers, kBlockN, kOp == Operand::kInt4>::kThrea
                     wgmma_wait<1>();
                     if (prev_stage >= 0 && lane == 0) mbar_arrive(&empty[prev_stage]);
                     prev_stage = stage;
-                    if (++stage == kStages) {
-                        stage = 0;
-                        ++round;
-                    }
                 }
+                if (++stage == kStages) {
+                    stage = 0;
+                    ++round;
+                }
+            }
+            if constexpr (!kFp8) {
                 wgmma_wait<0>();
                 if (lane == 0) mbar_arrive(&empty[prev_stage]);
             }

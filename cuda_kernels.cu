@@ -1406,9 +1406,26 @@ ck_status_t ck_gemm_fp8_scaled(const uint8_t* a, const uint8_t* b, int64_t m, in
                                const void* bias, ck_activation_t activation, void* out,
                                ck_dtype_t out_dtype, ck_stream_t stream) {
     const Check check("ck_gemm_fp8_scaled");
-    const ScaledEpilogue epilogue{scale_a, a_granularity, scale_b, b_granularity, bias, activation};
-    const auto args = int_gemm_operands(a, b, CK_LAYOUT_NK, m, n, k, out, out_dtype, &epilogue);
+    // Block scales come as a pair (DeepSeek-V3's scheme); the rest is INT8's epilogue, whose
+    // checks take them as per-tensor ones (two non-null, 4-byte aligned pointers).
+    CK_TRY(check.enum_value(a_granularity, kGranularities, "a_granularity", "ck_granularity_t"));
+    CK_TRY(check.enum_value(b_granularity, kGranularities, "b_granularity", "ck_granularity_t"));
+    const bool a_block = a_granularity >= kIntGranularities;
+    const bool b_block = b_granularity >= kIntGranularities;
+    if ((a_block || b_block) &&
+        (a_granularity != CK_PER_BLOCK_1X128 || b_granularity != CK_PER_BLOCK_128X128))
+        return check.fail(CK_STATUS_UNSUPPORTED,
+                          "a_granularity=%d with b_granularity=%d: block scales are "
+                          "a_granularity CK_PER_BLOCK_1X128 with b_granularity "
+                          "CK_PER_BLOCK_128X128", int(a_granularity), int(b_granularity));
+    const ScaledEpilogue epilogue{scale_a, a_block ? CK_PER_TENSOR : a_granularity, scale_b,
+                                  b_block ? CK_PER_TENSOR : b_granularity, bias, activation};
+    auto args = int_gemm_operands(a, b, CK_LAYOUT_NK, m, n, k, out, out_dtype, &epilogue);
     CK_TRY(check_scaled_int_gemm(check, args, kInt8K, epilogue));
+    if (a_block) {
+        args.block_scale_a = scale_a, args.block_scale_b = scale_b;
+        args.scale_a = args.scale_b = nullptr;
+    }
     CK_TRY(ck::check_variant_name(check, kGemmFp8));
     int devices = 0;
     CK_TRY(check.device_count(&devices));

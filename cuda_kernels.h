@@ -435,7 +435,13 @@ CK_API ck_status_t ck_gemm_int8_scaled(const int8_t* a, const int8_t* b, ck_layo
  *   acc[m, n] = sum_k e4m3(a[m, k]) * e4m3(b[n, k])        (float32 sums)
  *   out[m, n] = act(fmaf(acc[m, n] * scale_a[m or 0], scale_b[n or 0], bias[n]))
  * then one rounding to out_dtype, as ck_gemm_int8_scaled (the same scales, granularities, bias
- * and activation; out_dtype CK_DTYPE_FP32, FP16 or BF16). Every product is exact in float32;
+ * and activation; out_dtype CK_DTYPE_FP32, FP16 or BF16). Or block scales, DeepSeek-V3's scheme
+ * (as ck_quantize_fp8 writes them): a_granularity CK_PER_BLOCK_1X128 with scale_a
+ * [M, ceil(K / 128)] and b_granularity CK_PER_BLOCK_128X128 with scale_b [ceil(N / 128),
+ * ceil(K / 128)], one pair only (another mix is CK_STATUS_UNSUPPORTED); each 128-wide k-block kb
+ * is scaled before it is summed:
+ *   acc[m, n] = sum_kb (scale_a[m, kb] * scale_b[n / 128, kb]) * sum_{k in kb} a * b
+ *   out[m, n] = act(acc[m, n] + bias[n]) Every product is exact in float32;
  * the sums are float32 in an order that depends on the kernel: each kernel adds the tensor
  * cores' sums of at most 256 products (the tensor cores keep fewer bits than float32 within
  * those) into float32 accumulators, as cuBLASLt's FP8 GEMM does without fast accumulation (the

@@ -2982,7 +2982,10 @@ def gemm_fp8_scaled(a, b, scale_a, scale_b, bias=None, activation=None, out_dtyp
 
     a: uint8 FP8 E4M3 bit patterns [M, K] (or [K]); b: uint8 E4M3 [N, K] (the nn.Linear
     weight); acc = sum_k e4m3(a) e4m3(b) in float32. Scales, bias, activation and out_dtype as
-    gemm_int8_scaled. Needs FP8 tensor cores (compute capability 8.9+).
+    gemm_int8_scaled; or block scales (2-D, as quantize_fp8 writes them): scale_a
+    [M, ceil(K / 128)] ("block1x128") with scale_b [ceil(N / 128), ceil(K / 128)]
+    ("block128x128"), each 128-wide k-block's sums scaled by scale_a[m, kb] scale_b[n // 128, kb].
+    Needs FP8 tensor cores (compute capability 8.9+).
     """
     act = _activation(activation)
     ck_out = _as_dtype_enum(out_dtype, "out_dtype")
@@ -2992,11 +2995,31 @@ def gemm_fp8_scaled(a, b, scale_a, scale_b, bias=None, activation=None, out_dtyp
         aa = call.input(a, "a", matrix=True, need=np.uint8)
         ba = call.input(b, "b", need=np.uint8)
         m, n, k, out_shape = _gemm_shape(aa, ba, LAYOUT_NK)
-        sa, a_gran, sb, b_gran, bias_ptr, o = _epilogue_args(call, scale_a, scale_b, bias, m, n,
-                                                             ck_out, out, out_shape)
+        if len(getattr(scale_a, "shape", ())) == 2 or len(getattr(scale_b, "shape", ())) == 2:
+            sa, a_gran, sb, b_gran = _fp8_block_scales(call, scale_a, scale_b, m, n, k)
+            bias_ptr = call.optional_input(bias, "bias", n, ck_out)
+            o = call.output(out_shape, _NUMPY_OF[ck_out], ck_out, out, "out")
+        else:
+            sa, a_gran, sb, b_gran, bias_ptr, o = _epilogue_args(
+                call, scale_a, scale_b, bias, m, n, ck_out, out, out_shape)
         raw.gemm_fp8_scaled(aa.ptr, ba.ptr, m, n, k, sa.ptr, a_gran, sb.ptr, b_gran, bias_ptr,
                             act, o.ptr, ck_out, call.stream)
         return call.finish(o)
+
+
+def _fp8_block_scales(call, scale_a, scale_b, m, n, k):
+    """gemm_fp8_scaled's block scales: (scale_a arg, PER_BLOCK_1X128, scale_b arg,
+    PER_BLOCK_128X128), their shapes checked."""
+    blocks = -(-k // FP8_BLOCK)
+    sa = call.input(scale_a, "scale_a", need=np.float32)
+    sb = call.input(scale_b, "scale_b", need=np.float32)
+    for arr, name, want in ((sa, "scale_a", (m, blocks)),
+                            (sb, "scale_b", (-(-n // FP8_BLOCK), blocks))):
+        if tuple(arr.shape) != want:
+            raise ValueError("block scales: %s has shape %s, it must be %s (scale_a [M, "
+                             "ceil(K / 128)], scale_b [ceil(N / 128), ceil(K / 128)])"
+                             % (name, tuple(arr.shape), want))
+    return sa, PER_BLOCK_1X128, sb, PER_BLOCK_128X128
 
 
 def linear(x, w, bias=None, activation=None, dtype=None, out=None, stream=None):

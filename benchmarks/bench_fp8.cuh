@@ -16,6 +16,11 @@
 //                                       timing; notes: ck_gemm_int8_scaled on int8 operands of
 //                                       the same sizes and epilogue (the ratio INT8 / FP8), and
 //                                       cuBLAS fp16 (cublasGemmEx TN) on the layer unquantized
+//   gemm_fp8 block-scaled fp16 (1x128 x 128x128)
+//                                       DeepSeek-V3's block scales, applied to each 128-wide
+//                                       k-block's sums in the main loop; baseline the same
+//                                       cuBLASLt timing (per-tensor: the library's binary has no
+//                                       block-scaled cuBLASLt call on Hopper)
 // Floors: bytes = M K + N K + 2 M N (+ the scales); flops = 2 M N K, against the dense FP8
 // tensor-core peak (the INT8 one) at large M.
 #pragma once
@@ -63,8 +68,10 @@ class LtFp8Gemm {
                                                       &scale_b, sizeof scale_b));
         CK_BENCH_CHECK(cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
                                                       &scale_a, sizeof scale_a));
-        CK_BENCH_CHECK(cublasLtMatrixLayoutCreate(&a_, CUDA_R_8F_E4M3, uint64_t(k), uint64_t(n), k));
-        CK_BENCH_CHECK(cublasLtMatrixLayoutCreate(&b_, CUDA_R_8F_E4M3, uint64_t(k), uint64_t(m), k));
+        CK_BENCH_CHECK(
+            cublasLtMatrixLayoutCreate(&a_, CUDA_R_8F_E4M3, uint64_t(k), uint64_t(n), k));
+        CK_BENCH_CHECK(
+            cublasLtMatrixLayoutCreate(&b_, CUDA_R_8F_E4M3, uint64_t(k), uint64_t(m), k));
         CK_BENCH_CHECK(cublasLtMatrixLayoutCreate(&c_, CUDA_R_16F, uint64_t(n), uint64_t(m), n));
     }
     ~LtFp8Gemm() {
@@ -114,6 +121,7 @@ class LtFp8Gemm {
 struct Set {
     DeviceBuffer a, b;            // [M, K], [N, K] E4M3 (read as int8 by the INT8 row)
     DeviceBuffer scale_a, scale_b;  // [M], [N] float32 (their first value: the per-tensor ones)
+    DeviceBuffer block_a, block_b;  // [M, K / 128], [N / 128, K / 128] float32 block scales
     DeviceBuffer out;             // [M, N] fp16
     DeviceBuffer x16, w16;        // [M, K], [N, K] fp16 (cuBLAS fp16)
 };
@@ -128,7 +136,8 @@ class Problem {
     void run_all() {
         const RowSpec tensor = spec("gemm_fp8 scaled fp16 (per-tensor)");
         const RowSpec rows = spec("gemm_fp8 scaled fp16 (per-token x per-channel)");
-        if (!bench_.wants(tensor) && !bench_.wants(rows)) return;
+        const RowSpec blocks = spec("gemm_fp8 block-scaled fp16 (1x128 x 128x128)");
+        if (!bench_.wants(tensor) && !bench_.wants(rows) && !bench_.wants(blocks)) return;
         const Timing lt = lt_timing();
         if (Row* row = bench_.run(with_copies(tensor), [this](int i) { launch(set(i), false); }))
             Bench::set_baseline(*row, "cuBLASLt FP8 (per-tensor)", lt);
@@ -152,13 +161,21 @@ class Problem {
                                          "x); cuBLAS fp16 " + format("%.1f", fp16.median_us) +
                                          " us");
         }
+        if (Row* row = bench_.run(with_copies(blocks), [this](int i) {
+                const Set& s = set(i);
+                CK_BENCH_CHECK(ck_gemm_fp8_scaled(
+                    s.a.as<uint8_t>(), s.b.as<uint8_t>(), m_, n_, k_, s.block_a.as<float>(),
+                    CK_PER_BLOCK_1X128, s.block_b.as<float>(), CK_PER_BLOCK_128X128, nullptr,
+                    CK_ACTIVATION_NONE, s.out.as(), CK_DTYPE_FP16, bench_.stream()));
+            }))
+            Bench::set_baseline(*row, "cuBLASLt FP8 (per-tensor)", lt);
     }
 
   private:
     RowSpec spec(const std::string& kernel) const {
         RowSpec s = row_spec("fp8", kernel, "e4m3", shape_name_);
-        s.bytes = double(m_) * double(k_) + double(n_) * double(k_) + 2.0 * double(m_) * double(n_) +
-                  4.0 * double(m_ + n_);
+        s.bytes = double(m_) * double(k_) + double(n_) * double(k_) +
+                  2.0 * double(m_) * double(n_) + 4.0 * double(m_ + n_);
         s.flops = 2.0 * double(m_) * double(n_) * double(k_);
         return s;
     }
@@ -212,6 +229,11 @@ class Problem {
             s.b = DeviceBuffer(size_t(n_ * k_));
             s.scale_a = DeviceBuffer(sizeof(float) * size_t(m_));
             s.scale_b = DeviceBuffer(sizeof(float) * size_t(n_));
+            const int64_t kb = (k_ + 127) / 128, nb = (n_ + 127) / 128;
+            s.block_a = DeviceBuffer(sizeof(float) * size_t(m_ * kb));
+            s.block_b = DeviceBuffer(sizeof(float) * size_t(nb * kb));
+            fill_uniform(s.block_a.as(), CK_DTYPE_FP32, m_ * kb, seed + 8, 0.01f, 0.1f, st);
+            fill_uniform(s.block_b.as(), CK_DTYPE_FP32, nb * kb, seed + 9, 0.01f, 0.1f, st);
             s.out = DeviceBuffer(sizeof(__half) * size_t(m_ * n_));
             s.x16 = DeviceBuffer(sizeof(__half) * size_t(m_ * k_));
             s.w16 = DeviceBuffer(sizeof(__half) * size_t(n_ * k_));

@@ -903,6 +903,16 @@ def multiple_of(arg, divisor, when=None, status=Status.UNSUPPORTED):
     return rule
 
 
+def fp8_block_scale_pair(args):
+    """ck_gemm_fp8_scaled: block scales come as a_granularity CK_PER_BLOCK_1X128 with
+    b_granularity CK_PER_BLOCK_128X128 (CK_STATUS_UNSUPPORTED for another mix with a block
+    granularity)."""
+    ga, gb = args["a_granularity"], args["b_granularity"]
+    if not (0 <= ga < 4 and 0 <= gb < 4) or (ga < 2 and gb < 2) or (ga, gb) == (2, 3):
+        return []
+    return [Violation(Status.UNSUPPORTED, ("a_granularity", "b_granularity"), ())]
+
+
 def linear_multiples(args):
     """ck_linear: K and N multiples of 16 / sizeof(dtype), so that rows start 16-byte aligned."""
     if args["dtype"] not in FLOAT_DTYPES:
@@ -2149,10 +2159,10 @@ DESCRIPTIONS = {
         (gemm_bytes("m", "n", "k", "out_dtype"), multiple_of("k", 16),
          multiple_of("n", 16, kn_layout))),
     "ck_gemm_fp8_scaled": Description(
-        dict({"a_ptr": Pointer(16), "b_ptr": Pointer(16), "m": Size(), "n": Size(),
-              "k": Size(16)}, **_epilogue(), out_ptr=Pointer("out_dtype"), out_dtype=FLOATS,
-             stream=Stream()),
-        (gemm_bytes("m", "n", "k", "out_dtype"), multiple_of("k", 16))),
+        {"a_ptr": Pointer(16), "b_ptr": Pointer(16), "m": Size(), "n": Size(), "k": Size(16),
+         **_epilogue(), "a_granularity": FP8_GRANULARITY, "b_granularity": FP8_GRANULARITY,
+         "out_ptr": Pointer("out_dtype"), "out_dtype": FLOATS, "stream": Stream()},
+        (gemm_bytes("m", "n", "k", "out_dtype"), multiple_of("k", 16), fp8_block_scale_pair)),
     "ck_linear": Description(
         {"x_ptr": Pointer(16), "w_ptr": Pointer(16), "bias_ptr": Pointer(16, optional=True),
          "dtype": FLOATS, "m": Size(), "n": Size(8), "k": Size(8), "activation": ACTIVATION,

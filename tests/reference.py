@@ -580,6 +580,47 @@ def gemm_fp8_scaled_f64(a, b, scale_a, scale_b, bias=None, activation="none", ou
     return scaled_epilogue_f64(gemm_fp8(a, b), scale_a, scale_b, bias, activation, out_dtype)
 
 
+def _fp8_block_terms(a, b, scale_a, scale_b):
+    """(k-block products [kb, M, N] exact, their scales [kb, M, N]) of ck_gemm_fp8_scaled with
+    block scales: scale_a [M, ceil(K / 128)], scale_b [ceil(N / 128), ceil(K / 128)]."""
+    av = e4m3_decode(_matrix(a)).astype(np.float64)
+    bv = e4m3_decode(_matrix(b)).astype(np.float64)
+    (m, k), n = av.shape, bv.shape[0]
+    blocks = -(-k // FP8_BLOCK)
+    sa = np.asarray(scale_a, np.float32).reshape(m, blocks).astype(np.float64)
+    sb = np.asarray(scale_b, np.float32).reshape(-(-n // FP8_BLOCK), blocks).astype(np.float64)
+    col_block = np.arange(n) // FP8_BLOCK
+    parts = np.stack([av[:, j * FP8_BLOCK:(j + 1) * FP8_BLOCK]
+                      @ bv[:, j * FP8_BLOCK:(j + 1) * FP8_BLOCK].T for j in range(blocks)])
+    abs_parts = np.stack([np.abs(av[:, j * FP8_BLOCK:(j + 1) * FP8_BLOCK])
+                          @ np.abs(bv[:, j * FP8_BLOCK:(j + 1) * FP8_BLOCK]).T
+                          for j in range(blocks)])
+    scales = np.stack([sa[:, j][:, None] * sb[col_block, j][None, :] for j in range(blocks)])
+    return parts, abs_parts, scales
+
+
+def gemm_fp8_block_scaled_f64(a, b, scale_a, scale_b, bias=None, activation="none",
+                              out_dtype="fp32"):
+    """ck_gemm_fp8_scaled with block scales (DeepSeek-V3's 1 x 128 activation and 128 x 128
+    weight scales) before the rounding to out_dtype, in float64:
+
+        acc[m, n] = sum_kb (scale_a[m, kb] * scale_b[n // 128, kb]) * sum_{k in kb} a * b
+        act(acc + bias)
+
+    The k-block sums are exact (gemm_fp8); their scaled sum is within a relative 2^-50 or so.
+    """
+    parts, _, scales = _fp8_block_terms(a, b, scale_a, scale_b)
+    return scaled_epilogue_f64((parts * scales).sum(axis=0), np.float32(1), np.float32(1), bias,
+                               activation, out_dtype)
+
+
+def gemm_fp8_block_abs_sums(a, b, scale_a, scale_b):
+    """sum_kb |scale| sum_{k in kb} |a b|: the scale of the accumulation error bound of the
+    block-scaled ck_gemm_fp8_scaled."""
+    _, abs_parts, scales = _fp8_block_terms(a, b, scale_a, scale_b)
+    return (abs_parts * np.abs(scales)).sum(axis=0)
+
+
 def linear_f64(x, w, bias=None, activation="none", dtype=None):
     """ck_linear in exact arithmetic: act(x[M, K] w[N, K]^T + bias[N]) as float64 [M, N].
 

@@ -645,13 +645,13 @@ GEMM_INT8_SCALED = dict(a_ptr=A, b_ptr=B, b_layout=NK, m=4, n=64, k=64, scale_a_
                         out_dtype=DType.FP16)
 
 
-def scaled_epilogue_cases():
+def scaled_epilogue_cases(bad_granularities=BAD_INT_GRANULARITIES):
     """What the INT8 and FP8 GEMMs with the scaled epilogue check of it."""
     return (
         null("out", "scale_a", "scale_b")
         + bad_dtypes("out_dtype")
-        + bad("a_granularity", BAD_INT_GRANULARITIES, INVALID)
-        + bad("b_granularity", BAD_INT_GRANULARITIES, INVALID)
+        + bad("a_granularity", bad_granularities, INVALID)
+        + bad("b_granularity", bad_granularities, INVALID)
         + bad("activation", BAD_ACTIVATIONS, INVALID)
         + SCALED_EPILOGUE_ALIGNMENT_CASES)
 
@@ -682,7 +682,22 @@ GEMM_FP8_SCALED_CASES = (
     + [("misaligned-a+%d" % d, dict(a_ptr=A + d), MISALIGNED, ["a"]) for d in (1, 4, 8)]
     + [("misaligned-b+%d" % d, dict(b_ptr=B + d), MISALIGNED, ["b"]) for d in (1, 2, 8)]
     + gemm_shape_cases(k_rule=False) + bad("k", BAD_GEMM_K, UNSUPPORTED)
-    + scaled_epilogue_cases())
+    + scaled_epilogue_cases([4, -1, 99])
+    # Block scales come as the pair (1 x 128, 128 x 128) only.
+    + [("block-a-only", dict(a_granularity=ck.PER_BLOCK_1X128), UNSUPPORTED,
+        ["a_granularity", "b_granularity"]),
+       ("block-b-only", dict(b_granularity=ck.PER_BLOCK_128X128), UNSUPPORTED,
+        ["a_granularity", "b_granularity"]),
+       ("block-swapped", dict(a_granularity=ck.PER_BLOCK_128X128,
+                              b_granularity=ck.PER_BLOCK_1X128), UNSUPPORTED, ["a_granularity"]),
+       ("block-tensor-b", dict(a_granularity=ck.PER_BLOCK_1X128, b_granularity=ck.PER_TENSOR),
+        UNSUPPORTED, ["b_granularity"]),
+       ("block-misaligned-scale_a", dict(a_granularity=ck.PER_BLOCK_1X128,
+                                         b_granularity=ck.PER_BLOCK_128X128,
+                                         scale_a_ptr=SA + 2), MISALIGNED, ["scale_a"]),
+       ("block-null-scale_b", dict(a_granularity=ck.PER_BLOCK_1X128,
+                                   b_granularity=ck.PER_BLOCK_128X128, scale_b_ptr=0), INVALID,
+        ["scale_b"])])
 
 LINEAR = dict(x_ptr=X, w_ptr=B, bias_ptr=BIAS, dtype=DType.FP16, m=4, n=64, k=64,
               activation=ck.ACTIVATION_NONE, out_ptr=O)
@@ -1771,6 +1786,8 @@ KERNEL_OVERRIDES = [
             ("m=1e6", dict(m=10**6)),
             ("fp32+4", dict(out_ptr=O + 4, bias_ptr=BIAS + 12, out_dtype=DType.FP32)),
             ("per-tensor", dict(a_granularity=ck.PER_TENSOR, b_granularity=ck.PER_TENSOR)),
+            ("block-scales", dict(a_granularity=ck.PER_BLOCK_1X128,
+                                  b_granularity=ck.PER_BLOCK_128X128, k=48)),
             ("no-bias", dict(bias_ptr=0, activation=ck.ACTIVATION_NONE))]]),
     KernelOverride(
         "CK_GEMM_W4A16_KERNEL", W4A16_GEMMS, ("auto", "reference", "small_m", "tc", "wgmma"),

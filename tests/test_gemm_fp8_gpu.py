@@ -154,19 +154,29 @@ LARGE_SHAPES = [(17, 129, 48), (64, 256, 1008), (100, 200, 4096), (129, 1000, 14
                 (255, 136, 80), (1000, 24, 1040)]
 
 
-def variant_shapes():
+def variant_shapes(scales, shapes):
+    """(scales, variant, shape) params: every variant on every shape it serves."""
     for variant in VARIANTS:
-        shapes = SMALL_SHAPES if variant == "small_m" else SMALL_SHAPES + LARGE_SHAPES
         for shape in shapes:
-            yield pytest.param(variant, shape, id=f"{variant}-{shape_id(shape)}")
+            if variant != "small_m" or shape[0] <= SMALL_M_MAX:
+                yield pytest.param(scales, variant, shape,
+                                   id=f"{scales}-{variant}-{shape_id(shape)}")
 
 
-@pytest.mark.parametrize("variant, shape", list(variant_shapes()))
-def test_gemm_fp8_shapes(variant, shape, monkeypatch, seed):
+# Block scales: see make_block_call below.
+BLOCK_SHAPES = [(1, 200, 1008), (5, 136, 4096), (16, 300, 80), (100, 264, 1040),
+                (130, 136, 8192), (300, 520, 272)]
+
+
+@pytest.mark.parametrize("scales, variant, shape",
+                         list(variant_shapes("rows", SMALL_SHAPES + LARGE_SHAPES))
+                         + list(variant_shapes("blocks", BLOCK_SHAPES)))
+def test_gemm_fp8_shapes(scales, variant, shape, monkeypatch, seed):
     use_variant(monkeypatch, variant, shape[0])
-    call = make_call(np.random.default_rng(seed), variant, shape)
+    make = make_block_call if scales == "blocks" else make_call
+    call = make(np.random.default_rng(seed), variant, shape)
     call.launch()
-    call.check(f"{variant}, seed={seed}")
+    call.check(f"{variant}, {scales}, seed={seed}")
 
 
 @pytest.mark.parametrize("full", [False, True], ids=["tensor-plain", "row-bias-relu"])
@@ -235,6 +245,96 @@ def test_gemm_fp8_nan_codes_stay_in_their_rows_and_columns(variant, monkeypatch,
     tol = (accumulation_error(variant, ref.gemm_fp8_abs_sums(a_clean, b_clean), k) * scales
            + 4 * np.abs(value) * U32) * SECOND_ORDER_SLACK + 2.0**-149
     assert_within(got[clean], value[clean], tol[clean], f"finite outputs, {variant}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Block scales (DeepSeek-V3's scheme): scale_a [M, ceil(K / 128)], scale_b [ceil(N / 128),
+# ceil(K / 128)]. Each k-block's sums (within the bound above, on their own abs sums) are scaled,
+# one more rounding each (the scale product, the fma): 3 u of sum_kb |scale| sum |a b|.
+# ---------------------------------------------------------------------------------------------
+class GemmFp8BlockCall(KernelCall):
+    """ck_gemm_fp8_scaled with block scales."""
+
+    def __init__(self, variant, a, b, scale_a, scale_b, bias, activation, out_dtype):
+        self.variant, self.activation, self.out_dtype = variant, activation, out_dtype
+        m, k = a.shape
+        n = b.shape[0]
+        blocks = -(-k // ref.FP8_BLOCK)
+        assert scale_a.shape == (m, blocks) and scale_b.shape == (-(-n // ref.FP8_BLOCK), blocks)
+        self.mnk = (m, n, k)
+        self.inputs = (a, b, scale_a, scale_b, bias)
+        self.a, self.b = GuardedBuffer.input(a), GuardedBuffer.input(b)
+        self.scale_a, self.scale_b = GuardedBuffer.input(scale_a), GuardedBuffer.input(scale_b)
+        self.bias = None if bias is None else GuardedBuffer.input(bias)
+        self.out = GuardedBuffer.output((m, n), ref.NUMPY_DTYPE[out_dtype], POISON)
+        self.outputs = {"out": self.out}
+
+    def launch(self, stream=0):
+        ck.raw.gemm_fp8_scaled(
+            self.a.ptr, self.b.ptr, *self.mnk, self.scale_a.ptr, ck.PER_BLOCK_1X128,
+            self.scale_b.ptr, ck.PER_BLOCK_128X128, ptr_or_null(self.bias),
+            CK_ACTIVATION[self.activation], self.out.ptr, CK_DTYPE[self.out_dtype], stream)
+
+    def check(self, ctx):
+        synchronize()
+        a, b, scale_a, scale_b, bias = self.inputs
+        k = self.mnk[2]
+        pre = ref.gemm_fp8_block_scaled_f64(a, b, scale_a, scale_b, bias, "none", self.out_dtype)
+        value = ref.activate(pre, self.activation)
+        abs_sums = ref.gemm_fp8_block_abs_sums(a, b, scale_a, scale_b)
+        error32 = (accumulation_error(self.variant, abs_sums, k) + 3 * U32 * abs_sums
+                   + U32 * np.abs(pre)) * SECOND_ORDER_SLACK
+        got = ref.to_f32(self.out.read(f"out, {ctx}"), self.out_dtype).astype(np.float64)
+        assert_within(got, value, output_tolerance(value, error32, self.out_dtype),
+                      f"out ({self.out_dtype}), block scales, {ctx}")
+        return got
+
+
+def make_block_call(rng, variant, shape, out_dtype="bf16", bias=True, activation="none"):
+    """Operands with a spread of magnitudes across k-blocks and rows (a block scale that did not
+    apply, or applied to the wrong block, shows), scales as ck.quantize_fp8 would give them."""
+    m, n, k = shape
+    blocks = -(-k // ref.FP8_BLOCK)
+    a, b = random_e4m3(rng, (m, k)), random_e4m3(rng, (n, k))
+    scale_a = (10.0 ** rng.uniform(-2, 0, (m, blocks))).astype(np.float32)
+    scale_b = (10.0 ** rng.uniform(-2, 0, (-(-n // ref.FP8_BLOCK), blocks))).astype(np.float32)
+    bias_values = random_normal(rng, n, out_dtype, 2.0) if bias else None
+    return GemmFp8BlockCall(variant, a, b, scale_a, scale_b, bias_values, activation, out_dtype)
+
+
+@pytest.mark.parametrize("out_dtype", ref.DTYPES)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_gemm_fp8_block_scales_epilogue(variant, out_dtype, monkeypatch, seed):
+    m, n, k = (9, 200, 528) if variant == "small_m" else (70, 200, 528)
+    use_variant(monkeypatch, variant, m)
+    call = make_block_call(np.random.default_rng(seed), variant, (m, n, k), out_dtype, True,
+                           "relu")
+    call.launch()
+    call.check(f"{variant}, {out_dtype}, seed={seed}")
+
+
+def test_gemm_fp8_block_scales_wrapper_from_quantize_fp8(seed):
+    """ck.quantize_fp8 (block1x128 activations, block128x128 weights) into ck.gemm_fp8_scaled:
+    the product of the dequantized operands."""
+    if compute_capability() < (8, 9):
+        pytest.skip("FP8 GEMMs need compute capability 8.9+")
+    rng = np.random.default_rng(seed)
+    m, n, k = 24, 264, 400
+    x = rng.standard_normal((m, k)).astype(np.float32) * 3
+    w = rng.standard_normal((n, k)).astype(np.float32) * 0.05
+    qx, sx = ck.quantize_fp8(x, granularity="block1x128")
+    qw, sw = ck.quantize_fp8(w, granularity="block128x128")
+    got = ck.gemm_fp8_scaled(qx, qw, sx, sw, out_dtype="fp32").astype(np.float64)
+    value = ref.gemm_fp8_block_scaled_f64(qx, qw, sx, sw)
+    abs_sums = ref.gemm_fp8_block_abs_sums(qx, qw, sx, sw)
+    tol = (accumulation_error("auto", abs_sums, k) + 4 * U32 * abs_sums) * SECOND_ORDER_SLACK
+    assert_within(got, value, tol, f"block-scaled wrapper, seed={seed}")
+    xq = ref.dequantize_fp8(qx, sx, "e4m3", "block1x128", "fp32").astype(np.float64)
+    wq = ref.dequantize_fp8(qw, sw, "e4m3", "block128x128", "fp32").astype(np.float64)
+    assert np.allclose(value, xq @ wq.T, rtol=1e-5, atol=1e-5 * np.abs(xq) @ np.abs(wq).T), \
+        "the block-scaled product is the product of the dequantized operands"
+    with pytest.raises(ValueError):
+        ck.gemm_fp8_scaled(qx, qw, sx[:, :-1], sw)
 
 
 def test_gemm_fp8_graph_replays(monkeypatch, seed):

@@ -42,8 +42,8 @@ template <> __device__ __forceinline__ __nv_bfloat16 bits_to<__nv_bfloat16>(uint
 template <typename OutT> struct Epilogue {
     OutT* out;
     int64_t m, n;           // the output is [m, n], row-major
-    const float* scale_a;   // 1 or m values
-    const float* scale_b;   // 1 or n values
+    const float* scale_a;   // 1 or m values, or nullptr: 1 (scales applied in the main loop)
+    const float* scale_b;   // 1 or n values, or nullptr: 1
     const OutT* bias;       // n values or nullptr
     bool scale_a_per_row;
     bool scale_b_per_col;
@@ -55,10 +55,10 @@ template <typename OutT> struct Epilogue {
     // output): __ldg lets the compiler batch these loads ahead of the stores instead of
     // serializing each load behind the previous pair's store.
     __device__ __forceinline__ float row_scale(int64_t r) const {
-        return __ldg(scale_a + (scale_a_per_row ? r : 0));
+        return scale_a ? __ldg(scale_a + (scale_a_per_row ? r : 0)) : 1.f;
     }
     __device__ __forceinline__ float col_scale(int64_t c) const {
-        return __ldg(scale_b + (scale_b_per_col ? c : 0));
+        return scale_b ? __ldg(scale_b + (scale_b_per_col ? c : 0)) : 1.f;
     }
 
     // The scale and bias of output columns c and c + 1: looked up once and shared by every row

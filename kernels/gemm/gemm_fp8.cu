@@ -4,12 +4,14 @@
 //
 //   acc[m, n] = sum_k float(a[m, k]) * float(b[n, k]),   a [M, K], b [N, K]: FP8 E4M3 bytes
 //
-// in float32, one fma per k in ascending k order; then the scaled epilogue (epilogue.cuh). An
-// E4M3 x E4M3 product is exact in float32 (4 + 4 significand bits; |product| <= 448^2, >= 2^-18),
-// so only the additions round. Tiles of 16 rows x 32 columns per 256-thread block, K in steps of
-// 64 through shared memory, the E4M3 values decoded to float32 once on their way in; thread
-// (ty, tx) owns row ty and the column pair 2 tx, 2 tx + 1 (the epilogue's store unit). The entry
-// point guarantees K % 16 == 0 and 16-byte aligned rows; partial tiles read zeros.
+// in float32, one fma per k in ascending k order (with block scales: each 128-wide k-block's
+// sum so, then fma(sum, scale_a[m, kb] * scale_b[n / 128, kb], acc)); then the scaled epilogue
+// (epilogue.cuh). An E4M3 x E4M3 product is exact in float32 (4 + 4 significand bits;
+// |product| <= 448^2, >= 2^-18), so only the additions round. Tiles of 16 rows x 32 columns per
+// 256-thread block, K in steps of 128 through shared memory, the E4M3 values decoded to float32
+// once on their way in; thread (ty, tx) owns row ty and the column pair 2 tx, 2 tx + 1 (the
+// epilogue's store unit). The entry point guarantees K % 16 == 0 and 16-byte aligned rows;
+// partial tiles read zeros.
 #include "kernels/core/epilogue.cuh"
 #include "kernels/core/fp8.cuh"
 #include "kernels/gemm/gemm_int8.cuh"
@@ -17,13 +19,14 @@
 namespace ck {
 namespace {
 
-constexpr int kRefRows = 16, kRefCols = 32, kRefK = 64, kRefThreads = 256;
+constexpr int kRefRows = 16, kRefCols = 32, kRefK = kFp8ScaleBlock, kRefThreads = 256;
 static_assert(kRefRows * 16 == kRefThreads && kRefCols == 2 * 16, "thread (ty, tx): a row, a pair");
+static_assert(kFp8ScaleBlock % kRefCols == 0, "a tile's columns share their block scale");
 
 template <typename OutT>
 __global__ void __launch_bounds__(kRefThreads)
 gemm_fp8_reference_kernel(const uint8_t* __restrict__ a, const uint8_t* __restrict__ b, int64_t k,
-                          Epilogue<OutT> ep) {
+                          BlockScales scales, Epilogue<OutT> ep) {
     __shared__ float sa[kRefRows][kRefK + 1];
     __shared__ float sb[kRefCols][kRefK + 1];
     const int64_t tiles_m = ceil_div(ep.m, int64_t(kRefRows));
@@ -33,7 +36,7 @@ gemm_fp8_reference_kernel(const uint8_t* __restrict__ a, const uint8_t* __restri
     float acc0 = 0.f, acc1 = 0.f;
     for (int64_t k0 = 0; k0 < k; k0 += kRefK) {
         __syncthreads();  // the previous step's reads are done
-        // A: 16 x 64 bytes, 4 per thread; B: 32 x 64 bytes, 8 per thread.
+        // A: 16 x 128 bytes, 8 per thread; B: 32 x 128 bytes, 16 per thread.
         for (int i = int(threadIdx.x); i < kRefRows * kRefK; i += kRefThreads) {
             const int r = i / kRefK, c = i % kRefK;
             const bool ok = m0 + r < ep.m && k0 + c < k;
@@ -45,10 +48,21 @@ gemm_fp8_reference_kernel(const uint8_t* __restrict__ a, const uint8_t* __restri
             sb[r][c] = ok ? fp8x2_value<CK_FP8_E4M3>(b[(n0 + r) * k + k0 + c]).x : 0.f;
         }
         __syncthreads();
+        // Block scales: this k-block's sums from zero, then scaled into acc (fma). Otherwise one
+        // chain of fmas over all of K.
+        const bool block = scales.a != nullptr;
+        float sum0 = block ? 0.f : acc0, sum1 = block ? 0.f : acc1;
 #pragma unroll 8
         for (int c = 0; c < kRefK; ++c) {
-            acc0 = __fmaf_rn(sa[ty][c], sb[2 * tx][c], acc0);
-            acc1 = __fmaf_rn(sa[ty][c], sb[2 * tx + 1][c], acc1);
+            sum0 = __fmaf_rn(sa[ty][c], sb[2 * tx][c], sum0);
+            sum1 = __fmaf_rn(sa[ty][c], sb[2 * tx + 1][c], sum1);
+        }
+        if (!block) {
+            acc0 = sum0, acc1 = sum1;
+        } else if (m0 + ty < ep.m && n0 < ep.n) {
+            const float s = scales.at(m0 + ty, n0, k0 / kRefK);
+            acc0 = __fmaf_rn(sum0, s, acc0);
+            acc1 = __fmaf_rn(sum1, s, acc1);
         }
     }
     ep.store_pair(m0 + ty, n0 + 2 * tx, acc0, acc1);
@@ -61,7 +75,8 @@ cudaError_t gemm_fp8_reference(const IntGemmArgs& args, cudaStream_t stream) {
         using OutT = decltype(tag);
         return launch_tile_grid(gemm_fp8_reference_kernel<OutT>, args.m, args.n, kRefRows,
                                 kRefCols, kRefThreads, 0, stream, args.a_as<uint8_t>(),
-                                args.b_as<uint8_t>(), args.k, make_epilogue<OutT>(args));
+                                args.b_as<uint8_t>(), args.k, block_scales(args),
+                                make_epilogue<OutT>(args));
     });
 }
 

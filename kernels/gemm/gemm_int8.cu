@@ -318,7 +318,10 @@ cudaError_t launch_mma(const IntGemmArgs& g, cudaStream_t stream) {
 // the block stores its [m, kSmallCols] slice through the epilogue.
 // FP8 (kFp8): the same fragments of E4M3 bytes through mma.sync e4m3 (sm_89+); each step's 8
 // products of k32 per tile are summed from zero by the tensor cores, then added to the float32
-// accumulators (the tensor cores' own sums keep fewer bits; see gemm_int8_sm90.cu).
+// accumulators (the tensor cores' own sums keep fewer bits; see gemm_int8_sm90.cu). With block
+// scales (kBlockScaled) a step's two 128-wide k-blocks (chunks 0-1, 2-3: a warp's steps start at
+// multiples of 4 chunks) are summed apart and each scaled into the accumulators (BlockScales);
+// their scales are loaded with the step's data, one step ahead.
 // ---------------------------------------------------------------------------------------------
 constexpr int kSmallTiles = 2;                 // n8 tiles per block
 constexpr int kSmallCols = 8 * kSmallTiles;    // output columns per block
@@ -326,10 +329,12 @@ constexpr int kSmallChunk = 64;                // k bytes per chunk: 4 lanes x 1
 constexpr int kSmallUnroll = 4;                // consecutive chunks in flight per warp and step
 constexpr int kSmallMaxM = 16;                 // rows of the mma fragment
 
-template <int kWarps, typename OutT, bool kFp8 = false>
+template <int kWarps, typename OutT, bool kFp8 = false, bool kBlockScaled = false>
 __global__ void __launch_bounds__(kWarps * 32)
 gemm_int8_small_m_kernel(const int8_t* __restrict__ a, const int8_t* __restrict__ w, int64_t k,
-                         Epilogue<OutT> ep) {
+                         BlockScales scales, Epilogue<OutT> ep) {
+    static_assert(kFp8 || !kBlockScaled, "block scales are FP8's");
+    static_assert(kSmallUnroll * kSmallChunk == 2 * kFp8ScaleBlock, "a step: two k-blocks");
     if constexpr (!kHasSm80 || (kFp8 && !kHasSm89)) __trap();  // never launched there
     using Acc = std::conditional_t<kFp8, float, int32_t>;
     __shared__ WarpPartials<kWarps, kSmallTiles, 2, Acc> partial;
@@ -350,6 +355,8 @@ gemm_int8_small_m_kernel(const int8_t* __restrict__ a, const int8_t* __restrict_
     // One step = kSmallUnroll chunks: the weight and activation vectors of the step's loads.
     struct Step {
         uint4 w[kSmallUnroll][kSmallTiles], lo[kSmallUnroll], hi[kSmallUnroll];
+        // kBlockScaled: the scales of the step's k-blocks h for rows g and g + 8.
+        float scale[kBlockScaled ? 2 : 1][2];
     };
     const int64_t chunks = ceil_div(k, kSmallChunk);
     auto load_step = [&](int64_t c0, Step& s) {
@@ -363,14 +370,26 @@ gemm_int8_small_m_kernel(const int8_t* __restrict__ a, const int8_t* __restrict_
             s.lo[u] = kok && a_lo ? __ldg(reinterpret_cast<const uint4*>(arow_lo + kk)) : make_uint4(0, 0, 0, 0);
             s.hi[u] = kok && a_hi ? __ldg(reinterpret_cast<const uint4*>(arow_hi + kk)) : make_uint4(0, 0, 0, 0);
         }
+        if constexpr (kBlockScaled) {
+            // Outputs past m or n, and k-blocks past K (their sums are 0), read no scale.
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int64_t kb = c0 / 2 + h;
+                const bool kb_ok = kb < scales.k_blocks && n0 < n;
+                s.scale[h][0] = kb_ok && a_lo ? scales.at(g, n0, kb) : 0.f;
+                s.scale[h][1] = kb_ok && a_hi ? scales.at(g + 8, n0, kb) : 0.f;
+            }
+        }
     };
 
     // Software pipeline in registers: the next step's loads are issued before this step's
     // MMAs (register_pipeline, mma_pipeline.cuh).
     Acc acc[kSmallTiles][4] = {};
     register_pipeline<kWarps, kSmallUnroll, Step>(chunks, warp, load_step, [&](const Step& cur) {
-        // INT8 sums straight into acc; FP8 into this step's own, added to acc after.
-        [[maybe_unused]] float step[kSmallTiles][4] = {};
+        // INT8 sums straight into acc; FP8 into this step's own (one set per k-block with
+        // block scales), added to acc after.
+        constexpr int kSets = kBlockScaled ? 2 : 1;
+        [[maybe_unused]] float step[kSets][kSmallTiles][4] = {};
 #pragma unroll
         for (int u = 0; u < kSmallUnroll; ++u)
 #pragma unroll
@@ -382,14 +401,24 @@ gemm_int8_small_m_kernel(const int8_t* __restrict__ a, const int8_t* __restrict_
                     const uint32_t a3 = word(cur.hi[u], 2 * j + 1);
                     const uint32_t b0 = word(cur.w[u][t], 2 * j);
                     const uint32_t b1 = word(cur.w[u][t], 2 * j + 1);
-                    if constexpr (kFp8) mma_e4m3_16x8x32(step[t], a0, a1, a2, a3, b0, b1);
-                    else mma_s8_16x8x32(acc[t], a0, a1, a2, a3, b0, b1);
+                    if constexpr (kFp8)
+                        mma_e4m3_16x8x32(step[kSets == 2 ? u / 2 : 0][t], a0, a1, a2, a3, b0, b1);
+                    else
+                        mma_s8_16x8x32(acc[t], a0, a1, a2, a3, b0, b1);
                 }
-        if constexpr (kFp8) {
+        if constexpr (kBlockScaled) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+                for (int t = 0; t < kSmallTiles; ++t)
+#pragma unroll
+                    for (int r = 0; r < 4; ++r)
+                        acc[t][r] = __fmaf_rn(step[h][t][r], cur.scale[h][r / 2], acc[t][r]);
+        } else if constexpr (kFp8) {
 #pragma unroll
             for (int t = 0; t < kSmallTiles; ++t)
 #pragma unroll
-                for (int r = 0; r < 4; ++r) acc[t][r] += step[t][r];
+                for (int r = 0; r < 4; ++r) acc[t][r] += step[0][t][r];
         }
     });
 
@@ -401,8 +430,10 @@ gemm_int8_small_m_kernel(const int8_t* __restrict__ a, const int8_t* __restrict_
 
 template <int kWarps, typename OutT, bool kFp8>
 cudaError_t launch_small_m(const IntGemmArgs& g, int64_t blocks, cudaStream_t stream) {
-    gemm_int8_small_m_kernel<kWarps, OutT, kFp8>
-        <<<unsigned(blocks), kWarps * 32, 0, stream>>>(g.a_as<int8_t>(), g.b_as<int8_t>(), g.k, make_epilogue<OutT>(g));
+    const auto kernel = g.block_scaled() ? gemm_int8_small_m_kernel<kWarps, OutT, kFp8, kFp8>
+                                         : gemm_int8_small_m_kernel<kWarps, OutT, kFp8, false>;
+    kernel<<<unsigned(blocks), kWarps * 32, 0, stream>>>(g.a_as<int8_t>(), g.b_as<int8_t>(), g.k,
+                                                         block_scales(g), make_epilogue<OutT>(g));
     return cudaGetLastError();
 }
 

@@ -44,6 +44,9 @@
 // 64 registers a thread); each k-block's sums are waited for before the next starts, while the
 // other consumer warpgroup's wgmmas keep the tensor cores busy (two alternating sets, one
 // k-block's wgmmas running while the previous one's sums were added, measured 10-25% slower).
+// With block scales (Operand::kFp8BlockScaled: its own instance, so that the plain FP8 loop
+// keeps its code) the k-block's sums are scaled as they are added (fma), the scales of the
+// thread's two rows and the tile's 128 columns loaded one k-block ahead.
 //
 // What bounds INT4 (H100, ncu; benchmarks/NOTES.md): the unpacking. Per 48 KB int8 stage it moves
 // 72 KB through shared memory (TMA's 24 KB in, 24 KB read and 48 KB written) beside the wgmmas'
@@ -100,8 +103,10 @@ static_assert(kBlockK == 128, "tiles are 128-byte swizzled K-major rows: TMA's S
 // ---------------------------------------------------------------------------------------------
 // The operands: int8 (INT8 and, unpacked, INT4) with exact int32 sums, or FP8 E4M3 with float32
 // sums. FP8 tiles are 128 wide: its k-block sums take a second set of accumulators (below).
-enum class Operand { kInt8, kInt4, kFp8 };
-template <Operand kOp> using Accumulator = std::conditional_t<kOp == Operand::kFp8, float, int32_t>;
+enum class Operand { kInt8, kInt4, kFp8, kFp8BlockScaled };
+template <Operand kOp>
+constexpr bool kIsFp8 = kOp == Operand::kFp8 || kOp == Operand::kFp8BlockScaled;
+template <Operand kOp> using Accumulator = std::conditional_t<kIsFp8<kOp>, float, int32_t>;
 
 #ifdef CK_SM90A_DEVICE
 template <int kN, Operand kOp> struct Wgmma {
@@ -117,6 +122,7 @@ template <> struct Wgmma<128, Operand::kFp8> {
         wgmma_m64n128k32_e4m3(d, a, b, acc);
     }
 };
+template <> struct Wgmma<128, Operand::kFp8BlockScaled> : Wgmma<128, Operand::kFp8> {};
 #endif  // CK_SM90A_DEVICE
 
 // ---------------------------------------------------------------------------------------------
@@ -249,6 +255,26 @@ template <uint32_t kTeam, uint32_t kRows>
     }
 }
 
+// An FP8 block-scaled k-block's scales for a consumer thread's two accumulator rows (row and
+// row + 8) and its tile's 128 columns: scale(true) = a[row] b, scale(false) = a[row + 8] b.
+// Rows past m get 0; k-blocks past the last load nothing. Empty without block scales.
+#ifdef CK_SM90A_DEVICE
+template <bool kBlockScaled> struct BlockScaleRows {};
+template <> struct BlockScaleRows<true> {
+    float a0 = 0.f, a1 = 0.f, b = 0.f;
+    __device__ __forceinline__ void load(const BlockScales& s, int64_t row, int64_t m, int n0,
+                                         int kb, int k_blocks) {
+        if (kb >= k_blocks) return;
+        a0 = row < m ? s.a_at(row, kb) : 0.f;
+        a1 = row + 8 < m ? s.a_at(row + 8, kb) : 0.f;
+        b = s.b_at(n0, kb);
+    }
+    __device__ __forceinline__ float scale(bool first) const {
+        return __fmul_rn(first ? a0 : a1, b);
+    }
+};
+#endif  // CK_SM90A_DEVICE
+
 struct TileGrid {
     int tiles_m, tiles_n;
     int k_blocks;
@@ -259,10 +285,12 @@ __global__ void
 __launch_bounds__(Sm90Config<kConsumers, kBlockN, kOp == Operand::kInt4>::kThreads, 1)
     gemm_int8_wgmma_kernel(const __grid_constant__ CUtensorMap map_a,
                            const __grid_constant__ CUtensorMap map_b, TileGrid grid,
-                           Epilogue<OutT> epilogue) {
+                           BlockScales scales, Epilogue<OutT> epilogue) {
 #ifdef CK_SM90A_DEVICE
-    constexpr bool kInt4 = kOp == Operand::kInt4, kFp8 = kOp == Operand::kFp8;
+    constexpr bool kInt4 = kOp == Operand::kInt4, kFp8 = kIsFp8<kOp>;
+    constexpr bool kBlockScaled = kOp == Operand::kFp8BlockScaled;
     static_assert(!kFp8 || kBlockN == 128, "FP8 holds two accumulator sets: 128-wide tiles");
+    static_assert(kFp8 || !kBlockScaled, "block scales are FP8's");
     using Acc = Accumulator<kOp>;
     using Config = Sm90Config<kConsumers, kBlockN, kInt4>;
     constexpr int kStages = Config::kStages;
@@ -422,14 +450,24 @@ __launch_bounds__(Sm90Config<kConsumers, kBlockN, kOp == Operand::kInt4>::kThrea
             }
 
             int prev_stage = -1;
+            // FP8 block scales of the thread's two rows and the tile's columns, loaded one
+            // k-block ahead (their latency hides behind a k-block's wgmmas). (Other instances
+            // hold none of this: the plain FP8 loop keeps its own code.)
+            [[maybe_unused]] BlockScaleRows<kBlockScaled> next{};
             if constexpr (kFp8) {
 #pragma unroll
                 for (int i = 0; i < kBlockN / 2; ++i) acc[i] = 0.f;
             }
+            if constexpr (kBlockScaled) next.load(scales, row, epilogue.m, n0, 0, grid.k_blocks);
             for (int kb = 0; kb < grid.k_blocks; ++kb) {
                 mbar_wait(&full[stage], round & 1);
                 const uint8_t* a = tiles_a + stage * Config::kBytesA + consumer * 64 * kBlockK;
                 const uint8_t* b = tiles_b + stage * Config::kBytesB;
+                [[maybe_unused]] BlockScaleRows<kBlockScaled> cur{};
+                if constexpr (kBlockScaled) {
+                    cur = next;
+                    next.load(scales, row, epilogue.m, n0, kb + 1, grid.k_blocks);
+                }
                 wgmma_fence();
                 if constexpr (kFp8) {
 #pragma unroll
@@ -437,12 +475,21 @@ __launch_bounds__(Sm90Config<kConsumers, kBlockN, kOp == Operand::kInt4>::kThrea
                         Wgmma<kBlockN, kOp>::run(block, wgmma_descriptor(a + ks * kWgmmaK),
                                                  wgmma_descriptor(b + ks * kWgmmaK), ks > 0);
                     wgmma_commit();
+                    if constexpr (kBlockScaled) wgmma_fence_operands(block);
                     // The block's sums are needed now: the stage is free once they are done
                     // (the other consumer's wgmmas keep the tensor cores busy meanwhile).
                     wgmma_wait<0>();
+                    if constexpr (kBlockScaled) wgmma_fence_operands(block);
                     if (lane == 0) mbar_arrive(&empty[stage]);
+                    if constexpr (kBlockScaled) {
+                        // Accumulator i: row `row` for i % 4 < 2, row + 8 otherwise.
 #pragma unroll
-                    for (int i = 0; i < kBlockN / 2; ++i) acc[i] += block[i];
+                        for (int i = 0; i < kBlockN / 2; ++i)
+                            acc[i] = __fmaf_rn(block[i], cur.scale(i % 4 < 2), acc[i]);
+                    } else {
+#pragma unroll
+                        for (int i = 0; i < kBlockN / 2; ++i) acc[i] += block[i];
+                    }
                 } else {
 #pragma unroll
                     for (int ks = 0; ks < kBlockK / kWgmmaK; ++ks)
@@ -555,7 +602,8 @@ cudaError_t launch_sm90(const IntGemmArgs& args, cudaStream_t stream) {
     static std::atomic<uint64_t> opted_in{0};  // per device, for this one kernel
     err = allow_dynamic_smem_once(kernel, Config::kSmemBytes, opted_in);
     if (err != cudaSuccess) return err;
-    kernel<<<blocks, Config::kThreads, Config::kSmemBytes, stream>>>(map_a, map_b, grid, ep);
+    kernel<<<blocks, Config::kThreads, Config::kSmemBytes, stream>>>(map_a, map_b, grid,
+                                                                     block_scales(args), ep);
     return cudaGetLastError();
 }
 
@@ -572,7 +620,7 @@ cudaError_t dispatch_tiles(const IntGemmArgs& args, cudaStream_t stream) {
     int best = -1;
     double best_cost = 0;
     for (int i = 0; i < int(sizeof kChoices / sizeof kChoices[0]); ++i) {
-        if (kOp == Operand::kFp8 && kChoices[i].block_n != 128) continue;
+        if (kIsFp8<kOp> && kChoices[i].block_n != 128) continue;
         const int64_t bm = 64 * kChoices[i].consumers, bn = kChoices[i].block_n;
         const int64_t tiles = ceil_div(args.m, bm) * ceil_div(args.n, bn);
         const double cost = double(ceil_div(tiles, sms)) * double(bm * bn) / kChoices[i].efficiency;
@@ -581,7 +629,7 @@ cudaError_t dispatch_tiles(const IntGemmArgs& args, cudaStream_t stream) {
             best_cost = cost;
         }
     }
-    if constexpr (kOp == Operand::kFp8) {
+    if constexpr (kIsFp8<kOp>) {
         return best == 1 ? launch_sm90<OutT, 2, 128, kOp>(args, stream)
                          : launch_sm90<OutT, 1, 128, kOp>(args, stream);
     } else {
@@ -603,7 +651,7 @@ namespace {
 template <Operand kOp> cudaError_t dispatch_out(const IntGemmArgs& args, cudaStream_t stream) {
     switch (args.out_dtype) {
         case CK_DTYPE_INT32:
-            if constexpr (kOp == Operand::kFp8) return cudaErrorInvalidValue;
+            if constexpr (kIsFp8<kOp>) return cudaErrorInvalidValue;
             else return dispatch_tiles<int32_t, kOp>(args, stream);
         case CK_DTYPE_FP32: return dispatch_tiles<float, kOp>(args, stream);
         case CK_DTYPE_FP16: return dispatch_tiles<__half, kOp>(args, stream);
@@ -627,7 +675,8 @@ cudaError_t gemm_int4_sm90(const IntGemmArgs& args, cudaStream_t stream) {
 
 cudaError_t gemm_fp8_sm90(const IntGemmArgs& args, cudaStream_t stream) {
     if (args.b_layout != CK_LAYOUT_NK || !gemm_int8_sm90_available()) return cudaErrorNotSupported;
-    return dispatch_out<Operand::kFp8>(args, stream);
+    return args.block_scaled() ? dispatch_out<Operand::kFp8BlockScaled>(args, stream)
+                               : dispatch_out<Operand::kFp8>(args, stream);
 }
 
 }  // namespace ck

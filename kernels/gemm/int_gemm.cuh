@@ -13,6 +13,10 @@ namespace ck {
 // bytes for the INT4 GEMMs (b_layout CK_LAYOUT_NK, k the logical K); each family's launchers
 // read them as their element type (a_as / b_as).
 // out_dtype CK_DTYPE_INT32 writes the raw accumulators (scales, bias, activation unused).
+// The FP8 GEMM's block scales (block_scale_a [m, k_blocks], block_scale_b [ceil(n / 128),
+// k_blocks] with k_blocks = ceil(k / 128): DeepSeek-V3's 1 x 128 and 128 x 128 scales) are
+// applied to each 128-wide k-block's sums in the main loop; scale_a and scale_b are then
+// nullptr, which the epilogue reads as 1.
 struct IntGemmArgs {
     const void* a;
     const void* b;
@@ -26,7 +30,10 @@ struct IntGemmArgs {
     ck_activation_t activation;
     void* out;
     ck_dtype_t out_dtype;
+    const float* block_scale_a = nullptr;
+    const float* block_scale_b = nullptr;
 
+    bool block_scaled() const { return block_scale_a != nullptr; }
     template <typename T> const T* a_as() const { return static_cast<const T*>(a); }
     template <typename T> const T* b_as() const { return static_cast<const T*>(b); }
 };
@@ -48,6 +55,28 @@ template <typename OutT> Epilogue<OutT> make_epilogue(const IntGemmArgs& g) {
                      (!g.bias || is_aligned(g.bias, 2 * sizeof(OutT)));
     e.activation = g.activation;
     return e;
+}
+
+// The FP8 GEMM's block scales as its kernels take them (see IntGemmArgs): a == nullptr, none.
+// A k-block's sums of output (r, c) are scaled by at(r, c, kb) = a[r, kb] * b[c / 128, kb],
+// float32, before they are added to the float32 sums. r < m and c < n.
+constexpr int kFp8ScaleBlock = 128;
+struct BlockScales {
+    const float* a;
+    const float* b;
+    int64_t k_blocks;
+    __device__ __forceinline__ float a_at(int64_t r, int64_t kb) const {
+        return __ldg(a + r * k_blocks + kb);
+    }
+    __device__ __forceinline__ float b_at(int64_t c, int64_t kb) const {
+        return __ldg(b + c / kFp8ScaleBlock * k_blocks + kb);
+    }
+    __device__ __forceinline__ float at(int64_t r, int64_t c, int64_t kb) const {
+        return __fmul_rn(a_at(r, kb), b_at(c, kb));
+    }
+};
+inline BlockScales block_scales(const IntGemmArgs& g) {
+    return {g.block_scale_a, g.block_scale_b, ceil_div(g.k, int64_t(kFp8ScaleBlock))};
 }
 
 // Calls f with a value of the output element type of out_dtype (int32 or a float type).

@@ -9,7 +9,7 @@ Three levels, from convenient to exact:
   :func:`dequantize_mxfp4`, :func:`quantize_nvfp4` / :func:`dequantize_nvfp4`), the matrix products
   :func:`gemm_int8` (int32 out), :func:`gemm_int8_scaled` (W8A8 with a fused scale/bias/ReLU
   epilogue) with :func:`int8_prepack` ([K, N] weights to [N, K]), :func:`gemm_fp8_scaled` (the
-  same with FP8 E4M3 operands), :func:`linear` (fp32/fp16/bf16), :func:`gemm_w4a16` (fp16/bf16 activations
+  same with FP8 E4M3 operands, or DeepSeek-V3's block scales) and the layer :class:`Fp8Linear`, :func:`linear` (fp32/fp16/bf16), :func:`gemm_w4a16` (fp16/bf16 activations
   times a packed INT4 weight, W4A16) with :func:`w4a16_prepack` / :func:`gemm_w4a16_prepacked`
   (its fast path), :func:`gemm_int4` / :func:`gemm_int4_scaled` (INT4 x INT4), the checkpoint
   importers :func:`import_gptq` / :func:`import_awq` with :func:`permute_columns`, the layer
@@ -99,7 +99,7 @@ __all__ = [
     "quantize_int8", "dequantize_int8", "quantize_fp8", "dequantize_fp8", "quantize_int4",
     "dequantize_int4", "NF4_BLOCK_SIZES", "MXFP4_BLOCK", "NVFP4_BLOCK", "quantize_nf4", "dequantize_nf4",
     "quantize_mxfp4", "dequantize_mxfp4", "quantize_nvfp4", "dequantize_nvfp4",
-    "gemm_int8", "gemm_int8_scaled", "gemm_fp8_scaled", "int8_prepack", "linear", "gemm_w4a16", "w4a16_prepack",
+    "gemm_int8", "gemm_int8_scaled", "gemm_fp8_scaled", "Fp8Linear", "int8_prepack", "linear", "gemm_w4a16", "w4a16_prepack",
     "gemm_w4a16_prepacked", "BLOCK4_NF4", "BLOCK4_MXFP4", "BLOCK4_NVFP4", "block4_prepack",
     "gemm_block4_prepacked", "import_gptq", "import_awq", "permute_columns", "gemm_int4",
     "gemm_int4_scaled", "QuantizedLinear", "MoeParams", "moe_route", "moe_prepack",
@@ -3015,7 +3015,8 @@ def _fp8_block_scales(call, scale_a, scale_b, m, n, k):
     sb = call.input(scale_b, "scale_b", need=np.float32)
     for arr, name, want in ((sa, "scale_a", (m, blocks)),
                             (sb, "scale_b", (-(-n // FP8_BLOCK), blocks))):
-        if tuple(arr.shape) != want:
+        # (a 1-D a, one row, has the 1-D block scales quantize_fp8 gives it)
+        if tuple(arr.shape) != want and not (want[0] == 1 and tuple(arr.shape) == want[1:]):
             raise ValueError("block scales: %s has shape %s, it must be %s (scale_a [M, "
                              "ceil(K / 128)], scale_b [ceil(N / 128), ceil(K / 128)])"
                              % (name, tuple(arr.shape), want))
@@ -3608,6 +3609,50 @@ def _layer_host_result(y, out, host_kind=None):
         host_out[...] = result.reshape(host_out.shape)
         return out
     return host_kind.from_host(result, y.ck_dtype) if host_kind is not None else result
+
+
+class Fp8Linear:
+    """A W8A8 FP8 linear layer: y = act(x @ w.T + bias), the weight held on the GPU as FP8 E4M3
+    with float32 scales per output channel (or per 128 x 128 block with blocks=True, DeepSeek-V3's
+    scheme); each call quantizes x to E4M3 on the device with dynamic scales per token (per
+    1 x 128 block with blocks=True), then runs :func:`gemm_fp8_scaled`. dtype: the activations'
+    and the output's, fp16 or bf16. Inputs and results as :class:`QuantizedLinear`'s (NumPy in,
+    NumPy out; torch or CuPy device arrays in, theirs out). Needs FP8 tensor cores (8.9+).
+    """
+
+    def __init__(self, weight, scales, dtype="fp16", bias=None, activation=None, blocks=False):
+        """From an FP8 weight: weight uint8 E4M3 [out_features, in_features] and its float32
+        scales ([out_features], or [ceil(out / 128), ceil(in / 128)] with blocks=True), as
+        :func:`quantize_fp8` writes them; host data is uploaded once."""
+        self.dtype = _as_dtype_enum(dtype, "dtype")
+        if self.dtype not in (DType.FP16, DType.BF16):
+            raise TypeError("Fp8Linear runs in fp16 or bf16, not %s" % self.dtype.name)
+        self.weight = _to_device(weight, None)
+        self.out_features, self.in_features = _cai(self.weight, "weight")[1]
+        self.scales = _to_device(scales, None, self.weight)
+        self.blocks = bool(blocks)
+        self.activation = _activation(activation)
+        self.bias = None if bias is None else _to_device(_layer_host_cast(bias, self.dtype),
+                                                         self.dtype, self.weight)
+
+    @classmethod
+    def from_float(cls, weight, bias=None, dtype=None, activation=None, blocks=False):
+        """weight [out_features, in_features] (nn.Linear layout) in fp16 or bf16 (uint16 bit
+        patterns with dtype="bf16"; float32 NumPy weights become fp16 first), quantized on the
+        device: E4M3 with a dynamic scale per output channel, or per 128 x 128 block."""
+        wd, layer_dtype = _float_weight_on_device(weight, dtype)
+        wq, ws = quantize_fp8(wd, granularity="block128x128" if blocks else "row",
+                              dtype=layer_dtype)
+        return cls(wq, ws, layer_dtype, bias=bias, activation=activation, blocks=blocks)
+
+    def __call__(self, x, stream=None):
+        """x [M, in_features] (or [in_features]) in the layer's dtype -> [M, out_features]."""
+        xd, on_host, host_kind = _layer_input(x, self.dtype)
+        q, s = quantize_fp8(xd, granularity="block1x128" if self.blocks else "row",
+                            dtype=self.dtype, stream=stream)
+        y = gemm_fp8_scaled(q, self.weight, s, self.scales, bias=self.bias,
+                            activation=self.activation, out_dtype=self.dtype, stream=stream)
+        return _layer_host_result(y, None, host_kind) if on_host else y
 
 
 class QuantizedLinear:

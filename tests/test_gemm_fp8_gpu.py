@@ -361,3 +361,72 @@ def test_gemm_fp8_wrapper_numpy(seed):
     assert_within(got.astype(np.float64), value, tol, f"wrapper, seed={seed}")
     with pytest.raises((TypeError, ValueError)):
         ck.gemm_fp8_scaled(a.astype(np.int8), b, scale_a, scale_b)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fp8Linear: the layer (the weight quantized once, each call's activations on the device)
+# ---------------------------------------------------------------------------------------------
+def fp8_linear_reference(x16, w16, bias16, blocks):
+    """The layer's values in float64 from the quantizers' references (dynamic scales, per row
+    and output channel, or 1 x 128 and 128 x 128 blocks), and their accumulation bound."""
+    qx, sx = ref.quantize_fp8(x16, "fp16", "e4m3", "block1x128" if blocks else "row")
+    qw, sw = ref.quantize_fp8(w16, "fp16", "e4m3", "block128x128" if blocks else "row")
+    k = x16.shape[1]
+    if blocks:
+        pre = ref.gemm_fp8_block_scaled_f64(qx, qw, sx, sw, bias16, "none", "fp16")
+        abs_sums = ref.gemm_fp8_block_abs_sums(qx, qw, sx, sw)
+    else:
+        pre = ref.scaled_epilogue_f64(ref.gemm_fp8(qx, qw), sx, sw, bias16, "none", "fp16")
+        abs_sums = ref.gemm_fp8_abs_sums(qx, qw) * ref.scaled_epilogue_f64(
+            np.ones((x16.shape[0], w16.shape[0])), sx, sw)
+    error32 = (accumulation_error("auto", abs_sums, k) + 3 * U32 * abs_sums
+               + 4 * U32 * np.abs(pre)) * SECOND_ORDER_SLACK
+    return pre, error32
+
+
+@pytest.mark.parametrize("m", [1, 37])
+@pytest.mark.parametrize("blocks", [False, True], ids=["rows", "blocks"])
+def test_fp8_linear_numpy(blocks, m, seed):
+    if compute_capability() < (8, 9):
+        pytest.skip("FP8 GEMMs need compute capability 8.9+")
+    rng = np.random.default_rng(seed)
+    k, n = 400, 264
+    w16 = (rng.standard_normal((n, k)) * 0.05).astype(np.float16)
+    x16 = rng.standard_normal((m, k)).astype(np.float16)
+    bias16 = rng.standard_normal(n).astype(np.float16)
+    layer = ck.Fp8Linear.from_float(w16, bias=bias16, activation="relu", blocks=blocks)
+    got = layer(x16)
+    assert got.dtype == np.float16 and got.shape == (m, n)
+    pre, error32 = fp8_linear_reference(x16, w16, bias16, blocks)
+    value = np.maximum(pre, 0)
+    assert_within(got.astype(np.float64), value, output_tolerance(value, error32, "fp16"),
+                  f"Fp8Linear, seed={seed}")
+    # The FP8 layer is the fp16 one up to E4M3's rounding (3 mantissa bits, about 2^-4 of
+    # each value): far closer than that bound on the whole.
+    exact = np.maximum(x16.astype(np.float64) @ w16.astype(np.float64).T + bias16, 0)
+    rel = np.linalg.norm(got.astype(np.float64) - exact) / np.linalg.norm(exact)
+    assert rel < 0.06, f"relative error {rel:.3g} against the fp16 layer, seed={seed}"
+    one = layer(x16[0])   # a single token, 1-D
+    assert one.shape == (n,)
+    assert_within(one.astype(np.float64), value[0],
+                  output_tolerance(value[0], error32[0], "fp16"), f"1-D, seed={seed}")
+
+
+@pytest.mark.parametrize("blocks", [False, True], ids=["rows", "blocks"])
+def test_fp8_linear_torch(blocks, seed):
+    """torch tensors in, torch tensors out, on the device: the NumPy call's values."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or compute_capability() < (8, 9):
+        pytest.skip("needs torch on a GPU with FP8 tensor cores")
+    rng = np.random.default_rng(seed)
+    m, k, n = 20, 528, 136
+    w16 = (rng.standard_normal((n, k)) * 0.05).astype(np.float16)
+    x16 = rng.standard_normal((m, k)).astype(np.float16)
+    layer = ck.Fp8Linear.from_float(torch.from_numpy(w16).cuda(), blocks=blocks)
+    assert isinstance(layer.weight, torch.Tensor) and layer.weight.is_cuda
+    y = layer(torch.from_numpy(x16).cuda())
+    assert isinstance(y, torch.Tensor) and y.is_cuda and y.dtype == torch.float16
+    torch.cuda.synchronize()
+    pre, error32 = fp8_linear_reference(x16, w16, None, blocks)
+    assert_within(y.cpu().numpy().astype(np.float64), pre,
+                  output_tolerance(pre, error32, "fp16"), f"torch, seed={seed}")

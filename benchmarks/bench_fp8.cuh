@@ -84,25 +84,7 @@ class LtFp8Gemm {
     LtFp8Gemm& operator=(const LtFp8Gemm&) = delete;
 
     std::vector<cublasLtMatmulAlgo_t> candidates(size_t workspace_bytes, int count) const {
-        cublasLtMatmulPreference_t pref = nullptr;
-        CK_BENCH_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-        const uint64_t max_workspace = workspace_bytes;
-        CK_BENCH_CHECK(cublasLtMatmulPreferenceSetAttribute(
-            pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_workspace, sizeof max_workspace));
-        std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<size_t>(count));
-        int found = 0;
-        CK_BENCH_CHECK(cublasLtMatmulAlgoGetHeuristic(lt_, op_, a_, b_, c_, c_, pref, count,
-                                                      results.data(), &found));
-        cublasLtMatmulPreferenceDestroy(pref);
-        std::vector<cublasLtMatmulAlgo_t> algos;
-        for (int i = 0; i < found; ++i)
-            if (results[size_t(i)].state == CUBLAS_STATUS_SUCCESS)
-                algos.push_back(results[size_t(i)].algo);
-        if (algos.empty()) {
-            std::fprintf(stderr, "cuBLASLt has no FP8 algorithm for this problem\n");
-            std::exit(kExitFailure);
-        }
-        return algos;
+        return gemm_bench::lt_candidates(lt_, op_, a_, b_, c_, workspace_bytes, count, "FP8");
     }
 
     void launch(const cublasLtMatmulAlgo_t& algo, const void* a, const void* b, void* d,
@@ -197,18 +179,10 @@ class Problem {
         const Set& first = set(0);
         lt_ = std::make_unique<LtFp8Gemm>(ctx_.lt, m_, n_, k_, first.scale_a.as<float>(),
                                           first.scale_b.as<float>());
-        TimingConfig pick;
-        pick.warmup = gemm_bench::kPickWarmup;
-        pick.reps = gemm_bench::kPickReps;
-        double best_us = 0;
-        for (const cublasLtMatmulAlgo_t& algo :
-             lt_->candidates(gemm_bench::kLtWorkspaceBytes, gemm_bench::kHeuristicCandidates)) {
-            const Timing t = bench_.time([this, &algo](int i) { lt_launch(algo, set(i)); }, pick);
-            if (best_us == 0 || t.median_us < best_us) {
-                best_us = t.median_us;
-                lt_algo_ = algo;
-            }
-        }
+        lt_algo_ = gemm_bench::fastest_lt_algo(
+            bench_,
+            lt_->candidates(gemm_bench::kLtWorkspaceBytes, gemm_bench::kHeuristicCandidates),
+            [this](const cublasLtMatmulAlgo_t& algo, int i) { lt_launch(algo, set(i)); });
         return bench_.time([this](int i) { lt_launch(lt_algo_, set(i)); });
     }
     void lt_launch(const cublasLtMatmulAlgo_t& algo, const Set& s) const {

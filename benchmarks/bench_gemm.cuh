@@ -323,6 +323,58 @@ inline void scale_bias_relu_fp16(const int32_t* acc, const float* scale_a, const
 }
 
 // ------------------------------------------------------------------------------------------------
+// The heuristic's first `count` algorithms for one cuBLASLt matmul (op, layouts a, b, c = d) that
+// fit in `workspace_bytes`; at least one, else the program stops (`what` names the GEMM).
+inline std::vector<cublasLtMatmulAlgo_t> lt_candidates(cublasLtHandle_t lt,
+                                                       cublasLtMatmulDesc_t op,
+                                                       cublasLtMatrixLayout_t a,
+                                                       cublasLtMatrixLayout_t b,
+                                                       cublasLtMatrixLayout_t c,
+                                                       size_t workspace_bytes, int count,
+                                                       const char* what) {
+    cublasLtMatmulPreference_t pref = nullptr;
+    CK_BENCH_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const uint64_t max_workspace = workspace_bytes;
+    CK_BENCH_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_workspace, sizeof max_workspace));
+    std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<size_t>(count));
+    int found = 0;
+    CK_BENCH_CHECK(
+        cublasLtMatmulAlgoGetHeuristic(lt, op, a, b, c, c, pref, count, results.data(), &found));
+    cublasLtMatmulPreferenceDestroy(pref);
+    std::vector<cublasLtMatmulAlgo_t> algos;
+    for (int i = 0; i < found; ++i) {
+        const cublasLtMatmulHeuristicResult_t& r = results[size_t(i)];
+        if (r.state == CUBLAS_STATUS_SUCCESS) algos.push_back(r.algo);
+    }
+    if (algos.empty()) {
+        std::fprintf(stderr, "cuBLASLt has no %s algorithm for this problem\n", what);
+        std::exit(kExitFailure);
+    }
+    return algos;
+}
+
+// The fastest of `algos`, each timed briefly (kPickWarmup, kPickReps) by launch(algo, i).
+template <class Launch>
+cublasLtMatmulAlgo_t fastest_lt_algo(const Bench& bench,
+                                     const std::vector<cublasLtMatmulAlgo_t>& algos,
+                                     Launch&& launch) {
+    TimingConfig pick;
+    pick.warmup = kPickWarmup;
+    pick.reps = kPickReps;
+    double best_us = 0;
+    cublasLtMatmulAlgo_t best = algos.front();
+    for (const cublasLtMatmulAlgo_t& algo : algos) {
+        const Timing t = bench.time([&](int i) { launch(algo, i); }, pick);
+        if (best_us == 0 || t.median_us < best_us) {
+            best_us = t.median_us;
+            best = algo;
+        }
+    }
+    return best;
+}
+
+// ------------------------------------------------------------------------------------------------
 // cuBLASLt int8 x int8 -> int32 on an [N, K] row-major weight. Row-major through column-major
 // (as in kernels/linear.cu): c^T[N, M] = b[N, K] a^T, with A = b stored column-major [K, N]
 // (transposed), B = a column-major [K, M], C = D = c column-major [N, M]: the "TN" GEMM, the only
@@ -352,26 +404,7 @@ class LtInt8Gemm {
 
     // The heuristic's first `count` algorithms that fit in `workspace_bytes` (at least one).
     std::vector<cublasLtMatmulAlgo_t> candidates(size_t workspace_bytes, int count) const {
-        cublasLtMatmulPreference_t pref = nullptr;
-        CK_BENCH_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-        const uint64_t max_workspace = workspace_bytes;
-        CK_BENCH_CHECK(cublasLtMatmulPreferenceSetAttribute(
-            pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_workspace, sizeof max_workspace));
-        std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<size_t>(count));
-        int found = 0;
-        CK_BENCH_CHECK(cublasLtMatmulAlgoGetHeuristic(lt_, op_, a_, b_, c_, c_, pref, count,
-                                                      results.data(), &found));
-        cublasLtMatmulPreferenceDestroy(pref);
-        std::vector<cublasLtMatmulAlgo_t> algos;
-        for (int i = 0; i < found; ++i) {
-            const cublasLtMatmulHeuristicResult_t& r = results[size_t(i)];
-            if (r.state == CUBLAS_STATUS_SUCCESS) algos.push_back(r.algo);
-        }
-        if (algos.empty()) {
-            std::fprintf(stderr, "cuBLASLt has no int8 algorithm for this problem\n");
-            std::exit(kExitFailure);
-        }
-        return algos;
+        return lt_candidates(lt_, op_, a_, b_, c_, workspace_bytes, count, "int8");
     }
 
     void launch(const cublasLtMatmulAlgo_t& algo, const int8_t* a, const int8_t* b, int32_t* c,
@@ -849,24 +882,13 @@ class Problem {
         if (lt_) return;
         allocate_int8();
         lt_ = std::make_unique<LtInt8Gemm>(ctx_.lt, m_, n_, k_);
-        TimingConfig pick;
-        pick.warmup = kPickWarmup;
-        pick.reps = kPickReps;
-        double best_us = 0;
-        const auto algos = lt_->candidates(kLtWorkspaceBytes, kHeuristicCandidates);
-        for (const cublasLtMatmulAlgo_t& algo : algos) {
-            const Timing t = bench_.time(
-                [this, &algo](int i) {
-                    const IntGemmSet& s = int8_set(i);
-                    lt_->launch(algo, s.a.as<int8_t>(), s.b.as<int8_t>(), s.c.as<int32_t>(),
-                                ctx_.workspace.as(), ctx_.workspace.bytes(), bench_.stream());
-                },
-                pick);
-            if (best_us == 0 || t.median_us < best_us) {
-                best_us = t.median_us;
-                lt_algo_ = algo;
-            }
-        }
+        lt_algo_ = fastest_lt_algo(
+            bench_, lt_->candidates(kLtWorkspaceBytes, kHeuristicCandidates),
+            [this](const cublasLtMatmulAlgo_t& algo, int i) {
+                const IntGemmSet& s = int8_set(i);
+                lt_->launch(algo, s.a.as<int8_t>(), s.b.as<int8_t>(), s.c.as<int32_t>(),
+                            ctx_.workspace.as(), ctx_.workspace.bytes(), bench_.stream());
+            });
     }
 
     const IntGemmSet& int8_set(int iteration) const {

@@ -218,6 +218,20 @@ def write_buffers(buffers, hosts):
             buffer.write(host)
 
 
+def refill_scaled_gemm(call, rng, operand, scales):
+    """KernelCall.refill of a GEMM with the scaled epilogue (INT8, FP8): fresh operands
+    operand(rng, shape) into call.a and call.b, scales(rng, count, k) into call.scale_a and
+    call.scale_b, a bias of call.out_dtype where the call has one; call.inputs follows."""
+    n, k = call.mnk[1], call.mnk[2]
+    a, b = operand(rng, call.a.shape), operand(rng, call.b.shape)
+    scale_a = scales(rng, call.scale_a.shape[0], k)
+    scale_b = scales(rng, call.scale_b.shape[0], k)
+    bias = None if call.bias is None else random_normal(rng, n, call.out_dtype, 2.0)
+    write_buffers((call.a, call.b, call.scale_a, call.scale_b, call.bias),
+                  (a, b, scale_a, scale_b, bias))
+    call.inputs = (a, b, scale_a, scale_b, bias)
+
+
 def assert_within(got, want, tol, what):
     """|got - want| <= tol element by element (NaN fails); the message locates the worst."""
     err = np.abs(got - want)

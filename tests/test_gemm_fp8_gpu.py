@@ -22,8 +22,8 @@ import reference as ref
 from gpu_support import (
     CK_ACTIVATION, CK_DTYPE, CK_GRANULARITY, GuardedBuffer, KernelCall, POISON, SANITIZE,
     SECOND_ORDER_SLACK, U32, assert_graph_replays, assert_relu_output, assert_within,
-    compute_capability, force_variant, output_tolerance, ptr_or_null, random_normal, scale_count,
-    shape_id, synchronize, write_buffers,
+    compute_capability, force_variant, output_tolerance, ptr_or_null, random_normal,
+    refill_scaled_gemm, scale_count, shape_id, synchronize,
 )
 
 pytestmark = pytest.mark.gpu
@@ -103,14 +103,7 @@ class GemmFp8Call(KernelCall):
             CK_ACTIVATION[self.activation], self.out.ptr, CK_DTYPE[self.out_dtype], stream)
 
     def refill(self, rng):
-        m, n, k = self.mnk
-        a, b = random_e4m3(rng, (m, k)), random_e4m3(rng, (n, k))
-        scale_a = random_fp8_scales(rng, self.scale_a.shape[0], k)
-        scale_b = random_fp8_scales(rng, self.scale_b.shape[0], k)
-        bias = None if self.bias is None else random_normal(rng, n, self.out_dtype, 2.0)
-        write_buffers((self.a, self.b, self.scale_a, self.scale_b, self.bias),
-                      (a, b, scale_a, scale_b, bias))
-        self.inputs = (a, b, scale_a, scale_b, bias)
+        refill_scaled_gemm(self, rng, random_e4m3, random_fp8_scales)
 
     def check(self, ctx):
         synchronize()

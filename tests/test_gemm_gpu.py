@@ -28,7 +28,8 @@ from gpu_support import (
     SANITIZE, SECOND_ORDER_SLACK, U32, assert_bitwise_equal, assert_graph_replays,
     assert_override_read_on_every_call, assert_relu_output, assert_within, compute_capability,
     dot_float32_error, dtype_arg, epilogue_cases, force_variant, output_tolerance, ptr_or_null,
-    random_normal, random_scales, scalar_store_layout, scalar_store_params, scale_count, shape_id,
+    random_normal, random_scales, refill_scaled_gemm, scalar_store_layout, scalar_store_params,
+    scale_count, shape_id,
     small_enough, synchronize, to_host, write_buffers,
 )
 
@@ -173,14 +174,7 @@ class GemmInt8ScaledCall(KernelCall):
             CK_ACTIVATION[self.activation], self.out.ptr, CK_DTYPE[self.out_dtype], stream)
 
     def refill(self, rng):
-        m, n, k = self.mnk
-        a, b = random_int8(rng, self.a.shape), random_int8(rng, self.b.shape)
-        scale_a = random_int8_scales(rng, self.scale_a.shape[0], k)
-        scale_b = random_int8_scales(rng, self.scale_b.shape[0], k)
-        bias = None if self.bias is None else random_normal(rng, n, self.out_dtype, 2.0)
-        write_buffers((self.a, self.b, self.scale_a, self.scale_b, self.bias),
-                      (a, b, scale_a, scale_b, bias))
-        self.inputs = (a, b, scale_a, scale_b, bias)
+        refill_scaled_gemm(self, rng, random_int8, random_int8_scales)
 
     def check(self, ctx):
         synchronize()

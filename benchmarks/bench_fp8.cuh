@@ -50,56 +50,6 @@ inline void fill_e4m3(DeviceBuffer& buf, uint64_t seed, cudaStream_t st) {
     CK_BENCH_CHECK(cudaGetLastError());
 }
 
-// cuBLASLt E4M3 x E4M3 -> fp16 with per-tensor scales on an [N, K] row-major weight: the TN
-// GEMM of LtInt8Gemm (bench_gemm.cuh), D^T[N, M] = scale_a scale_b b[N, K] a^T.
-class LtFp8Gemm {
-  public:
-    LtFp8Gemm(cublasLtHandle_t lt, int64_t m, int64_t n, int64_t k, const float* scale_a,
-              const float* scale_b)
-        : lt_(lt) {
-        const cublasOperation_t transpose = CUBLAS_OP_T, no_transpose = CUBLAS_OP_N;
-        CK_BENCH_CHECK(cublasLtMatmulDescCreate(&op_, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-        CK_BENCH_CHECK(cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_TRANSA, &transpose,
-                                                      sizeof transpose));
-        CK_BENCH_CHECK(cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_TRANSB,
-                                                      &no_transpose, sizeof no_transpose));
-        // Lt's A is the weight (scale_b), its B the activations (scale_a).
-        CK_BENCH_CHECK(cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
-                                                      &scale_b, sizeof scale_b));
-        CK_BENCH_CHECK(cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
-                                                      &scale_a, sizeof scale_a));
-        CK_BENCH_CHECK(
-            cublasLtMatrixLayoutCreate(&a_, CUDA_R_8F_E4M3, uint64_t(k), uint64_t(n), k));
-        CK_BENCH_CHECK(
-            cublasLtMatrixLayoutCreate(&b_, CUDA_R_8F_E4M3, uint64_t(k), uint64_t(m), k));
-        CK_BENCH_CHECK(cublasLtMatrixLayoutCreate(&c_, CUDA_R_16F, uint64_t(n), uint64_t(m), n));
-    }
-    ~LtFp8Gemm() {
-        cublasLtMatrixLayoutDestroy(c_);
-        cublasLtMatrixLayoutDestroy(b_);
-        cublasLtMatrixLayoutDestroy(a_);
-        cublasLtMatmulDescDestroy(op_);
-    }
-    LtFp8Gemm(const LtFp8Gemm&) = delete;
-    LtFp8Gemm& operator=(const LtFp8Gemm&) = delete;
-
-    std::vector<cublasLtMatmulAlgo_t> candidates(size_t workspace_bytes, int count) const {
-        return gemm_bench::lt_candidates(lt_, op_, a_, b_, c_, workspace_bytes, count, "FP8");
-    }
-
-    void launch(const cublasLtMatmulAlgo_t& algo, const void* a, const void* b, void* d,
-                void* workspace, size_t workspace_bytes, cudaStream_t stream) const {
-        const float alpha = 1.f, beta = 0.f;
-        CK_BENCH_CHECK(cublasLtMatmul(lt_, op_, &alpha, b, a_, a, b_, &beta, d, c_, d, c_, &algo,
-                                      workspace, workspace_bytes, stream));
-    }
-
-  private:
-    cublasLtHandle_t lt_;
-    cublasLtMatmulDesc_t op_ = nullptr;
-    cublasLtMatrixLayout_t a_ = nullptr, b_ = nullptr, c_ = nullptr;
-};
-
 struct Set {
     DeviceBuffer a, b;            // [M, K], [N, K] E4M3 (read as int8 by the INT8 row)
     DeviceBuffer scale_a, scale_b;  // [M], [N] float32 (their first value: the per-tensor ones)
@@ -177,8 +127,10 @@ class Problem {
     // cuBLASLt's fastest of its top heuristics on these buffers, then timed in full.
     Timing lt_timing() {
         const Set& first = set(0);
-        lt_ = std::make_unique<LtFp8Gemm>(ctx_.lt, m_, n_, k_, first.scale_a.as<float>(),
-                                          first.scale_b.as<float>());
+        lt_ = std::make_unique<gemm_bench::LtTnGemm>(ctx_.lt, m_, n_, k_,
+                                                     gemm_bench::LtTnGemm::kFp8,
+                                                     first.scale_a.as<float>(),
+                                                     first.scale_b.as<float>());
         lt_algo_ = gemm_bench::fastest_lt_algo(
             bench_,
             lt_->candidates(gemm_bench::kLtWorkspaceBytes, gemm_bench::kHeuristicCandidates),
@@ -230,7 +182,7 @@ class Problem {
     int64_t k_, n_, m_;
     std::string shape_name_;
     std::vector<Set> sets_;
-    std::unique_ptr<LtFp8Gemm> lt_;
+    std::unique_ptr<gemm_bench::LtTnGemm> lt_;
     cublasLtMatmulAlgo_t lt_algo_{};
 };
 

@@ -375,47 +375,71 @@ cublasLtMatmulAlgo_t fastest_lt_algo(const Bench& bench,
 }
 
 // ------------------------------------------------------------------------------------------------
-// cuBLASLt int8 x int8 -> int32 on an [N, K] row-major weight. Row-major through column-major
-// (as in kernels/linear.cu): c^T[N, M] = b[N, K] a^T, with A = b stored column-major [K, N]
-// (transposed), B = a column-major [K, M], C = D = c column-major [N, M]: the "TN" GEMM, the only
-// layout cuBLASLt's int8 tensor-core kernels take in plain column-major order.
+// cuBLASLt's GEMM on an [N, K] row-major weight b and [M, K] activations a, row-major through
+// column-major (as in kernels/linear.cu): d^T[N, M] = b[N, K] a^T, with A = b stored
+// column-major [K, N] (transposed), B = a column-major [K, M], C = D = d column-major [N, M]:
+// the "TN" GEMM, the only layout cuBLASLt's int8 and FP8 tensor-core kernels take in plain
+// column-major order. kInt8: int8 -> int32; kFp8: E4M3 -> fp16 with float32 compute and
+// per-tensor device scales (scale_a of a, scale_b of b), without fast accumulation.
 // ------------------------------------------------------------------------------------------------
-class LtInt8Gemm {
+class LtTnGemm {
   public:
-    LtInt8Gemm(cublasLtHandle_t lt, int64_t m, int64_t n, int64_t k) : lt_(lt) {
+    struct Types {
+        cublasComputeType_t compute;
+        cudaDataType_t scale, operands, out;
+        const char* name;
+    };
+    static constexpr Types kInt8{CUBLAS_COMPUTE_32I, CUDA_R_32I, CUDA_R_8I, CUDA_R_32I, "int8"};
+    static constexpr Types kFp8{CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_8F_E4M3, CUDA_R_16F, "FP8"};
+
+    LtTnGemm(cublasLtHandle_t lt, int64_t m, int64_t n, int64_t k, const Types& types,
+             const float* scale_a = nullptr, const float* scale_b = nullptr)
+        : lt_(lt), types_(types) {
         const cublasOperation_t transpose = CUBLAS_OP_T, no_transpose = CUBLAS_OP_N;
-        CK_BENCH_CHECK(cublasLtMatmulDescCreate(&op_, CUBLAS_COMPUTE_32I, CUDA_R_32I));
+        CK_BENCH_CHECK(cublasLtMatmulDescCreate(&op_, types.compute, types.scale));
         CK_BENCH_CHECK(cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_TRANSA, &transpose,
                                                       sizeof transpose));
         CK_BENCH_CHECK(cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_TRANSB,
                                                       &no_transpose, sizeof no_transpose));
-        CK_BENCH_CHECK(cublasLtMatrixLayoutCreate(&a_, CUDA_R_8I, uint64_t(k), uint64_t(n), k));
-        CK_BENCH_CHECK(cublasLtMatrixLayoutCreate(&b_, CUDA_R_8I, uint64_t(k), uint64_t(m), k));
-        CK_BENCH_CHECK(cublasLtMatrixLayoutCreate(&c_, CUDA_R_32I, uint64_t(n), uint64_t(m), n));
+        if (scale_a && scale_b) {  // Lt's A is the weight (scale_b), its B the activations
+            CK_BENCH_CHECK(cublasLtMatmulDescSetAttribute(
+                op_, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scale_b, sizeof scale_b));
+            CK_BENCH_CHECK(cublasLtMatmulDescSetAttribute(
+                op_, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scale_a, sizeof scale_a));
+        }
+        const cudaDataType_t ab = types.operands;
+        CK_BENCH_CHECK(cublasLtMatrixLayoutCreate(&a_, ab, uint64_t(k), uint64_t(n), k));
+        CK_BENCH_CHECK(cublasLtMatrixLayoutCreate(&b_, ab, uint64_t(k), uint64_t(m), k));
+        CK_BENCH_CHECK(cublasLtMatrixLayoutCreate(&c_, types.out, uint64_t(n), uint64_t(m), n));
     }
-    ~LtInt8Gemm() {
+    ~LtTnGemm() {
         cublasLtMatrixLayoutDestroy(c_);
         cublasLtMatrixLayoutDestroy(b_);
         cublasLtMatrixLayoutDestroy(a_);
         cublasLtMatmulDescDestroy(op_);
     }
-    LtInt8Gemm(const LtInt8Gemm&) = delete;
-    LtInt8Gemm& operator=(const LtInt8Gemm&) = delete;
+    LtTnGemm(const LtTnGemm&) = delete;
+    LtTnGemm& operator=(const LtTnGemm&) = delete;
 
     // The heuristic's first `count` algorithms that fit in `workspace_bytes` (at least one).
     std::vector<cublasLtMatmulAlgo_t> candidates(size_t workspace_bytes, int count) const {
-        return lt_candidates(lt_, op_, a_, b_, c_, workspace_bytes, count, "int8");
+        return lt_candidates(lt_, op_, a_, b_, c_, workspace_bytes, count, types_.name);
     }
 
-    void launch(const cublasLtMatmulAlgo_t& algo, const int8_t* a, const int8_t* b, int32_t* c,
+    void launch(const cublasLtMatmulAlgo_t& algo, const void* a, const void* b, void* d,
                 void* workspace, size_t workspace_bytes, cudaStream_t stream) const {
-        const int32_t alpha = 1, beta = 0;
-        CK_BENCH_CHECK(cublasLtMatmul(lt_, op_, &alpha, b, a_, a, b_, &beta, c, c_, c, c_, &algo,
+        const int32_t one = 1, zero = 0;
+        const float one_f = 1.f, zero_f = 0.f;
+        const bool f32 = types_.scale == CUDA_R_32F;
+        const void* alpha = f32 ? static_cast<const void*>(&one_f) : &one;
+        const void* beta = f32 ? static_cast<const void*>(&zero_f) : &zero;
+        CK_BENCH_CHECK(cublasLtMatmul(lt_, op_, alpha, b, a_, a, b_, beta, d, c_, d, c_, &algo,
                                       workspace, workspace_bytes, stream));
     }
 
   private:
     cublasLtHandle_t lt_;
+    Types types_;
     cublasLtMatmulDesc_t op_ = nullptr;
     cublasLtMatrixLayout_t a_ = nullptr, b_ = nullptr, c_ = nullptr;
 };
@@ -797,7 +821,7 @@ class Problem {
         return row;
     }
 
-    // out = x w^T through cublasGemmEx, TN (see LtInt8Gemm for the row-major trick), fp32
+    // out = x w^T through cublasGemmEx, TN (see LtTnGemm for the row-major trick), fp32
     // accumulation; the bench's handle keeps the default math mode, so fp32 stays fp32 (no TF32).
     void gemm_ex(ck_dtype_t dtype, const void* x, const void* w, void* out) {
         const float alpha = 1.f, beta = 0.f;
@@ -881,7 +905,7 @@ class Problem {
     void pick_lt_algo() {
         if (lt_) return;
         allocate_int8();
-        lt_ = std::make_unique<LtInt8Gemm>(ctx_.lt, m_, n_, k_);
+        lt_ = std::make_unique<LtTnGemm>(ctx_.lt, m_, n_, k_, LtTnGemm::kInt8);
         lt_algo_ = fastest_lt_algo(
             bench_, lt_->candidates(kLtWorkspaceBytes, kHeuristicCandidates),
             [this](const cublasLtMatmulAlgo_t& algo, int i) {
@@ -1045,7 +1069,7 @@ class Problem {
     std::map<ck_dtype_t, Timing> gemm_ex_timings_;  // cublasGemmEx per dtype, timed once
     std::optional<Timing> int8_timing_;             // ck_gemm_int8, [N, K] weight
     std::optional<Timing> int8_scaled_timing_;      // ck_gemm_int8_scaled
-    std::unique_ptr<LtInt8Gemm> lt_;
+    std::unique_ptr<LtTnGemm> lt_;
     cublasLtMatmulAlgo_t lt_algo_{};
     std::optional<Timing> lt_timing_;           // cuBLASLt int8
     std::optional<Timing> lt_epilogue_timing_;  // cuBLASLt int8 + the separate epilogue kernel

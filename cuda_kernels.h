@@ -453,7 +453,8 @@ CK_API ck_status_t ck_gemm_int8_scaled(const int8_t* a, const int8_t* b, ck_layo
  * one ("small_m", "wgmma", "reference", "auto").
  * FP8 tensor cores come with compute capability 8.9: earlier GPUs get CK_STATUS_UNSUPPORTED.
  * Requirements: M, N >= 1; K >= 16 and a multiple of 16; a and b 16-byte aligned; scales 4-byte
- * aligned, bias and out aligned to out_dtype; out must not overlap an input. */
+ * aligned, bias and out aligned to out_dtype; out must not overlap an input. The scales are
+ * device data and not checked: a non-finite or zero scale gives non-finite or zero outputs. */
 CK_API ck_status_t ck_gemm_fp8_scaled(const uint8_t* a, const uint8_t* b, int64_t m, int64_t n,
                                       int64_t k, const float* scale_a,
                                       ck_granularity_t a_granularity, const float* scale_b,

@@ -162,17 +162,14 @@ const ck::Variant<ck::IntGemmArgs> kGemmInt4Rows[] = {
 };
 const auto kGemmInt4 = ck::variant_table("CK_GEMM_INT4_KERNEL", kGemmInt4Rows, int4_gemm_facts);
 
-// FP8 (E4M3 x E4M3, float32 sums): the weight stream for M <= 16, wgmma on Hopper, the reference
-// kernel elsewhere. The entry point refuses GPUs without FP8 tensor cores (before 8.9) first.
+// FP8 (E4M3 x E4M3, float32 sums, CK_LAYOUT_NK): the weight stream for M <= 16, wgmma on
+// Hopper, the reference kernel elsewhere. The entry point refuses GPUs without FP8 tensor cores
+// (before 8.9) first, so the INT8 rows' rules serve (their compute capabilities are met).
 constexpr int kFp8MinArch = 89;
 
-bool fp8_small_m_serves(const ck::IntGemmArgs& args, int) { return args.m <= kSmallMMax; }
-
-bool fp8_wgmma_serves(const ck::IntGemmArgs&, int) { return ck::gemm_int8_sm90_available(); }
-
 const ck::Variant<ck::IntGemmArgs> kGemmFp8Rows[] = {
-    {"small_m", ck::gemm_fp8_small_m, fp8_small_m_serves, "m <= 16"},
-    {"wgmma", ck::gemm_fp8_sm90, fp8_wgmma_serves,
+    {"small_m", ck::gemm_fp8_small_m, small_m_serves, "m <= 16"},
+    {"wgmma", ck::gemm_fp8_sm90, int8_wgmma_serves,
      "a compute capability 9.0 GPU and a build with sm_90a"},
     {"reference", ck::gemm_fp8_reference, ck::any_call, "nothing"},
 };
@@ -823,16 +820,22 @@ ck_status_t check_softmax_scale(const Check& check, float scale) {
                       double(scale));
 }
 
-// A GPU, of compute capability 8.0 or newer: the attention kernels have no fallback below.
-ck_status_t check_attention_gpu(const Check& check) {
+// A GPU of compute capability min_cc or newer, for entry points without a kernel below it
+// (`what`: the hardware they need): CK_STATUS_UNSUPPORTED otherwise.
+ck_status_t check_gpu(const Check& check, int min_cc, const char* what) {
     int devices = 0;
     CK_TRY(check.device_count(&devices));
     const int cc = ck::compute_capability();
-    if (cc < kMmaMinArch)
+    if (cc < min_cc)
         return check.fail(CK_STATUS_UNSUPPORTED,
-                          "needs compute capability 8.0 or newer (mma.sync, cp.async); this GPU "
-                          "is %d.%d", cc / 10, cc % 10);
+                          "needs compute capability %d.%d or newer (%s); this GPU is %d.%d",
+                          min_cc / 10, min_cc % 10, what, cc / 10, cc % 10);
     return CK_STATUS_SUCCESS;
+}
+
+// The attention kernels have no fallback below 8.0.
+ck_status_t check_attention_gpu(const Check& check) {
+    return check_gpu(check, kMmaMinArch, "mma.sync, cp.async");
 }
 
 // The reference's default, 1 / sqrt(D) in double rounded once to float32.
@@ -1427,13 +1430,7 @@ ck_status_t ck_gemm_fp8_scaled(const uint8_t* a, const uint8_t* b, int64_t m, in
         args.scale_a = args.scale_b = nullptr;
     }
     CK_TRY(ck::check_variant_name(check, kGemmFp8));
-    int devices = 0;
-    CK_TRY(check.device_count(&devices));
-    const int cc = ck::compute_capability();
-    if (cc < kFp8MinArch)
-        return check.fail(CK_STATUS_UNSUPPORTED,
-                          "FP8 GEMMs need FP8 tensor cores (compute capability 8.9 or newer); "
-                          "this GPU is %d.%d", cc / 10, cc % 10);
+    CK_TRY(check_gpu(check, kFp8MinArch, "FP8 tensor cores"));
     return ck::run_variant(check, kGemmFp8, args, stream);
 }
 

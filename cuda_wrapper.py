@@ -3009,12 +3009,11 @@ def gemm_fp8_scaled(a, b, scale_a, scale_b, bias=None, activation=None, out_dtyp
 
 def _fp8_block_scales(call, scale_a, scale_b, m, n, k):
     """gemm_fp8_scaled's block scales: (scale_a arg, PER_BLOCK_1X128, scale_b arg,
-    PER_BLOCK_128X128), their shapes checked."""
-    blocks = -(-k // FP8_BLOCK)
+    PER_BLOCK_128X128), their shapes checked: quantize_fp8's of a [M, K] and of b [N, K]."""
     sa = call.input(scale_a, "scale_a", need=np.float32)
     sb = call.input(scale_b, "scale_b", need=np.float32)
-    for arr, name, want in ((sa, "scale_a", (m, blocks)),
-                            (sb, "scale_b", (-(-n // FP8_BLOCK), blocks))):
+    for arr, name, want in ((sa, "scale_a", _fp8_scale_shape(m, k, PER_BLOCK_1X128)),
+                            (sb, "scale_b", _fp8_scale_shape(n, k, PER_BLOCK_128X128))):
         # (a 1-D a, one row, has the 1-D block scales quantize_fp8 gives it)
         if tuple(arr.shape) != want and not (want[0] == 1 and tuple(arr.shape) == want[1:]):
             raise ValueError("block scales: %s has shape %s, it must be %s (scale_a [M, "

@@ -29,6 +29,10 @@ from gpu_support import (
 pytestmark = pytest.mark.gpu
 
 KERNEL_ENV = "CK_GEMM_FP8_KERNEL"
+# The granularities of ck_gemm_fp8_scaled's scales (the block ones come as a pair).
+FP8_GRANULARITY = dict(CK_GRANULARITY, block1x128=ck.PER_BLOCK_1X128,
+                       block128x128=ck.PER_BLOCK_128X128)
+BLOCK_GRANULARITIES = ("block1x128", "block128x128")
 VARIANTS = ("auto", "reference", "small_m", "wgmma")
 SMALL_M_MAX = 16
 
@@ -98,8 +102,8 @@ class GemmFp8Call(KernelCall):
     def launch(self, stream=0):
         ck.raw.gemm_fp8_scaled(
             self.a.ptr, self.b.ptr, *self.mnk, self.scale_a.ptr,
-            CK_GRANULARITY[self.granularities[0]], self.scale_b.ptr,
-            CK_GRANULARITY[self.granularities[1]], ptr_or_null(self.bias),
+            FP8_GRANULARITY[self.granularities[0]], self.scale_b.ptr,
+            FP8_GRANULARITY[self.granularities[1]], ptr_or_null(self.bias),
             CK_ACTIVATION[self.activation], self.out.ptr, CK_DTYPE[self.out_dtype], stream)
 
     def refill(self, rng):
@@ -245,28 +249,18 @@ def test_gemm_fp8_nan_codes_stay_in_their_rows_and_columns(variant, monkeypatch,
 # ceil(K / 128)]. Each k-block's sums (within the bound above, on their own abs sums) are scaled,
 # one more rounding each (the scale product, the fma): 3 u of sum_kb |scale| sum |a b|.
 # ---------------------------------------------------------------------------------------------
-class GemmFp8BlockCall(KernelCall):
+class GemmFp8BlockCall(GemmFp8Call):
     """ck_gemm_fp8_scaled with block scales."""
 
     def __init__(self, variant, a, b, scale_a, scale_b, bias, activation, out_dtype):
-        self.variant, self.activation, self.out_dtype = variant, activation, out_dtype
-        m, k = a.shape
-        n = b.shape[0]
-        blocks = -(-k // ref.FP8_BLOCK)
-        assert scale_a.shape == (m, blocks) and scale_b.shape == (-(-n // ref.FP8_BLOCK), blocks)
-        self.mnk = (m, n, k)
-        self.inputs = (a, b, scale_a, scale_b, bias)
-        self.a, self.b = GuardedBuffer.input(a), GuardedBuffer.input(b)
-        self.scale_a, self.scale_b = GuardedBuffer.input(scale_a), GuardedBuffer.input(scale_b)
-        self.bias = None if bias is None else GuardedBuffer.input(bias)
-        self.out = GuardedBuffer.output((m, n), ref.NUMPY_DTYPE[out_dtype], POISON)
-        self.outputs = {"out": self.out}
+        (m, k), n = a.shape, b.shape[0]
+        assert scale_a.shape == ref.fp8_scale_shape(m, k, BLOCK_GRANULARITIES[0])
+        assert scale_b.shape == ref.fp8_scale_shape(n, k, BLOCK_GRANULARITIES[1])
+        super().__init__(variant, a, b, scale_a, scale_b, bias, activation, out_dtype,
+                         BLOCK_GRANULARITIES)
 
-    def launch(self, stream=0):
-        ck.raw.gemm_fp8_scaled(
-            self.a.ptr, self.b.ptr, *self.mnk, self.scale_a.ptr, ck.PER_BLOCK_1X128,
-            self.scale_b.ptr, ck.PER_BLOCK_128X128, ptr_or_null(self.bias),
-            CK_ACTIVATION[self.activation], self.out.ptr, CK_DTYPE[self.out_dtype], stream)
+    def refill(self, rng):
+        refill_scaled_gemm(self, rng, random_e4m3, random_block_scales)
 
     def check(self, ctx):
         synchronize()
@@ -283,16 +277,20 @@ class GemmFp8BlockCall(KernelCall):
         return got
 
 
+def random_block_scales(rng, rows, k):
+    """Block scales of `rows` block rows over K, spread over a factor of 100: a scale that did
+    not apply, or applied to the wrong k-block, shows."""
+    return (10.0 ** rng.uniform(-2, 0, (rows, -(-k // ref.FP8_BLOCK)))).astype(np.float32)
+
+
 def make_block_call(rng, variant, shape, out_dtype="bf16", bias=True, activation="none"):
-    """Operands with a spread of magnitudes across k-blocks and rows (a block scale that did not
-    apply, or applied to the wrong block, shows), scales as ck.quantize_fp8 would give them."""
+    """Scales in the shapes ck.quantize_fp8 gives them: [M, ceil(K / 128)] and
+    [ceil(N / 128), ceil(K / 128)]."""
     m, n, k = shape
-    blocks = -(-k // ref.FP8_BLOCK)
     a, b = random_e4m3(rng, (m, k)), random_e4m3(rng, (n, k))
-    scale_a = (10.0 ** rng.uniform(-2, 0, (m, blocks))).astype(np.float32)
-    scale_b = (10.0 ** rng.uniform(-2, 0, (-(-n // ref.FP8_BLOCK), blocks))).astype(np.float32)
+    scales = random_block_scales(rng, m, k), random_block_scales(rng, -(-n // ref.FP8_BLOCK), k)
     bias_values = random_normal(rng, n, out_dtype, 2.0) if bias else None
-    return GemmFp8BlockCall(variant, a, b, scale_a, scale_b, bias_values, activation, out_dtype)
+    return GemmFp8BlockCall(variant, a, b, *scales, bias_values, activation, out_dtype)
 
 
 @pytest.mark.parametrize("out_dtype", ref.DTYPES)

@@ -17,6 +17,10 @@
 
 namespace ck {
 
+// The edge of FP8's scale blocks (CK_PER_BLOCK_1X128, CK_PER_BLOCK_128X128): the quantizers'
+// blocks and the FP8 GEMM's k-blocks.
+constexpr int64_t kFp8Block = 128;
+
 constexpr float kE4M3Max = 448.f;     // S.1111.110
 constexpr float kE5M2Max = 57344.f;   // S.11110.11
 constexpr uint32_t kFp8Nan = 0x7F;    // what the encoders write for every NaN, of either sign

@@ -19,9 +19,9 @@
 namespace ck {
 namespace {
 
-constexpr int kRefRows = 16, kRefCols = 32, kRefK = kFp8ScaleBlock, kRefThreads = 256;
+constexpr int kRefRows = 16, kRefCols = 32, kRefK = int(kFp8Block), kRefThreads = 256;
 static_assert(kRefRows * 16 == kRefThreads && kRefCols == 2 * 16, "thread (ty, tx): a row, a pair");
-static_assert(kFp8ScaleBlock % kRefCols == 0, "a tile's columns share their block scale");
+static_assert(kFp8Block % kRefCols == 0, "a tile's columns share their block scale");
 
 template <typename OutT>
 __global__ void __launch_bounds__(kRefThreads)

@@ -334,7 +334,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 gemm_int8_small_m_kernel(const int8_t* __restrict__ a, const int8_t* __restrict__ w, int64_t k,
                          BlockScales scales, Epilogue<OutT> ep) {
     static_assert(kFp8 || !kBlockScaled, "block scales are FP8's");
-    static_assert(kSmallUnroll * kSmallChunk == 2 * kFp8ScaleBlock, "a step: two k-blocks");
+    static_assert(kSmallUnroll * kSmallChunk == 2 * kFp8Block, "a step: two k-blocks");
     if constexpr (!kHasSm80 || (kFp8 && !kHasSm89)) __trap();  // never launched there
     using Acc = std::conditional_t<kFp8, float, int32_t>;
     __shared__ WarpPartials<kWarps, kSmallTiles, 2, Acc> partial;

@@ -5,6 +5,7 @@
 
 #include "kernels/core/common.cuh"
 #include "kernels/core/epilogue.cuh"
+#include "kernels/core/fp8.cuh"
 
 namespace ck {
 
@@ -59,8 +60,8 @@ template <typename OutT> Epilogue<OutT> make_epilogue(const IntGemmArgs& g) {
 
 // The FP8 GEMM's block scales as its kernels take them (see IntGemmArgs): a == nullptr, none.
 // A k-block's sums of output (r, c) are scaled by at(r, c, kb) = a[r, kb] * b[c / 128, kb],
-// float32, before they are added to the float32 sums. r < m and c < n.
-constexpr int kFp8ScaleBlock = 128;
+// float32, before they are added to the float32 sums (k-blocks and blocks of kFp8Block, fp8.cuh).
+// r < m and c < n.
 struct BlockScales {
     const float* a;
     const float* b;
@@ -69,14 +70,14 @@ struct BlockScales {
         return __ldg(a + r * k_blocks + kb);
     }
     __device__ __forceinline__ float b_at(int64_t c, int64_t kb) const {
-        return __ldg(b + c / kFp8ScaleBlock * k_blocks + kb);
+        return __ldg(b + c / kFp8Block * k_blocks + kb);
     }
     __device__ __forceinline__ float at(int64_t r, int64_t c, int64_t kb) const {
         return __fmul_rn(a_at(r, kb), b_at(c, kb));
     }
 };
 inline BlockScales block_scales(const IntGemmArgs& g) {
-    return {g.block_scale_a, g.block_scale_b, ceil_div(g.k, int64_t(kFp8ScaleBlock))};
+    return {g.block_scale_a, g.block_scale_b, ceil_div(g.k, kFp8Block)};
 }
 
 // Calls f with a value of the output element type of out_dtype (int32 or a float type).

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "kernels/core/common.cuh"
+#include "kernels/core/fp8.cuh"
 
 namespace ck {
 
@@ -15,9 +16,8 @@ cudaError_t dequantize_int8(const int8_t* q, const float* scales, int64_t rows, 
                             cudaStream_t stream);
 
 // The scales of an FP8 [rows, cols] tensor under a granularity: a [rows, cols] grid of them
-// (1 x 1 per tensor, rows x 1 per row, blocks of kFp8Block). Host code; no overflow (the
-// entry points check the product).
-constexpr int64_t kFp8Block = 128;
+// (1 x 1 per tensor, rows x 1 per row, blocks of kFp8Block: fp8.cuh). Host code; no overflow
+// (the entry points check the product).
 struct ScaleGrid {
     int64_t rows, cols;
 };

@@ -6,9 +6,13 @@
 // their arguments. Before the entry points: each family's variant table and operand helpers.
 #include "cuda_kernels.h"
 
+#include <cstddef>
+#include <cstring>
+
 #include "kernels/core/api.cuh"
 #include "kernels/attention/attention.cuh"
 #include "kernels/attention/attention_decode.cuh"
+#include "kernels/attention/kv_cache.cuh"
 #include "kernels/gemm/gemm_block4.cuh"
 #include "kernels/gemm/gemm_int4.cuh"
 #include "kernels/gemm/gemm_int8.cuh"
@@ -712,8 +716,22 @@ ck_status_t check_moe_sizes(const Check& check, const ck_moe_params_t* p) {
     return CK_STATUS_SUCCESS;
 }
 
-// Whether [a, a + a_bytes) and [b, b + b_bytes) share a byte.
+// A params struct as the library reads it (the convention at the top of cuda_kernels.h): the
+// caller's fields that its struct_size covers, this version's size or one of the `older` sizes
+// of the struct's earlier versions, and the fields appended since then zero (their defaults).
+template <typename P>
+ck_status_t read_params(const Check& check, const P* given, const char* type,
+                        std::initializer_list<size_t> older, P* params) {
+    CK_TRY(check.not_null(given, "params"));
+    CK_TRY(check.struct_size(given->struct_size, sizeof(P), type, older));
+    *params = P{};
+    std::memcpy(static_cast<void*>(params), given, given->struct_size);
+    return CK_STATUS_SUCCESS;
+}
+
+// Whether [a, a + a_bytes) and [b, b + b_bytes) share a byte (an empty range shares none).
 bool overlaps(const void* a, int64_t a_bytes, const void* b, int64_t b_bytes) {
+    if (a_bytes <= 0 || b_bytes <= 0) return false;
     const uintptr_t x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
     return x < y + uint64_t(b_bytes) && y < x + uint64_t(a_bytes);
 }
@@ -940,21 +958,116 @@ const ck::Variant<ck::AttentionArgs> kAttentionRows[] = {
 const auto kAttention = ck::variant_table("CK_ATTENTION_KERNEL", kAttentionRows, attention_facts);
 
 // ---------------------------------------------------------------------------------------------
+// KV cache append: every field of ck_kv_cache_append_params_t (the enums, the pointers, the
+// sizes, then the alignments), then the overlaps of the outputs (the cache and, per token, the
+// scales) with everything else.
+// ---------------------------------------------------------------------------------------------
+// Whether a format stores 8-bit codes with scales.
+bool kv_quantized(ck_kv_format_t format) { return format != CK_KV_DTYPE; }
+
+// kv_format, and for the quantized formats kv_scaling.
+ck_status_t check_kv_format(const Check& check, ck_kv_format_t format, ck_kv_scaling_t scaling) {
+    CK_TRY(check.enum_value(format, 3, "params->kv_format", "ck_kv_format_t"));
+    if (kv_quantized(format))
+        CK_TRY(check.enum_value(scaling, 2, "params->kv_scaling", "ck_kv_scaling_t"));
+    return CK_STATUS_SUCCESS;
+}
+
+ck_status_t check_kv_append_params(const Check& check, const ck_kv_cache_append_params_t* given,
+                                   ck::KvAppendArgs* a) {
+    ck_kv_cache_append_params_t params;
+    CK_TRY(read_params(check, given, "ck_kv_cache_append_params_t", {}, &params));
+    const ck_kv_cache_append_params_t* p = &params;
+    CK_TRY(check.half_dtype(p->dtype, "params->dtype"));
+    CK_TRY(check_kv_format(check, p->kv_format, p->kv_scaling));
+    const bool quantized = kv_quantized(p->kv_format);
+    const bool per_token = quantized && p->kv_scaling == CK_KV_SCALE_PER_TOKEN;
+    CK_TRY(check.not_null({{p->k, "params->k"}, {p->v, "params->v"},
+                           {p->slot_mapping, "params->slot_mapping"},
+                           {p->k_cache, "params->k_cache"}, {p->v_cache, "params->v_cache"}}));
+    if (quantized)
+        CK_TRY(check.not_null({{p->k_scale, "params->k_scale"}, {p->v_scale, "params->v_scale"}}));
+    CK_TRY(check.in_range(p->num_tokens, 1, ck::kKvAppendMaxTokens, "params->num_tokens"));
+    CK_TRY(check.in_range(p->num_heads_kv, 1, ck::kDecodeMaxHeads, "params->num_heads_kv"));
+    if (p->head_dim < 1)
+        return check.fail(CK_STATUS_INVALID_VALUE, "params->head_dim=%lld must be >= 1",
+                          (long long)p->head_dim);
+    if (!ck::attention_head_dim_ok(p->head_dim))
+        return check.fail(CK_STATUS_UNSUPPORTED,
+                          "params->head_dim=%lld is not supported (use 64 or 128)",
+                          (long long)p->head_dim);
+    // A slot of Hkv heads: at most 2^16 x 2^7 x 2 = 2^24 bytes (as the decode's cache rows).
+    const int64_t token_bytes = p->num_heads_kv * p->head_dim * 2;
+    const int64_t slot_bytes = p->num_heads_kv * p->head_dim * (quantized ? 1 : 2);
+    int64_t cache_bytes = 0;
+    if (p->num_slots < 1 || __builtin_mul_overflow(p->num_slots, slot_bytes, &cache_bytes))
+        return check.fail(CK_STATUS_INVALID_VALUE,
+                          "params->num_slots=%lld must be >= 1, with the cache's bytes (%lld "
+                          "per slot) within int64_t", (long long)p->num_slots,
+                          (long long)slot_bytes);
+    CK_TRY(check_head_rows_aligned(check, {{p->k, "params->k"}, {p->v, "params->v"},
+                                           {p->k_cache, "params->k_cache"},
+                                           {p->v_cache, "params->v_cache"}}));
+    CK_TRY(check.aligned(p->slot_mapping, 8, "params->slot_mapping", "int64 slots"));
+    if (quantized)
+        CK_TRY(check.element_aligned({{p->k_scale, CK_DTYPE_FP32, "params->k_scale"},
+                                      {p->v_scale, CK_DTYPE_FP32, "params->v_scale"}}));
+
+    // Outputs overlap nothing else: the cache, and the scales where they are written.
+    const int64_t new_bytes = p->num_tokens * token_bytes;  // < 2^31 x 2^24
+    const int64_t scale_bytes = per_token ? cache_bytes / p->head_dim * 4 : p->num_heads_kv * 4;
+    struct Buffer {
+        const void* p;
+        int64_t bytes;
+        const char* name;
+        bool output;
+    };
+    const Buffer buffers[] = {{p->k, new_bytes, "params->k", false},
+                              {p->v, new_bytes, "params->v", false},
+                              {p->k_cache, cache_bytes, "params->k_cache", true},
+                              {p->v_cache, cache_bytes, "params->v_cache", true},
+                              {p->k_scale, quantized ? scale_bytes : 0, "params->k_scale",
+                               per_token},
+                              {p->v_scale, quantized ? scale_bytes : 0, "params->v_scale",
+                               per_token}};
+    for (const Buffer& out : buffers) {
+        if (!out.output) continue;
+        for (const Buffer& other : buffers)
+            if (&other != &out && overlaps(out.p, out.bytes, other.p, other.bytes))
+                return check.fail(CK_STATUS_INVALID_VALUE, "%s overlaps %s", out.name,
+                                  other.name);
+    }
+
+    *a = ck::KvAppendArgs{};
+    a->dtype = p->dtype, a->format = p->kv_format, a->per_token = per_token;
+    a->k = p->k, a->v = p->v, a->slots = p->slot_mapping;
+    a->k_cache = p->k_cache, a->v_cache = p->v_cache;
+    if (quantized) a->k_scale = p->k_scale, a->v_scale = p->v_scale;
+    a->tokens = p->num_tokens, a->num_slots = p->num_slots;
+    a->num_heads_kv = int(p->num_heads_kv), a->head_dim = int(p->head_dim);
+    return CK_STATUS_SUCCESS;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Attention decode: every field of ck_attention_decode_params_t, in the struct's order (the
 // pointers only when `pointers`: ck_attention_decode_workspace_size reads none, block_table
 // only as the flag of a paged cache), then the workspace.
 // ---------------------------------------------------------------------------------------------
+// The first version of ck_attention_decode_params_t ended at num_splits.
+constexpr size_t kDecodeParamsV1 = offsetof(ck_attention_decode_params_t, kv_format);
+
 struct DecodeCall {
+    ck_attention_decode_params_t params;  // the caller's, fields past its struct_size zero
     ck::DecodeArgs args;
-    int64_t q_bytes, cache_bytes, lse_bytes;
+    int64_t q_bytes, cache_bytes, lse_bytes, scale_bytes;
     ck::DecodeWorkspace workspace;
 };
 
-ck_status_t check_decode_params(const Check& check, const ck_attention_decode_params_t* p,
+ck_status_t check_decode_params(const Check& check, const ck_attention_decode_params_t* given,
                                 bool pointers, DecodeCall* call) {
-    CK_TRY(check.not_null(p, "params"));
-    CK_TRY(check.struct_size(p->struct_size, sizeof(ck_attention_decode_params_t),
-                             "ck_attention_decode_params_t"));
+    CK_TRY(read_params(check, given, "ck_attention_decode_params_t", {kDecodeParamsV1},
+                       &call->params));
+    const ck_attention_decode_params_t* p = &call->params;
     CK_TRY(check.half_dtype(p->dtype, "params->dtype"));
     if (pointers)
         CK_TRY(check.not_null({{p->q, "params->q"}, {p->k_cache, "params->k_cache"},
@@ -965,9 +1078,14 @@ ck_status_t check_decode_params(const Check& check, const ck_attention_decode_pa
     CK_TRY(check_attention_heads(check, p->num_heads_q, p->num_heads_kv, p->head_dim,
                                  ck::kDecodeMaxHeads));
     CK_TRY(check.in_range(p->max_seqlen_k, 1, ck::kDecodeMaxSeqlen, "params->max_seqlen_k"));
+    CK_TRY(check_kv_format(check, p->kv_format, p->kv_scaling));
+    const bool quantized = kv_quantized(p->kv_format);
+    const bool per_token = quantized && p->kv_scaling == CK_KV_SCALE_PER_TOKEN;
+    if (quantized && pointers)
+        CK_TRY(check.not_null({{p->k_scale, "params->k_scale"}, {p->v_scale, "params->v_scale"}}));
     // A cache row of Hkv heads: at most 2^16 x 2^7 x 2 = 2^24 bytes, so the products below
     // overflow only through their other factor, which __builtin_mul_overflow catches.
-    const int64_t row_bytes = p->num_heads_kv * p->head_dim * 2;
+    const int64_t row_bytes = p->num_heads_kv * p->head_dim * (quantized ? 1 : 2);
     const bool paged = p->block_table != nullptr;
     int64_t cache_bytes = 0;
     if (paged) {
@@ -999,6 +1117,10 @@ ck_status_t check_decode_params(const Check& check, const ck_attention_decode_pa
     CK_TRY(check.in_range(p->num_splits, 0, ck::kDecodeMaxSplits, "params->num_splits"));
     const int64_t q_bytes = p->batch * p->seqlen_q * p->num_heads_q * p->head_dim * 2;
     const int64_t lse_bytes = p->batch * p->seqlen_q * p->num_heads_q * 4;
+    // Scales: one float32 per kv head, or per cache row (4 bytes per row_bytes >= 64 bytes of
+    // the cache, whose count fits).
+    const int64_t scale_bytes =
+        !quantized ? 0 : per_token ? cache_bytes / p->head_dim * 4 : p->num_heads_kv * 4;
     if (pointers) {
         CK_TRY(check_head_rows_aligned(check, {{p->q, "params->q"},
                                                {p->k_cache, "params->k_cache"},
@@ -1007,14 +1129,26 @@ ck_status_t check_decode_params(const Check& check, const ck_attention_decode_pa
         CK_TRY(check.element_aligned({{p->lse, CK_DTYPE_FP32, "params->lse"},
                                       {p->seqlens_k, CK_DTYPE_INT32, "params->seqlens_k"},
                                       {p->block_table, CK_DTYPE_INT32, "params->block_table"}}));
+        if (quantized)
+            CK_TRY(check.element_aligned({{p->k_scale, CK_DTYPE_FP32, "params->k_scale"},
+                                          {p->v_scale, CK_DTYPE_FP32, "params->v_scale"}}));
         CK_TRY(check_attention_overlaps(check, {p->q, p->k_cache, p->v_cache, p->out, p->lse},
                                         q_bytes, cache_bytes, lse_bytes, "k_cache", "v_cache"));
+        if (quantized &&
+            (overlaps(p->out, q_bytes, p->k_scale, scale_bytes) ||
+             overlaps(p->out, q_bytes, p->v_scale, scale_bytes) ||
+             (p->lse && (overlaps(p->lse, lse_bytes, p->k_scale, scale_bytes) ||
+                         overlaps(p->lse, lse_bytes, p->v_scale, scale_bytes)))))
+            return check.fail(CK_STATUS_INVALID_VALUE,
+                              "params->out or lse overlaps params->k_scale or v_scale");
     }
 
     const int64_t splits =
         ck::decode_num_splits(p->batch, p->num_heads_q, p->num_heads_kv, p->seqlen_q,
-                              p->max_seqlen_k, paged ? p->page_size : 0, p->num_splits);
+                              p->max_seqlen_k, paged ? p->page_size : 0, quantized,
+                              p->num_splits);
     call->q_bytes = q_bytes, call->cache_bytes = cache_bytes, call->lse_bytes = lse_bytes;
+    call->scale_bytes = scale_bytes;
     call->workspace = ck::decode_workspace(splits, p->batch, p->seqlen_q, p->num_heads_q,
                                            p->head_dim);
     ck::DecodeArgs& a = call->args;
@@ -1032,11 +1166,14 @@ ck_status_t check_decode_params(const Check& check, const ck_attention_decode_pa
     }
     a.splits = int(splits);
     a.scale = softmax_scale_or_default(p->softmax_scale, p->head_dim);
+    a.kv_format = p->kv_format, a.per_token = per_token;
+    if (quantized) a.k_scale = p->k_scale, a.v_scale = p->v_scale;
     return CK_STATUS_SUCCESS;
 }
 
-ck_status_t check_decode_workspace(const Check& check, const ck_attention_decode_params_t* p,
-                                   void* workspace, size_t workspace_bytes, DecodeCall* call) {
+ck_status_t check_decode_workspace(const Check& check, void* workspace, size_t workspace_bytes,
+                                   DecodeCall* call) {
+    const ck_attention_decode_params_t* p = &call->params;
     const int64_t need = call->workspace.bytes;
     if (need == 0) return CK_STATUS_SUCCESS;  // one split: the workspace is not used
     CK_TRY(check.not_null(workspace, "workspace"));
@@ -1050,9 +1187,12 @@ ck_status_t check_decode_workspace(const Check& check, const ck_attention_decode
         overlaps(workspace, need, p->k_cache, call->cache_bytes) ||
         overlaps(workspace, need, p->v_cache, call->cache_bytes) ||
         overlaps(workspace, need, p->out, call->q_bytes) ||
-        (p->lse && overlaps(workspace, need, p->lse, call->lse_bytes)))
+        (p->lse && overlaps(workspace, need, p->lse, call->lse_bytes)) ||
+        overlaps(workspace, need, p->k_scale, call->scale_bytes) ||
+        overlaps(workspace, need, p->v_scale, call->scale_bytes))
         return check.fail(CK_STATUS_INVALID_VALUE,
-                          "workspace overlaps params->q, k_cache, v_cache, out or lse");
+                          "workspace overlaps params->q, k_cache, v_cache, out, lse, k_scale or "
+                          "v_scale");
     uint8_t* ws = static_cast<uint8_t*>(workspace);
     call->args.partial_o = reinterpret_cast<float*>(ws);
     call->args.partial_lse = reinterpret_cast<float*>(ws + call->workspace.lse_offset);
@@ -2024,6 +2164,13 @@ ck_status_t ck_attention_forward(const ck_attention_params_t* params, ck_stream_
     return ck::run_variant(check, kAttention, args, stream);
 }
 
+ck_status_t ck_kv_cache_append(const ck_kv_cache_append_params_t* params, ck_stream_t stream) {
+    const Check check("ck_kv_cache_append");
+    ck::KvAppendArgs args;
+    CK_TRY(check_kv_append_params(check, params, &args));
+    CK_TRY(check_attention_gpu(check));
+    return check.launch([&] { return ck::kv_cache_append(args, stream); });
+}
 
 ck_status_t ck_attention_decode_workspace_size(const ck_attention_decode_params_t* params,
                                                size_t* bytes) {
@@ -2041,7 +2188,7 @@ ck_status_t ck_attention_decode(const ck_attention_decode_params_t* params, void
     const Check check("ck_attention_decode");
     DecodeCall call;
     CK_TRY(check_decode_params(check, params, /*pointers=*/true, &call));
-    CK_TRY(check_decode_workspace(check, params, workspace, workspace_bytes, &call));
+    CK_TRY(check_decode_workspace(check, workspace, workspace_bytes, &call));
     CK_TRY(check_attention_gpu(check));
     return check.launch([&] { return ck::attention_decode(call.args, stream); });
 }

@@ -1167,6 +1167,85 @@ typedef struct ck_attention_params {
 CK_API ck_status_t ck_attention_forward(const ck_attention_params_t* params, ck_stream_t stream);
 
 /* ---------------------------------------------------------------------------------------------
+ * Quantized KV cache: 8-bit keys and values with float32 scales, written by ck_kv_cache_append
+ * and read by ck_attention_decode
+ *
+ * A cache row (one key, or one value, of one kv head at one position: D elements) holds D codes
+ * and means codes x scale. Formats (ck_kv_format_t): CK_KV_DTYPE, the default, stores the
+ * attention's fp16/bf16 values as they are; CK_KV_FP8_E4M3 stores E4M3 bytes, CK_KV_INT8 int8
+ * codes: half the bytes of fp16, which halves decode's memory traffic. Scales
+ * (ck_kv_scaling_t), float32:
+ *   CK_KV_SCALE_PER_HEAD:  k_scale, v_scale [Hkv], the caller's (static: as calibrated, vLLM's
+ *                          k_scale / v_scale per head); finite and > 0 (device data, not
+ *                          checked).
+ *   CK_KV_SCALE_PER_TOKEN: k_scale, v_scale [cache slots, Hkv] beside the cache, one per row,
+ *                          written by ck_kv_cache_append from the row's values (dynamic).
+ * A cache slot is a position's row of Hkv heads: slot b * max_seqlen_k + pos of a contiguous
+ * cache [batch, max_seqlen_k, Hkv, D], slot page * page_size + pos % page_size of a paged one
+ * [num_pages, page_size, Hkv, D]; per-token scales are [batch, max_seqlen_k, Hkv] or
+ * [num_pages, page_size, Hkv] accordingly.
+ * Quantization of a row x (float32 arithmetic, as ck_quantize_fp8 / ck_quantize_int8 with one
+ * scale per row; tests/reference.py kv_cache_quantize is the spec):
+ *   per token: scale = amax(|x|) / FMAX (FMAX = 448 for E4M3, 127 for int8); a zero scale (an
+ *              all-zero row) becomes 1, and for E4M3 so does a subnormal one;
+ *   codes:     E4M3 fp8(x * inv), int8 clamp(rint(x * inv), -127, 127), inv = 1 / scale
+ *              (float32), fp8() rounding to nearest even and saturating (NaN gives 0x7F).
+ * ------------------------------------------------------------------------------------------- */
+
+/* What a KV cache holds. */
+typedef enum ck_kv_format {
+    CK_KV_DTYPE = 0,     /* the attention's dtype (fp16 or bf16), 2 bytes per element */
+    CK_KV_FP8_E4M3 = 1,  /* FP8 E4M3 bytes (CK_FP8_E4M3) times a scale */
+    CK_KV_INT8 = 2       /* int8 codes in [-127, 127] times a scale */
+} ck_kv_format_t;
+
+/* The scales of a quantized KV cache (above). */
+typedef enum ck_kv_scaling {
+    CK_KV_SCALE_PER_HEAD = 0,  /* k_scale, v_scale [Hkv], static */
+    CK_KV_SCALE_PER_TOKEN = 1  /* k_scale, v_scale [slots, Hkv], one per cache row, dynamic */
+} ck_kv_scaling_t;
+
+/* The arguments of ck_kv_cache_append (see the convention at the top of this header). */
+typedef struct ck_kv_cache_append_params {
+    size_t struct_size;          /* sizeof(ck_kv_cache_append_params_t) */
+    ck_dtype_t dtype;            /* k and v: CK_DTYPE_FP16 or CK_DTYPE_BF16 */
+    ck_kv_format_t kv_format;    /* the cache's (above); CK_KV_DTYPE copies the values */
+    ck_kv_scaling_t kv_scaling;  /* quantized formats: per head or per token (else not read) */
+    const void* k;               /* [num_tokens, Hkv, D] of dtype, 16-byte aligned */
+    const void* v;               /* [num_tokens, Hkv, D] of dtype, 16-byte aligned */
+    const int64_t* slot_mapping; /* [num_tokens] int64 device memory, 8-byte aligned: the cache
+                                    slot token i goes to; outside [0, num_slots): skipped (a
+                                    padding token), as vLLM's reshape_and_cache does with -1 */
+    void* k_cache;               /* [num_slots, Hkv, D] of the format, 16-byte aligned */
+    void* v_cache;               /* like k_cache */
+    float* k_scale;              /* quantized formats, 4-byte aligned: per head, [Hkv] (read);
+                                    per token, [num_slots, Hkv] (the slots' rows written) */
+    float* v_scale;              /* like k_scale */
+    int64_t num_tokens;          /* 1 .. 2^31 - 1 */
+    int64_t num_heads_kv;        /* Hkv: 1 .. 65535 */
+    int64_t head_dim;            /* D: 64 or 128 */
+    int64_t num_slots;           /* the cache's slots (rows of Hkv heads): >= 1, the cache's
+                                    bytes within int64_t */
+} ck_kv_cache_append_params_t;
+
+/* Writes the keys and values of num_tokens new positions into a KV cache: for every token i
+ * whose slot = slot_mapping[i] lies in [0, num_slots), k_cache[slot] and v_cache[slot] (all Hkv
+ * heads) get k[i] and v[i], copied (CK_KV_DTYPE) or quantized row by row as above, and with
+ * per-token scales k_scale[slot] and v_scale[slot] get the rows' scales. Nothing else is
+ * written; two tokens of one slot leave either's row (unspecified which). Requirements:
+ * struct_size known; dtype fp16 or bf16; kv_format and (quantized) kv_scaling values of their
+ * enums; pointers non-NULL (the scales only for quantized formats); the sizes in their ranges,
+ * head_dim >= 1 (CK_STATUS_INVALID_VALUE for all of these); D = 64 or 128
+ * (CK_STATUS_UNSUPPORTED for others); pointers aligned as above (CK_STATUS_MISALIGNED); what is
+ * written (k_cache, v_cache and per-token scales) must not overlap any other buffer of the
+ * call (overlaps the host sees: CK_STATUS_INVALID_VALUE), slot_mapping included (not
+ * checked). Requires compute capability 8.0 or newer (CK_STATUS_UNSUPPORTED before). The host
+ * never reads slot_mapping: the call can be captured in a CUDA graph (a decode step's append
+ * before its ck_attention_decode, on the same stream). */
+CK_API ck_status_t ck_kv_cache_append(const ck_kv_cache_append_params_t* params,
+                                      ck_stream_t stream);
+
+/* ---------------------------------------------------------------------------------------------
  * Attention decode over a KV cache (fp16/bf16, split-KV "flash-decoding" on mma.sync)
  *
  * Each sequence b has Sq_new = seqlen_q new tokens (1 .. 16), the LAST Sq_new positions of the
@@ -1181,6 +1260,13 @@ CK_API ck_status_t ck_attention_forward(const ck_attention_params_t* params, ck_
  * attention_error_bound (block_n = 16, num_splits as below) on attention_decode_as_prefill's
  * arrays.
  *
+ * Quantized cache (kv_format CK_KV_FP8_E4M3 or CK_KV_INT8; see "Quantized KV cache"): k_j and
+ * v_j are the rows' codes x their scales, exactly. The kernel converts the codes to the dtype
+ * (exact: every E4M3 value and int8 code is an fp16 and a bf16 value), multiplies key j's
+ * float32 sums q . codes by its scale, and each softmax weight p_j by value j's scale before p
+ * is rounded to the dtype for P V (tests/reference.py attention_error_bound with v_scales).
+ * The cache's bytes are half those of fp16, which is what a memory-bound decode saves.
+ *
  * Layouts (row-major and densely packed; no other strides are accepted):
  *   q, out    [batch, seqlen_q, Hq, D]; lse [batch, seqlen_q, Hq] float32.
  *   contiguous cache (block_table NULL): k_cache, v_cache [batch, max_seqlen_k, Hkv, D];
@@ -1188,6 +1274,8 @@ CK_API ck_status_t ck_attention_forward(const ck_attention_params_t* params, ck_
  *   paged cache: k_cache, v_cache [num_pages, page_size, Hkv, D] and block_table int32
  *             [batch, max_blocks_per_seq]: key j of sequence b is
  *             k_cache[block_table[b, j / page_size], j % page_size].
+ *   Elements of the cache: 2 bytes (CK_KV_DTYPE) or 1 (quantized); per-token scales follow
+ *             the cache's first three dimensions.
  *
  * Device-side lengths: seqlens_k int32 [batch] is read by the kernel, never by the host. The
  * caller promises 0 <= seqlens_k[b] <= max_seqlen_k and, when paged, that the entries of the
@@ -1209,13 +1297,15 @@ CK_API ck_status_t ck_attention_forward(const ck_attention_params_t* params, ck_
  *   n          = ceil(max_seqlen_k / 64)        (key blocks of the longest sequence),
  *   per(s)     = ceil(n / s)                    (blocks of a split of s),
  *   cost(s)    = ceil(ctas * ceil(n / per(s)) / 264) * per(s),
- *   most       = 64 for a paged cache of pages below 64 keys, else 16,
- *   num_splits = the s in 1 .. min(most, ceil(max_seqlen_k / 128)) of the least cost, the
- *                smallest among equals
+ *   most       = 64 for a paged cache of pages below 64 keys or a quantized cache, else 16,
+ *   min_keys   = 256 for a quantized cache, else 128,
+ *   num_splits = the s in 1 .. min(most, ceil(max_seqlen_k / min_keys)) of the least cost,
+ *                the smallest among equals
  * (waves of 264 CTAs, two per SM of the 132-SM H100 the library is tuned on, times the blocks
- * each CTA streams; each split at least 128 keys; at most 16 since a grid of one CTA per SM
+ * each CTA streams; each split at least min_keys keys; at most 16 since a grid of one CTA per SM
  * runs a deeper pipeline, but for pages smaller than a 64-key tile, whose table lookups two
- * CTAs per SM hide), unless params->num_splits forces a count (1 .. 64). Workspace
+ * CTAs per SM hide, and for a quantized cache, whose conversion they hide), unless
+ * params->num_splits forces a count (1 .. 64). Workspace
  * (num_splits > 1), with rows = num_splits * batch * seqlen_q * Hq:
  *   float32 O_s [num_splits, batch, seqlen_q, Hq, D] at byte 0 (rows * D * 4 bytes, rounded up
  *   to a multiple of 256), then float32 lse_s [num_splits, batch, seqlen_q, Hq] (rows * 4
@@ -1254,6 +1344,14 @@ typedef struct ck_attention_decode_params {
     float softmax_scale;
     /* 0 (default): the rule above; 1 .. 64: exactly that many splits (some may be empty). */
     int32_t num_splits;
+    /* Appended in version 2 (a struct_size of the first version, which ends at num_splits, gives
+     * these their defaults): a quantized cache (see "Quantized KV cache" above). */
+    ck_kv_format_t kv_format;    /* 0 (default): k_cache and v_cache hold `dtype` values */
+    ck_kv_scaling_t kv_scaling;  /* quantized formats: per head or per token */
+    const float* k_scale;        /* quantized formats, 4-byte aligned: [Hkv] per head; per
+                                    token [batch, max_seqlen_k, Hkv] or [num_pages, page_size,
+                                    Hkv], like the cache's rows */
+    const float* v_scale;        /* like k_scale */
 } ck_attention_decode_params_t;
 
 /* The workspace bytes ck_attention_decode needs for these parameters (the formula above; 0 for
@@ -1265,13 +1363,16 @@ CK_API ck_status_t ck_attention_decode_workspace_size(const ck_attention_decode_
  * (CK_STATUS_UNSUPPORTED for other head dims); Hq % Hkv == 0; seqlen_q 1 .. 16; the sizes in
  * the struct's ranges, page_size a power of two, max_seqlen_k <= max_blocks_per_seq * page_size
  * when paged, and the byte count of every operand (cache, pages, block table) representable in
- * int64_t (CK_STATUS_INVALID_VALUE otherwise); q, k_cache, v_cache and out 16-byte aligned;
- * lse, seqlens_k and block_table 4-byte aligned (CK_STATUS_MISALIGNED); out and lse must not
- * overlap q, the cache or each other (CK_STATUS_INVALID_VALUE for the overlaps the host sees;
- * seqlens_k and block_table are not checked but must not overlap an output either).
+ * int64_t (CK_STATUS_INVALID_VALUE otherwise); kv_format and (quantized) kv_scaling values of
+ * their enums, and with a quantized cache k_scale and v_scale non-NULL
+ * (CK_STATUS_INVALID_VALUE); q, k_cache, v_cache and out 16-byte aligned; lse, seqlens_k,
+ * block_table and the scales 4-byte aligned (CK_STATUS_MISALIGNED); out and lse must not
+ * overlap q, the cache, the scales or each other (CK_STATUS_INVALID_VALUE for the overlaps the
+ * host sees; seqlens_k and block_table are not checked but must not overlap an output either).
  * workspace: with num_splits > 1, at least ck_attention_decode_workspace_size bytes (else
  * CK_STATUS_INVALID_VALUE), 256-byte aligned (CK_STATUS_MISALIGNED), not overlapping q, the
- * cache, out or lse (CK_STATUS_INVALID_VALUE); with one split it is not used and may be NULL.
+ * cache, out, lse or the scales (CK_STATUS_INVALID_VALUE); with one split it is not used and
+ * may be NULL.
  * Requires compute capability 8.0 or newer (CK_STATUS_UNSUPPORTED before). Writes out and,
  * when given, lse, and the workspace's partials; nothing else. Nothing is allocated or
  * synchronized and the host never reads seqlens_k or block_table, so the call can be captured

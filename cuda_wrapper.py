@@ -105,6 +105,8 @@ __all__ = [
     "gemm_int4_scaled", "QuantizedLinear", "MoeParams", "moe_route", "moe_prepack",
     "moe_workspace_size", "moe_forward", "QuantizedMoE", "AttentionParams", "attention",
     "AttentionDecodeParams", "attention_decode_workspace_size", "attention_decode",
+    "KV_DTYPE", "KV_FP8_E4M3", "KV_INT8", "KV_SCALE_PER_HEAD", "KV_SCALE_PER_TOKEN",
+    "KvCacheAppendParams", "kv_cache_append",
     "WEIGHT4_INT4", "WEIGHT4_NF4", "WEIGHT4_MXFP4", "WEIGHT4_NVFP4", "ROPE_NONE", "ROPE_NEOX",
     "ROPE_INTERLEAVED", "QkvParams", "qkv_prepack", "qkv_projection", "QkvProjection",
     "quantize_tensor", "dequantize_tensor", "int8_matmul", "torch_ops",
@@ -169,6 +171,11 @@ ROPE_NEOX = 1
 ROPE_INTERLEAVED = 2
 SPARSITY_2_4 = 0        # ck_sparsity_t: at most 2 non-zeros in every block of 4 k
 SPARSITY_16_32 = 1      #                at most 16 in every block of 32 k
+KV_DTYPE = 0            # ck_kv_format_t: the attention's fp16/bf16 values
+KV_FP8_E4M3 = 1         #                 FP8 E4M3 bytes times scales
+KV_INT8 = 2             #                 int8 codes times scales
+KV_SCALE_PER_HEAD = 0   # ck_kv_scaling_t: scales [Hkv], given
+KV_SCALE_PER_TOKEN = 1  #                  scales [slots, Hkv], one per cache row
 
 # Host-side storage of each library dtype (bf16 as its bit pattern).
 _NUMPY_OF = {
@@ -349,6 +356,32 @@ class AttentionDecodeParams(_ParamsStruct):
         ("max_blocks_per_seq", _I64),
         ("softmax_scale", ctypes.c_float),
         ("num_splits", ctypes.c_int32),
+        ("kv_format", _ENUM),
+        ("kv_scaling", _ENUM),
+        ("k_scale", _VOIDP),
+        ("v_scale", _VOIDP),
+    ]
+
+
+class KvCacheAppendParams(_ParamsStruct):
+    """ck_kv_cache_append_params_t: the arguments of ck_kv_cache_append (passed by reference).
+    Zero fields: a cache of the dtype's values (a copy)."""
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("dtype", _ENUM),
+        ("kv_format", _ENUM),
+        ("kv_scaling", _ENUM),
+        ("k", _VOIDP),
+        ("v", _VOIDP),
+        ("slot_mapping", _VOIDP),
+        ("k_cache", _VOIDP),
+        ("v_cache", _VOIDP),
+        ("k_scale", _VOIDP),
+        ("v_scale", _VOIDP),
+        ("num_tokens", _I64),
+        ("num_heads_kv", _I64),
+        ("head_dim", _I64),
+        ("num_slots", _I64),
     ]
 
 
@@ -562,6 +595,8 @@ DECLARATIONS = {
         ("workspace_bytes", ctypes.c_size_t), _STREAM)),
     "ck_attention_forward": (_STATUS, (
         ("params", ctypes.POINTER(AttentionParams)), _STREAM)),
+    "ck_kv_cache_append": (_STATUS, (
+        ("params", ctypes.POINTER(KvCacheAppendParams)), _STREAM)),
     "ck_attention_decode_workspace_size": (_STATUS, (
         ("params", ctypes.POINTER(AttentionDecodeParams)),
         ("bytes", ctypes.POINTER(ctypes.c_size_t)))),
@@ -4543,9 +4578,120 @@ def attention_decode_workspace_size(q_shape, k_cache_shape, block_table_shape=No
     return raw.attention_decode_workspace_size(params)
 
 
+# A quantized KV cache's formats by name, and the code type each stores.
+_KV_FORMATS = {"fp8_e4m3": KV_FP8_E4M3, "int8": KV_INT8}
+_KV_CODES = {KV_FP8_E4M3: np.uint8, KV_INT8: np.int8}
+
+
+def _kv_format(kv_format, cache_dtype, name):
+    """The ck_kv_format_t of a cache: kv_format by name ('fp8_e4m3', 'int8') or None, which
+    reads the cache's element type (uint8: E4M3 bytes, int8: int8 codes, else its values)."""
+    if kv_format is None:
+        return {np.dtype(np.uint8): KV_FP8_E4M3, np.dtype(np.int8): KV_INT8}.get(
+            np.dtype(cache_dtype), KV_DTYPE)
+    if kv_format not in _KV_FORMATS:
+        raise ValueError("kv_format=%r: use one of %s, or None" % (kv_format, sorted(_KV_FORMATS)))
+    fmt = _KV_FORMATS[kv_format]
+    if np.dtype(cache_dtype) != np.dtype(_KV_CODES[fmt]):
+        raise TypeError("%s has dtype %s; a %s cache holds %s" % (
+            name, np.dtype(cache_dtype), kv_format, np.dtype(_KV_CODES[fmt])))
+    return fmt
+
+
+def _shape_dtype(obj, name):
+    """(shape, NumPy dtype) of an array of any kind the wrapper takes, without copying it."""
+    kind = _kind(obj)
+    if kind is not None:
+        a = kind.view(obj, name) if kind.on_device(obj) else (0,) + _shape_dtype(
+            kind.host_array(obj, name), name)
+        return tuple(a[1]), np.dtype(a[2])
+    if _is_device(obj):
+        _, shape, np_dtype = _cai(obj, name)[:3]
+        return tuple(shape), np.dtype(np_dtype)
+    a = np.asarray(obj)
+    return a.shape, a.dtype
+
+
+def _kv_scales(call, k_scale, v_scale, row_shape, heads_kv):
+    """(kv_scaling, k_scale address, v_scale address) of a quantized cache whose rows have the
+    shape row_shape (the cache's without D): per-head scales float32 [Hkv] or per-token ones
+    of row_shape, both alike."""
+    if k_scale is None or v_scale is None:
+        raise ValueError("a quantized cache needs k_scale and v_scale (float32 [Hkv] per head, "
+                         "or the cache's shape without D per token)")
+    ks = call.input(k_scale, "k_scale", need=np.float32)
+    vs = call.input(v_scale, "v_scale", need=np.float32)
+    if tuple(ks.shape) != tuple(vs.shape):
+        raise ValueError("k_scale %s and v_scale %s must have one shape"
+                         % (tuple(ks.shape), tuple(vs.shape)))
+    if tuple(ks.shape) == (heads_kv,):
+        return KV_SCALE_PER_HEAD, ks.ptr, vs.ptr
+    if tuple(ks.shape) == tuple(row_shape):
+        return KV_SCALE_PER_TOKEN, ks.ptr, vs.ptr
+    raise ValueError("k_scale has shape %s: per head it is (%d,), per token %s"
+                     % (tuple(ks.shape), heads_kv, tuple(row_shape)))
+
+
+def kv_cache_append(k, v, slot_mapping, k_cache, v_cache, k_scale=None, v_scale=None,
+                    kv_format=None, dtype=None, stream=None):
+    """Writes the keys and values of new positions into a KV cache, in place
+    (ck_kv_cache_append): token i's k[i], v[i] ([tokens, Hkv, D], fp16 or bf16, uint16 bit
+    patterns with dtype="bf16") go to cache slot slot_mapping[i] (int64 [tokens]; a slot
+    outside the cache is skipped), copied, or quantized row by row (cuda_kernels.h, "Quantized
+    KV cache"; tests/reference.py kv_cache_quantize).
+
+    k_cache, v_cache: device arrays, [slots, Hkv, D], or a contiguous cache [batch,
+    max_seqlen_k, Hkv, D] (slot b * max_seqlen_k + pos) or pages [num_pages, page_size, Hkv, D]
+    (slot page * page_size + pos % page_size): the dtype's values, or uint8 E4M3 bytes
+    (kv_format "fp8_e4m3") or int8 codes ("int8"); kv_format None reads the cache's dtype.
+    A quantized cache needs k_scale and v_scale, float32 device arrays: [Hkv] per head (read),
+    or the cache's shape without D per token (the slots' rows written). Returns None."""
+    with _Call(k, stream) as call:
+        ka = call.input(k, "k", dtype, need=_FLOAT_INPUT)
+        va = call.input(v, "v", dtype, need=_FLOAT_INPUT)
+        if len(ka.shape) != 3 or tuple(ka.shape) != tuple(va.shape):
+            raise ValueError("k and v must be [tokens, Hkv, D] of one shape; got %s and %s"
+                             % (tuple(ka.shape), tuple(va.shape)))
+        if ka.ck_dtype != va.ck_dtype:
+            raise TypeError("k and v must have one dtype")
+        tokens, heads_kv, head_dim = ka.shape
+        sa = call.input(slot_mapping, "slot_mapping", need=np.int64)
+        if tuple(sa.shape) != (tokens,):
+            raise ValueError("slot_mapping must be int64 [tokens=%d], got shape %s"
+                             % (tokens, tuple(sa.shape)))
+        caches = []
+        for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+            if not _is_device(cache):
+                raise TypeError("%s must be a device array (the cache is written in place)"
+                                % name)
+            shape, np_dtype = _shape_dtype(cache, name)
+            if len(shape) not in (3, 4) or tuple(shape[-2:]) != (heads_kv, head_dim):
+                raise ValueError("%s has shape %s: it needs [slots, Hkv=%d, D=%d] or [.., .., "
+                                 "Hkv, D]" % (name, tuple(shape), heads_kv, head_dim))
+            caches.append((name, cache, tuple(shape), np_dtype))
+        if caches[0][2:] != caches[1][2:]:
+            raise ValueError("k_cache and v_cache must have one shape and dtype")
+        shape, np_dtype = caches[0][2:]
+        fmt = _kv_format(kv_format, np_dtype, "k_cache")
+        params = KvCacheAppendParams(
+            dtype=ka.ck_dtype, kv_format=fmt, k=ka.ptr, v=va.ptr, slot_mapping=sa.ptr,
+            num_tokens=tokens, num_heads_kv=heads_kv, head_dim=head_dim,
+            num_slots=math.prod(shape[:-2]))
+        want = _NUMPY_OF[ka.ck_dtype] if fmt == KV_DTYPE else _KV_CODES[fmt]
+        for name, cache, _, _ in caches:
+            arg = call.output(shape, want, ka.ck_dtype, cache, name)
+            setattr(params, name, arg.ptr)
+        if fmt != KV_DTYPE:
+            params.kv_scaling, params.k_scale, params.v_scale = _kv_scales(
+                call, k_scale, v_scale, shape[:-1], heads_kv)
+        raw.kv_cache_append(params, call.stream)
+        call.finish()
+
+
 def attention_decode(q, k_cache, v_cache, seqlens_k, block_table=None, softmax_scale=None,
                      max_seqlen_k=None, num_splits=None, return_lse=False, dtype=None,
-                     workspace=None, out=None, stream=None):
+                     workspace=None, out=None, stream=None, k_scale=None, v_scale=None,
+                     kv_format=None):
     """Decode attention over a KV cache (ck_attention_decode): for the seqlen_q new tokens of
     each sequence (its last positions) and each query head h, O = softmax(scale q k^T over the
     sequence's keys up to the token's position) v, kv head h // (Hq / Hkv) (cuda_kernels.h gives
@@ -4561,17 +4707,25 @@ def attention_decode(q, k_cache, v_cache, seqlens_k, block_table=None, softmax_s
     num_splits: None for the library's rule, or 1 .. 64. workspace: None allocates
     :func:`attention_decode_workspace_size` bytes for the call; a CUDA array of at least that
     many bytes, 256-byte aligned, is used instead (what a graph capture needs).
+    A quantized cache (cuda_kernels.h, "Quantized KV cache", as kv_cache_append writes it):
+    uint8 E4M3 bytes or int8 codes (kv_format None reads the cache's dtype; or "fp8_e4m3",
+    "int8"), with k_scale and v_scale float32, [Hkv] per head or the cache's shape without D
+    per token.
     Returns O like q, and with return_lse also lse float32 [batch, seqlen_q, Hq] (-inf and
     O = 0 for a token that sees no key).
     """
     with _Call(q, stream) as call:
         qa = call.input(q, "q", dtype, need=_FLOAT_INPUT)
-        ka = call.input(k_cache, "k_cache", dtype, need=_FLOAT_INPUT)
-        va = call.input(v_cache, "v_cache", dtype, need=_FLOAT_INPUT)
+        fmt = _kv_format(kv_format, _shape_dtype(k_cache, "k_cache")[1], "k_cache")
+        codes = None if fmt == KV_DTYPE else _KV_CODES[fmt]
+        ka = call.input(k_cache, "k_cache", None if codes else dtype,
+                        need=codes or _FLOAT_INPUT)
+        va = call.input(v_cache, "v_cache", None if codes else dtype,
+                        need=codes or _FLOAT_INPUT)
         if tuple(ka.shape) != tuple(va.shape):
             raise ValueError("k_cache %s and v_cache %s must have the same shape"
                              % (tuple(ka.shape), tuple(va.shape)))
-        if not qa.ck_dtype == ka.ck_dtype == va.ck_dtype:
+        if codes is None and not qa.ck_dtype == ka.ck_dtype == va.ck_dtype:
             raise TypeError("q, k_cache and v_cache must have one dtype")
         sa = call.input(seqlens_k, "seqlens_k", need=np.int32)
         ta = None if block_table is None else call.input(block_table, "block_table",
@@ -4582,6 +4736,10 @@ def attention_decode(q, k_cache, v_cache, seqlens_k, block_table=None, softmax_s
         params.dtype = qa.ck_dtype
         params.q, params.k_cache, params.v_cache, params.seqlens_k = qa.ptr, ka.ptr, va.ptr, sa.ptr
         params.block_table = 0 if ta is None else ta.ptr
+        if codes is not None:
+            params.kv_format = fmt
+            params.kv_scaling, params.k_scale, params.v_scale = _kv_scales(
+                call, k_scale, v_scale, tuple(ka.shape[:3]), ka.shape[2])
         o = call.output(qa.shape, _NUMPY_OF[qa.ck_dtype], qa.ck_dtype, out, "out")
         params.out = o.ptr
         lse = None

@@ -25,13 +25,17 @@
 //
 // Decode (ck_attention_decode, split-KV plus the combine). Problems: fp16, Hq = 32 query heads
 // over Hkv = 8 kv heads, D = 128, one new token per sequence, (batch, KV length) = (1, 4096),
-// (16, 4096), (64, 2048), (1, 32768) (--quick: the first two), every sequence of the full length. Rows of each: a contiguous cache [B, KV, Hkv, D]
-// and paged caches of 16- and 64-key pages (the block table a random permutation of the pages,
-// so that a sequence's pages are scattered as a serving engine's are). Splits: the library's
+// (16, 4096), (64, 2048), (1, 32768) (--quick: the first two), every sequence of the full
+// length. Rows of each: a contiguous cache [B, KV, Hkv, D] and paged caches of 16- and 64-key
+// pages (the block table a random permutation of the pages, so that a sequence's pages are
+// scattered as a serving engine's are); each of an fp16 cache and of quantized ones ("kv=":
+// FP8 E4M3 with per-head or per-token scales, int8 with per-token scales, the codes
+// ck_quantize_fp8 / ck_quantize_int8 make of uniform values, per row). Splits: the library's
 // automatic rule (the note gives the count).
 // Floor: `bytes` is the K and V bytes of the sequences (tests/reference.py
-// attention_decode_kv_bytes: B KV Hkv D 2 x 2 bytes) plus q and out; the block table and the
-// partials are not counted. "% copy" is that at the measured copy bandwidth: the target of a
+// attention_decode_kv_bytes: B KV Hkv D 2 x 2 bytes for fp16, x 1 byte for codes, plus 8 bytes
+// of scales per key and kv head per token) plus q and out; the block table and the partials
+// are not counted. "% copy" is that at the measured copy bandwidth: the target of a
 // memory-bound decode kernel.
 // Timing: each row replays one CUDA graph of kDecodeCallsPerGraph calls (each the split kernel
 // and the combine) over rotated copies of every buffer, so that each call reads its K and V from
@@ -492,35 +496,70 @@ constexpr ck_dtype_t kDtype = CK_DTYPE_FP16;
 
 constexpr int kDecodeCallsPerGraph = 32;  // rounded up to a multiple of the copies
 
+// What the cache holds.
+struct KvCache {
+    const char* name;  // appended to the row's kernel name
+    ck_kv_format_t format;
+    ck_kv_scaling_t scaling;
+};
+constexpr KvCache kKvCaches[] = {{"", CK_KV_DTYPE, CK_KV_SCALE_PER_HEAD},
+                                 {" kv=fp8/head", CK_KV_FP8_E4M3, CK_KV_SCALE_PER_HEAD},
+                                 {" kv=fp8/token", CK_KV_FP8_E4M3, CK_KV_SCALE_PER_TOKEN},
+                                 {" kv=int8/token", CK_KV_INT8, CK_KV_SCALE_PER_TOKEN}};
+
 // One copy of a call's buffers.
 struct Copy {
-    DeviceBuffer q, k, v, out, seqlens, table, workspace;
+    DeviceBuffer q, k, v, out, seqlens, table, workspace, k_scale, v_scale;
 };
+
+// A quantized cache's codes (and per-token scales) from uniform values: ck_quantize_fp8 or
+// ck_quantize_int8 per row of D values into `codes` and `row_scales` (`rows` rows of Hkv heads).
+inline void quantize_cache(const KvCache& kv, int64_t rows, uint64_t seed, DeviceBuffer& values,
+                           void* codes, float* row_scales, cudaStream_t stream) {
+    const int64_t heads = rows * kHeadsKv;
+    fill_uniform(values.as(), kDtype, heads * kHeadDim, seed, -1.f, 1.f, stream);
+    if (kv.format == CK_KV_FP8_E4M3)
+        CK_BENCH_CHECK(ck_quantize_fp8(values.as(), kDtype, heads, kHeadDim, CK_FP8_E4M3,
+                                       CK_PER_ROW, CK_SCALE_DYNAMIC, row_scales,
+                                       static_cast<uint8_t*>(codes), stream));
+    else
+        CK_BENCH_CHECK(ck_quantize_int8(values.as(), kDtype, heads, kHeadDim, CK_PER_ROW,
+                                        CK_SCALE_DYNAMIC, row_scales,
+                                        static_cast<int8_t*>(codes), stream));
+}
 
 inline std::string layout_name(int64_t page_size) {
     return page_size == 0 ? "contiguous" : "paged" + std::to_string(page_size);
 }
 
-inline void run_problem(Bench& bench, const Problem& problem, int64_t page_size) {
+inline void run_problem(Bench& bench, const Problem& problem, int64_t page_size,
+                        const KvCache& cache) {
     RowSpec spec;
     spec.family = "attention";
-    spec.kernel = "decode " + layout_name(page_size);
+    spec.kernel = "decode " + layout_name(page_size) + cache.name;
     spec.dtype = "fp16";
     spec.shape = "B=" + std::to_string(problem.batch) + " KV=" + std::to_string(problem.kv_len) +
                  " Hq=32 Hkv=8 D=128";
     if (!bench.wants(spec)) return;
 
     const int64_t batch = problem.batch, kv = problem.kv_len;
-    const int64_t kv_bytes = batch * kv * kHeadsKv * kHeadDim * 2 * 2;
-    const int64_t q_bytes = batch * kNewTokens * kHeadsQ * kHeadDim * 2;
-    spec.bytes = double(kv_bytes + 2 * q_bytes);
+    const bool quantized = cache.format != CK_KV_DTYPE;
+    const bool per_token = quantized && cache.scaling == CK_KV_SCALE_PER_TOKEN;
     const int64_t pages_per_seq = page_size ? (kv + page_size - 1) / page_size : 0;
     const int64_t num_pages = batch * pages_per_seq;
+    const int64_t rows = page_size ? num_pages * page_size : batch * kv;  // cache rows
+    const int64_t cache_bytes = rows * kHeadsKv * kHeadDim * (quantized ? 1 : 2);  // K or V
+    const int64_t scale_bytes = per_token ? rows * kHeadsKv * 4 : kHeadsKv * 4;
+    const int64_t kv_bytes =
+        batch * kv * kHeadsKv * 2 * (kHeadDim * (quantized ? 1 : 2) + (per_token ? 4 : 0));
+    const int64_t q_bytes = batch * kNewTokens * kHeadsQ * kHeadDim * 2;
+    spec.bytes = double(kv_bytes + 2 * q_bytes);
 
     ck_attention_decode_params_t p = {sizeof(p)};
     p.dtype = kDtype;
     p.batch = batch, p.seqlen_q = kNewTokens, p.num_heads_q = kHeadsQ;
     p.num_heads_kv = kHeadsKv, p.head_dim = kHeadDim, p.max_seqlen_k = kv;
+    p.kv_format = cache.format, p.kv_scaling = cache.scaling;
     if (page_size) {
         p.block_table = reinterpret_cast<const int32_t*>(uintptr_t(256));  // a flag for the query
         p.num_pages = num_pages, p.page_size = page_size, p.max_blocks_per_seq = pages_per_seq;
@@ -534,17 +573,36 @@ inline void run_problem(Bench& bench, const Problem& problem, int64_t page_size)
     std::mt19937 rng(1234);
     const std::vector<int32_t> lengths(batch, int32_t(kv));
     cudaStream_t stream = bench.stream();
+    DeviceBuffer values(quantized ? rows * kHeadsKv * kHeadDim * 2 : 0);  // before quantizing
     for (int c = 0; c < copies; ++c) {
         Copy& s = sets[c];
         s.q = DeviceBuffer(q_bytes);
         s.out = DeviceBuffer(q_bytes);
-        s.k = DeviceBuffer(kv_bytes / 2);
-        s.v = DeviceBuffer(kv_bytes / 2);
+        s.k = DeviceBuffer(cache_bytes);
+        s.v = DeviceBuffer(cache_bytes);
         s.seqlens = DeviceBuffer(batch * 4);
         s.workspace = DeviceBuffer(std::max<size_t>(ws_bytes, 256));
         fill_uniform(s.q.as(), kDtype, q_bytes / 2, 3 * c + 1, -1.f, 1.f, stream);
-        fill_uniform(s.k.as(), kDtype, kv_bytes / 4, 3 * c + 2, -1.f, 1.f, stream);
-        fill_uniform(s.v.as(), kDtype, kv_bytes / 4, 3 * c + 3, -1.f, 1.f, stream);
+        if (quantized) {
+            // Per-token scales are the quantizers' row scales; per-head runs keep those (the
+            // codes of different rows then mean different values: the time is the same).
+            DeviceBuffer row_scales[2] = {DeviceBuffer(rows * kHeadsKv * 4),
+                                          DeviceBuffer(rows * kHeadsKv * 4)};
+            quantize_cache(cache, rows, 3 * c + 2, values, s.k.as(), row_scales[0].as<float>(),
+                           stream);
+            quantize_cache(cache, rows, 3 * c + 3, values, s.v.as(), row_scales[1].as<float>(),
+                           stream);
+            s.k_scale = DeviceBuffer(scale_bytes);
+            s.v_scale = DeviceBuffer(scale_bytes);
+            CK_BENCH_CHECK(cudaMemcpyAsync(s.k_scale.as(), row_scales[0].as(), scale_bytes,
+                                           cudaMemcpyDeviceToDevice, stream));
+            CK_BENCH_CHECK(cudaMemcpyAsync(s.v_scale.as(), row_scales[1].as(), scale_bytes,
+                                           cudaMemcpyDeviceToDevice, stream));
+            CK_BENCH_CHECK(cudaStreamSynchronize(stream));  // before row_scales are freed
+        } else {
+            fill_uniform(s.k.as(), kDtype, cache_bytes / 2, 3 * c + 2, -1.f, 1.f, stream);
+            fill_uniform(s.v.as(), kDtype, cache_bytes / 2, 3 * c + 3, -1.f, 1.f, stream);
+        }
         CK_BENCH_CHECK(cudaMemcpyAsync(s.seqlens.as(), lengths.data(), batch * 4,
                                        cudaMemcpyHostToDevice, stream));
         if (page_size) {
@@ -563,6 +621,7 @@ inline void run_problem(Bench& bench, const Problem& problem, int64_t page_size)
         call.q = s.q.as(), call.k_cache = s.k.as(), call.v_cache = s.v.as();
         call.seqlens_k = s.seqlens.as<int32_t>(), call.out = s.out.as();
         call.block_table = page_size ? s.table.as<int32_t>() : nullptr;
+        if (quantized) call.k_scale = s.k_scale.as<float>(), call.v_scale = s.v_scale.as<float>();
         return ck_attention_decode(&call, s.workspace.as(), s.workspace.bytes(), stream);
     };
     for (const Copy& s : sets) CK_BENCH_CHECK(call_on(s));  // directly: errors surface here
@@ -586,8 +645,9 @@ inline void run_problem(Bench& bench, const Problem& problem, int64_t page_size)
     {
         // The splits the library chose: 0 workspace bytes is one split, else the workspace
         // formula's O_s and lse_s (their 256-byte padding is less than one split's share).
-        const int64_t rows = batch * kNewTokens * kHeadsQ;
-        const int64_t splits = ws_bytes == 0 ? 1 : int64_t(ws_bytes) / (rows * (kHeadDim + 1) * 4);
+        const int64_t q_rows = batch * kNewTokens * kHeadsQ;
+        const int64_t splits =
+            ws_bytes == 0 ? 1 : int64_t(ws_bytes) / (q_rows * (kHeadDim + 1) * 4);
         Bench::append_note(row, format("%.0f%% copy on K/V bytes", bench.percent_of_copy(
                                            double(kv_bytes), row.time.median_us)));
         Bench::append_note(row, std::to_string(splits) + " splits");
@@ -608,5 +668,7 @@ inline void bench_attention(Bench& bench, const Options& options) {
     using namespace attention_bench;
     const int count = options.quick ? kQuickProblems : int(std::size(kProblems));
     for (int i = 0; i < count; ++i)
-        for (int64_t page_size : kPageSizes) run_problem(bench, kProblems[i], page_size);
+        for (const KvCache& cache : kKvCaches)
+            for (int64_t page_size : kPageSizes)
+                run_problem(bench, kProblems[i], page_size, cache);
 }

@@ -35,10 +35,14 @@ kind:
     Disjoint(align, s)   a buffer the export checks against others for overlap
                          (CK_STATUS_INVALID_VALUE): valid draws are moved clear of them
     Struct(ctype, ...)   a parameter struct passed by const pointer (ck_moe_params_t): a dict of
-                         its fields, each with a kind of its own, or None for NULL; a wrong
-                         struct_size is CK_STATUS_INVALID_VALUE
+                         its fields, each with a kind of its own, or None for NULL; a
+                         struct_size of no known version is CK_STATUS_INVALID_VALUE, one of an
+                         earlier version leaves the fields appended since then unread (zero)
     When(inner, when)    a field read, and checked as `inner`, only where when(args) holds (a paged
                          cache's sizes, with block_table; max_position, with RoPE)
+    KvScales(spans)      a quantized KV cache's k_scale or v_scale: read (required, 4-byte
+                         aligned) only with a quantized kv_format; a Disjoint where the call
+                         writes them (per-token scales of ck_kv_cache_append)
     LayerPointer(inner)  a pointer argument of ck_qkv_prepack: checked as `inner` over the fields
                          of its params (mode, dtype, format), once they pass
     WorkspaceBytes()     ck_moe_forward's size_t workspace_bytes: at least ck_moe_workspace_size
@@ -326,7 +330,9 @@ class Alternative(Pointer):
 
 def overlaps(a, a_bytes, b, b_bytes):
     """Whether [a, a + a_bytes) and [b, b + b_bytes) share a byte, as the library compares
-    addresses (uintptr_t arithmetic, which wraps)."""
+    addresses (uintptr_t arithmetic, which wraps); an empty range shares none."""
+    if a_bytes <= 0 or b_bytes <= 0:
+        return False
     return a < (b + b_bytes) % 2**64 and b < (a + a_bytes) % 2**64
 
 
@@ -575,19 +581,39 @@ class Struct(Kind):
     struct_size included, or None for NULL. Each field has a kind of its own: it is drawn,
     corrupted ("params->tokens" in the call's corruption order), settled and checked as a flat
     argument is, its rules (functions of the field dict) as an export's; corrupting the struct
-    itself gives NULL or a struct_size this version does not know, which ends validation (no
-    field of a struct of unknown layout is read). unchecked: the fields that the export does not
+    itself gives NULL, a struct_size this version does not know, which ends validation (no
+    field of a struct of unknown layout is read), or one of the `older` sizes, the struct_size
+    of an earlier version that the library still accepts: the fields appended since then (at
+    offsets from that size on) are not read and take their defaults, 0 (Struct.read), whatever
+    the caller's bytes past its struct hold. unchecked: the fields that the export does not
     validate (ck_moe_workspace_size reads no pointer), drawn as the others and breaking no rule.
     example: the valid call's sizes, where a field kind's own example does not fit."""
 
-    def __init__(self, ctype, fields, rules=(), unchecked=(), example=None):
+    def __init__(self, ctype, fields, rules=(), unchecked=(), example=None, older=()):
         self.ctype, self.fields, self.rules = ctype, fields, tuple(rules)
         self.unchecked, self.examples = frozenset(unchecked), dict(example or {})
-        self.size = ctypes.sizeof(ctype)
-        self.sizes = st.one_of(
-            st.none(), st.sampled_from((0, 8, self.size - 8, self.size - 1, self.size + 1,
-                                        self.size + 8, 2 * self.size)),
-            st.integers(0, UINT64_MAX))
+        self.size, self.older = ctypes.sizeof(ctype), tuple(older)
+        near = [size + d for size in (self.size,) + self.older for d in (-8, -1, 1, 8)]
+        sizes = [st.none(), st.sampled_from(sorted({0, 8, 2 * self.size, *near})),
+                 st.integers(0, UINT64_MAX)]
+        self.sizes = st.one_of(*sizes, *([st.sampled_from(self.older)] if self.older else []))
+
+    def known_size(self, size):
+        """A struct_size the library accepts: this version's or an earlier one's."""
+        return size == self.size or size in self.older
+
+    def read(self, fields):
+        """The fields as the library reads them: with an earlier version's struct_size, those
+        appended since then are 0 (their defaults), not the caller's values."""
+        size = fields["struct_size"]
+        if size not in self.older:
+            return fields
+        return {field: value if self._covers(size, field) else 0
+                for field, value in fields.items()}
+
+    def _covers(self, size, field):
+        """Whether a struct_size of `size` bytes holds the field."""
+        return field == "struct_size" or getattr(self.ctype, field).offset < size
 
     def example(self):
         fields = {"struct_size": self.size}
@@ -612,13 +638,17 @@ class Struct(Kind):
         fields = {"struct_size": size}
         for field, kind in self.fields.items():
             fields[field] = kind.draw(data, keys[field], changed)
+        read = self.read(fields)   # settled as the library reads them
         for field, kind in self.fields.items():
             if keys[field] not in changed:
-                fields[field] = kind.settle(field, fields)
-        return fields
+                read[field] = kind.settle(field, read)
+        # The fields past an earlier version's struct_size keep their drawn bytes, unread.
+        return {field: read[field] if self._covers(size, field) else value
+                for field, value in fields.items()}
 
     def field_violations(self, fields):
-        """The rules that the fields of a struct of the right size break."""
+        """The rules that the fields of a struct of a known size break (as read: Struct.read)."""
+        fields = self.read(fields)
         found = []
         for field, kind in self.fields.items():
             if field not in self.unchecked:
@@ -631,7 +661,7 @@ class Struct(Kind):
         fields = args[name]
         if fields is None:
             return [Violation(Status.INVALID_VALUE, (label,))]
-        if fields["struct_size"] != self.size:
+        if not self.known_size(fields["struct_size"]):
             return [Violation(Status.INVALID_VALUE, ("struct_size",), (fields["struct_size"],))]
         return self.field_violations(fields)
 
@@ -1471,10 +1501,12 @@ def _attention_bytes(params):
 class HeadRowSpans:
     """The overlap rules of the attention exports (prefill and decode): out does not overlap q,
     k or v; lse (when given) none of them nor out. byte_sizes(params): (q and out bytes, k and v
-    bytes, lse bytes), or None while the sizes are invalid; k, v: the fields' names."""
+    bytes, lse bytes), or None while the sizes are invalid; k, v: the fields' names; extra(params):
+    the (address, bytes) of further inputs that out and lse must not overlap either (a quantized
+    cache's scales), once the sizes are valid."""
 
-    def __init__(self, byte_sizes, k, v):
-        self.byte_sizes, self.k, self.v = byte_sizes, k, v
+    def __init__(self, byte_sizes, k, v, extra=lambda params: []):
+        self.byte_sizes, self.k, self.v, self.extra = byte_sizes, k, v, extra
 
     def out(self, params):
         """Disjoint spans of out."""
@@ -1482,7 +1514,8 @@ class HeadRowSpans:
         if sizes is None:
             return None
         q, kv, _ = sizes
-        return q, [(params["q"], q), (params[self.k], kv), (params[self.v], kv)]
+        return q, [(params["q"], q), (params[self.k], kv), (params[self.v], kv)] + \
+            self.extra(params)
 
     def lse(self, params):
         """Disjoint spans of lse."""
@@ -1532,15 +1565,19 @@ ATTENTION_PARAMS = _attention_params(pointers=True)
 
 # ck_attention_decode and ck_attention_decode_workspace_size (cuda_kernels.h): the limits of
 # ck_attention_decode_params_t, the paged fields (checked only with a block_table, which the
-# size query reads as a flag alone), the cache's byte count, the overlaps, the split rule and
-# the workspace.
+# size query reads as a flag alone), the cache's format (quantized: 1-byte codes and float32
+# scales), its byte count, the overlaps, the split rule and the workspace. The struct's first
+# version ended at num_splits: its struct_size is still accepted, the format then CK_KV_DTYPE.
 DECODE_MAX_BATCH = DECODE_MAX_HEADS = 65535
 DECODE_MAX_QUERIES = 16
 DECODE_MAX_SEQLEN = 2**30
 DECODE_MAX_PAGE_SIZE = 65536
 DECODE_MAX_SPLITS = 64
-DECODE_MAX_AUTO_SPLITS = 16   # the automatic rule's most, but for pages below 64 keys: 64
+DECODE_MAX_AUTO_SPLITS = 16   # the automatic rule's most, but for pages below 64 keys or a
+                              # quantized cache: 64
 DECODE_WAVE_CTAS, DECODE_MIN_SPLIT_KEYS, DECODE_BLOCK_N = 264, 128, 64
+DECODE_MIN_SPLIT_KEYS_QUANTIZED = 256
+DECODE_SIZE = ctypes.sizeof(ck.AttentionDecodeParams)
 
 
 class Wrapping:
@@ -1593,12 +1630,59 @@ class PageSize(Size):
         return []
 
 
+# Quantized KV caches (cuda_kernels.h, "Quantized KV cache"): ck_kv_format_t and
+# ck_kv_scaling_t, and the scales that ck_attention_decode reads and ck_kv_cache_append reads
+# (per head) or writes (per token).
+KV_FORMATS, KV_SCALINGS = 3, 2
+KV_QUANTIZED = (ck.KV_FP8_E4M3, ck.KV_INT8)
+
+
+def kv_quantized(args):
+    """The cache holds 8-bit codes with scales (an invalid kv_format is its own violation, and
+    then nothing that depends on it is checked)."""
+    return args["kv_format"] in KV_QUANTIZED
+
+
+def kv_per_token(args):
+    """A quantized cache with a scale per cache row."""
+    return kv_quantized(args) and args["kv_scaling"] == ck.KV_SCALE_PER_TOKEN
+
+
+def kv_element_bytes(args):
+    """Bytes of a cache element: 1 (a code) for the quantized formats, 2 for the dtype's."""
+    return 1 if kv_quantized(args) else 2
+
+
+def kv_scale_bytes(args, cache_bytes):
+    """The bytes of k_scale (and of v_scale) of a quantized cache of cache_bytes: one float32
+    per kv head, or per cache row (head_dim 1-byte codes) with per-token scales."""
+    if kv_per_token(args):
+        return cache_bytes // args["head_dim"] * 4
+    return args["num_heads_kv"] * 4
+
+
+class KvScales(Disjoint):
+    """k_scale or v_scale of a KV cache: not read for CK_KV_DTYPE (any value), else required
+    (CK_STATUS_INVALID_VALUE) and 4-byte aligned (CK_STATUS_MISALIGNED). spans: as Disjoint's,
+    None where the call does not write the scales (it reads them, and its outputs keep clear)."""
+
+    def __init__(self, spans=lambda args: None):
+        super().__init__(4, spans)
+
+    def settle(self, name, args):
+        return super().settle(name, args) if kv_quantized(args) else args[name]
+
+    def violations(self, name, label, args):
+        return super().violations(name, label, args) if kv_quantized(args) else []
+
+
 def _decode_fields_valid(params, names):
     kinds = DECODE_PARAMS_SIZES.fields
     return all(not kinds[name].violations(name, name, params) for name in names)
 
 
-_DECODE_SHAPE = ("batch", "seqlen_q", "num_heads_q", "num_heads_kv", "head_dim", "max_seqlen_k")
+_DECODE_SHAPE = ("batch", "seqlen_q", "num_heads_q", "num_heads_kv", "head_dim", "max_seqlen_k",
+                 "kv_format", "kv_scaling")   # all checked before the cache's bytes
 _DECODE_PAGES = ("num_pages", "page_size", "max_blocks_per_seq")
 
 
@@ -1615,14 +1699,15 @@ def decode_pages_hold_max_seqlen(params):
 
 def decode_cache_bytes(params):
     """The bytes of k_cache (and of v_cache): [batch, max_seqlen_k, Hkv, D] or [num_pages,
-    page_size, Hkv, D] of 2-byte values; None while a size it needs is invalid."""
+    page_size, Hkv, D] of 2-byte values, or of 1-byte codes for a quantized format; None while
+    a size (or the format) it needs is invalid."""
     paged = bool(params["block_table"])
     names = _DECODE_SHAPE + (_DECODE_PAGES if paged else ())
     if not _decode_fields_valid(params, names) or decode_pages_hold_max_seqlen(params):
         return None
     rows = params["num_pages"] * params["page_size"] if paged else \
         params["batch"] * params["max_seqlen_k"]
-    return rows * params["num_heads_kv"] * params["head_dim"] * 2
+    return rows * params["num_heads_kv"] * params["head_dim"] * kv_element_bytes(params)
 
 
 def decode_cache_fits(params):
@@ -1648,8 +1733,12 @@ def decode_num_splits(params):
     ctas = params["batch"] * params["num_heads_kv"] * -(-rows // width)
     blocks = -(-params["max_seqlen_k"] // DECODE_BLOCK_N)
     small_pages = params["block_table"] and params["page_size"] < DECODE_BLOCK_N
-    most = min(DECODE_MAX_SPLITS if small_pages else DECODE_MAX_AUTO_SPLITS,
-               -(-params["max_seqlen_k"] // DECODE_MIN_SPLIT_KEYS))
+    # A quantized cache: kv_format, a field of the struct's second version.
+    quantized = (params.get("kv_format", 0) != 0 and params.get("struct_size", DECODE_SIZE)
+                 > ck.AttentionDecodeParams.kv_format.offset)
+    min_keys = DECODE_MIN_SPLIT_KEYS_QUANTIZED if quantized else DECODE_MIN_SPLIT_KEYS
+    most = min(DECODE_MAX_SPLITS if small_pages or quantized else DECODE_MAX_AUTO_SPLITS,
+               -(-params["max_seqlen_k"] // min_keys))
 
     def cost(splits):  # waves x key blocks per split
         per_split = -(-blocks // splits)
@@ -1679,12 +1768,24 @@ def _decode_bytes(params):
     return q, decode_cache_bytes(params), q // params["head_dim"] * 2
 
 
-DECODE_SPANS = HeadRowSpans(_decode_bytes, "k_cache", "v_cache")
+def _decode_scale_spans(params):
+    """The (address, bytes) of k_scale and v_scale, read for a quantized cache (none for
+    CK_KV_DTYPE), once the sizes are valid."""
+    if not kv_quantized(params):
+        return []
+    size = kv_scale_bytes(params, decode_cache_bytes(params))
+    return [(params["k_scale"], size), (params["v_scale"], size)]
+
+
+DECODE_SPANS = HeadRowSpans(_decode_bytes, "k_cache", "v_cache", _decode_scale_spans)
+# The first version of ck_attention_decode_params_t ended at num_splits (152 bytes).
+DECODE_PARAMS_V1_SIZE = ck.AttentionDecodeParams.kv_format.offset
 
 
 def _decode_params(pointers):
     """ck_attention_decode_params_t as ck_attention_decode checks it, or (pointers=False) as
-    ck_attention_decode_workspace_size does (block_table only says whether the cache is paged)."""
+    ck_attention_decode_workspace_size does (block_table only says whether the cache is paged,
+    the scales are not read); either takes the first version's struct_size too."""
     fields = {"dtype": HALVES, "q": Pointer(16), "k_cache": Pointer(16),
               "v_cache": Pointer(16), "seqlens_k": Pointer(4),
               "block_table": Pointer(4, optional=True),
@@ -1695,14 +1796,17 @@ def _decode_params(pointers):
               "head_dim": HeadDim(), "max_seqlen_k": Size(most=DECODE_MAX_SEQLEN),
               "num_pages": PagedOnly(Size(most=INT32_MAX)), "page_size": PagedOnly(PageSize()),
               "max_blocks_per_seq": PagedOnly(Size(most=INT32_MAX)),
-              "softmax_scale": Float32(), "num_splits": Enum(DECODE_MAX_SPLITS + 1)}
+              "softmax_scale": Float32(), "num_splits": Enum(DECODE_MAX_SPLITS + 1),
+              "kv_format": Enum(KV_FORMATS), "kv_scaling": When(Enum(KV_SCALINGS), kv_quantized),
+              "k_scale": KvScales(), "v_scale": KvScales()}
     unchecked = () if pointers else [field for field, kind in fields.items()
                                      if isinstance(kind, Pointer)]
     example = dict(batch=4, seqlen_q=2, num_heads_q=8, num_heads_kv=2, max_seqlen_k=1000,
                    num_pages=300, page_size=16, max_blocks_per_seq=100)
     rules = (decode_pages_hold_max_seqlen, decode_cache_fits)
     return Struct(ck.AttentionDecodeParams, fields,
-                  rules + ((DECODE_SPANS.apart,) if pointers else ()), unchecked, example)
+                  rules + ((DECODE_SPANS.apart,) if pointers else ()), unchecked, example,
+                  older=(DECODE_PARAMS_V1_SIZE,))
 
 
 DECODE_PARAMS_SIZES = _decode_params(pointers=False)
@@ -1711,7 +1815,8 @@ DECODE_PARAMS = _decode_params(pointers=True)
 
 class DecodeWorkspacePointer(Disjoint):
     """ck_attention_decode's workspace: read (and checked: not NULL, 256-byte aligned, clear of
-    q, the cache, out and lse) only when the call has more than one split."""
+    q, the cache, out, lse and a quantized cache's scales) only when the call has more than one
+    split."""
 
     def __init__(self):
         super().__init__(256, _decode_workspace_spans)
@@ -1733,20 +1838,113 @@ def _decode_workspace_spans(args):
     need = decode_workspace_bytes(args["params"])
     if not need:
         return None
-    params = args["params"]
+    params = DECODE_PARAMS.read(args["params"])
     q, cache, lse = _decode_bytes(params)
     others = [(params["q"], q), (params["k_cache"], cache), (params["v_cache"], cache),
               (params["out"], q)]
     if params["lse"]:
         others.append((params["lse"], lse))
-    return need, others
+    return need, others + _decode_scale_spans(params)
 
 
 def decode_workspace(args):
     """ck_attention_decode's workspace, once the params pass and the call has several splits:
     at least ck_attention_decode_workspace_size bytes (naming workspace_bytes and both sizes),
-    then (after its alignment) clear of q, the cache, out and lse."""
+    then (after its alignment) clear of q, the cache, out, lse and a quantized cache's scales."""
     return workspace_violations(args, _decode_workspace_spans(args))
+
+
+# ck_kv_cache_append (cuda_kernels.h): ck_kv_cache_append_params_t, checked field by field in
+# its order (the scales only for a quantized format), the cache's slots (its bytes within
+# int64_t), the alignments, then the overlaps of the outputs: the cache always, the scales where
+# the call writes them (per token); slot_mapping is not checked against them (the host never
+# reads it). k and v hold num_tokens rows of Hkv x D dtype values, the cache num_slots rows of
+# Hkv x D elements of the format.
+KV_APPEND_MAX_TOKENS = INT32_MAX
+_KV_APPEND_SIZES = ("kv_format", "kv_scaling", "num_tokens", "num_heads_kv", "head_dim")
+
+
+def _kv_append_fields_valid(params, names):
+    kinds = KV_APPEND_PARAMS.fields
+    return all(not kinds[name].violations(name, name, params) for name in names)
+
+
+def kv_append_cache_bytes(params):
+    """The bytes of k_cache (and of v_cache), or None while a size or the format it needs is
+    invalid (num_slots < 1 included); may pass INT64_MAX (kv_append_slots_fit)."""
+    if not _kv_append_fields_valid(params, _KV_APPEND_SIZES) or params["num_slots"] < 1:
+        return None
+    return params["num_slots"] * params["num_heads_kv"] * params["head_dim"] * \
+        kv_element_bytes(params)
+
+
+def kv_append_slots_fit(params):
+    """The cache's bytes fit in int64_t (CK_STATUS_INVALID_VALUE naming num_slots)."""
+    size = kv_append_cache_bytes(params)
+    if size is None or size <= INT64_MAX:
+        return []
+    return [Violation(Status.INVALID_VALUE, ("num_slots",), (params["num_slots"],))]
+
+
+def _kv_append_buffers(params):
+    """[(field, address, bytes, written)] of the buffers the overlap rule compares, or None
+    while the sizes are invalid: k and v (read), the cache (written) and, for a quantized
+    format, the scales (written per token, else read)."""
+    cache = kv_append_cache_bytes(params)
+    if cache is None or cache > INT64_MAX:
+        return None
+    new = params["num_tokens"] * params["num_heads_kv"] * params["head_dim"] * 2
+    buffers = [("k", new, False), ("v", new, False), ("k_cache", cache, True),
+               ("v_cache", cache, True)]
+    if kv_quantized(params):
+        scales, written = kv_scale_bytes(params, cache), kv_per_token(params)
+        buffers += [("k_scale", scales, written), ("v_scale", scales, written)]
+    return [(field, params[field], size, written) for field, size, written in buffers]
+
+
+def _kv_append_spans(field):
+    """Disjoint spans of the output `field`, or None where the call does not write it."""
+    def spans(params):
+        buffers = _kv_append_buffers(params)
+        mine = [size for name, _, size, written in buffers or () if name == field and written]
+        if not mine:
+            return None
+        return mine[0], [(address, size) for name, address, size, _ in buffers if name != field]
+    return spans
+
+
+def kv_append_apart(params):
+    """Every output (the cache; the scales, per token) overlaps no other buffer of the call
+    (CK_STATUS_INVALID_VALUE naming both), checked last."""
+    buffers = _kv_append_buffers(params)
+    found = []
+    for out, address, size, written in buffers or ():
+        if not written:
+            continue
+        others = [name for name, other, other_size, _ in buffers
+                  if name != out and overlaps(address, size, other, other_size)]
+        if others:
+            found.append(Violation(Status.INVALID_VALUE, (out, *others)))
+    return found
+
+
+def _kv_append_params():
+    fields = {"dtype": HALVES, "kv_format": Enum(KV_FORMATS),
+              "kv_scaling": When(Enum(KV_SCALINGS), kv_quantized),
+              "k": Pointer(16), "v": Pointer(16), "slot_mapping": Pointer(8),
+              "k_cache": Disjoint(16, _kv_append_spans("k_cache")),
+              "v_cache": Disjoint(16, _kv_append_spans("v_cache")),
+              "k_scale": KvScales(_kv_append_spans("k_scale")),
+              "v_scale": KvScales(_kv_append_spans("v_scale")),
+              "num_tokens": Size(most=KV_APPEND_MAX_TOKENS),
+              "num_heads_kv": Size(most=DECODE_MAX_HEADS),
+              "head_dim": HeadDim(), "num_slots": Size(draws_up_to=2**40)}
+    example = dict(num_tokens=16, num_heads_kv=8, num_slots=4096)
+    return Struct(ck.KvCacheAppendParams, fields, (kv_append_slots_fit, kv_append_apart),
+                  example=example)
+
+
+KV_APPEND_PARAMS = _kv_append_params()
 
 
 # ck_qkv_prepack and ck_qkv_projection (cuda_kernels.h): ck_qkv_params_t. Its [prepack] fields
@@ -2285,6 +2483,7 @@ DESCRIPTIONS = {
          "workspace_bytes": WorkspaceBytes(), "stream": Stream()},
         (moe_workspace,)),
     "ck_attention_forward": Description({"params": ATTENTION_PARAMS, "stream": Stream()}),
+    "ck_kv_cache_append": Description({"params": KV_APPEND_PARAMS, "stream": Stream()}),
     "ck_attention_decode_workspace_size": Description(
         {"params": DECODE_PARAMS_SIZES, "bytes": HostInt(ctypes.c_size_t)}, launches=False),
     "ck_attention_decode": Description(

@@ -2139,12 +2139,96 @@ def attention_flops(seqlens_q, seqlens_k, num_heads_q, head_dim, causal):
     return 4 * int(head_dim) * int(num_heads_q) * pairs
 
 
-def attention_decode_kv_bytes(seqlens_k, num_heads_kv, head_dim, dtype):
+def attention_decode_kv_bytes(seqlens_k, num_heads_kv, head_dim, dtype, kv_format=None,
+                              per_token=False):
     """The K and V bytes a decode call reads at least: sum_b seqlens_k[b] * Hkv * D * 2 (K and V)
-    * the dtype's size, the floor its memory bandwidth is measured against. A Python int."""
-    itemsize = np.dtype(_numpy_dtype(dtype)).itemsize
+    * the dtype's size, the floor its memory bandwidth is measured against. A quantized cache
+    (kv_format 'fp8_e4m3' or 'int8') reads 1 byte per element, and with per-token scales the
+    float32 key and value scale of every row (8 bytes per key and kv head). A Python int."""
+    itemsize = 1 if kv_format else np.dtype(_numpy_dtype(dtype)).itemsize
     tokens = sum(int(n) for n in np.asarray(seqlens_k).reshape(-1))
-    return tokens * int(num_heads_kv) * int(head_dim) * 2 * itemsize
+    row_bytes = int(head_dim) * itemsize + (4 if kv_format and per_token else 0)
+    return tokens * int(num_heads_kv) * row_bytes * 2
+
+
+# ---- Quantized KV cache -----------------------------------------------------------------------
+# A cache of 8-bit codes (cuda_kernels.h, "Quantized KV cache"): a row (one key or one value of
+# one kv head at one position, D elements) means codes x scale. Formats: 'fp8_e4m3' (uint8
+# E4M3 bytes) and 'int8' (int8 codes in [-127, 127]). Scales, float32: per head (static, [Hkv])
+# or per token (one per row: the cache's shape without D), the latter computed from the row as
+# quantize_fp8 / quantize_int8 do per row. The codes of a row x are those quantizers' codes.
+KV_FORMATS = ("fp8_e4m3", "int8")
+
+
+def _check_kv_format(fmt):
+    if fmt not in KV_FORMATS:
+        raise ValueError(f"unknown KV cache format {fmt!r} (use one of {KV_FORMATS})")
+
+
+def kv_cache_quantize(x, dtype, fmt, scales=None):
+    """Rows of a KV cache: x [..., Hkv, D] in dtype's representation -> (codes like x, uint8 E4M3
+    bytes or int8; scales float32). Per token (scales None): one scale per row, shaped
+    x.shape[:-1], amax / FMAX (448 or 127; NaN ignored), 0 -> 1 (and for E4M3 a subnormal one
+    -> 1). Per head: scales float32 [Hkv] given (finite, > 0) and returned."""
+    _check_kv_format(fmt)
+    x = np.asarray(x)
+    rows = x.reshape(-1, x.shape[-1])
+    row_scales = None
+    if scales is not None:
+        scales = _require_dtype(np.asarray(scales), np.float32, "per-head scales")
+        if scales.shape != x.shape[-2:-1]:
+            raise ValueError(f"per-head scales must be [Hkv={x.shape[-2]}], got {scales.shape}")
+        row_scales = np.broadcast_to(scales, x.shape[:-1]).reshape(-1)
+    if fmt == "int8":
+        codes, got = quantize_int8(rows, dtype, "row", row_scales)
+    else:
+        codes, got = quantize_fp8(rows, dtype, "e4m3", "row", row_scales)
+    return codes.reshape(x.shape), (got.reshape(x.shape[:-1]) if scales is None else scales)
+
+
+def kv_cache_dequantize(codes, scales, fmt):
+    """codes [..., Hkv, D] (uint8 E4M3 bytes or int8) and their scales (per token, shaped
+    codes.shape[:-1], or per head [Hkv]) -> the rows' values codes x scale, float64 (exact)."""
+    _check_kv_format(fmt)
+    codes = np.asarray(codes)
+    if fmt == "int8":
+        values = _require_dtype(codes, np.int8, "int8 codes").astype(np.float64)
+    else:
+        values = fp8_decode(_require_dtype(codes, np.uint8, "E4M3 codes"), "e4m3")
+    scales = np.asarray(scales, np.float64)
+    if scales.shape not in (codes.shape[:-1], codes.shape[-2:-1]):
+        raise ValueError(f"scales of shape {scales.shape} fit neither per token "
+                         f"{codes.shape[:-1]} nor per head {codes.shape[-2:-1]}")
+    with np.errstate(invalid="ignore"):   # NaN codes
+        return np.asarray(values, np.float64) * scales[..., None]
+
+
+def kv_cache_append(k, v, slot_mapping, k_cache, v_cache, dtype, fmt=None, k_scale=None,
+                    v_scale=None, per_token=False):
+    """ck_kv_cache_append on copies: the new rows k, v [tokens, Hkv, D] (dtype's
+    representation) written to the slots slot_mapping (int64 [tokens]; outside [0, num_slots):
+    skipped) of k_cache, v_cache [num_slots, Hkv, D]: the values as they are (fmt None), or
+    kv_cache_quantize's codes with per-head scales k_scale, v_scale [Hkv] (read) or per-token
+    scales [num_slots, Hkv] (the slots' rows written). Returns (k_cache, v_cache, k_scale,
+    v_scale), new arrays (the scales as given where they are per head or None)."""
+    slots = _require_dtype(np.asarray(slot_mapping), np.int64, "slot_mapping").reshape(-1)
+    k_cache, v_cache = np.array(k_cache), np.array(v_cache)
+    kept = (slots >= 0) & (slots < k_cache.shape[0])
+    outs = [k_cache, v_cache]
+    scales = [k_scale, v_scale]
+    for i, new in enumerate((k, v)):
+        new = np.asarray(new)[kept]
+        if fmt is None:
+            outs[i][slots[kept]] = new
+            continue
+        if per_token:
+            codes, row_scales = kv_cache_quantize(new, dtype, fmt)
+            scales[i] = np.array(scales[i])
+            scales[i][slots[kept]] = row_scales
+        else:
+            codes, _ = kv_cache_quantize(new, dtype, fmt, scales[i])
+        outs[i][slots[kept]] = codes
+    return outs[0], outs[1], scales[0], scales[1]
 
 
 # ---- Error bound of a kernel ------------------------------------------------------------------
@@ -2200,6 +2284,9 @@ def attention_decode_kv_bytes(seqlens_k, num_heads_kv, head_dim, dtype):
 # the second-order terms. A worst case: measured errors are smaller (P's roundings and the
 # float32 sums partly cancel). For logits of order 1 the bound is a few ulps of the output for
 # fp16 and mainly P's rounding for bf16; a wrong mask or a wrong kv head moves O by far more.
+# A quantized cache (v_scales) multiplies S by the keys' scales (one rounding more of x, within
+# the 24 u W) and each p by its value's scale before P's rounding (u more in E_P, whose absolute
+# part then counts in units of the codes, |v_j| / s_j, which multiply p in P V).
 ATTENTION_F32_ROUNDOFF = F32_ROUNDOFF
 ATTENTION_MMA_ROUNDOFF = 2 * ATTENTION_F32_ROUNDOFF
 ATTENTION_EXP_ERROR = 2.0**-22
@@ -2211,7 +2298,7 @@ _ATTENTION_SMALLEST_NORMAL = {"fp16": 2.0**-14, "bf16": 2.0**-126}
 
 
 def attention_error_bound(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, softmax_scale=None,
-                          causal=False, dtype=None, block_n=64, num_splits=1):
+                          causal=False, dtype=None, block_n=64, num_splits=1, v_scales=None):
     """The bounds a kernel's outputs must meet (the derivation is in the comment above):
     (o_tol float64 shaped like O, lse_tol float64 shaped like lse) with
 
@@ -2223,11 +2310,16 @@ def attention_error_bound(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, softmax
     splits of a split-KV kernel (1: a single pass). A decode kernel is checked on
     attention_decode_as_prefill's arrays with causal=True. Where a query sees no key both bounds
     are 0: the kernel must write O = 0 and lse = -inf exactly.
+    v_scales: for a quantized cache (k, v the float64 values of codes x scales), the scale of
+    every value row, shaped like v without its last axis: the kernel multiplies each p by its
+    value's scale before rounding it to the dtype (and P V runs on the codes).
     """
     _attention_check_splits(num_splits, block_n)
     dtype, qf, kf, vf, cu_q, cu_k, scale = _attention_prepare(
         q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, dtype)
     hq, hkv = qf.shape[1], kf.shape[1]
+    vs = None if v_scales is None else np.broadcast_to(
+        np.asarray(v_scales, np.float64), np.shape(v)[:-1]).reshape(-1, hkv)
     o_tol, lse_tol = np.zeros(qf.shape), np.zeros(qf.shape[:2])
     for rows, keys, diagonal in _attention_sequences(cu_q, cu_k, causal):
         allowed = _attention_allowed(rows.stop - rows.start, keys.stop - keys.start, diagonal)
@@ -2235,7 +2327,7 @@ def attention_error_bound(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, softmax
             g = h // (hq // hkv)
             o_tol[rows, h], lse_tol[rows, h] = _attention_head_bound(
                 qf[rows, h], kf[keys, g], vf[keys, g], scale, allowed, dtype, block_n,
-                num_splits)
+                num_splits, None if vs is None else vs[keys, g])
     shape = np.shape(q)
     return o_tol.reshape(shape), lse_tol.reshape(shape[:-1])
 
@@ -2246,9 +2338,9 @@ def _attention_gamma(n):
     return n * ATTENTION_MMA_ROUNDOFF / (1 - n * ATTENTION_MMA_ROUNDOFF)
 
 
-def _attention_head_bound(qh, kh, vh, scale, allowed, dtype, block_n, num_splits):
+def _attention_head_bound(qh, kh, vh, scale, allowed, dtype, block_n, num_splits, vs=None):
     """attention_error_bound for one head of one sequence: q [Sq, D], k and v [Sk, D] (float64),
-    the mask [Sq, Sk] -> (o_tol [Sq, D], lse_tol [Sq])."""
+    the mask [Sq, Sk], the values' scales [Sk] or None -> (o_tol [Sq, D], lse_tol [Sq])."""
     sq, d = qh.shape
     sk = kh.shape[0]
     o_tol, lse_tol = np.zeros((sq, d)), np.zeros(sq)
@@ -2278,9 +2370,12 @@ def _attention_head_bound(qh, kh, vh, scale, allowed, dtype, block_n, num_splits
         spread = hi - p                                   # p_j (e^{tau'_j} - 1)
         e_soft = (spread @ absv + np.abs(o) * spread.sum(axis=1)[:, None]) / lo[:, None]
         v_hi = hi @ absv / lo[:, None]
+        # P's absolute roundings count in units of what multiplies p in P V: the value, or its
+        # codes (|v_j| / s_j) where p carries the value's scale s_j, whose product adds u.
+        absv_p = absv if vs is None else absv / vs[:, None]
         flushed = ((u_d * _ATTENTION_SMALLEST_NORMAL[dtype] + ATTENTION_FLT_MIN)
-                   * (allowed @ absv))
-        e_p = u_d * v_hi + flushed
+                   * (allowed @ absv_p))
+        e_p = (u_d if vs is None else u_d + u) * v_hi + flushed
         e_acc = (2 * _attention_gamma(n) + 4 * u) * ((1 + u_d) * v_hi + flushed)
         err = ATTENTION_SECOND_ORDER_SLACK * (e_soft + e_p + e_acc)
         err = np.where(np.isnan(err), np.inf, err)
@@ -2419,7 +2514,11 @@ def _attention_prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, dtype
         scale = np.float32(1 / np.sqrt(head_dim) if softmax_scale is None else softmax_scale)
     if not np.isfinite(scale):
         raise ValueError(f"softmax_scale={softmax_scale} is not a finite float32")
-    qf, kf, vf = (to_f32(a, dtype).astype(np.float64) for a in (q, k, v))
+    qf = to_f32(q, dtype).astype(np.float64)
+    # k and v: the dtype's representation, or float64 values (a quantized cache's rows,
+    # kv_cache_dequantize).
+    kf, vf = (a if a.dtype == np.float64 else to_f32(a, dtype).astype(np.float64)
+              for a in (k, v))
     return dtype, qf, kf, vf, cu_q, cu_k, float(scale)
 
 

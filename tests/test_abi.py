@@ -16,8 +16,10 @@ test_wrapper_gpu.py).
 - error messages are per thread;
 - ck_int4_groups_per_row, the prepacked W4A16, sparse and MoE sizes and the MoE workspace
   query;
-- the parameter structs (MoE, attention): the wrapper's MoeParams and AttentionParams have the
-  header's fields, in its order, with the C compiler's offsets;
+- the parameter structs (MoE, attention, decode, KV cache append, Q/K/V): the wrapper's classes
+  have the header's fields, in its order, with the C compiler's offsets; a struct_size of an
+  earlier version of a struct (the first ck_attention_decode_params_t) is accepted, its
+  appended fields unread;
 - the wrapper's own host-side checks (contiguity, shapes) and its loading errors.
 
 Each bad-argument case changes one argument of a call that would otherwise be valid.
@@ -224,6 +226,7 @@ def expected_field_ctype(c_type):
 # The header's parameter structs and the wrapper's ctypes.Structure of each.
 PARAM_STRUCTS = [("ck_moe_params", ck.MoeParams), ("ck_attention_params", ck.AttentionParams),
                  ("ck_attention_decode_params", ck.AttentionDecodeParams),
+                 ("ck_kv_cache_append_params", ck.KvCacheAppendParams),
                  ("ck_qkv_params", ck.QkvParams)]
 
 
@@ -293,6 +296,9 @@ def test_wrapper_enums_match_header():
                                       "MXFP4": ck.WEIGHT4_MXFP4, "NVFP4": ck.WEIGHT4_NVFP4}
     assert header_enum("ROPE") == {"NONE": ck.ROPE_NONE, "NEOX": ck.ROPE_NEOX,
                                    "INTERLEAVED": ck.ROPE_INTERLEAVED}
+    assert header_enum("KV") == {"DTYPE": ck.KV_DTYPE, "FP8_E4M3": ck.KV_FP8_E4M3,
+                                 "INT8": ck.KV_INT8, "SCALE_PER_HEAD": ck.KV_SCALE_PER_HEAD,
+                                 "SCALE_PER_TOKEN": ck.KV_SCALE_PER_TOKEN}
 
 
 def test_wrapper_gemm_enums_match_header():
@@ -1391,27 +1397,41 @@ def attention_forward(fields):
 # 1 <= seqlen_q <= 16, 1 <= Hq <= 65535, Hkv in [1, Hq] dividing it; D >= 1, and 64 or 128
 # (else UNSUPPORTED); 1 <= max_seqlen_k <= 2^30; with a block_table (only then): 1 <= num_pages
 # < 2^31, page_size a power of two up to 65536, 1 <= max_blocks_per_seq < 2^31 and max_seqlen_k
-# <= max_blocks_per_seq * page_size; the cache's bytes within int64; a finite softmax_scale;
-# 0 <= num_splits <= 64; out and lse clear of q, the cache and each other; with several splits
-# the workspace given, 256-byte aligned, at least the query's bytes and clear of the operands.
-# The valid call is paged, with 8 automatic splits (4 x 2 kv heads of 8 rows: 8 CTAs, one wave
-# at any count; 16 key blocks, and at most ceil(1000 / 128) = 8 splits, of 2 blocks each, the
-# least per CTA), so that it needs a workspace.
-DQ, DK, DV, DSEQ, DBT, DO, DLSE, DWS = (0x7F0010000000 + i * 0x10000000 for i in range(8))
+# <= max_blocks_per_seq * page_size; the cache's bytes (2 per element, 1 for a quantized
+# format) within int64; a finite softmax_scale; 0 <= num_splits <= 64; kv_format a
+# ck_kv_format_t and, quantized, kv_scaling a ck_kv_scaling_t and k_scale, v_scale given and
+# 4-byte aligned (not read for CK_KV_DTYPE); out and lse clear of q, the cache, the scales and
+# each other; with several splits the workspace given, 256-byte aligned, at least the query's
+# bytes and clear of the operands. struct_size: this version's, or the first version's (which
+# ends at num_splits: the format is then CK_KV_DTYPE). The valid call is paged, with 8
+# automatic splits (4 x 2 kv heads of 8 rows: 8 CTAs, one wave at any count; 16 key blocks,
+# and at most ceil(1000 / 128) = 8 splits, of 2 blocks each, the least per CTA), so that it
+# needs a workspace; its cache holds fp16 values, its scales are given (and not read).
+DQ, DK, DV, DSEQ, DBT, DO, DLSE, DWS, DKS, DVS = (0x7F0010000000 + i * 0x10000000
+                                                  for i in range(10))
 DECODE_SIZEOF = ctypes.sizeof(ck.AttentionDecodeParams)
+DECODE_V1_SIZEOF = ck.AttentionDecodeParams.kv_format.offset   # ends at num_splits
 ATTENTION_DECODE = dict(dtype=DType.FP16, q_ptr=DQ, k_cache_ptr=DK, v_cache_ptr=DV,
                         seqlens_k_ptr=DSEQ, block_table_ptr=DBT, out_ptr=DO, lse_ptr=DLSE,
                         batch=4, seqlen_q=2, num_heads_q=8, num_heads_kv=2, head_dim=128,
                         max_seqlen_k=1000, num_pages=300, page_size=16, max_blocks_per_seq=100,
-                        softmax_scale=0.0, num_splits=0, workspace_ptr=DWS,
-                        workspace_bytes=2**40)
+                        softmax_scale=0.0, num_splits=0, kv_format=ck.KV_DTYPE,
+                        kv_scaling=ck.KV_SCALE_PER_HEAD, k_scale_ptr=DKS, v_scale_ptr=DVS,
+                        workspace_ptr=DWS, workspace_bytes=2**40)
 CONTIGUOUS = dict(block_table_ptr=0)
+# The quantized caches: int8 codes with scales per kv head (2 x 4 bytes each), FP8 E4M3 codes
+# with scales per cache row (300 x 16 rows of 2 heads: 38400 bytes each).
+PER_HEAD_INT8 = dict(kv_format=ck.KV_INT8, kv_scaling=ck.KV_SCALE_PER_HEAD)
+PER_TOKEN_FP8 = dict(kv_format=ck.KV_FP8_E4M3, kv_scaling=ck.KV_SCALE_PER_TOKEN)
+DECODE_CACHE_ROWS = 300 * 16   # num_pages x page_size
+DECODE_ROW_ELEMENTS = 2 * 128   # Hkv x D
 # 2^16 x 2^30 x 2^16 x 128 x 2 bytes (contiguous) and 2^31 x 2^16 x 2^16 x 128 x 2 (paged).
 CACHE_PAST_2_63 = dict(num_heads_q=65535, num_heads_kv=65535)
 ATTENTION_DECODE_CASES = (
     null("q", "k_cache", "v_cache", "seqlens_k", "out", "workspace")
     + [("null-params", dict(params_ptr=0), INVALID, ["params"])]
-    + bad("struct_size", (0, 8, DECODE_SIZEOF - 8, DECODE_SIZEOF + 8, 2**40), INVALID)
+    + bad("struct_size", (0, 8, DECODE_V1_SIZEOF - 8, DECODE_V1_SIZEOF + 1, DECODE_V1_SIZEOF + 8,
+                          DECODE_SIZEOF - 8, DECODE_SIZEOF + 8, 2**40), INVALID)
     + bad_dtypes("dtype", NOT_HALF_DTYPES)
     + bad("batch", (0, -1, 65536), INVALID)
     + bad("seqlen_q", (0, -1, 17), INVALID)
@@ -1439,6 +1459,19 @@ ATTENTION_DECODE_CASES = (
     + [("softmax_scale=%s" % v, dict(softmax_scale=float(v)), INVALID, ["softmax_scale"])
        for v in ("nan", "inf", "-inf")]
     + bad("num_splits", (-1, 65, 2**31 - 1), INVALID)
+    + bad("kv_format", (3, -1, 99), INVALID)
+    + [("kv_scaling=%d" % v, dict(PER_HEAD_INT8, kv_scaling=v), INVALID, ["kv_scaling"])
+       for v in (2, -1)]
+    # For CK_KV_DTYPE neither kv_scaling nor the scales are read: the errors are later fields'.
+    + [("dtype-cache-ignores-kv_scaling", dict(kv_scaling=7, softmax_scale=float("nan")),
+        INVALID, ["softmax_scale"]),
+       ("dtype-cache-ignores-the-scales", dict(k_scale_ptr=0, v_scale_ptr=DVS + 1,
+                                               workspace_bytes=1), INVALID, ["workspace_bytes"])]
+    + [("null-%s-quantized" % name, dict(PER_HEAD_INT8, **{name + "_ptr": 0}), INVALID, [name])
+       for name in ("k_scale", "v_scale")]
+    + [("misaligned-%s+%d-quantized" % (name[:-4], d), dict(PER_TOKEN_FP8, **{name: base + d}),
+        MISALIGNED, [name[:-4]])
+       for name, base in (("k_scale_ptr", DKS), ("v_scale_ptr", DVS)) for d in (1, 2)]
     + [("misaligned-%s+%d" % (name[:-4], d), {name: base + d}, MISALIGNED, [name[:-4]])
        for name, base in (("q_ptr", DQ), ("k_cache_ptr", DK), ("v_cache_ptr", DV),
                           ("out_ptr", DO))
@@ -1449,12 +1482,22 @@ ATTENTION_DECODE_CASES = (
     + [("out-overlaps-q", dict(out_ptr=DQ + 512), INVALID, ["out", "q"]),
        ("out-overlaps-v_cache", dict(out_ptr=DV + 2**20), INVALID, ["out", "v_cache"]),
        ("lse-overlaps-out", dict(lse_ptr=DO + 256), INVALID, ["lse", "out"]),
-       ("lse-overlaps-k_cache", dict(lse_ptr=DK), INVALID, ["lse", "k_cache"])]
+       ("lse-overlaps-k_cache", dict(lse_ptr=DK), INVALID, ["lse", "k_cache"]),
+       ("out-overlaps-k_scale", dict(PER_HEAD_INT8, out_ptr=DKS), INVALID, ["out", "k_scale"]),
+       ("lse-overlaps-v_scale", dict(PER_HEAD_INT8, lse_ptr=DVS + 4), INVALID,
+        ["lse", "v_scale"]),
+       # Per-token scales span the cache's rows: 38400 bytes.
+       ("out-overlaps-per-token-v_scale", dict(PER_TOKEN_FP8, out_ptr=DVS + 38400 - 16),
+        INVALID, ["out", "v_scale"])]
     + bad("workspace_bytes", (0, 1, 255), INVALID)
     + [("misaligned-workspace+%d" % d, dict(workspace_ptr=DWS + d), MISALIGNED, ["workspace"])
        for d in (1, 16, 128)]
     + [("workspace-overlaps-%s" % name, dict(workspace_ptr=base), INVALID, ["workspace"])
        for name, base in (("out", DO), ("q", DQ), ("k_cache", DK), ("lse", DLSE))]
+    + [("workspace-overlaps-k_scale", dict(PER_HEAD_INT8, workspace_ptr=DKS), INVALID,
+        ["workspace"]),
+       ("workspace-overlaps-per-token-v_scale",
+        dict(PER_TOKEN_FP8, workspace_ptr=DVS + 38400 - 256), INVALID, ["workspace"])]
 )
 
 # ck_attention_decode_workspace_size validates the struct as ck_attention_decode does, pointers
@@ -1469,6 +1512,73 @@ ATTENTION_DECODE_WORKSPACE_SIZE, ATTENTION_DECODE_WORKSPACE_SIZE_CASES = workspa
 attention_decode_workspace_size = workspace_size_call("ck_attention_decode_workspace_size",
                                                       ck.AttentionDecodeParams)
 attention_decode = workspace_call("attention_decode", ck.AttentionDecodeParams)
+
+
+# ck_kv_cache_append takes a ck_kv_cache_append_params_t (cuda_wrapper.KvCacheAppendParams), its
+# rows written as the MoE layer's. Rules (cuda_kernels.h), checked in the struct's order: dtype
+# fp16 or bf16; kv_format a ck_kv_format_t and, quantized, kv_scaling a ck_kv_scaling_t; k, v,
+# slot_mapping and the cache given, and the scales for a quantized format (not read for
+# CK_KV_DTYPE); 1 <= num_tokens < 2^31, 1 <= Hkv <= 65535; D >= 1, and 64 or 128 (else
+# UNSUPPORTED); num_slots >= 1 with the cache's bytes (2 per element, 1 quantized) within int64;
+# k, v and the cache 16-byte aligned, slot_mapping 8, the scales 4; the cache, and the scales
+# where written (per token), clear of every other buffer. The valid call writes int8 codes with
+# per-token scales, so that every field is read: k and v 16 x 8 x 128 x 2 bytes, the cache
+# 4096 x 8 x 128 bytes, each scale array 4096 x 8 x 4.
+AK_NEW, AV_NEW, ASLOT, AKC, AVC, AKS, AVS = (0x7F0030000000 + i * 0x10000000 for i in range(7))
+KV_APPEND_SIZEOF = ctypes.sizeof(ck.KvCacheAppendParams)
+KV_CACHE_APPEND = dict(dtype=DType.FP16, kv_format=ck.KV_INT8,
+                       kv_scaling=ck.KV_SCALE_PER_TOKEN, k_ptr=AK_NEW, v_ptr=AV_NEW,
+                       slot_mapping_ptr=ASLOT, k_cache_ptr=AKC, v_cache_ptr=AVC, k_scale_ptr=AKS,
+                       v_scale_ptr=AVS, num_tokens=16, num_heads_kv=8, head_dim=128,
+                       num_slots=4096)
+KV_APPEND_CACHE_BYTES = 4096 * 8 * 128
+KV_CACHE_APPEND_CASES = (
+    null("k", "v", "slot_mapping", "k_cache", "v_cache", "k_scale", "v_scale")
+    + [("null-params", dict(params_ptr=0), INVALID, ["params"])]
+    + bad("struct_size", (0, 8, KV_APPEND_SIZEOF - 8, KV_APPEND_SIZEOF + 8, 2**40), INVALID)
+    + bad_dtypes("dtype", NOT_HALF_DTYPES)
+    + bad("kv_format", (3, -1, 99), INVALID)
+    + bad("kv_scaling", (2, -1), INVALID)
+    # A cache of the dtype's values reads neither kv_scaling nor the scales: the error is D's.
+    + [("dtype-cache-ignores-the-scales", dict(kv_format=ck.KV_DTYPE, kv_scaling=7, k_scale_ptr=0,
+                                               v_scale_ptr=AVS + 1, head_dim=96), UNSUPPORTED,
+        ["head_dim"])]
+    + bad("num_tokens", (0, -1, 2**31, BIG), INVALID)
+    + bad("num_heads_kv", (0, -1, 65536), INVALID)
+    + bad("head_dim", (0, -128), INVALID)
+    + bad("head_dim", (32, 96, 100, 256), UNSUPPORTED)
+    + bad("num_slots", (0, -1, -2**63), INVALID)
+    # 2^53 slots of 8 x 128 codes: 2^63 bytes; of fp16 values, 2^52 slots are as many.
+    + [("num_slots-bytes-past-2^63", dict(num_slots=2**53), INVALID, ["num_slots"]),
+       ("dtype-num_slots-bytes-past-2^63", dict(kv_format=ck.KV_DTYPE, num_slots=2**52),
+        INVALID, ["num_slots"])]
+    + [("misaligned-%s+%d" % (name[:-4], d), {name: base + d}, MISALIGNED, [name[:-4]])
+       for name, base in (("k_ptr", AK_NEW), ("v_ptr", AV_NEW), ("k_cache_ptr", AKC),
+                          ("v_cache_ptr", AVC))
+       for d in (2, 8)]
+    + [("misaligned-slot_mapping+%d" % d, dict(slot_mapping_ptr=ASLOT + d), MISALIGNED,
+        ["slot_mapping"]) for d in (1, 4)]
+    + [("misaligned-%s+%d" % (name[:-4], d), {name: base + d}, MISALIGNED, [name[:-4]])
+       for name, base in (("k_scale_ptr", AKS), ("v_scale_ptr", AVS)) for d in (1, 2)]
+    + [("k_cache-overlaps-k", dict(k_cache_ptr=AK_NEW + 256), INVALID, ["k_cache", "k"]),
+       ("v_cache-overlaps-v", dict(v_ptr=AVC + KV_APPEND_CACHE_BYTES - 256), INVALID,
+        ["v_cache", "v"]),
+       ("k_cache-overlaps-v_cache", dict(v_cache_ptr=AKC + 2**20), INVALID,
+        ["k_cache", "v_cache"]),
+       ("k_cache-overlaps-v_scale", dict(v_scale_ptr=AKC + 4096), INVALID,
+        ["k_cache", "v_scale"]),
+       ("k_scale-overlaps-v", dict(k_scale_ptr=AV_NEW), INVALID, ["k_scale", "v"]),
+       ("k_scale-overlaps-v_scale", dict(v_scale_ptr=AKS + 4096), INVALID,
+        ["k_scale", "v_scale"]),
+       # Per-head scales are read, but the cache must not overlap them either.
+       ("k_cache-overlaps-per-head-k_scale",
+        dict(kv_scaling=ck.KV_SCALE_PER_HEAD, k_scale_ptr=AKC + 4096), INVALID,
+        ["k_cache", "k_scale"])]
+)
+
+
+def kv_cache_append(fields):
+    ck.raw.kv_cache_append(params_struct(ck.KvCacheAppendParams, fields), stream=0)
 
 
 # ck_qkv_projection takes a ck_qkv_params_t (cuda_wrapper.QkvParams), ck_qkv_prepack the same
@@ -1586,7 +1696,7 @@ def qkv_prepack(fields):
 
 # The entry points that take a parameter struct: how a row's arguments become a call.
 STRUCT_CALLS = {"ck_moe_workspace_size": moe_workspace_size, "ck_moe_forward": moe_forward,
-                "ck_attention_forward": attention_forward,
+                "ck_attention_forward": attention_forward, "ck_kv_cache_append": kv_cache_append,
                 "ck_attention_decode_workspace_size": attention_decode_workspace_size,
                 "ck_attention_decode": attention_decode, "ck_qkv_prepack": qkv_prepack,
                 "ck_qkv_projection": qkv_projection}
@@ -1607,8 +1717,8 @@ ENTRY_POINTS = {
                   "GEMM_SPARSE_W4A16", "SPARSE_W4A16_PREPACK", "GEMM_SPARSE_W4A16_PREPACKED",
                   "GEMM_INT4",
                   "GEMM_INT4_SCALED", "MOE_ROUTE", "MOE_PREPACK", "MOE_WORKSPACE_SIZE",
-                  "MOE_FORWARD", "ATTENTION_FORWARD", "ATTENTION_DECODE_WORKSPACE_SIZE",
-                  "ATTENTION_DECODE")
+                  "MOE_FORWARD", "ATTENTION_FORWARD", "KV_CACHE_APPEND",
+                  "ATTENTION_DECODE_WORKSPACE_SIZE", "ATTENTION_DECODE")
 }
 
 
@@ -2181,7 +2291,10 @@ def test_attention_decode_workspace_size_follows_the_split_rule(lib):
              dict(batch=1, num_heads_q=32, num_heads_kv=8, seqlen_q=1, max_seqlen_k=32768,
                   max_blocks_per_seq=2048),
              dict(seqlen_q=16, num_heads_q=64, num_heads_kv=8, head_dim=64),  # 2 row groups
-             dict(CONTIGUOUS, max_seqlen_k=4096)]
+             dict(CONTIGUOUS, max_seqlen_k=4096),
+             dict(CONTIGUOUS, max_seqlen_k=4096, **PER_HEAD_INT8),
+             dict(batch=1, num_heads_q=32, num_heads_kv=8, seqlen_q=1, max_seqlen_k=32768,
+                  max_blocks_per_seq=2048, **PER_TOKEN_FP8)]
     for changes in cases:
         fields = dict(ATTENTION_DECODE_WORKSPACE_SIZE, **changes)
         model = {name[:-4] if name.endswith("_ptr") else name: value
@@ -2212,6 +2325,80 @@ def test_attention_decode_rejects_a_workspace_below_the_query(lib):
         changes = dict(workspace_bytes=have)
         assert_rejected_as(rejection("ck_attention_decode", changes), "ck_attention_decode",
                            changes, INVALID, ["workspace_bytes"])
+
+
+def decode_params_pass(changes):
+    """ck_attention_decode with its valid call changed by `changes` passes every check of its
+    params: probed with a workspace_bytes of 1, whose error comes after them (and before any
+    CUDA call); the changes must leave the call several splits."""
+    changes = dict(changes, workspace_bytes=1)
+    assert_rejected_as(rejection("ck_attention_decode", changes), "ck_attention_decode",
+                       changes, INVALID, ["workspace_bytes"])
+
+
+def test_attention_decode_accepts_its_first_struct_version(lib):
+    """The first ck_attention_decode_params_t ends at num_splits: its struct_size is accepted,
+    the fields appended since then are not read (whatever the bytes past it hold: the cache
+    holds fp16/bf16 values), and the size query answers as for the whole struct with those
+    fields zero. Other sizes, between the versions' or past them, are refused."""
+    import fuzz_support as fz
+    assert DECODE_V1_SIZEOF == ck.AttentionDecodeParams.num_splits.offset + 4 == 152
+    unread = dict(kv_format=99, kv_scaling=-5, k_scale_ptr=3, v_scale_ptr=DKS + 1)
+    zero = dict(kv_format=0, kv_scaling=0, k_scale_ptr=0, v_scale_ptr=0)
+    for changes in (dict(), dict(num_splits=1), dict(num_splits=3), dict(num_splits=64),
+                    dict(CONTIGUOUS, max_seqlen_k=4096), dict(head_dim=64, seqlen_q=16)):
+        fields = dict(ATTENTION_DECODE_WORKSPACE_SIZE, **changes)
+        want = attention_decode_workspace_size(dict(fields, **zero))
+        for old in (zero, unread):
+            v1 = dict(fields, **old, struct_size=DECODE_V1_SIZEOF)
+            assert attention_decode_workspace_size(v1) == want, (changes, old)
+            model = {name[:-4] if name.endswith("_ptr") else name: value
+                     for name, value in v1.items()}
+            assert fz.decode_workspace_bytes(model) == want, (changes, old)
+    decode_params_pass(dict(unread, struct_size=DECODE_V1_SIZEOF))
+    changes = dict(unread, workspace_bytes=1)   # read where the struct has them
+    assert_rejected_as(rejection("ck_attention_decode", changes), "ck_attention_decode",
+                       changes, INVALID, ["kv_format"])
+    for size in (DECODE_V1_SIZEOF - 4, DECODE_V1_SIZEOF - 1, DECODE_V1_SIZEOF + 1,
+                 DECODE_V1_SIZEOF + 4, DECODE_V1_SIZEOF + 8, DECODE_V1_SIZEOF + 16,
+                 DECODE_SIZEOF - 1, DECODE_SIZEOF + 1, 2 * DECODE_V1_SIZEOF):
+        changes = dict(struct_size=size)
+        for function in ("ck_attention_decode_workspace_size", "ck_attention_decode"):
+            assert_rejected_as(rejection(function, changes), function, changes, INVALID,
+                               ["struct_size"])
+
+
+def test_attention_decode_workspace_size_reads_no_scales(lib):
+    """The size query checks a quantized cache's format and scaling but not its scales: NULL
+    or misaligned ones give the answer of valid ones."""
+    for fmt in (PER_HEAD_INT8, PER_TOKEN_FP8):
+        for changes in (dict(), dict(batch=1, num_heads_q=32, num_heads_kv=8, seqlen_q=1,
+                                     max_seqlen_k=32768, max_blocks_per_seq=2048)):
+            fields = dict(ATTENTION_DECODE_WORKSPACE_SIZE, **fmt, **changes)
+            want = attention_decode_workspace_size(fields)
+            for scales in (dict(k_scale_ptr=0, v_scale_ptr=0), dict(k_scale_ptr=DKS + 1,
+                                                                    v_scale_ptr=DVS + 2)):
+                assert attention_decode_workspace_size(dict(fields, **scales)) == want, \
+                    (fmt, changes, scales)
+
+
+def test_quantized_cache_holds_one_byte_per_element(lib):
+    """The overlap checks count a quantized cache at 1 byte per element: out (or lse) right
+    after the codes of v_cache (k_cache) is clear of them, where it overlaps fp16 values; the
+    scales span Hkv floats per head, or one float per cache row of a head per token."""
+    codes = DECODE_CACHE_ROWS * DECODE_ROW_ELEMENTS
+    for name, base, cache in (("out", DV, "v_cache"), ("lse", DK, "k_cache")):
+        after = {name + "_ptr": base + codes}
+        for fmt in (PER_HEAD_INT8, PER_TOKEN_FP8):
+            decode_params_pass(dict(fmt, **after))
+        assert_rejected_as(rejection("ck_attention_decode", after), "ck_attention_decode",
+                           after, INVALID, [name, cache])
+    per_token_bytes = DECODE_CACHE_ROWS * 2 * 4   # rows x Hkv float32
+    decode_params_pass(dict(PER_HEAD_INT8, out_ptr=DVS + 16))   # past the 2 per-head floats
+    decode_params_pass(dict(PER_TOKEN_FP8, out_ptr=DVS + per_token_bytes))
+    changes = dict(PER_TOKEN_FP8, out_ptr=DVS + 16)
+    assert_rejected_as(rejection("ck_attention_decode", changes), "ck_attention_decode",
+                       changes, INVALID, ["out", "v_scale"])
 
 
 def run_python(code, **env):
@@ -2400,6 +2587,47 @@ SEQ_DEC = FakeCudaArray((2,), "<i4")
         "seqlens-shape", "seqlens-float32", "contiguous-max_seqlen_k", "table-batch",
         "table-int64"])
 def test_wrapper_attention_decode_rejects_before_any_copy(lib, call, error):
+    with pytest.raises(error):
+        call()
+
+
+# A quantized cache of the same shapes (E4M3 bytes, int8 codes), its scales per head [2] or
+# per token [2, 32, 2]; new keys and values [3, 2, 64] for kv_cache_append, slots int64 [3].
+KV8_DEC, KVI8_DEC = FakeCudaArray((2, 32, 2, 64), "|u1"), FakeCudaArray((2, 32, 2, 64), "|i1")
+HEAD_SCALE, TOKEN_SCALE = FakeCudaArray((2,)), FakeCudaArray((2, 32, 2))
+NEW_KV, SLOTS = FakeCudaArray((3, 2, 64), "<f2"), FakeCudaArray((3,), "<i8")
+
+
+@pytest.mark.parametrize("call, error", [
+    (lambda: ck.attention_decode(Q_DEC, KV8_DEC, KV8_DEC, SEQ_DEC), ValueError),
+    (lambda: ck.attention_decode(Q_DEC, KV8_DEC, KV8_DEC, SEQ_DEC, k_scale=HEAD_SCALE,
+                                 v_scale=TOKEN_SCALE), ValueError),
+    (lambda: ck.attention_decode(Q_DEC, KV8_DEC, KV8_DEC, SEQ_DEC, k_scale=FakeCudaArray((3,)),
+                                 v_scale=FakeCudaArray((3,))), ValueError),
+    (lambda: ck.attention_decode(Q_DEC, KV8_DEC, KV8_DEC, SEQ_DEC, k_scale=HEAD_SCALE,
+                                 v_scale=HEAD_SCALE, kv_format="int8"), TypeError),
+    (lambda: ck.attention_decode(Q_DEC, KV8_DEC, KVI8_DEC, SEQ_DEC, k_scale=HEAD_SCALE,
+                                 v_scale=HEAD_SCALE), TypeError),
+    (lambda: ck.attention_decode(Q_DEC, KV8_DEC, KV8_DEC, SEQ_DEC, k_scale=HEAD_SCALE,
+                                 v_scale=HEAD_SCALE, kv_format="fp8_e5m2"), ValueError),
+    (lambda: ck.kv_cache_append(NEW_KV, NEW_KV, SLOTS, np.zeros((2, 32, 2, 64), np.float16),
+                                KV_DEC), TypeError),
+    (lambda: ck.kv_cache_append(NEW_KV, NEW_KV, FakeCudaArray((3,), "<i4"), KV_DEC, KV_DEC),
+     TypeError),
+    (lambda: ck.kv_cache_append(NEW_KV, NEW_KV, FakeCudaArray((4,), "<i8"), KV_DEC, KV_DEC),
+     ValueError),
+    (lambda: ck.kv_cache_append(NEW_KV, FakeCudaArray((3, 1, 64), "<f2"), SLOTS, KV_DEC,
+                                KV_DEC), ValueError),
+    (lambda: ck.kv_cache_append(NEW_KV, NEW_KV, SLOTS, FakeCudaArray((2, 32, 2, 128), "<f2"),
+                                FakeCudaArray((2, 32, 2, 128), "<f2")), ValueError),
+    (lambda: ck.kv_cache_append(NEW_KV, NEW_KV, SLOTS, KV8_DEC, KV_DEC), ValueError),
+    (lambda: ck.kv_cache_append(NEW_KV, NEW_KV, SLOTS, KV8_DEC, KV8_DEC), ValueError),
+    (lambda: ck.kv_cache_append(NEW_KV, NEW_KV, SLOTS, KV8_DEC, KV8_DEC, k_scale=HEAD_SCALE,
+                                v_scale=FakeCudaArray((2,), "<f2")), TypeError),
+], ids=["no-scales", "scale-kinds", "scale-shape", "format-vs-dtype", "k-v-dtypes",
+        "format-name", "host-cache", "slots-int32", "slots-count", "v-shape", "cache-head-dim",
+        "caches-differ", "append-no-scales", "scale-dtype"])
+def test_wrapper_quantized_cache_rejects_before_any_copy(lib, call, error):
     with pytest.raises(error):
         call()
 

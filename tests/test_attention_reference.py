@@ -691,3 +691,128 @@ def test_offsets_and_lengths_must_be_int32(seed):
         ref.attention_decode(qd, kc, vc, lens.astype(np.int64))
     with pytest.raises(TypeError, match="int32"):
         ref.attention_decode(qd, kc, vc, lens, block_table=np.zeros((1, 5), np.int64))
+
+
+# ---------------------------------------------------------------------------------------------
+# Quantized KV cache
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("fmt", ref.KV_FORMATS)
+@pytest.mark.parametrize("dtype", ref.ATTENTION_DTYPES)
+def test_kv_cache_quantize_is_the_row_quantizer(fmt, dtype, seed):
+    """Per token: quantize_fp8 / quantize_int8 of the rows [.., D] with dynamic row scales; per
+    head: the same with each head's scale given. The values are within half a step."""
+    rng = np.random.default_rng(seed)
+    x = random_values(rng, (3, 5, 4, HEAD_DIM), dtype, 4.0)
+    rows = x.reshape(-1, HEAD_DIM)
+
+    def row_quantizer(scales):
+        if fmt == "int8":
+            return ref.quantize_int8(rows, dtype, "row", scales)
+        return ref.quantize_fp8(rows, dtype, "e4m3", "row", scales)
+
+    codes, scales = ref.kv_cache_quantize(x, dtype, fmt)
+    want_codes, want_scales = row_quantizer(None)
+    assert np.array_equal(codes.reshape(rows.shape), want_codes), f"seed={seed}"
+    assert np.array_equal(scales.reshape(-1), want_scales) and scales.shape == x.shape[:-1]
+    head = (rng.uniform(0.5, 2.0, 4) / 100).astype(np.float32)
+    codes, scales = ref.kv_cache_quantize(x, dtype, fmt, head)
+    assert scales is head
+    want_codes, _ = row_quantizer(np.broadcast_to(head, x.shape[:-1]).reshape(-1).copy())
+    assert np.array_equal(codes.reshape(rows.shape), want_codes), f"seed={seed}"
+
+    codes, scales = ref.kv_cache_quantize(x, dtype, fmt)
+    values = ref.kv_cache_dequantize(codes, scales, fmt)
+    exact = as_f64(x, dtype)
+    step = scales[..., None].astype(np.float64) * (1 if fmt == "int8" else 2.0**-9)
+    if fmt == "fp8_e4m3":   # E4M3: 3 mantissa bits; subnormal steps of 2^-9 x scale
+        step = np.maximum(step, np.abs(exact) * 2.0**-3)
+    # (A tie rounds to even: half a step; x * inv in float32 may land on a tie: a little more.)
+    assert (np.abs(values - exact) <= step / 2 * (1 + 2.0**-14)).all(), f"seed={seed}"
+
+
+def test_kv_cache_append_writes_only_the_mapped_slots(seed):
+    rng = np.random.default_rng(seed)
+    k, v = (random_values(rng, (6, 2, HEAD_DIM), "fp16") for _ in range(2))
+    slots = np.array([3, -1, 0, 9, 7, 10], np.int64)   # -1 and 10 (= num_slots): skipped
+    cache = np.full((10, 2, HEAD_DIM), np.nan, np.float16)
+    k_cache, v_cache, _, _ = ref.kv_cache_append(k, v, slots, cache, cache, "fp16")
+    assert np.isnan(cache).all(), "the inputs stay as they were"
+    for token, slot in enumerate(slots):
+        if 0 <= slot < 10:
+            assert np.array_equal(k_cache[slot], k[token]) and np.array_equal(v_cache[slot],
+                                                                              v[token])
+    untouched = np.setdiff1d(np.arange(10), slots)
+    assert np.isnan(k_cache[untouched]).all() and np.isnan(v_cache[untouched]).all()
+    codes = np.zeros((10, 2, HEAD_DIM), np.uint8)
+    scales = np.full((10, 2), -1.0, np.float32)
+    k_codes, _, k_scale, _ = ref.kv_cache_append(k, v, slots, codes, codes, "fp16", "fp8_e4m3",
+                                                 scales, scales, per_token=True)
+    want_codes, want_scales = ref.kv_cache_quantize(k, "fp16", "fp8_e4m3")
+    kept = (slots >= 0) & (slots < 10)
+    assert np.array_equal(k_codes[slots[kept]], want_codes[kept])
+    assert np.array_equal(k_scale[slots[kept]], want_scales[kept])
+    assert (k_scale[untouched] == -1).all() and (k_codes[untouched] == 0).all()
+
+
+def test_decode_kv_bytes_of_a_quantized_cache():
+    seqlens = np.array([1000, 0, 17], np.int32)
+    assert ref.attention_decode_kv_bytes(seqlens, 8, 128, "fp16", "fp8_e4m3") == \
+        1017 * 8 * 128 * 2
+    assert ref.attention_decode_kv_bytes(seqlens, 8, 128, "bf16", "int8", per_token=True) == \
+        1017 * 8 * (128 + 4) * 2
+
+
+def emulate_quantized_split(q, k_codes, v_codes, k_scale, v_scale, scale, dtype, block_n):
+    """A quantized-cache decode kernel in float32, one sequence, every key seen: q [H, Sq, D],
+    the codes' values [H, Sk, D] and the keys' and values' scales [H, Sk] (float32). Per block:
+    s = (q codes_k^T) times the keys' scales, x = s * scale; the online softmax of
+    emulate_split; P' = fl_d(p * the values' scales) and acc += P' codes_v. -> O [H, Sq, D]."""
+    heads, sq, d = q.shape
+    m = np.full((heads, sq), -np.inf, np.float32)
+    l = np.zeros((heads, sq), np.float32)
+    acc = np.zeros((heads, sq, d), np.float32)
+    for start in range(0, k_codes.shape[1], block_n):
+        keys = slice(start, start + block_n)
+        s = np.matmul(q, k_codes[:, keys].transpose(0, 2, 1)) * k_scale[:, None, keys]
+        x = s * np.float32(scale)
+        m_new = np.maximum(m, x.max(axis=2))
+        alpha = exp_f32(m - m_new)
+        p = exp_f32(x - m_new[..., None])
+        l = alpha * l + p.sum(axis=2, dtype=np.float32)
+        p_low = ref.to_f32(ref.to_dtype(p * v_scale[:, None, keys], dtype), dtype)
+        acc = alpha[..., None] * acc + np.matmul(p_low, v_codes[:, keys])
+        m = m_new
+    return acc / l[..., None]
+
+
+@pytest.mark.parametrize("fmt", ref.KV_FORMATS)
+@pytest.mark.parametrize("per_token", [False, True], ids=["head", "token"])
+@pytest.mark.parametrize("dtype", ref.ATTENTION_DTYPES)
+def test_emulated_quantized_cache_is_within_the_bound(fmt, per_token, dtype, seed):
+    """The bound with v_scales holds for the kernel's arithmetic on a quantized cache (scales
+    of N(0, 1) rows, some of whose p * scale fall below fp16's normal range), and fails when
+    per-token value scales are applied to the wrong keys."""
+    rng = np.random.default_rng(seed)
+    heads, sq, sk = 2, 3, 300
+    q = random_values(rng, (sq, heads, HEAD_DIM), dtype, 2.0)
+    x_k, x_v = (random_values(rng, (sk, heads, HEAD_DIM), dtype) for _ in range(2))
+    head = None if per_token else (rng.uniform(0.5, 1.5, heads) * 4 / 448).astype(np.float32)
+    (kc, ks), (vc, vs) = (ref.kv_cache_quantize(a, dtype, fmt, head) for a in (x_k, x_v))
+    k_vals, v_vals = (ref.kv_cache_dequantize(c, s_, fmt) for c, s_ in ((kc, ks), (vc, vs)))
+    ks, vs = (np.broadcast_to(s_, (sk, heads)) for s_ in (ks, vs))
+    codes = {name: (ref.kv_cache_dequantize(c, np.ones(heads, np.float32), fmt)
+                    .astype(np.float32).transpose(1, 0, 2)) for name, c in (("k", kc), ("v", vc))}
+    qh = ref.to_f32(q, dtype).transpose(1, 0, 2)
+    scale = np.float32(1 / math.sqrt(HEAD_DIM))
+    cu_q, cu_k = ref.attention_cu_seqlens([sq]), ref.attention_cu_seqlens([sk])
+    o_ref, _ = ref.attention_forward_f64(q, k_vals, v_vals, cu_q, cu_k, dtype=dtype)
+    o_tol, _ = ref.attention_error_bound(q, k_vals, v_vals, cu_q, cu_k, dtype=dtype,
+                                         block_n=16, v_scales=vs)
+    for shift, must_hold in ((0, True), (1, False)) if per_token else ((0, True),):
+        o = emulate_quantized_split(qh, codes["k"], codes["v"], ks.T.astype(np.float32),
+                                    np.roll(vs, shift, axis=0).T.astype(np.float32), scale,
+                                    dtype, 16)
+        got = as_f64(ref.to_dtype(o.transpose(1, 0, 2), dtype), dtype)
+        within = (np.abs(got - o_ref) <= o_tol).all()
+        assert within == must_hold, (f"seed={seed}, value scales shifted by {shift}: max error"
+                                     f" / bound {(np.abs(got - o_ref) / o_tol).max():.3g}")

@@ -23,6 +23,9 @@ size limits at and past 2^31 and 2^63, and the header's word on aliasing.
   (rejected with CK_STATUS_INVALID_VALUE), one deterministic table per kind of export.
 - The limits it found undocumented or mishandled (a grid past 2^31 - 1 blocks, per-row scales
   past 2^63 bytes, the prepacked layout's 2^40, perm's int32 columns) keep a test each.
+- The quantized KV cache: ck_kv_cache_append's and the quantized decode's valid calls, the
+  first version of ck_attention_decode_params_t, caches of 1-byte codes past what fp16 values
+  could hold, and the unread scales of a CK_KV_DTYPE cache (never compared for overlaps).
 
 Valid calls reach a launch on fake addresses, so these tests run only where no CUDA device is
 visible: on a machine with one, test_fuzz_gpu.py runs this file again in a child process with
@@ -726,3 +729,121 @@ def test_qkv_head_limit_is_documented():
     fields = re.search(r"typedef struct ck_qkv_params \{.*?\} ck_qkv_params_t;",
                        fz.header_text(strip_comments=False), flags=re.S).group(0)
     assert "2^20" in words + " ".join(fields.split())
+
+
+# ------------------------------------------------------------------------------------------------
+# Quantized KV cache: ck_kv_cache_append's valid calls, the decode's formats and struct versions,
+# byte counts of 1-byte codes
+# ------------------------------------------------------------------------------------------------
+def struct_call(name, **fields):
+    """The table's valid call of an entry point that takes a params struct, with these fields
+    changed (pointers as the fields' own names)."""
+    args = fz.example_call(name)
+    args["params"] = dict(args["params"], **fields)
+    return args
+
+
+PER_HEAD_INT8 = dict(kv_format=ck.KV_INT8, kv_scaling=ck.KV_SCALE_PER_HEAD)
+PER_HEAD_FP8 = dict(kv_format=ck.KV_FP8_E4M3, kv_scaling=ck.KV_SCALE_PER_HEAD)
+PER_TOKEN_INT8 = dict(kv_format=ck.KV_INT8, kv_scaling=ck.KV_SCALE_PER_TOKEN)
+PER_TOKEN_FP8 = dict(kv_format=ck.KV_FP8_E4M3, kv_scaling=ck.KV_SCALE_PER_TOKEN)
+UNALIGNED = fz.FAKE_DEVICE + 3   # a scale that is not read may be any value
+
+
+@pytest.mark.parametrize("case, fields", [
+    ("dtype-fp16", dict()),
+    ("dtype-bf16", dict(dtype=DType.BF16)),
+    ("dtype-ignores-the-scaling-and-scales", dict(kv_scaling=-7, k_scale=0, v_scale=UNALIGNED)),
+    ("fp8-per-head", PER_HEAD_FP8), ("int8-per-head-bf16", dict(PER_HEAD_INT8, dtype=DType.BF16)),
+    ("fp8-per-token-d64", dict(PER_TOKEN_FP8, head_dim=64)), ("int8-per-token", PER_TOKEN_INT8),
+    ("one-token-one-slot", dict(PER_TOKEN_INT8, num_tokens=1, num_slots=1, num_heads_kv=1)),
+    ("most-heads", dict(PER_TOKEN_FP8, num_heads_kv=65535)),
+    ("most-tokens", dict(PER_HEAD_INT8, num_tokens=2**31 - 1)),
+    ("scales-4-byte-aligned", dict(PER_TOKEN_INT8, k_scale=fz.FAKE_DEVICE + 2**56 + 4,
+                                   v_scale=fz.FAKE_DEVICE + 2**57 + 12)),
+    ("slot_mapping-8-byte-aligned", dict(slot_mapping=fz.FAKE_DEVICE + 2**55 + 8))],
+    ids=lambda value: value if isinstance(value, str) else "")
+def test_kv_cache_append_valid_calls_reach_the_gpu_check(lib, case, fields):
+    """Valid calls pass every check of ck_kv_cache_append and stop at the device's (none is
+    visible here): the model agrees that they break no rule."""
+    args = struct_call("ck_kv_cache_append", **fields)
+    assert fz.violations("ck_kv_cache_append", args) == [], case
+    assert check_validated_call(lib, "ck_kv_cache_append", args) == Status.NO_DEVICE, case
+
+
+@pytest.mark.parametrize("fields", [
+    PER_HEAD_INT8, PER_HEAD_FP8, PER_TOKEN_INT8, PER_TOKEN_FP8,
+    dict(PER_TOKEN_FP8, block_table=0, head_dim=64),
+    dict(struct_size=fz.DECODE_PARAMS_V1_SIZE),
+    dict(struct_size=fz.DECODE_PARAMS_V1_SIZE, kv_format=99, kv_scaling=-1, k_scale=UNALIGNED)],
+    ids=["int8-per-head", "fp8-per-head", "int8-per-token", "fp8-per-token",
+         "fp8-per-token-contiguous-d64", "first-version", "first-version-bytes-past-it"])
+def test_attention_decode_valid_formats_reach_the_gpu_check(lib, fields):
+    """Quantized caches, and the first version of the struct (whose appended fields are not
+    read), pass every check of ck_attention_decode and its size query."""
+    args = struct_call("ck_attention_decode", **fields)
+    assert fz.violations("ck_attention_decode", args) == []
+    assert check_validated_call(lib, "ck_attention_decode", args) == Status.NO_DEVICE
+    query = dict(params=args["params"], bytes="int")
+    assert check_host_validated_call(lib, "ck_attention_decode_workspace_size",
+                                     query) == Status.SUCCESS
+
+
+@pytest.mark.parametrize("name", ["ck_kv_cache_append", "ck_attention_decode"])
+def test_unread_scales_are_not_compared(lib, name):
+    """For CK_KV_DTYPE the scales are not read (cuda_kernels.h): no value of theirs fails a
+    call, one that points inside the cache or the workspace included."""
+    args = fz.example_call(name)
+    params = args["params"]
+    assert params["kv_format"] == ck.KV_DTYPE
+    inside = 256 + (params["k_cache"] if name == "ck_kv_cache_append" else args["workspace_ptr"])
+    args = dict(args, params=dict(params, k_scale=inside))
+    assert fz.violations(name, args) == []
+    status, _ = fz.call(lib, name, args)
+    assert status == Status.NO_DEVICE, f"{Status(status).name}: {message_of(lib)!r}"
+
+
+# Byte counts of a quantized cache: 1 per element, so that a cache whose fp16 values would pass
+# 2^63 bytes can hold codes. The buffers of these calls are placed apart by hand: the caches
+# take most of the address space.
+APPEND_HUGE = dict(k=fz.FAKE_DEVICE, v=fz.FAKE_DEVICE + 2**20, slot_mapping=fz.FAKE_DEVICE + 2**21,
+                   k_cache=2**61, v_cache=2**62 + 2**61, k_scale=2**63 + 2**62,
+                   v_scale=2**63 + 2**62 + 2**60, num_tokens=16, num_heads_kv=8, head_dim=128)
+# Decode: 1024 sequences of 2^30 keys of 65535 heads of 128 codes: 2^63 - 2^47 bytes a cache;
+# one split, which needs no workspace.
+DECODE_HUGE = dict(block_table=0, batch=1024, seqlen_q=1, num_heads_q=65535, num_heads_kv=65535,
+                   head_dim=128, max_seqlen_k=2**30, k_cache=2**47, v_cache=2**63,
+                   q=2**40, out=2**41, lse=2**42, seqlens_k=2**43, k_scale=2**43 + 2**20,
+                   v_scale=2**43 + 2**21, num_splits=1)
+
+
+def quantized_size_cases():
+    append = "ck_kv_cache_append"
+    # 2^52 slots x 8 x 128: 2^62 bytes of codes (2^57 of per-token scales); 2^63 of fp16.
+    yield append, "codes-2^62-bytes", dict(APPEND_HUGE, **PER_TOKEN_INT8, num_slots=2**52), \
+        ACCEPTED
+    yield append, "fp16-2^63-bytes", dict(APPEND_HUGE, num_slots=2**52), REJECTED
+    yield append, "codes-2^63-bytes", dict(APPEND_HUGE, **PER_HEAD_FP8, num_slots=2**53), \
+        REJECTED
+    for name in ("ck_attention_decode", "ck_attention_decode_workspace_size"):
+        yield name, "codes-just-fit", dict(DECODE_HUGE, **PER_HEAD_INT8), ACCEPTED
+        yield name, "fp16-past-2^63", DECODE_HUGE, REJECTED
+        yield name, "codes-past-2^63", dict(DECODE_HUGE, **PER_HEAD_FP8, batch=1025), REJECTED
+
+
+@pytest.mark.parametrize("name, case, changes, outcome", [
+    pytest.param(*case, id=f"{case[0]}-{case[1]}") for case in quantized_size_cases()])
+def test_quantized_cache_size_products(lib, name, case, changes, outcome):
+    args = struct_call(name, **changes)
+    if name in fz.HOST_VALIDATED:
+        status = check_host_validated_call(lib, name, args)   # agrees with the model
+        accepted = Status.SUCCESS
+    else:
+        status = check_validated_call(lib, name, args)
+        accepted = Status.NO_DEVICE
+    want = accepted if outcome == ACCEPTED else Status.INVALID_VALUE
+    assert status == want, f"{name} {case}: {Status(status).name}: {message_of(lib)!r}"
+    if outcome == REJECTED:
+        sizes = ("num_slots",) if name == "ck_kv_cache_append" else ("batch", "max_seqlen_k")
+        assert all(mentions(message_of(lib), args["params"][size]) for size in sizes), \
+            message_of(lib)

@@ -21,10 +21,16 @@
 // normalized float32 O_s and lse_s to the workspace, and the combine kernel merges the splits
 // (tests/reference.py attention_combine); a call of one split writes O and lse directly.
 //
+// A quantized cache (FP8 E4M3 or int8 codes with per-head or per-token scales) streams its codes
+// (and per-token scales) through the same pipeline, half the bytes; once a stage has landed the
+// CTA converts it into one K and one V tile of dtype values (exact) and the warps compute as
+// above, the keys' scales multiplying S and the values' scales P before its rounding.
+//
 // Floor: the K and V bytes of the sequences (tests/reference.py attention_decode_kv_bytes) at
 // the copy bandwidth; the flops (4 D Hq Sq_new per key) are far below the tensor cores' rate.
 #include "kernels/attention/attention_decode.cuh"
 #include "kernels/attention/attention_tile.cuh"
+#include "kernels/core/fp8.cuh"
 
 namespace ck {
 namespace {
@@ -40,44 +46,71 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kBlockN = kDecodeBlockN;  // keys per shared-memory tile
 // Tiles in shared memory: two load while one computes, where two CTAs share each SM; four
 // load (five stages) where the grid has at most one CTA per SM, which then keeps as many bytes
-// in flight alone.
+// in flight alone. (Tiles of codes are half the bytes; 4 and 8 stages of them measured 3-5%
+// slower than 3 and 5.)
 constexpr int kStages = 3, kDeepStages = 5;
 static_assert(kBlockN % (16 * kWarps) == 0, "each of 4 key slices holds whole k16 steps of P V");
 
-// Shared memory: Q [kRows][D], then kStages x (K [kBlockN][D], V [kBlockN][D]). The 16-byte
-// chunk c of row r sits at chunk c ^ (r % 8) (rows are 128 or 256 bytes: without the swizzle
-// the 8 rows an ldmatrix reads would share banks). After the key loop the K/V stages hold the
-// warps' softmax states for the merge.
-template <int kD, int kWarpsM, int kStagesT> struct Smem {
+// The cache's elements: the dtype's values (C = T), or 8-bit codes converted to the dtype in
+// shared memory (C = E4M3: FP8 E4M3 bytes; C = int8_t), times per-head or per-row scales.
+struct E4M3 {};
+template <typename T, class C> constexpr bool kCodes = !std::is_same<T, C>::value;
+
+// Shared memory: Q [kRows][D], then kStages stages. A stage of dtype values holds K [kBlockN][D]
+// and V [kBlockN][D]; the 16-byte chunk c of row r sits at chunk c ^ (r % 8) (rows are 128 or
+// 256 bytes: without the swizzle the 8 rows an ldmatrix reads would share banks). A stage of
+// codes (kCodesT) holds the raw K and V codes [kBlockN][D] bytes, unswizzled (the conversion
+// reads them in order), and the tile's key and value scales [kBlockN] float32 each (per-token
+// scales); after the stages, one K and one V tile of dtype values, swizzled as above, into
+// which each tile's codes are converted before the warps compute on it. After the key loop
+// the stages hold the warps' softmax states for the merge.
+template <int kD, int kWarpsM, int kStagesT, bool kCodesT = false> struct Smem {
     static constexpr int kStages = kStagesT;
     static constexpr int kRows = 16 * kWarpsM;
     static constexpr int kChunks = kD / kChunkElems;
     static constexpr int kRowBytes = kD * 2;
     static constexpr int kQBytes = kRows * kRowBytes;
     static constexpr int kTileBytes = kBlockN * kRowBytes;
-    static constexpr int kStageBytes = 2 * kTileBytes;
-    static constexpr int kBytes = kQBytes + kStages * kStageBytes;
+    static constexpr int kCodeTileBytes = kBlockN * kD;
+    static constexpr int kScaleBytes = kBlockN * 4;
+    static constexpr int kStageBytes =
+        kCodesT ? 2 * (kCodeTileBytes + kScaleBytes) : 2 * kTileBytes;
+    static constexpr int kBytes = kQBytes + kStages * kStageBytes + (kCodesT ? 2 * kTileBytes : 0);
     // The merge: every warp's acc [16][D], m [16] and l [16], float32.
     static constexpr int kMergeBytes = kWarps * 16 * (kD + 2) * 4;
-    static_assert(kMergeBytes <= kStages * kStageBytes, "the merge reuses the K/V stages");
+    static_assert(kMergeBytes <= kBytes - kQBytes, "the merge reuses the K/V stages");
     static_assert(kChunks % 8 == 0, "the XOR swizzle permutes chunks in groups of 8");
     static_assert(kBlockN * kChunks % kThreads == 0, "every thread copies as many K/V chunks");
 
     __device__ static uint32_t offset(int row, int chunk) {
         return row * kRowBytes + ((chunk ^ (row % 8)) << 4);
     }
-    __device__ static uint32_t k_tile(uint32_t base, int stage) {
-        return base + kQBytes + stage * kStageBytes;
+    __device__ static uint32_t stage(uint32_t base, int s) {
+        return base + kQBytes + s * kStageBytes;
     }
-    __device__ static uint32_t v_tile(uint32_t base, int stage) {
-        return k_tile(base, stage) + kTileBytes;
+    // The K and V tiles the warps compute on: the stage's, or the converted ones.
+    __device__ static uint32_t k_tile(uint32_t base, int s) {
+        return kCodesT ? base + kQBytes + kStages * kStageBytes : stage(base, s);
+    }
+    __device__ static uint32_t v_tile(uint32_t base, int s) { return k_tile(base, s) + kTileBytes; }
+    // A stage of codes: K codes, V codes, K scales, V scales.
+    __device__ static uint32_t k_codes(uint32_t base, int s) { return stage(base, s); }
+    __device__ static uint32_t v_codes(uint32_t base, int s) {
+        return stage(base, s) + kCodeTileBytes;
+    }
+    __device__ static uint32_t k_scales(uint32_t base, int s) {
+        return stage(base, s) + 2 * kCodeTileBytes;
+    }
+    __device__ static uint32_t v_scales(uint32_t base, int s) {
+        return k_scales(base, s) + kScaleBytes;
     }
 };
 
-// Where key position `pos` (< the sequence's clamped length) of sequence b, kv head h, lies
-// in the cache, in elements. A page id outside [0, num_pages) (a broken caller promise) is
-// clamped into it: the values are then unspecified, but no read leaves the pages.
-__device__ __forceinline__ int64_t kv_offset(const DecodeArgs& a, int b, int h, int pos) {
+// The cache row (position row of Hkv heads, times Hkv, plus the head) that holds key position
+// `pos` (< the sequence's clamped length) of sequence b, kv head h. A page id outside
+// [0, num_pages) (a broken caller promise) is clamped into it: the values are then
+// unspecified, but no read leaves the pages.
+__device__ __forceinline__ int64_t kv_row(const DecodeArgs& a, int b, int h, int pos) {
     int64_t row;
     if (a.block_table) {
         int page = __ldg(a.block_table + int64_t(b) * a.max_blocks + (pos >> a.page_shift));
@@ -86,26 +119,142 @@ __device__ __forceinline__ int64_t kv_offset(const DecodeArgs& a, int b, int h, 
     } else {
         row = int64_t(b) * a.max_seqlen_k + pos;
     }
-    return (row * a.num_heads_kv + h) * a.head_dim;
+    return row * a.num_heads_kv + h;
 }
 
 // Copies the K and V rows of key positions n0 .. n0 + kBlockN - 1 into a stage; positions at or
 // past `end` are zero-filled and read nothing (neither the cache nor the block table): a masked
-// key's p is 0, and 0 * V must stay 0 whatever the cache holds there (NaN too).
-template <typename T, class S>
-__device__ __forceinline__ void load_kv(const DecodeArgs& a, uint32_t k_tile, uint32_t v_tile,
-                                        int b, int h, int n0, int end) {
-    const T* k = static_cast<const T*>(a.k);
-    const T* v = static_cast<const T*>(a.v);
+// key's p is 0, and 0 * V must stay 0 whatever the cache holds there (NaN too). A cache of
+// codes copies the codes and, with per-token scales, the rows' scales (thread i < kBlockN the
+// key scale of key i, the next kBlockN threads the value scales).
+template <typename T, class C, class S>
+__device__ __forceinline__ void load_kv(const DecodeArgs& a, uint32_t base, int stage, int b,
+                                        int h, int n0, int end) {
+    constexpr int kD = S::kChunks * kChunkElems;
+    constexpr int kElemBytes = kCodes<T, C> ? 1 : 2;
+    constexpr int kRowChunks = kD * kElemBytes / 16;  // 16-byte chunks of a cache row
+    const char* k = static_cast<const char*>(a.k);
+    const char* v = static_cast<const char*>(a.v);
 #pragma unroll
-    for (int it = 0; it < kBlockN * S::kChunks / kThreads; ++it) {
+    for (int it = 0; it < kBlockN * kRowChunks / kThreads; ++it) {
         const int i = it * kThreads + threadIdx.x;
-        const int r = i / S::kChunks, c = i % S::kChunks;
+        const int r = i / kRowChunks, c = i % kRowChunks;
         const int pos = n0 + r;
         const bool ok = pos < end;
-        const int64_t at = ok ? kv_offset(a, b, h, pos) + c * kChunkElems : 0;
-        cp_async_16_zfill(k_tile + S::offset(r, c), k + at, ok);
-        cp_async_16_zfill(v_tile + S::offset(r, c), v + at, ok);
+        const int64_t at = ok ? kv_row(a, b, h, pos) * (kD * kElemBytes) + c * 16 : 0;
+        if constexpr (kCodes<T, C>) {
+            const uint32_t to = r * kD + c * 16;  // unswizzled
+            cp_async_16_zfill(S::k_codes(base, stage) + to, k + at, ok);
+            cp_async_16_zfill(S::v_codes(base, stage) + to, v + at, ok);
+        } else {
+            cp_async_16_zfill(S::k_tile(base, stage) + S::offset(r, c), k + at, ok);
+            cp_async_16_zfill(S::v_tile(base, stage) + S::offset(r, c), v + at, ok);
+        }
+    }
+    if constexpr (kCodes<T, C>) {
+        static_assert(kThreads == 2 * kBlockN, "a thread per key scale and per value scale");
+        if (a.per_token) {
+            const int r = threadIdx.x % kBlockN;
+            const bool is_v = threadIdx.x >= kBlockN;
+            const int pos = n0 + r;
+            const bool ok = pos < end;
+            const float* scales = (is_v ? a.v_scale : a.k_scale) + (ok ? kv_row(a, b, h, pos) : 0);
+            cp_async_ca_zfill<4>((is_v ? S::v_scales(base, stage) : S::k_scales(base, stage)) +
+                                     r * 4, scales, ok);
+        }
+    }
+}
+
+// Four codes (the first in bits 0-7) -> their values as the dtype, exact (every E4M3 value and
+// every int8 code is an fp16 and a bf16 value), in two packed pairs: lo the first two.
+//   E4M3 -> fp16: cvt.rn.f16x2.e4m3x2 (sm_89+; cuda_fp8.h computes the same bits before).
+//   E4M3 -> bf16: the code's bits S.EEEE.MMM placed as a bf16's S.0000EEEE.MMM0000 (the same
+//     value times 2^-120, subnormals included), then times 2^120 (exact). A NaN code (0x7F,
+//     0xFF: written only for NaN inputs) becomes +-480 here.
+//   int8 -> fp16: 1024 + (code + 128) is the fp16 with the byte as its low mantissa bits (PRMT
+//     with 0x64), minus 1152.
+//   int8 -> bf16: the same through float32 (2^23 + (code + 128), minus 2^23 + 128), then packed.
+template <typename T, class C>
+__device__ __forceinline__ void code_quad(uint32_t w, uint32_t& lo, uint32_t& hi) {
+    if constexpr (std::is_same<C, E4M3>::value && std::is_same<T, __half>::value) {
+        const __half2_raw a = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(w), __NV_E4M3);
+        const __half2_raw b =
+            __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(w >> 16), __NV_E4M3);
+        lo = uint32_t(a.x) | uint32_t(a.y) << 16;
+        hi = uint32_t(b.x) | uint32_t(b.y) << 16;
+    } else if constexpr (std::is_same<C, E4M3>::value) {
+        const __nv_bfloat162 two_120 = __halves2bfloat162(__ushort_as_bfloat16(0x7B80),
+                                                          __ushort_as_bfloat16(0x7B80));
+        uint32_t pair[2] = {__byte_perm(w, 0, 0x1404), __byte_perm(w, 0, 0x3424)};
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const uint32_t bits = (pair[i] & 0x80008000u) | (pair[i] >> 4 & 0x07F007F0u);
+            const __nv_bfloat162 v = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&bits),
+                                             two_120);
+            pair[i] = *reinterpret_cast<const uint32_t*>(&v);
+        }
+        lo = pair[0], hi = pair[1];
+    } else if constexpr (std::is_same<T, __half>::value) {
+        const uint32_t biased = w ^ 0x80808080u;
+        const __half2 bias = __float2half2_rn(1152.f);
+        const uint32_t a = __byte_perm(biased, 0x64646464u, 0x5150);
+        const uint32_t b = __byte_perm(biased, 0x64646464u, 0x5352);
+        const __half2 x = __hsub2(*reinterpret_cast<const __half2*>(&a), bias);
+        const __half2 y = __hsub2(*reinterpret_cast<const __half2*>(&b), bias);
+        lo = *reinterpret_cast<const uint32_t*>(&x);
+        hi = *reinterpret_cast<const uint32_t*>(&y);
+    } else {
+        const uint32_t biased = w ^ 0x80808080u;
+        float f[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            f[i] = __uint_as_float(__byte_perm(biased, 0x4B000000u, 0x7440 + i)) - 8388736.f;
+        lo = pack2<T>(f[0], f[1]);
+        hi = pack2<T>(f[2], f[3]);
+    }
+}
+
+// The stage's K and V codes -> the K and V tiles of dtype values (swizzled), 16 codes (two
+// chunks of values) at a time. The threads of a row's second half store
+// their two chunks in the other order: the 8 threads of a store phase then hit 8 distinct bank
+// groups (in order, chunks 2c and 2c ^ 1 of 8 threads fall in 4 groups twice).
+template <typename T, class C, class S>
+__device__ __forceinline__ void convert_kv(uint4* smem, uint32_t base, int stage) {
+    constexpr int kD = S::kChunks * kChunkElems;
+    constexpr int kRowChunks = kD / 16;  // 16-byte chunks of codes per row
+    static_assert(2 * kBlockN * kRowChunks % kThreads == 0, "as many chunks for every thread");
+    char* at = reinterpret_cast<char*>(smem) - base;  // a shared address -> a generic pointer
+#pragma unroll
+    for (int it = 0; it < 2 * kBlockN * kRowChunks / kThreads; ++it) {
+        const int i = it * kThreads + threadIdx.x;
+        const bool is_v = i >= kBlockN * kRowChunks;
+        const int j = i % (kBlockN * kRowChunks);
+        const int r = j / kRowChunks, c = j % kRowChunks;
+        const uint32_t from = (is_v ? S::v_codes(base, stage) : S::k_codes(base, stage)) +
+                              r * kD + c * 16;
+        const uint32_t tile = is_v ? S::v_tile(base, stage) : S::k_tile(base, stage);
+        const uint4 w = *reinterpret_cast<const uint4*>(at + from);
+        uint32_t out[8];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) code_quad<T, C>(word(w, q), out[2 * q], out[2 * q + 1]);
+        // (Selects, not an index: a runtime index would put `out` in local memory.)
+        const bool swap = c >= kRowChunks / 2;  // chunk 2c + 1 first
+        const uint4 even = make_uint4(out[0], out[1], out[2], out[3]);
+        const uint4 odd = make_uint4(out[4], out[5], out[6], out[7]);
+        *reinterpret_cast<uint4*>(at + tile + S::offset(r, 2 * c + swap)) = swap ? odd : even;
+        *reinterpret_cast<uint4*>(at + tile + S::offset(r, 2 * c + !swap)) = swap ? even : odd;
+    }
+}
+
+// S (or P) of the thread's keys times the keys' scales: column 8 i + 2 t (+ 1) of the warp's
+// slice (at key0 of the tile) from the stage's scales [kBlockN].
+template <int kNT>
+__device__ __forceinline__ void scale_columns(float (&s)[kNT][4], const float* scales, int key0,
+                                              int t) {
+#pragma unroll
+    for (int i = 0; i < kNT; ++i) {
+        const float2 f = *reinterpret_cast<const float2*>(scales + key0 + i * 8 + 2 * t);
+        s[i][0] *= f.x, s[i][1] *= f.y, s[i][2] *= f.x, s[i][3] *= f.y;
     }
 }
 
@@ -118,10 +267,10 @@ __device__ __forceinline__ QueryRow query_row(int row, int group, int kv_head) {
 }
 
 // Fragment layout: attention_tile.cuh's.
-template <typename T, int kD, int kWarpsM, int kStagesT>
+template <typename T, class C, int kD, int kWarpsM, int kStagesT>
 __global__ void __launch_bounds__(kThreads) decode_split_kernel(const DecodeArgs a) {
     if constexpr (!kHasSm80) __trap();
-    using S = Smem<kD, kWarpsM, kStagesT>;
+    using S = Smem<kD, kWarpsM, kStagesT, kCodes<T, C>>;
     constexpr int kStages = S::kStages;
     constexpr int kWarpsN = kWarps / kWarpsM;
     constexpr int kSlice = kBlockN / kWarpsN;  // keys of a tile that one warp computes
@@ -166,15 +315,18 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const DecodeArgs
     }
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
-        if (s < tiles)
-            load_kv<T, S>(a, S::k_tile(base, s), S::v_tile(base, s), b, hkv, lo + s * kBlockN,
-                          hi);
+        if (s < tiles) load_kv<T, C, S>(a, base, s, b, hkv, lo + s * kBlockN, hi);
         cp_async_commit();
     }
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int wm = warp / kWarpsN, wn = warp % kWarpsN;
-    const float scale_log2 = a.scale * kLog2e;
+    // Per-head scales: the key's joins the softmax scale, the value's multiplies every p.
+    float scale_log2 = a.scale * kLog2e, v_head_scale = 1.f;
+    if (kCodes<T, C> && !a.per_token) {
+        scale_log2 *= __ldg(a.k_scale + hkv);
+        v_head_scale = __ldg(a.v_scale + hkv);
+    }
 
     // The thread's two rows (g and g + 8 of the warp's m16 tile): the last key position each
     // sees, len - Sq_new + t (causal over the new tokens; row padding sees none).
@@ -197,20 +349,31 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const DecodeArgs
         // every warp is done with tile j - 1, whose stage tile j + kStages - 1 now overwrites.
         cp_async_wait<kStages - 2>();
         __syncthreads();
-        if (j + kStages - 1 < tiles) {
-            const int stage = (j + kStages - 1) % kStages;
-            load_kv<T, S>(a, S::k_tile(base, stage), S::v_tile(base, stage), b, hkv,
-                          lo + (j + kStages - 1) * kBlockN, hi);
-        }
+        if (j + kStages - 1 < tiles)
+            load_kv<T, C, S>(a, base, (j + kStages - 1) % kStages, b, hkv,
+                             lo + (j + kStages - 1) * kBlockN, hi);
         cp_async_commit();
+        if constexpr (kCodes<T, C>) {
+            // Codes -> the dtype's values, in the tiles every warp is done with (the barrier
+            // above); the warps compute once all of the tile is converted. (Each warp
+            // converting only the keys of its own slice, where it has one, measured the same.)
+            convert_kv<T, C, S>(smem, base, j % kStages);
+            __syncthreads();
+        }
         if (j == 0) load_q_fragments<S>(qf, base, wm * 16, lane);
         const uint32_t kt = S::k_tile(base, j % kStages), vt = S::v_tile(base, j % kStages);
         const int key0 = wn * kSlice;  // the warp's slice of the tile
+        const char* generic = reinterpret_cast<const char*>(smem) - base;
+        const float* k_scales =
+            reinterpret_cast<const float*>(generic + S::k_scales(base, j % kStages));
+        const float* v_scales =
+            reinterpret_cast<const float*>(generic + S::v_scales(base, j % kStages));
 
-        // Over the slice: S = Q K^T; x in base 2, masked beyond the split and the row's causal
-        // position; P; acc += P V.
+        // Over the slice: S = Q K^T (times the keys' scales); x in base 2, masked beyond the
+        // split and the row's causal position; P (times the values' scales); acc += P V.
         float s[kNT][4];
         qk_tile<T, S>(s, qf, kt, key0, lane);
+        if (kCodes<T, C> && a.per_token) scale_columns(s, k_scales, key0, t);
         const int n0 = lo + j * kBlockN + key0;
         float tile_max[2];
         mask_tile(s, tile_max, scale_log2, [&](int i, int e) {
@@ -218,6 +381,16 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const DecodeArgs
             return key < hi && key <= last_key[e / 2];
         });
         online_softmax(s, tile_max, m, l, acc);
+        if constexpr (kCodes<T, C>) {
+            if (a.per_token) {
+                scale_columns(s, v_scales, key0, t);
+            } else {
+#pragma unroll
+                for (int i = 0; i < kNT; ++i)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) s[i][e] *= v_head_scale;
+            }
+        }
         pv_tile<T, S>(acc, s, vt, key0, lane);
     }
     cp_async_wait<0>();  // no copy may still target shared memory past this point
@@ -365,10 +538,10 @@ __global__ void __launch_bounds__(kCombineWarps * 32) decode_combine_kernel(cons
     }
 }
 
-template <typename T, int kD, int kWarpsM, int kStagesT>
+template <typename T, class C, int kD, int kWarpsM, int kStagesT>
 cudaError_t launch_split_stages(const DecodeArgs& a, dim3 grid, cudaStream_t stream) {
-    const auto kernel = decode_split_kernel<T, kD, kWarpsM, kStagesT>;
-    constexpr int kSmemBytes = Smem<kD, kWarpsM, kStagesT>::kBytes;
+    const auto kernel = decode_split_kernel<T, C, kD, kWarpsM, kStagesT>;
+    constexpr int kSmemBytes = Smem<kD, kWarpsM, kStagesT, kCodes<T, C>>::kBytes;
     static std::atomic<uint64_t> smem_done{0};
     const cudaError_t e = allow_dynamic_smem_once(kernel, kSmemBytes, smem_done);
     if (e != cudaSuccess) return e;
@@ -378,24 +551,25 @@ cudaError_t launch_split_stages(const DecodeArgs& a, dim3 grid, cudaStream_t str
 // The deeper pipeline where the grid has at most one CTA per SM and the GPU gives a block its
 // shared memory (up to 176 KB: not before the H100). The depth does not change what a warp
 // computes, nor in which order: the same bits.
-template <typename T, int kD, int kWarpsM>
+template <typename T, class C, int kD, int kWarpsM>
 cudaError_t launch_split(const DecodeArgs& a, int64_t row_groups, cudaStream_t stream) {
     const dim3 grid(unsigned(a.splits * row_groups), unsigned(a.num_heads_kv), unsigned(a.batch));
     const int64_t ctas = int64_t(grid.x) * grid.y * grid.z;
     const bool deep = ctas <= sm_count() &&
-                      Smem<kD, kWarpsM, kDeepStages>::kBytes <= max_smem_optin();
-    return deep ? launch_split_stages<T, kD, kWarpsM, kDeepStages>(a, grid, stream)
-                : launch_split_stages<T, kD, kWarpsM, kStages>(a, grid, stream);
+                      Smem<kD, kWarpsM, kDeepStages, kCodes<T, C>>::kBytes <= max_smem_optin();
+    return deep ? launch_split_stages<T, C, kD, kWarpsM, kDeepStages>(a, grid, stream)
+                : launch_split_stages<T, C, kD, kWarpsM, kStages>(a, grid, stream);
 }
 
-template <typename T, int kD> cudaError_t launch(const DecodeArgs& a, cudaStream_t stream) {
+template <typename T, class C, int kD>
+cudaError_t launch(const DecodeArgs& a, cudaStream_t stream) {
     const int64_t rows = int64_t(a.num_heads_q / a.num_heads_kv) * a.seqlen_q;
     const int64_t row_groups = decode_row_groups(rows);
     cudaError_t e;
     switch (decode_warps_m(rows)) {
-        case 1: e = launch_split<T, kD, 1>(a, row_groups, stream); break;
-        case 2: e = launch_split<T, kD, 2>(a, row_groups, stream); break;
-        default: e = launch_split<T, kD, 4>(a, row_groups, stream); break;
+        case 1: e = launch_split<T, C, kD, 1>(a, row_groups, stream); break;
+        case 2: e = launch_split<T, C, kD, 2>(a, row_groups, stream); break;
+        default: e = launch_split<T, C, kD, 4>(a, row_groups, stream); break;
     }
     if (e != cudaSuccess || a.splits == 1) return e;
     const int64_t total = int64_t(a.batch) * a.seqlen_q * a.num_heads_q;
@@ -409,7 +583,15 @@ template <typename T, int kD> cudaError_t launch(const DecodeArgs& a, cudaStream
 cudaError_t attention_decode(const DecodeArgs& a, cudaStream_t stream) {
     return dispatch_half_dtype(a.dtype, [&](auto tag) {
         using T = decltype(tag);
-        return a.head_dim == 64 ? launch<T, 64>(a, stream) : launch<T, 128>(a, stream);
+        const auto with_cache = [&](auto code) {
+            using C = decltype(code);
+            return a.head_dim == 64 ? launch<T, C, 64>(a, stream) : launch<T, C, 128>(a, stream);
+        };
+        switch (a.kv_format) {
+            case CK_KV_FP8_E4M3: return with_cache(E4M3{});
+            case CK_KV_INT8: return with_cache(int8_t{});
+            default: return with_cache(T{});
+        }
     });
 }
 

@@ -17,7 +17,8 @@ constexpr int64_t kDecodeMaxPageSize = 65536;
 constexpr int64_t kDecodeMaxSplits = 64;
 // The automatic rule's most splits: on the H100, 16 splits of a single sequence (128 CTAs, one
 // per SM, each a deeper pipeline) beat 32 (two per SM) at 4k and 32k keys alike, except for
-// pages of fewer than a tile's 64 keys, whose block-table lookups the second CTA per SM hides.
+// pages of fewer than a tile's 64 keys, whose block-table lookups the second CTA per SM hides,
+// and for a quantized cache, whose conversion to the dtype the other CTAs hide.
 constexpr int64_t kDecodeMaxAutoSplits = 16;
 // The split-KV kernel deals each sequence's keys to the splits in whole blocks of this many
 // keys (tests/reference.py attention_split_bounds with block_n = kDecodeBlockN).
@@ -29,6 +30,10 @@ constexpr int kDecodeBlockN = 64;
 // load stay small beside the K and V traffic.
 constexpr int64_t kDecodeWaveCtas = 264;
 constexpr int64_t kDecodeMinSplitKeys = 128;
+// A quantized cache's splits hold at least twice as many keys: on the H100, 32 splits of 4096
+// keys measured 2-3% slower than 16, where 32 splits of 32768 keys were faster than 16
+// (benchmarks/NOTES.md).
+constexpr int64_t kDecodeMinSplitKeysQuantized = 256;
 
 // Rows of a CTA: the G = Hq / Hkv query heads x Sq_new tokens of one kv head, row = t G + g, in
 // m16 tiles, one per warp along M: 16, 32 or 64 rows (kWarpsM = 1, 2, 4; the 4 warps that are
@@ -40,22 +45,24 @@ inline int64_t decode_row_groups(int64_t rows) {
 }
 
 // The splits of a call: `forced` (1 .. kDecodeMaxSplits) when given, else the count s in
-// 1 .. min(most, ceil(max_seqlen_k / kDecodeMinSplitKeys)) that minimizes the time model
+// 1 .. min(most, ceil(max_seqlen_k / min_keys)) that minimizes the time model
 // waves(s) x blocks(s), the smallest s among equals: with n = ceil(max_seqlen_k / kDecodeBlockN)
 // key blocks, a split holds blocks(s) = ceil(n / s) of them, ceil(n / blocks(s)) splits hold
 // any, and their CTAs take waves(s) = ceil(ctas x that / kDecodeWaveCtas) waves. most =
 // kDecodeMaxAutoSplits, or kDecodeMaxSplits for a paged cache (page_size > 0) of pages below
-// kDecodeBlockN keys.
+// kDecodeBlockN keys or a quantized cache; min_keys = kDecodeMinSplitKeys, or
+// kDecodeMinSplitKeysQuantized for a quantized cache.
 inline int64_t decode_num_splits(int64_t batch, int64_t heads_q, int64_t heads_kv,
                                  int64_t seqlen_q, int64_t max_seqlen_k, int64_t page_size,
-                                 int64_t forced) {
+                                 bool quantized, int64_t forced) {
     if (forced > 0) return forced;
     const int64_t ctas = batch * heads_kv * decode_row_groups(heads_q / heads_kv * seqlen_q);
     const int64_t blocks = ceil_div(max_seqlen_k, kDecodeBlockN);
     const bool small_pages = page_size > 0 && page_size < kDecodeBlockN;
+    const int64_t min_keys = quantized ? kDecodeMinSplitKeysQuantized : kDecodeMinSplitKeys;
     const int64_t most =
-        std::min(small_pages ? kDecodeMaxSplits : kDecodeMaxAutoSplits,
-                 ceil_div(max_seqlen_k, kDecodeMinSplitKeys));
+        std::min(small_pages || quantized ? kDecodeMaxSplits : kDecodeMaxAutoSplits,
+                 ceil_div(max_seqlen_k, min_keys));
     int64_t best = 1, best_cost = INT64_MAX;
     for (int64_t s = 1; s <= most; ++s) {
         const int64_t per_split = ceil_div(blocks, s);
@@ -98,6 +105,10 @@ struct DecodeArgs {
     int num_pages, page_shift, max_blocks;  // paged: page_size = 1 << page_shift
     int splits;
     float scale;
+    ck_kv_format_t kv_format;  // CK_KV_DTYPE: k and v hold dtype values; else 8-bit codes
+    bool per_token;            // quantized: scales per cache row, else per kv head
+    const float* k_scale;      // quantized: [Hkv] or [cache rows, Hkv]
+    const float* v_scale;
 };
 cudaError_t attention_decode(const DecodeArgs& args, cudaStream_t stream);
 

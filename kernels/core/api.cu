@@ -116,11 +116,14 @@ ck_status_t Check::not_null(const void* p, const char* name) const {
     return fail(CK_STATUS_INVALID_VALUE, "%s is NULL", name);
 }
 
-ck_status_t Check::struct_size(size_t size, size_t expected, const char* type) const {
+ck_status_t Check::struct_size(size_t size, size_t expected, const char* type,
+                               std::initializer_list<size_t> older) const {
     if (size == expected) return CK_STATUS_SUCCESS;
+    for (size_t known : older)
+        if (size == known) return CK_STATUS_SUCCESS;
     return fail(CK_STATUS_INVALID_VALUE,
-                "params->struct_size=%zu is not a known size of %s (this library: %zu)", size, type,
-                expected);
+                "params->struct_size=%zu is not a known size of %s (this library: %zu%s)", size,
+                type, expected, older.size() ? ", or an earlier version's" : "");
 }
 
 ck_status_t Check::in_range(int64_t value, int64_t lo, int64_t hi, const char* name) const {

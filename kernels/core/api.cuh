@@ -79,8 +79,10 @@ class Check {
 
     ck_status_t not_null(const void* p, const char* name) const;
 
-    // A params struct's struct_size: the size of `type` (its name) in this library.
-    ck_status_t struct_size(size_t size, size_t expected, const char* type) const;
+    // A params struct's struct_size: the size of `type` (its name) in this library, or one of
+    // the `older` sizes of its earlier versions (whose appended fields the caller lacks).
+    ck_status_t struct_size(size_t size, size_t expected, const char* type,
+                            std::initializer_list<size_t> older = {}) const;
 
     // lo <= value <= hi.
     ck_status_t in_range(int64_t value, int64_t lo, int64_t hi, const char* name) const;

@@ -1,10 +1,12 @@
-// int4_params.cuh - the integer quantization formats' ranges and the scale / zero-point rule
-// (cuda_kernels.h: "Quantization formats"), shared by the dense quantizers (quantize.cu, which
-// applies the symmetric rule to FP8 too: fp8.cuh) and the structured-sparse one
-// (kernels/sparse/sparse_quantize.cu), so that all compute the same bits.
+// int4_params.cuh - the integer quantization formats' ranges, the scale / zero-point rule and
+// the encoder (cuda_kernels.h: "Quantization formats"), shared by the dense quantizers
+// (quantize.cu, which applies the symmetric rule to FP8 too: fp8.cuh), the structured-sparse
+// one (kernels/sparse/sparse_quantize.cu) and the KV cache's (kernels/attention/kv_cache.cu),
+// so that all compute the same bits.
 #pragma once
 
 #include "kernels/core/common.cuh"
+#include "kernels/core/fp8.cuh"
 
 namespace ck {
 
@@ -59,6 +61,39 @@ __device__ __forceinline__ QParams<ScaleT> make_params(Range r) {
     p.inv = 1.f / scale;
     p.zero = Fmt::kAsym ? min(max(__float2int_rn(-r.lo * p.inv), Fmt::kMin), Fmt::kMax) : 0;
     return p;
+}
+
+// Segment statistics of a chunk: see Range.
+template <class Fmt>
+__device__ __forceinline__ void accumulate(Range& r, const float (&v)[kChunk]) {
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) {
+        if constexpr (Fmt::kAsym) {
+            r.lo = fminf(r.lo, v[i]);
+            r.hi = fmaxf(r.hi, v[i]);
+        } else {
+            r.hi = fmaxf(r.hi, fabsf(v[i]));
+        }
+    }
+}
+
+// Integer codes: __float2int_rn rounds half to even and maps NaN to 0. FP8 codes: the bytes of
+// fp8(x * inv), two at a time (fp8.cuh: ties to even, saturating, NaN 0x7F).
+template <class Fmt>
+__device__ __forceinline__ void encode(const float (&v)[kChunk], float inv, int zero,
+                                       int (&q)[kChunk]) {
+    if constexpr (is_fp8<Fmt>::value) {
+#pragma unroll
+        for (int i = 0; i < kChunk; i += 2) {
+            const uint32_t pair = fp8x2_encode<Fmt::kFormat>(v[i] * inv, v[i + 1] * inv);
+            q[i] = int(pair & 0xFF);
+            q[i + 1] = int(pair >> 8 & 0xFF);
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < kChunk; ++i)
+            q[i] = min(max(__float2int_rn(v[i] * inv) + zero, Fmt::kMin), Fmt::kMax);
+    }
 }
 
 }  // namespace ck

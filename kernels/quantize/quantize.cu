@@ -44,41 +44,6 @@
 namespace ck {
 namespace {
 
-// ---------------------------------------------------------------------------------------------
-// Segment statistics (the formats and the scale rule: int4_params.cuh)
-// ---------------------------------------------------------------------------------------------
-template <class Fmt>
-__device__ __forceinline__ void accumulate(Range& r, const float (&v)[kChunk]) {
-#pragma unroll
-    for (int i = 0; i < kChunk; ++i) {
-        if constexpr (Fmt::kAsym) {
-            r.lo = fminf(r.lo, v[i]);
-            r.hi = fmaxf(r.hi, v[i]);
-        } else {
-            r.hi = fmaxf(r.hi, fabsf(v[i]));
-        }
-    }
-}
-
-// Integer codes: __float2int_rn rounds half to even and maps NaN to 0. FP8 codes: the bytes of
-// fp8(x * inv), two at a time (fp8.cuh: ties to even, saturating, NaN 0x7F).
-template <class Fmt>
-__device__ __forceinline__ void encode(const float (&v)[kChunk], float inv, int zero,
-                                       int (&q)[kChunk]) {
-    if constexpr (is_fp8<Fmt>::value) {
-#pragma unroll
-        for (int i = 0; i < kChunk; i += 2) {
-            const uint32_t pair = fp8x2_encode<Fmt::kFormat>(v[i] * inv, v[i + 1] * inv);
-            q[i] = int(pair & 0xFF);
-            q[i + 1] = int(pair >> 8 & 0xFF);
-        }
-    } else {
-#pragma unroll
-        for (int i = 0; i < kChunk; ++i)
-            q[i] = min(max(__float2int_rn(v[i] * inv) + zero, Fmt::kMin), Fmt::kMax);
-    }
-}
-
 // Packed int4 codes (two per byte), or one byte per code (int8, FP8).
 template <class Fmt>
 constexpr bool kNibbleCodes =

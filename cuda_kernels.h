@@ -1189,7 +1189,11 @@ CK_API ck_status_t ck_attention_forward(const ck_attention_params_t* params, ck_
  *   per token: scale = amax(|x|) / FMAX (FMAX = 448 for E4M3, 127 for int8); a zero scale (an
  *              all-zero row) becomes 1, and for E4M3 so does a subnormal one;
  *   codes:     E4M3 fp8(x * inv), int8 clamp(rint(x * inv), -127, 127), inv = 1 / scale
- *              (float32), fp8() rounding to nearest even and saturating (NaN gives 0x7F).
+ *              (float32), fp8() rounding to nearest even and saturating (NaN gives 0x7F;
+ *              int8: 0). A row holding +-inf gets an infinite per-token scale (its finite
+ *              values then encode as +-0, its infinities as NaN), as ck_quantize_fp8's rows do.
+ * ck_attention_decode reads a NaN code (E4M3 0x7F / 0xFF, written only for NaN inputs) as NaN
+ * with an fp16 dtype and as an unspecified value with bf16.
  * ------------------------------------------------------------------------------------------- */
 
 /* What a KV cache holds. */

@@ -22,9 +22,12 @@
 // (tests/reference.py attention_combine); a call of one split writes O and lse directly.
 //
 // A quantized cache (FP8 E4M3 or int8 codes with per-head or per-token scales) streams its codes
-// (and per-token scales) through the same pipeline, half the bytes; once a stage has landed the
-// CTA converts it into one K and one V tile of dtype values (exact) and the warps compute as
-// above, the keys' scales multiplying S and the values' scales P before its rounding.
+// (and per-token scales) through the same pipeline, half the bytes. Key codes go from shared
+// memory straight into the registers, converted there (exactly) as Q K^T's B fragments, with
+// D permuted alike in Q and K so that a thread's fragment is 4 consecutive codes (qk_codes);
+// value codes are converted into one V tile of dtype values once a stage has landed, for P V
+// as above (its B fragments need V transposed, which ldmatrix.trans does on 16-bit values
+// only). The keys' scales multiply S, the values' scales P before its rounding.
 //
 // Floor: the K and V bytes of the sequences (tests/reference.py attention_decode_kv_bytes) at
 // the copy bandwidth; the flops (4 D Hq Sq_new per key) are far below the tensor cores' rate.
@@ -59,11 +62,13 @@ template <typename T, class C> constexpr bool kCodes = !std::is_same<T, C>::valu
 // Shared memory: Q [kRows][D], then kStages stages. A stage of dtype values holds K [kBlockN][D]
 // and V [kBlockN][D]; the 16-byte chunk c of row r sits at chunk c ^ (r % 8) (rows are 128 or
 // 256 bytes: without the swizzle the 8 rows an ldmatrix reads would share banks). A stage of
-// codes (kCodesT) holds the raw K and V codes [kBlockN][D] bytes, unswizzled (the conversion
-// reads them in order), and the tile's key and value scales [kBlockN] float32 each (per-token
-// scales); after the stages, one K and one V tile of dtype values, swizzled as above, into
-// which each tile's codes are converted before the warps compute on it. After the key loop
-// the stages hold the warps' softmax states for the merge.
+// codes (kCodesT) holds the K codes [kBlockN][D] bytes, chunk c of row r at c ^ (r % (D / 16))
+// (the 8 rows of a B fragment's loads then meet no bank twice), the V codes [kBlockN][D],
+// unswizzled (their conversion reads them in order), and the tile's key and value scales
+// [kBlockN] float32 each (per-token scales); after the stages, one V tile of dtype values,
+// swizzled as above, into which each tile's value codes are converted before the warps compute
+// on it (the key codes go to the registers as they are: qk_codes). After the key loop the
+// stages hold the warps' softmax states for the merge.
 template <int kD, int kWarpsM, int kStagesT, bool kCodesT = false> struct Smem {
     static constexpr int kStages = kStagesT;
     static constexpr int kRows = 16 * kWarpsM;
@@ -75,7 +80,7 @@ template <int kD, int kWarpsM, int kStagesT, bool kCodesT = false> struct Smem {
     static constexpr int kScaleBytes = kBlockN * 4;
     static constexpr int kStageBytes =
         kCodesT ? 2 * (kCodeTileBytes + kScaleBytes) : 2 * kTileBytes;
-    static constexpr int kBytes = kQBytes + kStages * kStageBytes + (kCodesT ? 2 * kTileBytes : 0);
+    static constexpr int kBytes = kQBytes + kStages * kStageBytes + (kCodesT ? kTileBytes : 0);
     // The merge: every warp's acc [16][D], m [16] and l [16], float32.
     static constexpr int kMergeBytes = kWarps * 16 * (kD + 2) * 4;
     static_assert(kMergeBytes <= kBytes - kQBytes, "the merge reuses the K/V stages");
@@ -88,12 +93,16 @@ template <int kD, int kWarpsM, int kStagesT, bool kCodesT = false> struct Smem {
     __device__ static uint32_t stage(uint32_t base, int s) {
         return base + kQBytes + s * kStageBytes;
     }
-    // The K and V tiles the warps compute on: the stage's, or the converted ones.
-    __device__ static uint32_t k_tile(uint32_t base, int s) {
-        return kCodesT ? base + kQBytes + kStages * kStageBytes : stage(base, s);
+    // The K and V tiles of dtype values the warps compute on: the stage's, or (codes) the
+    // converted V tile.
+    __device__ static uint32_t k_tile(uint32_t base, int s) { return stage(base, s); }
+    __device__ static uint32_t v_tile(uint32_t base, int s) {
+        return kCodesT ? base + kQBytes + kStages * kStageBytes : stage(base, s) + kTileBytes;
     }
-    __device__ static uint32_t v_tile(uint32_t base, int s) { return k_tile(base, s) + kTileBytes; }
-    // A stage of codes: K codes, V codes, K scales, V scales.
+    // A stage of codes: K codes (swizzled: code_offset), V codes, K scales, V scales.
+    __device__ static uint32_t code_offset(int row, int chunk) {
+        return row * kD + ((chunk ^ (row % (kD / 16))) << 4);  // kD / 16 chunks a row
+    }
     __device__ static uint32_t k_codes(uint32_t base, int s) { return stage(base, s); }
     __device__ static uint32_t v_codes(uint32_t base, int s) {
         return stage(base, s) + kCodeTileBytes;
@@ -143,9 +152,8 @@ __device__ __forceinline__ void load_kv(const DecodeArgs& a, uint32_t base, int 
         const bool ok = pos < end;
         const int64_t at = ok ? kv_row(a, b, h, pos) * (kD * kElemBytes) + c * 16 : 0;
         if constexpr (kCodes<T, C>) {
-            const uint32_t to = r * kD + c * 16;  // unswizzled
-            cp_async_16_zfill(S::k_codes(base, stage) + to, k + at, ok);
-            cp_async_16_zfill(S::v_codes(base, stage) + to, v + at, ok);
+            cp_async_16_zfill(S::k_codes(base, stage) + S::code_offset(r, c), k + at, ok);
+            cp_async_16_zfill(S::v_codes(base, stage) + r * kD + c * 16, v + at, ok);
         } else {
             cp_async_16_zfill(S::k_tile(base, stage) + S::offset(r, c), k + at, ok);
             cp_async_16_zfill(S::v_tile(base, stage) + S::offset(r, c), v + at, ok);
@@ -214,26 +222,23 @@ __device__ __forceinline__ void code_quad(uint32_t w, uint32_t& lo, uint32_t& hi
     }
 }
 
-// The stage's K and V codes -> the K and V tiles of dtype values (swizzled), 16 codes (two
-// chunks of values) at a time. The threads of a row's second half store
-// their two chunks in the other order: the 8 threads of a store phase then hit 8 distinct bank
-// groups (in order, chunks 2c and 2c ^ 1 of 8 threads fall in 4 groups twice).
+// The stage's V codes -> the V tile of dtype values (swizzled), 16 codes (two chunks of values)
+// at a time. The threads of a row's second half store their two chunks in the other order: the
+// 8 threads of a store phase then hit 8 distinct bank groups (in order, chunks 2c and 2c ^ 1 of
+// 8 threads fall in 4 groups twice).
 template <typename T, class C, class S>
-__device__ __forceinline__ void convert_kv(uint4* smem, uint32_t base, int stage) {
+__device__ __forceinline__ void convert_v(uint4* smem, uint32_t base, int stage) {
     constexpr int kD = S::kChunks * kChunkElems;
     constexpr int kRowChunks = kD / 16;  // 16-byte chunks of codes per row
-    static_assert(2 * kBlockN * kRowChunks % kThreads == 0, "as many chunks for every thread");
+    static_assert(kBlockN * kRowChunks % kThreads == 0, "as many chunks for every thread");
     char* at = reinterpret_cast<char*>(smem) - base;  // a shared address -> a generic pointer
 #pragma unroll
-    for (int it = 0; it < 2 * kBlockN * kRowChunks / kThreads; ++it) {
-        const int i = it * kThreads + threadIdx.x;
-        const bool is_v = i >= kBlockN * kRowChunks;
-        const int j = i % (kBlockN * kRowChunks);
+    for (int it = 0; it < kBlockN * kRowChunks / kThreads; ++it) {
+        const int j = it * kThreads + threadIdx.x;
         const int r = j / kRowChunks, c = j % kRowChunks;
-        const uint32_t from = (is_v ? S::v_codes(base, stage) : S::k_codes(base, stage)) +
-                              r * kD + c * 16;
-        const uint32_t tile = is_v ? S::v_tile(base, stage) : S::k_tile(base, stage);
-        const uint4 w = *reinterpret_cast<const uint4*>(at + from);
+        const uint32_t tile = S::v_tile(base, stage);
+        const uint4 w = *reinterpret_cast<const uint4*>(at + S::v_codes(base, stage) + r * kD +
+                                                        c * 16);
         uint32_t out[8];
 #pragma unroll
         for (int q = 0; q < 4; ++q) code_quad<T, C>(word(w, q), out[2 * q], out[2 * q + 1]);
@@ -243,6 +248,54 @@ __device__ __forceinline__ void convert_kv(uint4* smem, uint32_t base, int stage
         const uint4 odd = make_uint4(out[4], out[5], out[6], out[7]);
         *reinterpret_cast<uint4*>(at + tile + S::offset(r, 2 * c + swap)) = swap ? odd : even;
         *reinterpret_cast<uint4*>(at + tile + S::offset(r, 2 * c + !swap)) = swap ? even : odd;
+    }
+}
+
+// Q K^T on key codes, converted in the registers. Q . K sums over D in any order, so D is
+// permuted alike in both operands: in k16 step ks, thread t's slots 2t, 2t + 1, 2t + 8, 2t + 9
+// hold d = t D / 4 + 4 ks + 0 .. 3, four consecutive codes of a key row (one 32-bit word of
+// the D / 4 bytes the thread loads), and its Q fragments the same d (load_q_permuted).
+// The warp's Q rows row0 .. row0 + 15 as mma A fragments in that order.
+template <class S, int kKS>
+__device__ __forceinline__ void load_q_permuted(uint32_t (&qf)[kKS][4], const uint4* smem,
+                                                uint32_t base, int row0, int lane) {
+    const char* at = reinterpret_cast<const char*>(smem) - base;
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int ks = 0; ks < kKS; ++ks) {
+        const int d0 = t * (kKS * 4) + 4 * ks;  // D / 4 = 4 kKS values per thread
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {  // rows g and g + 8
+            const uint2 v = *reinterpret_cast<const uint2*>(
+                at + base + S::offset(row0 + g + 8 * h, d0 / kChunkElems) + (d0 % kChunkElems) * 2);
+            qf[ks][h] = v.x;      // d0, d0 + 1: slots 2t, 2t + 1
+            qf[ks][2 + h] = v.y;  // d0 + 2, d0 + 3: slots 2t + 8, 2t + 9
+        }
+    }
+}
+
+// S = Q K^T over the keys key0 .. key0 + 8 kNT - 1 of the stage's key codes (generic pointer
+// `codes`): key row key0 + 8 i + g is the B fragment's column g of n8 tile i.
+template <typename T, class C, class S, int kKS, int kNT>
+__device__ __forceinline__ void qk_codes(float (&s)[kNT][4], const uint32_t (&qf)[kKS][4],
+                                         const char* codes, int key0, int lane) {
+    constexpr int kD = kKS * 16;
+    constexpr int kLoads = kD / 4 / 16;  // 16-byte loads of the thread's D / 4 codes of a row
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int i = 0; i < kNT; ++i) {
+        s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+        const int row = key0 + 8 * i + g;
+        uint4 w[kLoads];
+#pragma unroll
+        for (int l = 0; l < kLoads; ++l)
+            w[l] = *reinterpret_cast<const uint4*>(codes + S::code_offset(row, t * kLoads + l));
+#pragma unroll
+        for (int ks = 0; ks < kKS; ++ks) {
+            uint32_t b0, b1;
+            code_quad<T, C>(word(w[ks / 4], ks % 4), b0, b1);
+            mma_16x8x16<T>(s[i], qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], b0, b1);
+        }
     }
 }
 
@@ -268,7 +321,7 @@ __device__ __forceinline__ QueryRow query_row(int row, int group, int kv_head) {
 
 // Fragment layout: attention_tile.cuh's.
 template <typename T, class C, int kD, int kWarpsM, int kStagesT>
-__global__ void __launch_bounds__(kThreads) decode_split_kernel(const DecodeArgs a) {
+__global__ void __launch_bounds__(kThreads, 1) decode_split_kernel(const DecodeArgs a) {
     if constexpr (!kHasSm80) __trap();
     using S = Smem<kD, kWarpsM, kStagesT, kCodes<T, C>>;
     constexpr int kStages = S::kStages;
@@ -354,13 +407,17 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const DecodeArgs
                              lo + (j + kStages - 1) * kBlockN, hi);
         cp_async_commit();
         if constexpr (kCodes<T, C>) {
-            // Codes -> the dtype's values, in the tiles every warp is done with (the barrier
-            // above); the warps compute once all of the tile is converted. (Each warp
-            // converting only the keys of its own slice, where it has one, measured the same.)
-            convert_kv<T, C, S>(smem, base, j % kStages);
+            // Value codes -> the dtype's values, in the tile every warp is done with (the
+            // barrier above); the warps compute once all of it is converted.
+            convert_v<T, C, S>(smem, base, j % kStages);
             __syncthreads();
         }
-        if (j == 0) load_q_fragments<S>(qf, base, wm * 16, lane);
+        if (j == 0) {
+            if constexpr (kCodes<T, C>)
+                load_q_permuted<S>(qf, smem, base, wm * 16, lane);
+            else
+                load_q_fragments<S>(qf, base, wm * 16, lane);
+        }
         const uint32_t kt = S::k_tile(base, j % kStages), vt = S::v_tile(base, j % kStages);
         const int key0 = wn * kSlice;  // the warp's slice of the tile
         const char* generic = reinterpret_cast<const char*>(smem) - base;
@@ -372,7 +429,10 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const DecodeArgs
         // Over the slice: S = Q K^T (times the keys' scales); x in base 2, masked beyond the
         // split and the row's causal position; P (times the values' scales); acc += P V.
         float s[kNT][4];
-        qk_tile<T, S>(s, qf, kt, key0, lane);
+        if constexpr (kCodes<T, C>)
+            qk_codes<T, C, S>(s, qf, generic + S::k_codes(base, j % kStages), key0, lane);
+        else
+            qk_tile<T, S>(s, qf, kt, key0, lane);
         if (kCodes<T, C> && a.per_token) scale_columns(s, k_scales, key0, t);
         const int n0 = lo + j * kBlockN + key0;
         float tile_max[2];

@@ -22,12 +22,11 @@
 // (tests/reference.py attention_combine); a call of one split writes O and lse directly.
 //
 // A quantized cache (FP8 E4M3 or int8 codes with per-head or per-token scales) streams its codes
-// (and per-token scales) through the same pipeline, half the bytes. Key codes go from shared
-// memory straight into the registers, converted there (exactly) as Q K^T's B fragments, with
-// D permuted alike in Q and K so that a thread's fragment is 4 consecutive codes (qk_codes);
-// value codes are converted into one V tile of dtype values once a stage has landed, for P V
-// as above (its B fragments need V transposed, which ldmatrix.trans does on 16-bit values
-// only). The keys' scales multiply S, the values' scales P before its rounding.
+// (and per-token scales) through the same pipeline, half the bytes, and the warps convert them
+// (exactly) in their registers as the mma operands: key codes with D permuted alike in Q and K
+// so that a thread's B fragment is 4 consecutive codes (qk_codes), value codes loaded by
+// ldmatrix.trans as pairs and regrouped into the fragments of even and odd output columns
+// (pv_codes). The keys' scales multiply S, the values' scales P before its rounding.
 //
 // Floor: the K and V bytes of the sequences (tests/reference.py attention_decode_kv_bytes) at
 // the copy bandwidth; the flops (4 D Hq Sq_new per key) are far below the tensor cores' rate.
@@ -62,12 +61,10 @@ template <typename T, class C> constexpr bool kCodes = !std::is_same<T, C>::valu
 // Shared memory: Q [kRows][D], then kStages stages. A stage of dtype values holds K [kBlockN][D]
 // and V [kBlockN][D]; the 16-byte chunk c of row r sits at chunk c ^ (r % 8) (rows are 128 or
 // 256 bytes: without the swizzle the 8 rows an ldmatrix reads would share banks). A stage of
-// codes (kCodesT) holds the K codes [kBlockN][D] bytes, chunk c of row r at c ^ (r % (D / 16))
-// (the 8 rows of a B fragment's loads then meet no bank twice), the V codes [kBlockN][D],
-// unswizzled (their conversion reads them in order), and the tile's key and value scales
-// [kBlockN] float32 each (per-token scales); after the stages, one V tile of dtype values,
-// swizzled as above, into which each tile's value codes are converted before the warps compute
-// on it (the key codes go to the registers as they are: qk_codes). After the key loop the
+// codes (kCodesT) holds the K and the V codes [kBlockN][D] bytes, the 16-byte chunk c of row r at
+// c ^ ((r / (128 / D)) % (D / 16)) (the 8 rows that one load of a fragment reads meet no bank
+// twice), and the tile's key and value scales [kBlockN] float32 each (per-token scales); the
+// warps convert the codes in their registers (qk_codes, pv_codes). After the key loop the
 // stages hold the warps' softmax states for the merge.
 template <int kD, int kWarpsM, int kStagesT, bool kCodesT = false> struct Smem {
     static constexpr int kStages = kStagesT;
@@ -80,7 +77,7 @@ template <int kD, int kWarpsM, int kStagesT, bool kCodesT = false> struct Smem {
     static constexpr int kScaleBytes = kBlockN * 4;
     static constexpr int kStageBytes =
         kCodesT ? 2 * (kCodeTileBytes + kScaleBytes) : 2 * kTileBytes;
-    static constexpr int kBytes = kQBytes + kStages * kStageBytes + (kCodesT ? kTileBytes : 0);
+    static constexpr int kBytes = kQBytes + kStages * kStageBytes;
     // The merge: every warp's acc [16][D], m [16] and l [16], float32.
     static constexpr int kMergeBytes = kWarps * 16 * (kD + 2) * 4;
     static_assert(kMergeBytes <= kBytes - kQBytes, "the merge reuses the K/V stages");
@@ -93,15 +90,12 @@ template <int kD, int kWarpsM, int kStagesT, bool kCodesT = false> struct Smem {
     __device__ static uint32_t stage(uint32_t base, int s) {
         return base + kQBytes + s * kStageBytes;
     }
-    // The K and V tiles of dtype values the warps compute on: the stage's, or (codes) the
-    // converted V tile.
+    // A stage of dtype values: K, V.
     __device__ static uint32_t k_tile(uint32_t base, int s) { return stage(base, s); }
-    __device__ static uint32_t v_tile(uint32_t base, int s) {
-        return kCodesT ? base + kQBytes + kStages * kStageBytes : stage(base, s) + kTileBytes;
-    }
-    // A stage of codes: K codes (swizzled: code_offset), V codes, K scales, V scales.
+    __device__ static uint32_t v_tile(uint32_t base, int s) { return stage(base, s) + kTileBytes; }
+    // A stage of codes: K codes, V codes (both swizzled: code_offset), K scales, V scales.
     __device__ static uint32_t code_offset(int row, int chunk) {
-        return row * kD + ((chunk ^ (row % (kD / 16))) << 4);  // kD / 16 chunks a row
+        return row * kD + ((chunk ^ (row / (128 / kD) % (kD / 16))) << 4);
     }
     __device__ static uint32_t k_codes(uint32_t base, int s) { return stage(base, s); }
     __device__ static uint32_t v_codes(uint32_t base, int s) {
@@ -153,7 +147,7 @@ __device__ __forceinline__ void load_kv(const DecodeArgs& a, uint32_t base, int 
         const int64_t at = ok ? kv_row(a, b, h, pos) * (kD * kElemBytes) + c * 16 : 0;
         if constexpr (kCodes<T, C>) {
             cp_async_16_zfill(S::k_codes(base, stage) + S::code_offset(r, c), k + at, ok);
-            cp_async_16_zfill(S::v_codes(base, stage) + r * kD + c * 16, v + at, ok);
+            cp_async_16_zfill(S::v_codes(base, stage) + S::code_offset(r, c), v + at, ok);
         } else {
             cp_async_16_zfill(S::k_tile(base, stage) + S::offset(r, c), k + at, ok);
             cp_async_16_zfill(S::v_tile(base, stage) + S::offset(r, c), v + at, ok);
@@ -222,32 +216,50 @@ __device__ __forceinline__ void code_quad(uint32_t w, uint32_t& lo, uint32_t& hi
     }
 }
 
-// The stage's V codes -> the V tile of dtype values (swizzled), 16 codes (two chunks of values)
-// at a time. The threads of a row's second half store their two chunks in the other order: the
-// 8 threads of a store phase then hit 8 distinct bank groups (in order, chunks 2c and 2c ^ 1 of
-// 8 threads fall in 4 groups twice).
-template <typename T, class C, class S>
-__device__ __forceinline__ void convert_v(uint4* smem, uint32_t base, int stage) {
-    constexpr int kD = S::kChunks * kChunkElems;
-    constexpr int kRowChunks = kD / 16;  // 16-byte chunks of codes per row
-    static_assert(kBlockN * kRowChunks % kThreads == 0, "as many chunks for every thread");
-    char* at = reinterpret_cast<char*>(smem) - base;  // a shared address -> a generic pointer
+// acc += P V on value codes, converted in the registers. ldmatrix.trans moves 16-bit elements:
+// on the codes read as [keys][D / 2] pairs, thread (g, t) of an 8 x 8 block gets the pairs
+// (d 2g, 2g + 1) of keys 2t and 2t + 1 (bytes: key 2t's d 2g, 2g + 1, then key 2t + 1's); the
+// bytes of even d and those of odd d, regrouped (PRMT), are the B fragments of two n8 tiles,
+// of the columns d = 2n and d = 2n + 1. So for the 32 d of block dq (16-byte chunks 2 dq and
+// 2 dq + 1 of the rows) the four n8 tiles 4 dq .. 4 dq + 3 of acc hold the columns
+// d = 32 dq + 16 h + 2 n + e (tile 4 dq + 2 h + e, column n): store_row_codes writes them back
+// in order.
+template <typename T, class C, class S, int kNT, int kDT>
+__device__ __forceinline__ void pv_codes(float (&acc)[kDT][4], const float (&s)[kNT][4],
+                                         uint32_t codes, int key0, int lane) {
+    static_assert(kNT % 2 == 0 && kDT % 4 == 0, "16 keys and 32 d a step");
 #pragma unroll
-    for (int it = 0; it < kBlockN * kRowChunks / kThreads; ++it) {
-        const int j = it * kThreads + threadIdx.x;
-        const int r = j / kRowChunks, c = j % kRowChunks;
-        const uint32_t tile = S::v_tile(base, stage);
-        const uint4 w = *reinterpret_cast<const uint4*>(at + S::v_codes(base, stage) + r * kD +
-                                                        c * 16);
-        uint32_t out[8];
+    for (int kk = 0; kk < kNT / 2; ++kk) {
+        uint32_t a[4];
+        p_fragment<T>(a, s, kk);
 #pragma unroll
-        for (int q = 0; q < 4; ++q) code_quad<T, C>(word(w, q), out[2 * q], out[2 * q + 1]);
-        // (Selects, not an index: a runtime index would put `out` in local memory.)
-        const bool swap = c >= kRowChunks / 2;  // chunk 2c + 1 first
-        const uint4 even = make_uint4(out[0], out[1], out[2], out[3]);
-        const uint4 odd = make_uint4(out[4], out[5], out[6], out[7]);
-        *reinterpret_cast<uint4*>(at + tile + S::offset(r, 2 * c + swap)) = swap ? odd : even;
-        *reinterpret_cast<uint4*>(at + tile + S::offset(r, 2 * c + !swap)) = swap ? even : odd;
+        for (int dq = 0; dq < kDT / 4; ++dq) {
+            uint32_t r[4], even[4], odd[4];
+            ldmatrix_x4_trans(r, codes + S::code_offset(key0 + kk * 16 + ((lane / 8) % 2) * 8 +
+                                                            lane % 8,
+                                                        2 * dq + lane / 16));
+#pragma unroll
+            for (int q = 0; q < 4; ++q)
+                code_quad<T, C>(__byte_perm(r[q], 0, 0x3120), even[q], odd[q]);
+            mma_16x8x16<T>(acc[4 * dq], a[0], a[1], a[2], a[3], even[0], even[1]);
+            mma_16x8x16<T>(acc[4 * dq + 1], a[0], a[1], a[2], a[3], odd[0], odd[1]);
+            mma_16x8x16<T>(acc[4 * dq + 2], a[0], a[1], a[2], a[3], even[2], even[3]);
+            mma_16x8x16<T>(acc[4 * dq + 3], a[0], a[1], a[2], a[3], odd[2], odd[3]);
+        }
+    }
+}
+
+// store_row for pv_codes's columns: row r of the thread, O = acc / sum (0 where the row saw no
+// key), d = 32 dq + 16 h + 4 t + 0 .. 3 from tiles 4 dq + 2 h (even d) and 4 dq + 2 h + 1 (odd).
+template <typename Out, int kDT>
+__device__ __forceinline__ void store_row_codes(Out* o, const float (&acc)[kDT][4], int r,
+                                                float sum, int t) {
+    const auto div = [&](float x) { return sum > 0.f ? x / sum : 0.f; };
+#pragma unroll
+    for (int i = 0; i < kDT; i += 2) {  // i = 4 dq + 2 h: its even tile, then the odd one
+        Out* at = o + 8 * i + 4 * t;  // 32 dq + 16 h = 8 i
+        store2(at, div(acc[i][2 * r]), div(acc[i + 1][2 * r]));
+        store2(at + 2, div(acc[i][2 * r + 1]), div(acc[i + 1][2 * r + 1]));
     }
 }
 
@@ -406,12 +418,6 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_kernel(const DecodeA
             load_kv<T, C, S>(a, base, (j + kStages - 1) % kStages, b, hkv,
                              lo + (j + kStages - 1) * kBlockN, hi);
         cp_async_commit();
-        if constexpr (kCodes<T, C>) {
-            // Value codes -> the dtype's values, in the tile every warp is done with (the
-            // barrier above); the warps compute once all of it is converted.
-            convert_v<T, C, S>(smem, base, j % kStages);
-            __syncthreads();
-        }
         if (j == 0) {
             if constexpr (kCodes<T, C>)
                 load_q_permuted<S>(qf, smem, base, wm * 16, lane);
@@ -451,7 +457,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_kernel(const DecodeA
                     for (int e = 0; e < 4; ++e) s[i][e] *= v_head_scale;
             }
         }
-        pv_tile<T, S>(acc, s, vt, key0, lane);
+        if constexpr (kCodes<T, C>)
+            pv_codes<T, C, S>(acc, s, S::v_codes(base, j % kStages), key0, lane);
+        else
+            pv_tile<T, S>(acc, s, vt, key0, lane);
     }
     cp_async_wait<0>();  // no copy may still target shared memory past this point
     allow_dependent_launch();  // the combine's blocks may start: what is left here is short
@@ -512,12 +521,18 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_kernel(const DecodeA
         const int64_t q_row = (int64_t(b) * a.seqlen_q + qr.t) * a.num_heads_q + qr.h;
         const float sum = l[r];
         const float lse = row_lse(m[r], sum);
+        const auto store = [&](auto* o) {
+            if constexpr (kCodes<T, C>)
+                store_row_codes(o, acc, r, sum, t);
+            else
+                store_row(o + 2 * t, acc, r, sum);
+        };
         if (a.splits == 1) {
-            store_row(static_cast<T*>(a.out) + q_row * kD + 2 * t, acc, r, sum);
+            store(static_cast<T*>(a.out) + q_row * kD);
             if (a.lse && t == 0) a.lse[q_row] = lse;
         } else {
             const int64_t p_row = int64_t(split) * a.batch * a.seqlen_q * a.num_heads_q + q_row;
-            store_row(a.partial_o + p_row * kD + 2 * t, acc, r, sum);
+            store(a.partial_o + p_row * kD);
             if (t == 0) a.partial_lse[p_row] = lse;
         }
     }

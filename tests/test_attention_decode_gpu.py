@@ -722,6 +722,13 @@ class AppendCall(KernelCall):
                 self.head_scales.append((np.maximum(amax, 1e-3) / KV_FMAX[self.kv_format]
                                          * rng.uniform(0.7, 1.3, heads_kv)).astype(np.float32))
 
+    def refill(self, rng):
+        self._draw(rng)
+        write_buffers((self.k, self.v, self.slot_mapping),
+                      (self.host_k, self.host_v, self.mapping))
+        write_buffers([self.scale_inputs[name] for name in ("k_scale", "v_scale")
+                       if name in self.scale_inputs], self.head_scales)
+
     def params(self, **changes):
         tokens, heads_kv, head_dim = self.shape
         fields = dict(dtype=CK_DTYPE[self.dtype], kv_format=KV_FORMATS[self.kv_format],
@@ -768,6 +775,17 @@ def test_append(seed, kv_format, per_token, dtype, head_dim):
     call = AppendCall(rng, dtype, head_dim, 4, 37, 64, kv_format, per_token)
     call.launch()
     call.check(context(seed, kv=kv_format, per_token=per_token, dtype=dtype, D=head_dim))
+
+
+@pytest.mark.parametrize("kv_format, per_token", [(None, False), ("fp8_e4m3", True),
+                                                  ("int8", False)],
+                         ids=["dtype", "fp8-token", "int8-head"])
+def test_append_graph_replays(seed, kv_format, per_token):
+    """A capture records the append without running it; each replay appends the fresh rows
+    (new slots, new per-head scales) into the poisoned cache."""
+    rng = np.random.default_rng(seed)
+    call = AppendCall(rng, "bf16", 128, 4, 37, 64, kv_format, per_token)
+    assert_graph_replays(call, rng, seed)
 
 
 def test_append_many_tokens(seed):

@@ -1191,7 +1191,8 @@ CK_API ck_status_t ck_attention_forward(const ck_attention_params_t* params, ck_
  *   codes:     E4M3 fp8(x * inv), int8 clamp(rint(x * inv), -127, 127), inv = 1 / scale
  *              (float32), fp8() rounding to nearest even and saturating (NaN gives 0x7F;
  *              int8: 0). A row holding +-inf gets an infinite per-token scale (its finite
- *              values then encode as +-0, its infinities as NaN), as ck_quantize_fp8's rows do.
+ *              values then encode as +-0, its infinities as NaN, int8: 0), as the quantizers'
+ *              rows do.
  * ck_attention_decode reads a NaN code (E4M3 0x7F / 0xFF, written only for NaN inputs) as NaN
  * with an fp16 dtype and as an unspecified value with bf16.
  * ------------------------------------------------------------------------------------------- */

@@ -810,6 +810,19 @@ const auto kMoe = ck::variant_table("CK_MOE_KERNEL", kMoeRows, moe_facts);
 // ---------------------------------------------------------------------------------------------
 // Attention: every field of ck_attention_params_t, in the struct's order, defaults resolved.
 // ---------------------------------------------------------------------------------------------
+// A head dim the kernels specialize: >= 1 (else CK_STATUS_INVALID_VALUE), and 64 or 128 (else
+// CK_STATUS_UNSUPPORTED).
+ck_status_t check_attention_head_dim(const Check& check, int64_t head_dim) {
+    if (head_dim < 1)
+        return check.fail(CK_STATUS_INVALID_VALUE, "params->head_dim=%lld must be >= 1",
+                          (long long)head_dim);
+    if (!ck::attention_head_dim_ok(head_dim))
+        return check.fail(CK_STATUS_UNSUPPORTED,
+                          "params->head_dim=%lld is not supported (use 64 or 128)",
+                          (long long)head_dim);
+    return CK_STATUS_SUCCESS;
+}
+
 // The rules prefill and decode share. Heads: Hq in [1, max_heads], Hkv in [1, Hq] dividing it,
 // and a head dim the kernels specialize.
 ck_status_t check_attention_heads(const Check& check, int64_t heads_q, int64_t heads_kv,
@@ -821,14 +834,7 @@ ck_status_t check_attention_heads(const Check& check, int64_t heads_q, int64_t h
                           "params->num_heads_q=%lld must be a multiple of "
                           "params->num_heads_kv=%lld (query head h reads kv head h / (Hq / Hkv))",
                           (long long)heads_q, (long long)heads_kv);
-    if (head_dim < 1)
-        return check.fail(CK_STATUS_INVALID_VALUE, "params->head_dim=%lld must be >= 1",
-                          (long long)head_dim);
-    if (!ck::attention_head_dim_ok(head_dim))
-        return check.fail(CK_STATUS_UNSUPPORTED,
-                          "params->head_dim=%lld is not supported (use 64 or 128)",
-                          (long long)head_dim);
-    return CK_STATUS_SUCCESS;
+    return check_attention_head_dim(check, head_dim);
 }
 
 ck_status_t check_softmax_scale(const Check& check, float scale) {
@@ -989,13 +995,7 @@ ck_status_t check_kv_append_params(const Check& check, const ck_kv_cache_append_
         CK_TRY(check.not_null({{p->k_scale, "params->k_scale"}, {p->v_scale, "params->v_scale"}}));
     CK_TRY(check.in_range(p->num_tokens, 1, ck::kKvAppendMaxTokens, "params->num_tokens"));
     CK_TRY(check.in_range(p->num_heads_kv, 1, ck::kDecodeMaxHeads, "params->num_heads_kv"));
-    if (p->head_dim < 1)
-        return check.fail(CK_STATUS_INVALID_VALUE, "params->head_dim=%lld must be >= 1",
-                          (long long)p->head_dim);
-    if (!ck::attention_head_dim_ok(p->head_dim))
-        return check.fail(CK_STATUS_UNSUPPORTED,
-                          "params->head_dim=%lld is not supported (use 64 or 128)",
-                          (long long)p->head_dim);
+    CK_TRY(check_attention_head_dim(check, p->head_dim));
     // A slot of Hkv heads: at most 2^16 x 2^7 x 2 = 2^24 bytes (as the decode's cache rows).
     const int64_t token_bytes = p->num_heads_kv * p->head_dim * 2;
     const int64_t slot_bytes = p->num_heads_kv * p->head_dim * (quantized ? 1 : 2);
@@ -1015,7 +1015,8 @@ ck_status_t check_kv_append_params(const Check& check, const ck_kv_cache_append_
 
     // Outputs overlap nothing else: the cache, and the scales where they are written.
     const int64_t new_bytes = p->num_tokens * token_bytes;  // < 2^31 x 2^24
-    const int64_t scale_bytes = per_token ? cache_bytes / p->head_dim * 4 : p->num_heads_kv * 4;
+    const int64_t scale_bytes =
+        !quantized ? 0 : per_token ? cache_bytes / p->head_dim * 4 : p->num_heads_kv * 4;
     struct Buffer {
         const void* p;
         int64_t bytes;
@@ -1026,10 +1027,8 @@ ck_status_t check_kv_append_params(const Check& check, const ck_kv_cache_append_
                               {p->v, new_bytes, "params->v", false},
                               {p->k_cache, cache_bytes, "params->k_cache", true},
                               {p->v_cache, cache_bytes, "params->v_cache", true},
-                              {p->k_scale, quantized ? scale_bytes : 0, "params->k_scale",
-                               per_token},
-                              {p->v_scale, quantized ? scale_bytes : 0, "params->v_scale",
-                               per_token}};
+                              {p->k_scale, scale_bytes, "params->k_scale", per_token},
+                              {p->v_scale, scale_bytes, "params->v_scale", per_token}};
     for (const Buffer& out : buffers) {
         if (!out.output) continue;
         for (const Buffer& other : buffers)
@@ -1118,7 +1117,7 @@ ck_status_t check_decode_params(const Check& check, const ck_attention_decode_pa
     const int64_t q_bytes = p->batch * p->seqlen_q * p->num_heads_q * p->head_dim * 2;
     const int64_t lse_bytes = p->batch * p->seqlen_q * p->num_heads_q * 4;
     // Scales: one float32 per kv head, or per cache row (4 bytes per row_bytes >= 64 bytes of
-    // the cache, whose count fits).
+    // the cache, whose count fits); none for a dtype cache (an empty range overlaps nothing).
     const int64_t scale_bytes =
         !quantized ? 0 : per_token ? cache_bytes / p->head_dim * 4 : p->num_heads_kv * 4;
     if (pointers) {
@@ -1134,11 +1133,10 @@ ck_status_t check_decode_params(const Check& check, const ck_attention_decode_pa
                                           {p->v_scale, CK_DTYPE_FP32, "params->v_scale"}}));
         CK_TRY(check_attention_overlaps(check, {p->q, p->k_cache, p->v_cache, p->out, p->lse},
                                         q_bytes, cache_bytes, lse_bytes, "k_cache", "v_cache"));
-        if (quantized &&
-            (overlaps(p->out, q_bytes, p->k_scale, scale_bytes) ||
-             overlaps(p->out, q_bytes, p->v_scale, scale_bytes) ||
-             (p->lse && (overlaps(p->lse, lse_bytes, p->k_scale, scale_bytes) ||
-                         overlaps(p->lse, lse_bytes, p->v_scale, scale_bytes)))))
+        if (overlaps(p->out, q_bytes, p->k_scale, scale_bytes) ||
+            overlaps(p->out, q_bytes, p->v_scale, scale_bytes) ||
+            (p->lse && (overlaps(p->lse, lse_bytes, p->k_scale, scale_bytes) ||
+                        overlaps(p->lse, lse_bytes, p->v_scale, scale_bytes))))
             return check.fail(CK_STATUS_INVALID_VALUE,
                               "params->out or lse overlaps params->k_scale or v_scale");
     }

@@ -46,12 +46,10 @@ imports it. Exit status: 0; 1 without a loadable libcuda_kernels.so (run make); 
 torch (or without its FP8 GEMM) or a CUDA device.
 """
 import argparse
-import datetime
-import re
 import sys
 from pathlib import Path
 
-from bench_sdpa import copies_for, time_calls   # the same timing: CUDA graphs past the L2
+from bench_sdpa import copies_for, result_path, time_calls   # bench_sdpa's timing, output
 
 REPO = Path(__file__).resolve().parent.parent   # cuda_wrapper.py lives there
 EXIT_NO_LIBRARY = 1
@@ -239,10 +237,7 @@ def main():
     print(legend)
     print(table)
     if args.out:
-        date = datetime.date.today().isoformat()
-        slug = re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-")
-        path = Path(args.out) / f"fp8-torch-{slug}-{date}.md"
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path, date = result_path(args.out, "fp8-torch", gpu)
         path.write_text(
             f"# torch._scaled_mm (per-tensor, row-wise) beside ck_gemm_fp8_scaled from Python on "
             f"the FP8 layer shapes, bf16 out, {gpu}, {date}\n\n"

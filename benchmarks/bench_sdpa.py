@@ -40,6 +40,16 @@ def copies_for(bytes_per_call):
     return max(2, int(2 * L2_BYTES // max(bytes_per_call, 1)) + 1)
 
 
+def result_path(out, name, gpu):
+    """(out/<name>-<gpu>-<date>.md, the date): where a script's markdown table goes, its
+    directory made."""
+    date = datetime.date.today().isoformat()
+    slug = re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-")
+    path = Path(out) / f"{name}-{slug}-{date}.md"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path, date
+
+
 def time_calls(torch, call, copies, reps):
     """Device time per call (us): one CUDA graph of `copies` calls (one per input copy) replayed
     after warm-up, CUDA events around the replays, the median of 5 loops; so that torch's host
@@ -155,10 +165,7 @@ def main():
     print(f"{gpu}, torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}")
     print(table)
     if args.out:
-        date = datetime.date.today().isoformat()
-        slug = re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-")
-        path = Path(args.out) / f"sdpa-{slug}-{date}.md"
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path, date = result_path(args.out, "sdpa", gpu)
         path.write_text(
             f"# PyTorch SDPA (flash, cuDNN) on the attention shapes, {gpu}, {date}\n\n"
             f"Command: `python3 benchmarks/bench_sdpa.py --out {args.out} --reps {args.reps}"

@@ -47,7 +47,7 @@ KERNEL_RESCALE_BLOCK = 16
 # The splits deal whole 64-key blocks (cuda_kernels.h; ref.attention_split_bounds).
 SPLIT_BLOCK = 64
 STORAGE = {"fp16": np.float16, "bf16": np.uint16}
-NAN_BITS = {"fp16": np.float16(np.nan).view(np.uint16), "bf16": np.uint16(0x7FC0)}
+BF16_NAN = np.uint16(0x7FC0)
 F32_U = 2.0**-24
 
 
@@ -58,19 +58,15 @@ def sm80():
         pytest.skip(f"ck_attention_decode needs compute capability 8.0+ (this GPU: {cc})")
 
 
-def nan_array(shape, dtype):
-    return np.full(shape, NAN_BITS[dtype], np.uint16).view(STORAGE[dtype])
-
-
-# What a cache holds past the sequences and in unused pages: NaN values, NaN E4M3 codes, int8
-# codes outside [-127, 127], NaN scales.
+# What a cache holds past the sequences and in unused pages: NaN values (fp16, bf16 bits), NaN
+# E4M3 codes, int8 codes outside [-127, 127], NaN scales: an array of `shape` in a's dtype.
 def nan_like(a, shape):
     if a.dtype == np.uint8:
         return np.full(shape, 0x7F, np.uint8)
     if a.dtype == np.int8:
         return np.full(shape, -128, np.int8)
     if a.dtype == np.uint16:
-        return np.full(shape, NAN_BITS["bf16"], np.uint16)
+        return np.full(shape, BF16_NAN, np.uint16)
     return np.full(shape, np.nan, a.dtype)
 
 
@@ -128,7 +124,7 @@ class DecodeCall(KernelCall):
         k = random_normal(rng, self.shape_kv, self.dtype, self.logit_scale)
         v = random_normal(rng, self.shape_kv, self.dtype)
         past = np.arange(self.capacity)[None, :] >= self.clamped[:, None]
-        nan = nan_array(self.shape_kv, self.dtype)
+        nan = nan_like(k, self.shape_kv)
         k[past], v[past] = nan[past], nan[past]
         self.host_q, self.k_cache, self.v_cache = q, k, v
         self.k_ref, self.v_ref = k, v   # what the reference computes on

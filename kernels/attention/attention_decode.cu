@@ -424,22 +424,21 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_kernel(const DecodeA
             else
                 load_q_fragments<S>(qf, base, wm * 16, lane);
         }
-        const uint32_t kt = S::k_tile(base, j % kStages), vt = S::v_tile(base, j % kStages);
+        const int stage = j % kStages;
         const int key0 = wn * kSlice;  // the warp's slice of the tile
-        const char* generic = reinterpret_cast<const char*>(smem) - base;
-        const float* k_scales =
-            reinterpret_cast<const float*>(generic + S::k_scales(base, j % kStages));
-        const float* v_scales =
-            reinterpret_cast<const float*>(generic + S::v_scales(base, j % kStages));
+        const char* generic = reinterpret_cast<const char*>(smem) - base;  // (codes' loads)
+        const float* k_scales = reinterpret_cast<const float*>(generic + S::k_scales(base, stage));
+        const float* v_scales = reinterpret_cast<const float*>(generic + S::v_scales(base, stage));
 
         // Over the slice: S = Q K^T (times the keys' scales); x in base 2, masked beyond the
         // split and the row's causal position; P (times the values' scales); acc += P V.
         float s[kNT][4];
-        if constexpr (kCodes<T, C>)
-            qk_codes<T, C, S>(s, qf, generic + S::k_codes(base, j % kStages), key0, lane);
-        else
-            qk_tile<T, S>(s, qf, kt, key0, lane);
-        if (kCodes<T, C> && a.per_token) scale_columns(s, k_scales, key0, t);
+        if constexpr (kCodes<T, C>) {
+            qk_codes<T, C, S>(s, qf, generic + S::k_codes(base, stage), key0, lane);
+            if (a.per_token) scale_columns(s, k_scales, key0, t);
+        } else {
+            qk_tile<T, S>(s, qf, S::k_tile(base, stage), key0, lane);
+        }
         const int n0 = lo + j * kBlockN + key0;
         float tile_max[2];
         mask_tile(s, tile_max, scale_log2, [&](int i, int e) {
@@ -456,11 +455,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_kernel(const DecodeA
 #pragma unroll
                     for (int e = 0; e < 4; ++e) s[i][e] *= v_head_scale;
             }
+            pv_codes<T, C, S>(acc, s, S::v_codes(base, stage), key0, lane);
+        } else {
+            pv_tile<T, S>(acc, s, S::v_tile(base, stage), key0, lane);
         }
-        if constexpr (kCodes<T, C>)
-            pv_codes<T, C, S>(acc, s, S::v_codes(base, j % kStages), key0, lane);
-        else
-            pv_tile<T, S>(acc, s, vt, key0, lane);
     }
     cp_async_wait<0>();  // no copy may still target shared memory past this point
     allow_dependent_launch();  // the combine's blocks may start: what is left here is short

@@ -179,6 +179,16 @@ const ck::Variant<ck::IntGemmArgs> kGemmFp8Rows[] = {
 };
 const auto kGemmFp8 = ck::variant_table("CK_GEMM_FP8_KERNEL", kGemmFp8Rows, int4_gemm_facts);
 
+// W4A8 (INT4 codes converted to E4M3 on their way to FP8 tensor cores): FP8's kernels.
+const ck::Variant<ck::IntGemmArgs> kGemmW4A8Rows[] = {
+    {"small_m", ck::gemm_w4a8_small_m, small_m_serves, "m <= 16"},
+    {"wgmma", ck::gemm_w4a8_sm90, int8_wgmma_serves,
+     "a compute capability 9.0 GPU and a build with sm_90a"},
+    {"reference", ck::gemm_w4a8_reference, ck::any_call, "nothing"},
+};
+const auto kGemmW4A8 =
+    ck::variant_table("CK_GEMM_W4A8_KERNEL", kGemmW4A8Rows, int4_gemm_facts);
+
 // What a family asks of K: rows of a and b are read in 16-byte vectors.
 struct KRule {
     int64_t multiple;
@@ -1570,6 +1580,41 @@ ck_status_t ck_gemm_fp8_scaled(const uint8_t* a, const uint8_t* b, int64_t m, in
     CK_TRY(ck::check_variant_name(check, kGemmFp8));
     CK_TRY(check_gpu(check, kFp8MinArch, "FP8 tensor cores"));
     return ck::run_variant(check, kGemmFp8, args, stream);
+}
+
+ck_status_t ck_gemm_w4a8(const uint8_t* a, const float* scale_a, ck_granularity_t a_granularity,
+                         const uint8_t* w_packed, const void* w_scales, ck_dtype_t scale_dtype,
+                         int64_t group_size, const void* bias, ck_activation_t activation,
+                         int64_t m, int64_t n, int64_t k, void* out, ck_dtype_t out_dtype,
+                         ck_stream_t stream) {
+    const Check check("ck_gemm_w4a8");
+    CK_TRY(check.not_null({{a, "a"}, {scale_a, "scale_a"}, {w_packed, "w_packed"},
+                           {w_scales, "w_scales"}, {out, "out"}}));
+    CK_TRY(check.float_dtype(out_dtype, "out_dtype"));
+    CK_TRY(check.half_dtype(scale_dtype, "scale_dtype"));
+    CK_TRY(check_granularity(check, a_granularity, kIntGranularities, "a_granularity"));
+    CK_TRY(check.enum_value(activation, 2, "activation", "ck_activation_t"));
+    CK_TRY(check.group_size(group_size));
+    if (group_size != ck::kFp8Block && group_size != CK_GROUP_ROW)
+        return check.fail(CK_STATUS_UNSUPPORTED,
+                          "group_size=%lld is not supported (use 128 or CK_GROUP_ROW: a group's "
+                          "scale applies to whole 128-wide k-blocks)", (long long)group_size);
+    CK_TRY(check.gemm_shape(m, n, k, dtype_size(out_dtype)));
+    CK_TRY(check.multiple_of(k, kInt4K.multiple, "k", kInt4K.why));
+    CK_TRY(check.aligned(a, 16, "a", "16-byte vector loads"));
+    CK_TRY(check.aligned(w_packed, 16, "w_packed", "16-byte vector loads"));
+    CK_TRY(check.element_aligned({{scale_a, CK_DTYPE_FP32, "scale_a"},
+                                  {w_scales, scale_dtype, "w_scales"},
+                                  {out, out_dtype, "out"}}));
+    if (bias) CK_TRY(check.element_aligned(bias, out_dtype, "bias"));
+    const ScaledEpilogue epilogue{scale_a, a_granularity, nullptr, CK_PER_TENSOR, bias, activation};
+    auto args = int_gemm_operands(a, w_packed, CK_LAYOUT_NK, m, n, k, out, out_dtype, &epilogue);
+    args.group_scales = w_scales;
+    args.group_scale_dtype = scale_dtype;
+    args.groups = group_size == CK_GROUP_ROW ? 1 : ck::ceil_div(k, ck::kFp8Block);
+    CK_TRY(ck::check_variant_name(check, kGemmW4A8));
+    CK_TRY(check_gpu(check, kFp8MinArch, "FP8 tensor cores"));
+    return ck::run_variant(check, kGemmW4A8, args, stream);
 }
 
 ck_status_t ck_int8_prepack(const int8_t* b_kn, int64_t k, int64_t n, int8_t* b_nk,

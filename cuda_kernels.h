@@ -462,6 +462,38 @@ CK_API ck_status_t ck_gemm_fp8_scaled(const uint8_t* a, const uint8_t* b, int64_
                                       ck_activation_t activation, void* out, ck_dtype_t out_dtype,
                                       ck_stream_t stream);
 
+/* W4A8 linear layer: symmetric INT4 weights x FP8 E4M3 activations on FP8 tensor cores.
+ *   a        [M, K] FP8 E4M3 bytes (the activations, e.g. ck_quantize_fp8 per row), with
+ *            scale_a: float32, M values (a_granularity CK_PER_ROW) or one (CK_PER_TENSOR);
+ *   w_packed [N, K / 2] packed INT4 codes q in -8 .. 7 (two's complement, element 2i in the low
+ *            nibble: what ck_quantize_int4 writes with CK_INT4_SYMMETRIC), with w_scales
+ *            [N, groups] of scale_dtype (CK_DTYPE_FP16 or CK_DTYPE_BF16, as ck_quantize_int4
+ *            writes them), group_size 128 or CK_GROUP_ROW.
+ * Every code is an E4M3 value exactly, so each product e4m3(a) * q is exact in float32; the sums
+ * run per 128-wide k-block kb and are scaled by their group's scale as they are added:
+ *   acc[m, n] = sum_kb float(w_scales[n, g(kb)]) * sum_{k in kb} e4m3(a[m, k]) * q[n, k]
+ *               (g(kb) = kb for group 128, 0 for CK_GROUP_ROW; float32, fma per k-block)
+ *   out[m, n] = act(acc[m, n] * scale_a[m or 0] + bias[n])    (float32, one rounding to out_dtype)
+ * The k-block sums are float32 in an order that depends on the kernel (the tensor cores sum at
+ * most 128 products with fewer bits, as ck_gemm_fp8_scaled): tests/reference.py gemm_w4a8 is the
+ * definition and tests/test_gemm_w4a8_gpu.py tests the bound (2^-9 of sum_k |a q s|). A NaN in
+ * a makes its row NaN. bias: N values of out_dtype or NULL; out [M, N] of out_dtype
+ * (CK_DTYPE_FP32, CK_DTYPE_FP16 or CK_DTYPE_BF16).
+ * Kernels: a weight stream for M <= 16, Hopper's wgmma for larger M (the packed codes staged by
+ * TMA and converted to E4M3 in shared memory), and a reference kernel (float32 fma in k order:
+ * what the tests compare against); CK_GEMM_W4A8_KERNEL forces one ("small_m", "wgmma",
+ * "reference", "auto"). Compute capability 8.9 or newer (FP8 tensor cores), else
+ * CK_STATUS_UNSUPPORTED.
+ * Requirements: M, N >= 1; K >= 32 and a multiple of 32; a and w_packed 16-byte aligned; scale_a
+ * 4-byte aligned, w_scales aligned to scale_dtype, bias and out to out_dtype; out must not
+ * overlap an input. The scales are device data and not checked (a non-finite scale gives
+ * non-finite outputs). */
+CK_API ck_status_t ck_gemm_w4a8(const uint8_t* a, const float* scale_a,
+                                ck_granularity_t a_granularity, const uint8_t* w_packed,
+                                const void* w_scales, ck_dtype_t scale_dtype, int64_t group_size,
+                                const void* bias, ck_activation_t activation, int64_t m, int64_t n,
+                                int64_t k, void* out, ck_dtype_t out_dtype, ck_stream_t stream);
+
 /* A [K, N] INT8 weight (CK_LAYOUT_KN) rewritten once as [N, K] (CK_LAYOUT_NK): b_nk[n, k] =
  * b_kn[k, n], bit for bit. The fast INT8 kernels read [N, K] only (the weight-streaming kernel
  * for M <= 16 and Hopper's wgmma; the mma.sync tiles read both), so a [K, N] weight used more

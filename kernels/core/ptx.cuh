@@ -34,6 +34,17 @@ __device__ __forceinline__ uint4 load_stream_16(const void* p) {
     return v;
 }
 
+// The same for 8 bytes (ld...v2.u32): a W4A8 lane's 16 packed codes.
+__device__ __forceinline__ uint2 load_stream_8(const void* p) {
+    uint2 v = make_uint2(0, 0);
+#if CK_SM80
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v2.u32 {%0, %1}, [%2];\n"
+                 : "=r"(v.x), "=r"(v.y)
+                 : "l"(p));
+#endif
+    return v;
+}
+
 // prefetch.global.L2: brings the line holding p into L2 and nothing into the SM. Safe before
 // wait_for_prior_grid() even where the kernel before writes that line: L2 is where every SM's
 // writes meet, so a load after the wait sees them either way.
@@ -242,6 +253,27 @@ __device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t b, uint32_t c) {
 // (a & b) ^ c: table 0xF0 & 0xCC ^ 0xAA = 0x6A.
 __device__ __forceinline__ uint32_t and_xor(uint32_t a, uint32_t b, uint32_t c) {
     return lop3<0x6A>(a, b, c);
+}
+
+// prmt.b32 in its default mode, selector nibble by nibble: bits 0-2 pick a byte of {b, a}
+// (a's bytes 0-3, b's 4-7) and bit 3, when set, replicates that byte's sign bit instead (0x00
+// or 0xFF). (__byte_perm documents the first half only.)
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t selector) {
+#if defined(__CUDA_ARCH__)
+    uint32_t d;
+    asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(selector));
+    return d;
+#else
+    uint32_t d = 0;
+    const uint64_t bytes = uint64_t(b) << 32 | a;
+    for (int i = 0; i < 4; ++i) {
+        const uint32_t nibble = selector >> 4 * i & 0xF;
+        uint32_t byte = uint32_t(bytes >> 8 * (nibble & 7)) & 0xFF;
+        if (nibble & 8) byte = byte & 0x80 ? 0xFF : 0x00;
+        d |= byte << 8 * i;
+    }
+    return d;
+#endif
 }
 
 // 32-bit word i (a compile-time constant after unrolling) of a 16-byte vector.

@@ -322,18 +322,29 @@ cudaError_t launch_mma(const IntGemmArgs& g, cudaStream_t stream) {
 // scales (kBlockScaled) a step's two 128-wide k-blocks (chunks 0-1, 2-3: a warp's steps start at
 // multiples of 4 chunks) are summed apart and each scaled into the accumulators (BlockScales);
 // their scales are loaded with the step's data, one step ahead.
+// W4A8 (kW4A8, FP8 activations): a lane's weight vector is 8 bytes of packed INT4 codes (the same
+// 16 k), converted to E4M3 in registers (int4_to_e4m3_x8); a step's two k-blocks are summed
+// apart as with block scales, each scaled by its columns' group scales (GroupScales: 2 columns
+// per n8 tile and lane).
 // ---------------------------------------------------------------------------------------------
 constexpr int kSmallTiles = 2;                 // n8 tiles per block
 constexpr int kSmallCols = 8 * kSmallTiles;    // output columns per block
 constexpr int kSmallChunk = 64;                // k bytes per chunk: 4 lanes x 16 bytes
 constexpr int kSmallUnroll = 4;                // consecutive chunks in flight per warp and step
 constexpr int kSmallMaxM = 16;                 // rows of the mma fragment
+// FP8 and W4A8: blocks of 4 warps per SM the registers must leave room for (left alone, the
+// compiler took 240-246 a thread: 2 blocks, too few loads in flight).
+constexpr int kSmallFp8Blocks = 3;
 
-template <int kWarps, typename OutT, bool kFp8 = false, bool kBlockScaled = false>
-__global__ void __launch_bounds__(kWarps * 32)
+template <int kWarps, typename OutT, bool kFp8 = false, bool kBlockScaled = false,
+          bool kW4A8 = false>
+__global__ void __launch_bounds__(kWarps * 32, kFp8 && kWarps == 4 ? kSmallFp8Blocks : 1)
 gemm_int8_small_m_kernel(const int8_t* __restrict__ a, const int8_t* __restrict__ w, int64_t k,
-                         BlockScales scales, Epilogue<OutT> ep) {
+                         BlockScales scales, GroupScales group, Epilogue<OutT> ep) {
     static_assert(kFp8 || !kBlockScaled, "block scales are FP8's");
+    static_assert(!kW4A8 || (kFp8 && !kBlockScaled), "W4A8: E4M3 activations, group scales");
+    constexpr bool kBlockSums = kBlockScaled || kW4A8;  // a step's k-blocks summed apart
+    using WVec = std::conditional_t<kW4A8, uint2, uint4>;
     static_assert(kSmallUnroll * kSmallChunk == 2 * kFp8Block, "a step: two k-blocks");
     if constexpr (!kHasSm80 || (kFp8 && !kHasSm89)) __trap();  // never launched there
     using Acc = std::conditional_t<kFp8, float, int32_t>;
@@ -347,16 +358,19 @@ gemm_int8_small_m_kernel(const int8_t* __restrict__ a, const int8_t* __restrict_
     // Weight rows of this lane (one per n8 tile); rows past n are never read.
     const int8_t* wrow[kSmallTiles];
     bool wok[kSmallTiles];
-    lane_weight_rows(w, n0, n, g, k, 16 * tq, wrow, wok);
+    lane_weight_rows(w, n0, n, g, kW4A8 ? k / 2 : k, kW4A8 ? 8 * tq : 16 * tq, wrow, wok);
     const bool a_lo = g < m, a_hi = g + 8 < m;
     const int8_t* arow_lo = a + (a_lo ? g : 0) * k + 16 * tq;
     const int8_t* arow_hi = a + (a_hi ? g + 8 : 0) * k + 16 * tq;
 
     // One step = kSmallUnroll chunks: the weight and activation vectors of the step's loads.
     struct Step {
-        uint4 w[kSmallUnroll][kSmallTiles], lo[kSmallUnroll], hi[kSmallUnroll];
-        // kBlockScaled: the scales of the step's k-blocks h for rows g and g + 8.
+        WVec w[kSmallUnroll][kSmallTiles];
+        uint4 lo[kSmallUnroll], hi[kSmallUnroll];
+        // kBlockScaled: the scales of the step's k-blocks h for rows g and g + 8; kW4A8: for
+        // columns n0 + 8 t + 2 tq and + 1.
         float scale[kBlockScaled ? 2 : 1][2];
+        float column_scale[kW4A8 ? 2 : 1][kW4A8 ? kSmallTiles : 1][2];
     };
     const int64_t chunks = ceil_div(k, kSmallChunk);
     auto load_step = [&](int64_t c0, Step& s) {
@@ -365,8 +379,12 @@ gemm_int8_small_m_kernel(const int8_t* __restrict__ a, const int8_t* __restrict_
             const int64_t kk = (c0 + u) * kSmallChunk;  // + 16 tq is in the row pointers
             const bool kok = kk + 16 * tq < k;          // the K tail (and chunks past it)
 #pragma unroll
-            for (int t = 0; t < kSmallTiles; ++t)
-                s.w[u][t] = kok && wok[t] ? load_stream_16(wrow[t] + kk) : make_uint4(0, 0, 0, 0);
+            for (int t = 0; t < kSmallTiles; ++t) {
+                if constexpr (kW4A8)
+                    s.w[u][t] = kok && wok[t] ? load_stream_8(wrow[t] + kk / 2) : WVec{};
+                else
+                    s.w[u][t] = kok && wok[t] ? load_stream_16(wrow[t] + kk) : WVec{};
+            }
             s.lo[u] = kok && a_lo ? __ldg(reinterpret_cast<const uint4*>(arow_lo + kk)) : make_uint4(0, 0, 0, 0);
             s.hi[u] = kok && a_hi ? __ldg(reinterpret_cast<const uint4*>(arow_hi + kk)) : make_uint4(0, 0, 0, 0);
         }
@@ -380,6 +398,19 @@ gemm_int8_small_m_kernel(const int8_t* __restrict__ a, const int8_t* __restrict_
                 s.scale[h][1] = kb_ok && a_hi ? scales.at(g + 8, n0, kb) : 0.f;
             }
         }
+        if constexpr (kW4A8) {
+            // Columns past n and k-blocks past K (their sums are 0) read no scale.
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+                for (int t = 0; t < kSmallTiles; ++t)
+#pragma unroll
+                    for (int c = 0; c < 2; ++c) {
+                        const int64_t kb = c0 / 2 + h, col = n0 + 8 * t + 2 * tq + c;
+                        s.column_scale[h][t][c] =
+                            kb < scales.k_blocks && col < n ? group.at(col, kb) : 0.f;
+                    }
+        }
     };
 
     // Software pipeline in registers: the next step's loads are issued before this step's
@@ -387,11 +418,21 @@ gemm_int8_small_m_kernel(const int8_t* __restrict__ a, const int8_t* __restrict_
     Acc acc[kSmallTiles][4] = {};
     register_pipeline<kWarps, kSmallUnroll, Step>(chunks, warp, load_step, [&](const Step& cur) {
         // INT8 sums straight into acc; FP8 into this step's own (one set per k-block with
-        // block scales), added to acc after.
-        constexpr int kSets = kBlockScaled ? 2 : 1;
+        // block or group scales), added to acc after.
+        constexpr int kSets = kBlockSums ? 2 : 1;
         [[maybe_unused]] float step[kSets][kSmallTiles][4] = {};
 #pragma unroll
-        for (int u = 0; u < kSmallUnroll; ++u)
+        for (int u = 0; u < kSmallUnroll; ++u) {
+            uint4 wv[kSmallTiles];  // the weight's 16 k as int8 or E4M3 bytes
+#pragma unroll
+            for (int t = 0; t < kSmallTiles; ++t) {
+                if constexpr (kW4A8) {
+                    int4_to_e4m3_x8(cur.w[u][t].x, wv[t].x, wv[t].y);
+                    int4_to_e4m3_x8(cur.w[u][t].y, wv[t].z, wv[t].w);
+                } else {
+                    wv[t] = cur.w[u][t];
+                }
+            }
 #pragma unroll
             for (int j = 0; j < 2; ++j)
 #pragma unroll
@@ -399,14 +440,24 @@ gemm_int8_small_m_kernel(const int8_t* __restrict__ a, const int8_t* __restrict_
                     const uint32_t a0 = word(cur.lo[u], 2 * j), a1 = word(cur.hi[u], 2 * j);
                     const uint32_t a2 = word(cur.lo[u], 2 * j + 1);
                     const uint32_t a3 = word(cur.hi[u], 2 * j + 1);
-                    const uint32_t b0 = word(cur.w[u][t], 2 * j);
-                    const uint32_t b1 = word(cur.w[u][t], 2 * j + 1);
+                    const uint32_t b0 = word(wv[t], 2 * j);
+                    const uint32_t b1 = word(wv[t], 2 * j + 1);
                     if constexpr (kFp8)
                         mma_e4m3_16x8x32(step[kSets == 2 ? u / 2 : 0][t], a0, a1, a2, a3, b0, b1);
                     else
                         mma_s8_16x8x32(acc[t], a0, a1, a2, a3, b0, b1);
                 }
-        if constexpr (kBlockScaled) {
+        }
+        if constexpr (kW4A8) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+                for (int t = 0; t < kSmallTiles; ++t)
+#pragma unroll
+                    for (int r = 0; r < 4; ++r)
+                        acc[t][r] = __fmaf_rn(step[h][t][r], cur.column_scale[h][t][r % 2],
+                                              acc[t][r]);
+        } else if constexpr (kBlockScaled) {
 #pragma unroll
             for (int h = 0; h < 2; ++h)
 #pragma unroll
@@ -428,12 +479,15 @@ gemm_int8_small_m_kernel(const int8_t* __restrict__ a, const int8_t* __restrict_
     });
 }
 
-template <int kWarps, typename OutT, bool kFp8>
+template <int kWarps, typename OutT, bool kFp8, bool kW4A8>
 cudaError_t launch_small_m(const IntGemmArgs& g, int64_t blocks, cudaStream_t stream) {
-    const auto kernel = g.block_scaled() ? gemm_int8_small_m_kernel<kWarps, OutT, kFp8, kFp8>
-                                         : gemm_int8_small_m_kernel<kWarps, OutT, kFp8, false>;
+    const auto kernel =
+        kW4A8 ? gemm_int8_small_m_kernel<kWarps, OutT, kFp8, false, kW4A8>
+        : g.block_scaled() ? gemm_int8_small_m_kernel<kWarps, OutT, kFp8, kFp8>
+                           : gemm_int8_small_m_kernel<kWarps, OutT, kFp8, false>;
     kernel<<<unsigned(blocks), kWarps * 32, 0, stream>>>(g.a_as<int8_t>(), g.b_as<int8_t>(), g.k,
-                                                         block_scales(g), make_epilogue<OutT>(g));
+                                                         block_scales(g), group_scales(g),
+                                                         make_epilogue<OutT>(g));
     return cudaGetLastError();
 }
 
@@ -468,7 +522,8 @@ cudaError_t gemm_int8_mma(const IntGemmArgs& args, cudaStream_t stream) {
 
 namespace {
 
-template <bool kFp8> cudaError_t small_m(const IntGemmArgs& args, cudaStream_t stream) {
+template <bool kFp8, bool kW4A8 = false>
+cudaError_t small_m(const IntGemmArgs& args, cudaStream_t stream) {
     if (args.m > kSmallMaxM || args.b_layout != CK_LAYOUT_NK) return cudaErrorNotSupported;
     const int64_t blocks = ceil_div(args.n, kSmallCols);
     if (!grid_fits(blocks)) return cudaErrorInvalidConfiguration;
@@ -482,8 +537,8 @@ template <bool kFp8> cudaError_t small_m(const IntGemmArgs& args, cudaStream_t s
         // them splitting K) only when there are too few column groups to give every SM two
         // blocks. (16 warps would cap registers at 128 and spill.)
         if (blocks * 2 <= sms && chunks >= 8 * kSmallUnroll)
-            return launch_small_m<8, OutT, kFp8>(args, blocks, stream);
-        return launch_small_m<4, OutT, kFp8>(args, blocks, stream);
+            return launch_small_m<8, OutT, kFp8, kW4A8>(args, blocks, stream);
+        return launch_small_m<4, OutT, kFp8, kW4A8>(args, blocks, stream);
     };
     // FP8 writes float outputs only (the entry point's rule): no int32 instance.
     if constexpr (kFp8) return dispatch_float_dtype(args.out_dtype, launch);
@@ -498,6 +553,10 @@ cudaError_t gemm_int8_small_m(const IntGemmArgs& args, cudaStream_t stream) {
 
 cudaError_t gemm_fp8_small_m(const IntGemmArgs& args, cudaStream_t stream) {
     return small_m<true>(args, stream);
+}
+
+cudaError_t gemm_w4a8_small_m(const IntGemmArgs& args, cudaStream_t stream) {
+    return small_m<true, true>(args, stream);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -29,6 +29,13 @@ cudaError_t gemm_fp8_reference(const IntGemmArgs& args, cudaStream_t stream);
 cudaError_t gemm_fp8_small_m(const IntGemmArgs& args, cudaStream_t stream);
 cudaError_t gemm_fp8_sm90(const IntGemmArgs& args, cudaStream_t stream);
 
+// W4A8 (ck_gemm_w4a8): a the E4M3 bytes, b packed symmetric INT4 [n, k / 2] with its group
+// scales (IntGemmArgs::group_scales), a scaled epilogue without scale_b. The same three kernels,
+// the codes converted to E4M3 (int4_to_e4m3_x8) or to float32 (reference) on their way in.
+cudaError_t gemm_w4a8_reference(const IntGemmArgs& args, cudaStream_t stream);
+cudaError_t gemm_w4a8_small_m(const IntGemmArgs& args, cudaStream_t stream);
+cudaError_t gemm_w4a8_sm90(const IntGemmArgs& args, cudaStream_t stream);
+
 // ck_int8_prepack (kernels/gemm_int8.cu): b_nk [n, k] = b_kn [k, n]^T, any GPU; k and n
 // multiples of 16, both pointers 16-byte aligned.
 cudaError_t int8_prepack(const int8_t* b_kn, int64_t k, int64_t n, int8_t* b_nk,

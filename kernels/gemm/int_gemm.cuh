@@ -6,6 +6,7 @@
 #include "kernels/core/common.cuh"
 #include "kernels/core/epilogue.cuh"
 #include "kernels/core/fp8.cuh"
+#include "kernels/core/ptx.cuh"
 
 namespace ck {
 
@@ -33,6 +34,11 @@ struct IntGemmArgs {
     ck_dtype_t out_dtype;
     const float* block_scale_a = nullptr;
     const float* block_scale_b = nullptr;
+    // W4A8 (ck_gemm_w4a8): b is packed symmetric INT4 [n, k / 2], its scales [n, groups] of
+    // group_scale_dtype (fp16 or bf16), groups = ceil(k / 128) or 1 (GroupScales).
+    const void* group_scales = nullptr;
+    ck_dtype_t group_scale_dtype = CK_DTYPE_FP16;
+    int64_t groups = 0;
 
     bool block_scaled() const { return block_scale_a != nullptr; }
     template <typename T> const T* a_as() const { return static_cast<const T*>(a); }
@@ -78,6 +84,38 @@ struct BlockScales {
 };
 inline BlockScales block_scales(const IntGemmArgs& g) {
     return {g.block_scale_a, g.block_scale_b, ceil_div(g.k, kFp8Block)};
+}
+
+// W4A8 (ck_gemm_w4a8): the weight's group scales [n, groups] (fp16 or bf16 bits), read as
+// float32 for column c and 128-wide k-block kb: groups is ceil(k / 128) (group 128) or 1 (a row).
+struct GroupScales {
+    const uint16_t* p;
+    bool bf16;
+    int64_t groups;
+    __device__ __forceinline__ float at(int64_t c, int64_t kb) const {
+        const uint16_t bits = __ldg(p + c * groups + (groups == 1 ? 0 : kb));
+        return bf16 ? __uint_as_float(uint32_t(bits) << 16) : __half2float(__ushort_as_half(bits));
+    }
+};
+inline GroupScales group_scales(const IntGemmArgs& g) {
+    return {static_cast<const uint16_t*>(g.group_scales), g.group_scale_dtype == CK_DTYPE_BF16,
+            g.groups};
+}
+
+// Eight packed symmetric INT4 codes (code 2i in the low nibble of byte i, two's complement
+// -8 .. 7) as eight FP8 E4M3 bytes of the same values, in order: codes 0-3 in lo, 4-7 in hi.
+// Every code is an E4M3 value. Two table lookups per four codes (prmt: its selector nibbles are
+// the codes themselves): codes 0 .. 7 index the positive table directly, codes 8 .. 15 (-8 ..
+// -1) the negative one with bit 3 cleared; a set bit 3 makes prmt return a sign byte instead,
+// and a third prmt takes each byte from the lookup that was meant for it.
+__device__ __forceinline__ void int4_to_e4m3_x8(uint32_t w, uint32_t& lo, uint32_t& hi) {
+    constexpr uint32_t kPos0 = 0x44403800u, kPos1 = 0x4E4C4A48u;  // e4m3(0 .. 7)
+    constexpr uint32_t kNeg0 = 0xCACCCED0u, kNeg1 = 0xB8C0C4C8u;  // e4m3(-8 .. -1)
+    const uint32_t flipped = w ^ 0x88888888u;                      // negatives as plain indices
+    const uint32_t pick = ((w >> 1) & 0x44444444u) | 0x32103210u;  // byte i from b when negative
+    const uint32_t w_hi = w >> 16, flipped_hi = flipped >> 16, pick_hi = pick >> 16;
+    lo = prmt(prmt(kPos0, kPos1, w), prmt(kNeg0, kNeg1, flipped), pick);
+    hi = prmt(prmt(kPos0, kPos1, w_hi), prmt(kNeg0, kNeg1, flipped_hi), pick_hi);
 }
 
 // Calls f with a value of the output element type of out_dtype (int32 or a float type).

@@ -9,7 +9,9 @@ Three levels, from convenient to exact:
   :func:`dequantize_mxfp4`, :func:`quantize_nvfp4` / :func:`dequantize_nvfp4`), the matrix products
   :func:`gemm_int8` (int32 out), :func:`gemm_int8_scaled` (W8A8 with a fused scale/bias/ReLU
   epilogue) with :func:`int8_prepack` ([K, N] weights to [N, K]), :func:`gemm_fp8_scaled` (the
-  same with FP8 E4M3 operands, or DeepSeek-V3's block scales) and the layer :class:`Fp8Linear`, :func:`linear` (fp32/fp16/bf16), :func:`gemm_w4a16` (fp16/bf16 activations
+  same with FP8 E4M3 operands, or DeepSeek-V3's block scales) and the layer :class:`Fp8Linear`,
+  :func:`gemm_w4a8` (symmetric INT4 weights times FP8 E4M3 activations, W4A8) and its layer
+  :class:`W4A8Linear`, :func:`linear` (fp32/fp16/bf16), :func:`gemm_w4a16` (fp16/bf16 activations
   times a packed INT4 weight, W4A16) with :func:`w4a16_prepack` / :func:`gemm_w4a16_prepacked`
   (its fast path), :func:`gemm_int4` / :func:`gemm_int4_scaled` (INT4 x INT4), the checkpoint
   importers :func:`import_gptq` / :func:`import_awq` with :func:`permute_columns`, the layer
@@ -99,7 +101,8 @@ __all__ = [
     "quantize_int8", "dequantize_int8", "quantize_fp8", "dequantize_fp8", "quantize_int4",
     "dequantize_int4", "NF4_BLOCK_SIZES", "MXFP4_BLOCK", "NVFP4_BLOCK", "quantize_nf4", "dequantize_nf4",
     "quantize_mxfp4", "dequantize_mxfp4", "quantize_nvfp4", "dequantize_nvfp4",
-    "gemm_int8", "gemm_int8_scaled", "gemm_fp8_scaled", "Fp8Linear", "int8_prepack", "linear", "gemm_w4a16", "w4a16_prepack",
+    "gemm_int8", "gemm_int8_scaled", "gemm_fp8_scaled", "Fp8Linear", "gemm_w4a8", "W4A8Linear",
+    "int8_prepack", "linear", "gemm_w4a16", "w4a16_prepack",
     "gemm_w4a16_prepacked", "BLOCK4_NF4", "BLOCK4_MXFP4", "BLOCK4_NVFP4", "block4_prepack",
     "gemm_block4_prepacked", "import_gptq", "import_awq", "permute_columns", "gemm_int4",
     "gemm_int4_scaled", "QuantizedLinear", "MoeParams", "moe_route", "moe_prepack",
@@ -486,6 +489,11 @@ DECLARATIONS = {
         ("scale_a_ptr", _PTR), ("a_granularity", _ENUM), ("scale_b_ptr", _PTR),
         ("b_granularity", _ENUM), ("bias_ptr", _PTR), ("activation", _ENUM), ("out_ptr", _PTR),
         ("out_dtype", _ENUM), _STREAM)),
+    "ck_gemm_w4a8": (_STATUS, (
+        ("a_ptr", _PTR), ("scale_a_ptr", _PTR), ("a_granularity", _ENUM),
+        ("w_ptr", _PTR, "w_packed"), ("w_scales_ptr", _PTR), ("scale_dtype", _ENUM),
+        ("group_size", _I64), ("bias_ptr", _PTR), ("activation", _ENUM), ("m", _I64),
+        ("n", _I64), ("k", _I64), ("out_ptr", _PTR), ("out_dtype", _ENUM), _STREAM)),
     "ck_linear": (_STATUS, (
         ("x_ptr", _PTR), ("w_ptr", _PTR), ("bias_ptr", _PTR), ("dtype", _ENUM), ("m", _I64),
         ("n", _I64), ("k", _I64), ("activation", _ENUM), ("out_ptr", _PTR), _STREAM)),
@@ -3057,6 +3065,55 @@ def _fp8_block_scales(call, scale_a, scale_b, m, n, k):
     return sa, PER_BLOCK_1X128, sb, PER_BLOCK_128X128
 
 
+def gemm_w4a8(a, scale_a, w_packed, w_scales, group_size=128, bias=None, activation=None,
+              out_dtype="fp16", scale_dtype=None, out=None, stream=None):
+    """W4A8 linear layer (ck_gemm_w4a8): symmetric INT4 weights times FP8 E4M3 activations on
+    FP8 tensor cores,
+
+        acc[m, n] = sum_kb w_scales[n, g(kb)] * sum_{k in kb} e4m3(a[m, k]) * q[n, k]
+        out[m, n] = act(acc[m, n] * scale_a[m or 0] + bias[n])
+
+    over the 128-wide k-blocks kb (g(kb) = kb for group_size 128, 0 for GROUP_ROW), float32
+    sums, one rounding to out_dtype. a: uint8 FP8 E4M3 bit patterns [M, K] (or [K]), as
+    :func:`quantize_fp8` writes them; scale_a: a Python float or float32 values, 1 (per tensor)
+    or M (per row of a: quantize_fp8's granularity "row"), the granularity following from the
+    number of values. w_packed: uint8 [N, K // 2] and w_scales [N, groups] in fp16 or bf16, as
+    :func:`quantize_int4` writes them for an [N, K] weight with symmetric=True (the codes q in
+    -8 .. 7); scale_dtype: "fp16" or "bf16", needed only for uint16 bf16 bits (the scales'
+    dtype says it otherwise); group_size 128 or GROUP_ROW (-1). bias: None or N values of
+    out_dtype; activation None/"none" or "relu"; out_dtype "fp32", "fp16" or "bf16" (returned
+    as uint16 bit patterns). The library's rules apply: K a multiple of 32. Needs FP8 tensor
+    cores (compute capability 8.9+). Returns [M, N] (or [N]) of out_dtype.
+    """
+    act = _activation(activation)
+    ck_out = _as_dtype_enum(out_dtype, "out_dtype")
+    if ck_out not in _FLOAT_DTYPES:
+        raise ValueError("out_dtype must be fp32, fp16 or bf16, not %r" % (out_dtype,))
+    with _Call(a, stream) as call:
+        aa = call.input(a, "a", matrix=True, need=np.uint8)
+        m, k = _matrix(aa.shape, "a")
+        wa = call.input(w_packed, "w_packed", need=np.uint8)
+        if len(wa.shape) != 2 or wa.shape[0] == 0 or wa.shape[1] != (k + 1) // 2:
+            raise ValueError("w_packed has shape %s: with a of shape %s it must be [N, %d] "
+                             "(K=%d values packed two per byte)"
+                             % (wa.shape, aa.shape, (k + 1) // 2, k))
+        n = wa.shape[0]
+        out_shape = (n,) if len(aa.shape) == 1 else (m, n)
+        groups = _groups(k, group_size)
+        sa = call.input(scale_a, "scale_a", scalar_dtype=np.float32)
+        a_gran = _scale_granularity(sa, "scale_a", m, "row of a")
+        ws = call.input(w_scales, "w_scales", scale_dtype)
+        if ws.ck_dtype not in (DType.FP16, DType.BF16):
+            raise TypeError("w_scales have dtype %s: fp16 or bf16 (uint16 with "
+                            "scale_dtype='bf16') expected" % ws.dtype)
+        _check_array(ws, "w_scales", ws.dtype, n * groups)
+        bias_ptr = call.optional_input(bias, "bias", n, ck_out)
+        o = call.output(out_shape, _NUMPY_OF[ck_out], ck_out, out, "out")
+        raw.gemm_w4a8(aa.ptr, sa.ptr, a_gran, wa.ptr, ws.ptr, ws.ck_dtype, group_size, bias_ptr,
+                      act, m, n, k, o.ptr, ck_out, call.stream)
+        return call.finish(o)
+
+
 def linear(x, w, bias=None, activation=None, dtype=None, out=None, stream=None):
     """Floating-point linear layer (ck_linear): out = act(x @ w.T + bias).
 
@@ -3689,6 +3746,69 @@ class Fp8Linear:
         return _layer_host_result(y, None, host_kind) if on_host else y
 
 
+_W4A8_GROUP_SIZES = (128, GROUP_ROW)   # ck_gemm_w4a8's groups: a 128-wide k-block, or the row
+
+
+class W4A8Linear:
+    """A W4A8 linear layer: y = act(x @ w'.T + bias), the weight held on the GPU as symmetric
+    INT4 codes (w' = q * scale, a scale per 128 input features, or per output channel with
+    group_size=GROUP_ROW, in the layer's dtype) as :func:`quantize_int4` writes them; each call
+    quantizes x to FP8 E4M3 on the device with a dynamic scale per token (:func:`quantize_fp8`,
+    granularity "row"), then runs :func:`gemm_w4a8` on the FP8 tensor cores. Made by
+    ``QuantizedLinear.from_float(weight, ..., activations="fp8")`` or :meth:`from_float`.
+    dtype: the activations' and the output's, fp16 or bf16; in_features a multiple of 32.
+    Inputs and results as :class:`QuantizedLinear`'s (NumPy in, NumPy out; torch or CuPy
+    device arrays in, theirs out, on their current stream; other CUDA arrays: DeviceArrays).
+    Not captured by torch.compile (no custom operator). Needs FP8 tensor cores (8.9+).
+    """
+
+    def __init__(self, w_packed, w_scales, group_size, dtype, bias=None, activation=None):
+        """From a symmetric INT4 weight already on the device (DeviceArrays or CUDA arrays):
+        w_packed uint8 [out_features, in_features / 2] and w_scales [out_features, groups] of
+        dtype, group_size 128 or GROUP_ROW. A host bias is uploaded into an array of the
+        weight's kind."""
+        self.dtype = _as_dtype_enum(dtype, "dtype")
+        if self.dtype not in (DType.FP16, DType.BF16):
+            raise TypeError("W4A8Linear runs in fp16 or bf16, not %s" % self.dtype.name)
+        if group_size not in _W4A8_GROUP_SIZES:
+            raise ValueError("W4A8Linear takes group_size 128 or GROUP_ROW (-1), not %r"
+                             % (group_size,))
+        shape = _cai(w_packed, "w_packed")[1]
+        self.out_features, self.in_features = shape[0], 2 * shape[1]
+        self.group_size = group_size
+        self.activation = _activation(activation)
+        self.weight = w_packed, w_scales   # the interchange format (dequantize_int4 reads it)
+        self.bias = None if bias is None else _to_device(_layer_host_cast(bias, self.dtype),
+                                                         self.dtype, w_packed)
+
+    @classmethod
+    def from_float(cls, weight, bias=None, group_size=128, dtype=None, activation=None):
+        """weight [out_features, in_features] (nn.Linear layout) in fp16 or bf16 (uint16 bit
+        patterns with dtype="bf16"; float32 NumPy weights become fp16 first), quantized on the
+        device to symmetric INT4 (:func:`quantize_int4`), group_size 128 or GROUP_ROW."""
+        if group_size not in _W4A8_GROUP_SIZES:
+            raise ValueError("W4A8Linear takes group_size 128 or GROUP_ROW (-1), not %r"
+                             % (group_size,))
+        wd, layer_dtype = _float_weight_on_device(weight, dtype)
+        w, s, _ = quantize_int4(wd, group_size=group_size, symmetric=True, dtype=layer_dtype)
+        return cls(w, s, group_size, layer_dtype, bias=bias, activation=activation)
+
+    def __call__(self, x, out=None, stream=None):
+        """x [M, in_features] (or [in_features]) in the layer's dtype -> [M, out_features]."""
+        xd, on_host, host_kind = _layer_input(x, self.dtype)
+        q, s = quantize_fp8(xd, granularity="row", dtype=self.dtype, stream=stream)
+        w, ws = self.weight
+        y = gemm_w4a8(q, s, w, ws, group_size=self.group_size, bias=self.bias,
+                      activation=self.activation, out_dtype=self.dtype, scale_dtype=self.dtype,
+                      out=None if on_host else out, stream=stream)
+        return _layer_host_result(y, out, host_kind) if on_host else y
+
+    def __repr__(self):
+        return ("W4A8Linear(in_features=%d, out_features=%d, group_size=%d, dtype=%s)"
+                % (self.in_features, self.out_features, self.group_size,
+                   self.dtype.name.lower()))
+
+
 class QuantizedLinear:
     """A W4A16 linear layer whose weight lives on the GPU, prepacked: y = act(x @ w'.T + bias).
 
@@ -3699,7 +3819,9 @@ class QuantizedLinear:
     (a tensor or array of theirs out, on their current stream) or other CUDA arrays
     (DeviceArray out). dtype is the layer's activation dtype, fp16 or bf16; in_features must be
     a multiple of 32. Under torch.compile a call is the custom operator
-    cuda_kernels::w4a16_linear (:func:`torch_ops`).
+    cuda_kernels::w4a16_linear (:func:`torch_ops`). ``from_float(..., activations="fp8")``
+    makes the W4A8 layer instead (:class:`W4A8Linear`: the activations quantized to FP8 E4M3
+    per token on each call).
     """
 
     def __init__(self, w_packed, scales, zeros, group_size, dtype, bias=None, activation=None,
@@ -3727,12 +3849,28 @@ class QuantizedLinear:
 
     @classmethod
     def from_float(cls, weight, bias=None, group_size=128, symmetric=True, dtype=None,
-                   activation=None, sparsity=None, prune=True):
+                   activation=None, sparsity=None, prune=True, activations=None):
         """weight [out_features, in_features] (nn.Linear layout) in fp16 or bf16 (uint16 bit
         patterns with dtype="bf16"); float32 NumPy weights are converted to fp16 first. bias:
         None or out_features values. sparsity "2:4" or "16:32": a SparseQuantizedLinear on the
         weight pruned to that pattern (prune=False: the weight must keep it already, else
-        ValueError), group_size 64 or 128."""
+        ValueError), group_size 64 or 128. activations: None, the activations in the layer's
+        fp16 or bf16 (W4A16: this class); "fp8", a :class:`W4A8Linear` (W4A8: each call's
+        activations quantized per token to FP8 E4M3, the product on the FP8 tensor cores,
+        compute capability 8.9+), which takes a symmetric weight (symmetric=False: ValueError),
+        group_size 128 or GROUP_ROW, and no sparsity (ValueError)."""
+        if activations is not None:
+            if activations != "fp8":
+                raise ValueError("activations=%r: use None (fp16/bf16 activations, W4A16) or "
+                                 "'fp8' (FP8 E4M3 activations, W4A8)" % (activations,))
+            if not symmetric:
+                raise ValueError("activations='fp8' needs a symmetric weight (ck_gemm_w4a8 "
+                                 "takes no zero points): symmetric=True")
+            if sparsity is not None:
+                raise ValueError("activations='fp8' has no structured-sparse kernel: "
+                                 "sparsity=None")
+            return W4A8Linear.from_float(weight, bias=bias, group_size=group_size, dtype=dtype,
+                                         activation=activation)
         wd, layer_dtype = _float_weight_on_device(weight, dtype)
         if sparsity is not None:
             if prune:

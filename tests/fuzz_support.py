@@ -484,6 +484,7 @@ class DTypeArg(Kind):
 
 
 GROUP_SIZES = (32, 64, 128, ck.GROUP_ROW)
+W4A8_GROUP_SIZES = (128, ck.GROUP_ROW)   # ck_gemm_w4a8: a 128-wide k-block, or the row
 NF4_BLOCK_SIZES = ck.NF4_BLOCK_SIZES   # ck_quantize_nf4's blocksize: bitsandbytes' sizes
 
 
@@ -2361,6 +2362,14 @@ DESCRIPTIONS = {
          **_epilogue(), "a_granularity": FP8_GRANULARITY, "b_granularity": FP8_GRANULARITY,
          "out_ptr": Pointer("out_dtype"), "out_dtype": FLOATS, "stream": Stream()},
         (gemm_bytes("m", "n", "k", "out_dtype"), multiple_of("k", 16), fp8_block_scale_pair)),
+    # W4A8: the group sizes 32 and 64, valid INT4 groups, are unsupported here as any other.
+    "ck_gemm_w4a8": Description(
+        {"a_ptr": Pointer(16), "scale_a_ptr": Pointer(4), "a_granularity": GRANULARITY,
+         "w_ptr": Pointer(16), "w_scales_ptr": Pointer("scale_dtype"), "scale_dtype": HALVES,
+         "group_size": GroupSize(W4A8_GROUP_SIZES), "bias_ptr": Pointer("out_dtype", optional=True),
+         "activation": ACTIVATION, "m": Size(), "n": Size(), "k": Size(32),
+         "out_ptr": Pointer("out_dtype"), "out_dtype": FLOATS, "stream": Stream()},
+        (gemm_bytes("m", "n", "k", "out_dtype"), multiple_of("k", 32))),
     "ck_linear": Description(
         {"x_ptr": Pointer(16), "w_ptr": Pointer(16), "bias_ptr": Pointer(16, optional=True),
          "dtype": FLOATS, "m": Size(), "n": Size(8), "k": Size(8), "activation": ACTIVATION,

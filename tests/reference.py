@@ -621,6 +621,92 @@ def gemm_fp8_block_abs_sums(a, b, scale_a, scale_b):
     return (abs_parts * np.abs(scales)).sum(axis=0)
 
 
+# ---- W4A8: symmetric INT4 weights x FP8 E4M3 activations (ck_gemm_w4a8) ----------------------
+W4A8_GROUP_SIZES = (128, GROUP_ROW)   # a group is one 128-wide k-block, or the whole row
+W4A8_SCALE_DTYPES = ("fp16", "bf16")  # w_scales, as ck_quantize_int4 writes them
+W4A8_K_MULTIPLE = 32                  # K >= 32 and a multiple of 32 (the library's rule)
+W4A8_K_BLOCK = 128                    # the k-blocks whose sums are scaled
+
+
+def _w4a8_blocks(a, w_packed, w_scales, group_size, scale_dtype):
+    """Yields (exact sum_{k in kb} e4m3(a) q [M, N], sum_{k in kb} |e4m3(a) q| [M, N], the
+    block's weight scales [N] as float64) for each 128-wide k-block kb of ck_gemm_w4a8.
+
+    a: E4M3 bit patterns uint8 [M, K]; w_packed: uint8 [N, (K + 1) // 2], signed codes as
+    pack_int4(q, signed=True) writes them; w_scales [N, groups] in scale_dtype's representation
+    (None: inferred, float16 or uint16 bf16 bits), groups = 1 for GROUP_ROW, else
+    ceil(K / 128) (the last block may be partial)."""
+    if group_size not in W4A8_GROUP_SIZES:
+        raise ValueError(f"group_size={group_size} is not one of {W4A8_GROUP_SIZES}")
+    scale_dtype = scale_dtype or dtype_of(w_scales)
+    if scale_dtype not in W4A8_SCALE_DTYPES:
+        raise ValueError(f"ck_gemm_w4a8's scales are {W4A8_SCALE_DTYPES}, not {scale_dtype!r}")
+    a = _matrix(_require_dtype(np.asarray(a), np.uint8, "a"))
+    m, k = a.shape
+    if k > 2**16:
+        raise ValueError("K > 2^16: float64 block sums would no longer be exact")
+    q = unpack_int4(_matrix(np.asarray(w_packed)), k, signed=True).astype(np.float64)
+    n = q.shape[0]
+    scales = _matrix(to_f32(np.asarray(w_scales), scale_dtype)).astype(np.float64)
+    groups = int4_groups_per_row(k, group_size)
+    if scales.shape != (n, groups):
+        raise ValueError(f"w_scales must be [{n}, {groups}], got {list(scales.shape)}")
+    av = e4m3_decode(a).astype(np.float64)
+    for kb in range(-(-k // W4A8_K_BLOCK)):
+        cols = slice(kb * W4A8_K_BLOCK, (kb + 1) * W4A8_K_BLOCK)
+        group = 0 if group_size == GROUP_ROW else kb
+        yield (av[:, cols] @ q[:, cols].T, np.abs(av[:, cols]) @ np.abs(q[:, cols]).T,
+               scales[:, group])
+
+
+def gemm_w4a8(a, w_packed, w_scales, group_size, scale_dtype=None):
+    """ck_gemm_w4a8's sums as float64 [M, N]:
+
+        acc[m, n] = sum_kb float(w_scales[n, g(kb)]) * sum_{k in kb} e4m3(a[m, k]) * q[n, k]
+
+    over the 128-wide k-blocks kb (the last one partial when K is not a multiple of 128);
+    g(kb) = kb for group_size 128, 0 for GROUP_ROW (-1). a: FP8 E4M3 bit patterns uint8 [M, K]
+    (NaN codes give NaN rows); w_packed: uint8 [N, K / 2], the signed INT4 codes q in -8 .. 7
+    (two's complement, element 2i in the low nibble: pack_int4(q, signed=True), what
+    quantize_int4 writes in mode 'sym'); w_scales [N, groups] in scale_dtype's representation
+    ('fp16' or 'bf16'; None infers it: float16, or uint16 bf16 bits).
+
+    Each block sum is exact: a product e4m3 * q has at most 7 significant bits in
+    [2^-9, 448 * 8], so 128 of them sum without rounding in float64; the product with the scale
+    (at most 11 significant bits) is exact too. Only their sum over the blocks rounds: within
+    (blocks - 1) 2^-53 of sum_kb |scale| |block sum| (2^-46 of it at K = 2^16).
+    """
+    acc = None
+    for part, _, scale in _w4a8_blocks(a, w_packed, w_scales, group_size, scale_dtype):
+        term = part * scale[None, :]
+        acc = term if acc is None else acc + term
+    return acc
+
+
+def gemm_w4a8_abs_sums(a, w_packed, w_scales, group_size, scale_dtype=None):
+    """sum_kb |w_scales[n, g(kb)]| sum_{k in kb} |e4m3(a[m, k]) q[n, k]| as float64 [M, N]: the
+    scale of the accumulation error bound of ck_gemm_w4a8 (arguments as gemm_w4a8)."""
+    sums = None
+    for _, abs_part, scale in _w4a8_blocks(a, w_packed, w_scales, group_size, scale_dtype):
+        term = abs_part * np.abs(scale)[None, :]
+        sums = term if sums is None else sums + term
+    return sums
+
+
+def gemm_w4a8_f64(a, scale_a, w_packed, w_scales, group_size, scale_dtype=None, bias=None,
+                  activation="none", out_dtype="fp32"):
+    """The float64 values of ck_gemm_w4a8 before the rounding to out_dtype:
+
+        act(acc[m, n] * scale_a[m or 0] + bias[n])
+
+    acc = gemm_w4a8(a, w_packed, w_scales, group_size, scale_dtype); scale_a: float32, 1 value
+    (CK_PER_TENSOR) or M values (CK_PER_ROW); bias: N values in out_dtype's representation, or
+    None; activation 'none' or 'relu' (the epilogue of scaled_epilogue_f64, with no weight
+    scale of its own: the weight's scales are in acc)."""
+    acc = gemm_w4a8(a, w_packed, w_scales, group_size, scale_dtype)
+    return scaled_epilogue_f64(acc, scale_a, np.float32(1), bias, activation, out_dtype)
+
+
 def linear_f64(x, w, bias=None, activation="none", dtype=None):
     """ck_linear in exact arithmetic: act(x[M, K] w[N, K]^T + bias[N]) as float64 [M, N].
 

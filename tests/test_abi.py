@@ -8,8 +8,8 @@ test_wrapper_gpu.py).
   that names the offending argument (validation runs before any CUDA call, so fake device
   addresses are safe here: nothing is ever launched);
 - the GEMM rules (K and N multiples, alignment, NULL bias allowed) and the kernel overrides
-  (CK_GEMM_INT8_KERNEL, CK_GEMM_INT4_KERNEL, CK_GEMM_W4A16_KERNEL, CK_GEMM_BLOCK4_KERNEL,
-  CK_GEMM_SPARSE_KERNEL), one table row each: unknown
+  (CK_GEMM_INT8_KERNEL, CK_GEMM_FP8_KERNEL, CK_GEMM_W4A8_KERNEL, CK_GEMM_INT4_KERNEL,
+  CK_GEMM_W4A16_KERNEL, CK_GEMM_BLOCK4_KERNEL, CK_GEMM_SPARSE_KERNEL), one table row each: unknown
   names are rejected; valid-but-unusual arguments pass validation (proved by planting the
   override's error, which the library reports only after validation); argument errors come
   first; each entry point reads its own override only;
@@ -704,6 +704,47 @@ GEMM_FP8_SCALED_CASES = (
        ("block-null-scale_b", dict(a_granularity=ck.PER_BLOCK_1X128,
                                    b_granularity=ck.PER_BLOCK_128X128, scale_b_ptr=0), INVALID,
         ["scale_b"])])
+
+# W4A8: FP8 E4M3 activations a [M, K] with float32 scale_a (per tensor or row: the block
+# granularities are rejected as INT8's are), a symmetric packed INT4 weight [N, K / 2] with
+# w_scales [N, groups] of scale_dtype (fp16 or bf16), the INT8 epilogue's bias, activation and
+# out_dtype. Rules (cuda_kernels.h): group_size 128 or CK_GROUP_ROW (32 and 64, valid INT4
+# groups, unsupported here); K >= 32 and a multiple of 32; a and w_packed 16-byte aligned,
+# scale_a 4-byte, w_scales aligned to scale_dtype, bias and out to out_dtype; bias may be NULL.
+GEMM_W4A8 = dict(a_ptr=A, scale_a_ptr=SA, a_granularity=ck.PER_ROW, w_ptr=B, w_scales_ptr=S,
+                 scale_dtype=DType.FP16, group_size=128, bias_ptr=BIAS,
+                 activation=ck.ACTIVATION_RELU, m=4, n=64, k=256, out_ptr=O,
+                 out_dtype=DType.FP16)
+BAD_W4A8_GROUP_SIZES = BAD_GROUP_SIZES + [32, 64]
+BAD_W4A8_K = [1, 16, 31, 48, 100, 4112]      # >= 1 but below 32 or not a multiple of 32
+GEMM_W4A8_CASES = (
+    null("a", "scale_a", "w_scales", "out")
+    + [("null-w_packed", dict(w_ptr=0), INVALID, ["w_packed"])]
+    + bad_dtypes("out_dtype")
+    + bad_dtypes("scale_dtype", NOT_HALF_DTYPES)
+    + bad("a_granularity", BAD_INT_GRANULARITIES, INVALID)
+    + bad("activation", BAD_ACTIVATIONS, INVALID)
+    + bad("group_size", BAD_W4A8_GROUP_SIZES, UNSUPPORTED)
+    + gemm_shape_cases(k_rule=False)
+    + bad("k", BAD_W4A8_K, UNSUPPORTED)
+    + [("misaligned-a+%d" % d, dict(a_ptr=A + d), MISALIGNED, ["a"]) for d in (1, 4, 8)]
+    + [("misaligned-w_packed+%d" % d, dict(w_ptr=B + d), MISALIGNED, ["w_packed"])
+       for d in (1, 4, 8)]
+    + [("misaligned-out-fp16", dict(out_ptr=O + 1), MISALIGNED, ["out"]),
+       ("misaligned-out-bf16", dict(out_ptr=O + 1, out_dtype=DType.BF16), MISALIGNED, ["out"]),
+       ("misaligned-out-fp32", dict(out_ptr=O + 2, out_dtype=DType.FP32), MISALIGNED, ["out"]),
+       ("misaligned-scale_a", dict(scale_a_ptr=SA + 2), MISALIGNED, ["scale_a"]),
+       ("misaligned-scale_a-tensor", dict(scale_a_ptr=SA + 1, a_granularity=ck.PER_TENSOR),
+        MISALIGNED, ["scale_a"]),
+       ("misaligned-w_scales-fp16", dict(w_scales_ptr=S + 1), MISALIGNED, ["w_scales"]),
+       ("misaligned-w_scales-bf16", dict(w_scales_ptr=S + 1, scale_dtype=DType.BF16),
+        MISALIGNED, ["w_scales"]),
+       ("misaligned-bias-fp16", dict(bias_ptr=BIAS + 1), MISALIGNED, ["bias"]),
+       ("misaligned-bias-bf16", dict(bias_ptr=BIAS + 1, out_dtype=DType.BF16), MISALIGNED,
+        ["bias"]),
+       ("misaligned-bias-fp32", dict(bias_ptr=BIAS + 2, out_dtype=DType.FP32), MISALIGNED,
+        ["bias"])]
+)
 
 LINEAR = dict(x_ptr=X, w_ptr=B, bias_ptr=BIAS, dtype=DType.FP16, m=4, n=64, k=64,
               activation=ck.ACTIVATION_NONE, out_ptr=O)
@@ -1709,7 +1750,8 @@ ENTRY_POINTS = {
                   "QUANTIZE_INT4", "DEQUANTIZE_INT4",
                   "QUANTIZE_NF4", "DEQUANTIZE_NF4", "QUANTIZE_MXFP4", "DEQUANTIZE_MXFP4",
                   "QUANTIZE_NVFP4", "DEQUANTIZE_NVFP4",
-                  "GEMM_INT8", "GEMM_INT8_SCALED", "GEMM_FP8_SCALED", "INT8_PREPACK", "LINEAR", "GEMM_W4A16", "GEMM_W4A16_PREPACKED",
+                  "GEMM_INT8", "GEMM_INT8_SCALED", "GEMM_FP8_SCALED", "GEMM_W4A8",
+                  "INT8_PREPACK", "LINEAR", "GEMM_W4A16", "GEMM_W4A16_PREPACKED",
                   "W4A16_PREPACK", "BLOCK4_PREPACK", "GEMM_BLOCK4_PREPACKED", "QKV_PREPACK",
                   "QKV_PROJECTION", "IMPORT_GPTQ", "IMPORT_AWQ", "PERMUTE_COLUMNS",
                   "SPARSE_PRUNE", "SPARSE_QUANTIZE_INT4", "SPARSE_1632_TO_24",
@@ -1841,6 +1883,50 @@ def test_gemm_w4a16_null_bias_is_allowed(lib):
     assert error.status == Status.MISALIGNED and mentions(error.message, "scales")
 
 
+def test_gemm_w4a8_null_bias_is_allowed(lib):
+    """bias may be NULL: with another defect planted, the error is about that one."""
+    error = rejection("ck_gemm_w4a8", dict(bias_ptr=0, k=48))
+    assert error.status == Status.UNSUPPORTED and mentions(error.message, "k"), error.message
+    error = rejection("ck_gemm_w4a8", dict(bias_ptr=0, out_ptr=O + 1))
+    assert error.status == Status.MISALIGNED and mentions(error.message, "out"), error.message
+    error = rejection("ck_gemm_w4a8", dict(bias_ptr=0, w_scales_ptr=S + 1))
+    assert error.status == Status.MISALIGNED and mentions(error.message, "w_scales")
+
+
+# ck_gemm_w4a8 checks its arguments in the order the rows below follow: pointers (NULL), the
+# output dtype, the scales' dtype, a_granularity, activation, group_size, the shape, the
+# alignments. Each row plants two defects; the first in that order is the one reported.
+W4A8_VALIDATION_ORDER = [
+    ("null-a-before-out_dtype", dict(a_ptr=0, out_dtype=99), INVALID, "a"),
+    ("null-w_scales-before-scale_dtype", dict(w_scales_ptr=0, scale_dtype=DType.FP32), INVALID,
+     "w_scales"),
+    ("out_dtype-before-scale_dtype", dict(out_dtype=DType.INT8, scale_dtype=DType.FP32),
+     UNSUPPORTED, "out_dtype"),
+    ("scale_dtype-before-a_granularity", dict(scale_dtype=DType.FP32,
+                                              a_granularity=ck.PER_BLOCK_1X128),
+     UNSUPPORTED, "scale_dtype"),
+    ("a_granularity-before-activation", dict(a_granularity=ck.PER_BLOCK_128X128, activation=5),
+     INVALID, "a_granularity"),
+    ("activation-before-group_size", dict(activation=5, group_size=64), INVALID, "activation"),
+    ("group_size-before-k", dict(group_size=64, k=48), UNSUPPORTED, "group_size"),
+    ("group_size-before-m", dict(group_size=256, m=0), UNSUPPORTED, "group_size"),
+    ("k-before-alignment", dict(k=48, a_ptr=A + 1), UNSUPPORTED, "k"),
+    ("m-before-alignment", dict(m=0, out_ptr=O + 1), INVALID, "m"),
+    ("a-before-out", dict(a_ptr=A + 8, out_ptr=O + 1), MISALIGNED, "a"),
+    ("w_packed-before-w_scales", dict(w_ptr=B + 8, w_scales_ptr=S + 1), MISALIGNED,
+     "w_packed"),
+]
+
+
+@pytest.mark.parametrize("changes, status, name", [
+    pytest.param(changes, status, name, id=case_id)
+    for case_id, changes, status, name in W4A8_VALIDATION_ORDER])
+def test_gemm_w4a8_validation_order(lib, changes, status, name):
+    error = rejection("ck_gemm_w4a8", changes)
+    assert error.status == status and mentions(error.message, name), \
+        "%s: got %s (%s)" % (changes, error.status, error.message)
+
+
 def test_sparse_quantize_null_violations_is_allowed(lib):
     """violations may be NULL (no count asked for): with another defect planted, the error is
     about that one."""
@@ -1899,6 +1985,24 @@ KERNEL_OVERRIDES = [
             ("block-scales", dict(a_granularity=ck.PER_BLOCK_1X128,
                                   b_granularity=ck.PER_BLOCK_128X128, k=48)),
             ("no-bias", dict(bias_ptr=0, activation=ck.ACTIVATION_NONE))]]),
+    KernelOverride(
+        "CK_GEMM_W4A8_KERNEL", ("ck_gemm_w4a8",), ("auto", "reference", "small_m", "wgmma"),
+        # Any M and N, K a multiple of 32, group 128 (K need not be a multiple of it) or the
+        # row, either scale dtype, either granularity, bias NULL; a and w_packed 16-byte
+        # aligned only, scale_a 4-byte, w_scales, bias and out aligned to their element only.
+        [(case_id, changes, ["ck_gemm_w4a8"]) for case_id, changes in [
+            ("1x1x32", dict(n=1, m=1, k=32)),
+            ("partial-group", dict(n=7, m=17, k=160)),
+            ("row-group", dict(n=4097, m=100, k=160, group_size=ck.GROUP_ROW)),
+            ("m=1e6", dict(m=10**6)),
+            ("bf16-scales", dict(scale_dtype=DType.BF16, w_scales_ptr=S + 2)),
+            ("per-tensor", dict(a_granularity=ck.PER_TENSOR, scale_a_ptr=SA + 4)),
+            ("no-bias", dict(bias_ptr=0, activation=ck.ACTIVATION_NONE)),
+            ("16-byte-aligned", dict(a_ptr=A + 16, w_ptr=B + 48)),
+            ("fp16-element-aligned", dict(w_scales_ptr=S + 2, bias_ptr=BIAS + 6, out_ptr=O + 10)),
+            ("bf16-out-element-aligned", dict(bias_ptr=BIAS + 2, out_ptr=O + 2,
+                                              out_dtype=DType.BF16)),
+            ("fp32-out+4", dict(out_ptr=O + 4, bias_ptr=BIAS + 12, out_dtype=DType.FP32))]]),
     KernelOverride(
         "CK_GEMM_W4A16_KERNEL", W4A16_GEMMS, ("auto", "reference", "small_m", "tc", "wgmma"),
         # Any M and N, K a multiple of 32, any supported group size (K need not be a multiple
@@ -2500,6 +2604,58 @@ S16 = FakeCudaArray((8, 1), "<f2", ptr=S)
 def test_wrapper_gemm_rejects_before_any_copy(lib, call, error):
     with pytest.raises(error):
         call()
+
+
+# W4A8 operands as foreign device arrays (never copied, never dereferenced): M=4, K=64, N=8,
+# group 128 (one group per row).
+A8 = FakeCudaArray((4, 64), "|u1")
+SA8 = FakeCudaArray((4,), "<f4", ptr=SA)
+W8 = FakeCudaArray((8, 32), "|u1", ptr=B)
+WS8 = FakeCudaArray((8, 1), "<f2", ptr=S)
+
+
+@pytest.mark.parametrize("call, error", [
+    (lambda: ck.gemm_w4a8(FakeCudaArray((4, 64), "|i1"), SA8, W8, WS8), TypeError),
+    (lambda: ck.gemm_w4a8(FakeCudaArray((4, 64), "|u1", strides=(1, 4)), SA8, W8, WS8),
+     ValueError),
+    (lambda: ck.gemm_w4a8(A8, SA8, FakeCudaArray((8, 64), "|u1"), WS8), ValueError),
+    (lambda: ck.gemm_w4a8(A8, SA8, FakeCudaArray((8, 32), "|i1"), WS8), TypeError),
+    (lambda: ck.gemm_w4a8(A8, FakeCudaArray((3,), "<f4"), W8, WS8), ValueError),
+    (lambda: ck.gemm_w4a8(A8, FakeCudaArray((4,), "<f8"), W8, WS8), TypeError),
+    (lambda: ck.gemm_w4a8(A8, SA8, W8, FakeCudaArray((8, 2), "<f2")), ValueError),
+    (lambda: ck.gemm_w4a8(A8, SA8, W8, FakeCudaArray((8, 1), "<f4")), TypeError),
+    (lambda: ck.gemm_w4a8(A8, SA8, W8, FakeCudaArray((8, 1), "<u2")), TypeError),
+    (lambda: ck.gemm_w4a8(A8, SA8, W8, WS8, group_size=48), ValueError),
+    (lambda: ck.gemm_w4a8(A8, SA8, W8, WS8, activation="gelu"), ValueError),
+    (lambda: ck.gemm_w4a8(A8, SA8, W8, WS8, out_dtype="int32"), ValueError),
+    (lambda: ck.gemm_w4a8(A8, SA8, W8, WS8, bias=FakeCudaArray((7,), "<f2")), ValueError),
+    (lambda: ck.W4A8Linear.from_float(FakeCudaArray((8, 64), "<f2"), group_size=64),
+     ValueError),
+    (lambda: ck.QuantizedLinear.from_float(FakeCudaArray((8, 64), "<f2"), activations="fp8",
+                                           symmetric=False), ValueError),
+    (lambda: ck.QuantizedLinear.from_float(FakeCudaArray((8, 64), "<f2"), activations="fp8",
+                                           sparsity="2:4"), ValueError),
+    (lambda: ck.QuantizedLinear.from_float(FakeCudaArray((8, 64), "<f2"), activations="int8"),
+     ValueError),
+], ids=["a-int8", "a-strided", "w-unpacked", "w-int8", "scale_a-count", "scale_a-float64",
+        "w_scales-count", "w_scales-float32", "w_scales-uint16-without-bf16", "group_size",
+        "activation", "out_dtype", "bias-count", "layer-group_size", "layer-asymmetric",
+        "layer-sparse", "layer-activations"])
+def test_wrapper_w4a8_rejects_before_any_copy(lib, call, error):
+    with pytest.raises(error):
+        call()
+
+
+def test_wrapper_w4a8_leaves_group_sizes_32_and_64_to_the_library(lib):
+    """INT4's group sizes 32 and 64 pass the wrapper's shape checks (their scales have the
+    right count); the library refuses them, on the host."""
+    for group_size in (32, 64):
+        scales = FakeCudaArray((8, 64 // group_size), "<f2", ptr=S)
+        with pytest.raises(CKError) as info:
+            ck.gemm_w4a8(A8, SA8, W8, scales, group_size=group_size,
+                         out=FakeCudaArray((4, 8), "<f2", ptr=O))
+        assert info.value.status == Status.UNSUPPORTED, info.value.message
+        assert mentions(info.value.message, "group_size"), info.value.message
 
 
 # MoE operands as foreign device arrays (never copied, never dereferenced): T=4, H=64, E=8, k=2.

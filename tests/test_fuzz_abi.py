@@ -325,7 +325,8 @@ MATRIX_EXPORTS = {"ck_quantize_int8": "x_dtype", "ck_dequantize_int8": "out_dtyp
                   "ck_quantize_int4": "x_dtype", "ck_dequantize_int4": "out_dtype",
                   "ck_permute_columns": "dtype"}
 GEMM_EXPORTS = {"ck_gemm_int8": None, "ck_gemm_int8_scaled": "out_dtype",
-                "ck_gemm_fp8_scaled": "out_dtype", "ck_linear": "dtype",
+                "ck_gemm_fp8_scaled": "out_dtype", "ck_gemm_w4a8": "out_dtype",
+                "ck_linear": "dtype",
                 "ck_gemm_w4a16": "dtype", "ck_gemm_w4a16_prepacked": "dtype",
                 "ck_gemm_sparse_w4a16": "dtype", "ck_gemm_sparse_w4a16_prepacked": "dtype",
                 "ck_gemm_int4": None, "ck_gemm_int4_scaled": "out_dtype"}
@@ -359,7 +360,7 @@ def matrix_cases():
 def gemm_cases():
     for name, dtype_arg in GEMM_EXPORTS.items():
         fp32 = {dtype_arg: DType.FP32} if name in ("ck_linear", "ck_gemm_int8_scaled",
-                                                   "ck_gemm_fp8_scaled",
+                                                   "ck_gemm_fp8_scaled", "ck_gemm_w4a8",
                                                    "ck_gemm_int4_scaled") else {}
         yield name, "mk-past-2^32", dict(m=2**20 + 1, k=2**12), ACCEPTED
         yield name, "nk-past-2^32", dict(n=2**21, k=2**12), ACCEPTED

@@ -5,7 +5,9 @@
  * name, a NULL argument is rejected with CK_STATUS_INVALID_VALUE and a message naming it.
  * GPU part (where a device exists): per-tensor dynamic INT8 quantization of 1000 floats and
  * back, each value within half a quantization step of the original; a small INT8 GEMM (int32
- * and scaled fp32 outputs) and a float32 linear layer on integer data, whose results are exact.
+ * and scaled fp32 outputs) and a float32 linear layer on integer data, whose results are exact;
+ * a small W4A8 GEMM (ck_gemm_w4a8) on integer data with power-of-two scales, exact too where the
+ * GPU has FP8 tensor cores (compute capability 8.9+), CK_STATUS_UNSUPPORTED before.
  *
  *   make build/c_smoke && build/c_smoke        (exit status 0: all good)
  */
@@ -91,6 +93,16 @@ static void check_null_rejected(void) {
            "ck_quantize_int8 rejects FP8's block granularity");
     expect(ck_gemm_int8(NULL, q, CK_LAYOUT_NK, 1, 1, 16, (int32_t*)scales, 0) ==
                CK_STATUS_INVALID_VALUE, "ck_gemm_int8 with NULL a gives CK_STATUS_INVALID_VALUE");
+    expect(ck_gemm_w4a8(NULL, scales, CK_PER_TENSOR, (const uint8_t*)q, FAKE_DEVICE_PTR,
+                        CK_DTYPE_FP16, 128, NULL, CK_ACTIVATION_NONE, 1, 1, 32, FAKE_DEVICE_PTR,
+                        CK_DTYPE_FP32, 0) == CK_STATUS_INVALID_VALUE,
+           "ck_gemm_w4a8 with NULL a gives CK_STATUS_INVALID_VALUE");
+    /* 64 is an INT4 group size, but not one of W4A8's (128 or CK_GROUP_ROW) */
+    expect(ck_gemm_w4a8((const uint8_t*)FAKE_DEVICE_PTR, (const float*)FAKE_DEVICE_PTR,
+                        CK_PER_ROW, (const uint8_t*)FAKE_DEVICE_PTR, FAKE_DEVICE_PTR,
+                        CK_DTYPE_BF16, 64, NULL, CK_ACTIVATION_NONE, 1, 8, 64, FAKE_DEVICE_PTR,
+                        CK_DTYPE_FP16, 0) == CK_STATUS_UNSUPPORTED,
+           "ck_gemm_w4a8 with group_size 64 gives CK_STATUS_UNSUPPORTED");
     /* fp16 rows of 12 elements do not start 16-byte aligned: K must be a multiple of 8 */
     expect(ck_linear(FAKE_DEVICE_PTR, FAKE_DEVICE_PTR, NULL, CK_DTYPE_FP16, 1, 8, 12,
                      CK_ACTIVATION_NONE, FAKE_DEVICE_PTR, 0) == CK_STATUS_UNSUPPORTED,
@@ -239,6 +251,100 @@ done:
     cudaFree(d_y);
 }
 
+#define WM 3
+#define WN 5
+#define WK 160 /* two groups of 128: a whole one and a partial one */
+#define WGROUPS 2
+
+/* out = relu(acc * scale_a[m] + bias[n]), acc[m, n] = sum_kb s[n, kb] sum_k a q: E4M3 codes of
+ * 0 and +-1, INT4 codes over -8 .. 7, power-of-two scales: every sum is a small integer (well
+ * within the tensor cores' bits) and every result exact. */
+static void gpu_w4a8(void) {
+    static const uint8_t e4m3[3] = {0x00, 0x38, 0xB8}; /* 0, 1, -1 */
+    static const float e4m3_value[3] = {0.0f, 1.0f, -1.0f};
+    static const uint16_t fp16_bits[3] = {0x3400, 0x3800, 0x4000}; /* 0.25, 0.5, 2 */
+    static const float fp16_value[3] = {0.25f, 0.5f, 2.0f};
+    uint8_t a[WM * WK], w[WN * WK / 2];
+    uint16_t ws[WN * WGROUPS];
+    float av[WM * WK], wsv[WN * WGROUPS], sa[WM] = {1.0f, 0.5f, 4.0f};
+    float bias[WN] = {0.5f, -1.0f, 0.0f, 2.0f, -0.25f}, out[WM * WN], want[WM * WN];
+    int q[WN * WK];
+    void *d_a = NULL, *d_sa = NULL, *d_w = NULL, *d_ws = NULL, *d_bias = NULL, *d_out = NULL;
+    unsigned int state = 4242u;
+    int i, j, kk, cc_major = 0, cc_minor = 0, device = 0, bad = 0;
+    ck_status_t st;
+
+    for (i = 0; i < WM * WK; ++i) {
+        const unsigned int pick = ((state = state * 1664525u + 1013904223u) >> 16) % 3u;
+        a[i] = e4m3[pick];
+        av[i] = e4m3_value[pick];
+    }
+    for (i = 0; i < WN * WK; ++i)
+        q[i] = (int)(((state = state * 1664525u + 1013904223u) >> 16) % 16u) - 8;
+    for (i = 0; i < WN * WK / 2; ++i) /* element 2i in the low nibble, two's complement */
+        w[i] = (uint8_t)((q[2 * i] & 0xF) | ((q[2 * i + 1] & 0xF) << 4));
+    for (i = 0; i < WN * WGROUPS; ++i) {
+        const unsigned int pick = ((state = state * 1664525u + 1013904223u) >> 16) % 3u;
+        ws[i] = fp16_bits[pick];
+        wsv[i] = fp16_value[pick];
+    }
+    for (i = 0; i < WM; ++i)
+        for (j = 0; j < WN; ++j) {
+            float acc = 0.0f, v;
+            int kb;
+            for (kb = 0; kb < WGROUPS; ++kb) {
+                float block = 0.0f;
+                for (kk = kb * 128; kk < WK && kk < kb * 128 + 128; ++kk)
+                    block += av[i * WK + kk] * (float)q[j * WK + kk];
+                acc += wsv[j * WGROUPS + kb] * block;
+            }
+            v = acc * sa[i] + bias[j];
+            want[i * WN + j] = v > 0.0f ? v : 0.0f;
+        }
+    if (!cuda_ok(cudaGetDevice(&device), "cudaGetDevice") ||
+        !cuda_ok(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, device),
+                 "compute capability") ||
+        !cuda_ok(cudaDeviceGetAttribute(&cc_minor, cudaDevAttrComputeCapabilityMinor, device),
+                 "compute capability") ||
+        !cuda_ok(cudaMalloc(&d_a, sizeof a), "cudaMalloc a") ||
+        !cuda_ok(cudaMalloc(&d_sa, sizeof sa), "cudaMalloc scale_a") ||
+        !cuda_ok(cudaMalloc(&d_w, sizeof w), "cudaMalloc w_packed") ||
+        !cuda_ok(cudaMalloc(&d_ws, sizeof ws), "cudaMalloc w_scales") ||
+        !cuda_ok(cudaMalloc(&d_bias, sizeof bias), "cudaMalloc bias") ||
+        !cuda_ok(cudaMalloc(&d_out, sizeof out), "cudaMalloc out") ||
+        !cuda_ok(cudaMemcpy(d_a, a, sizeof a, cudaMemcpyHostToDevice), "copy a") ||
+        !cuda_ok(cudaMemcpy(d_sa, sa, sizeof sa, cudaMemcpyHostToDevice), "copy scale_a") ||
+        !cuda_ok(cudaMemcpy(d_w, w, sizeof w, cudaMemcpyHostToDevice), "copy w_packed") ||
+        !cuda_ok(cudaMemcpy(d_ws, ws, sizeof ws, cudaMemcpyHostToDevice), "copy w_scales") ||
+        !cuda_ok(cudaMemcpy(d_bias, bias, sizeof bias, cudaMemcpyHostToDevice), "copy bias"))
+        goto done;
+
+    st = ck_gemm_w4a8((const uint8_t*)d_a, (const float*)d_sa, CK_PER_ROW, (const uint8_t*)d_w,
+                      d_ws, CK_DTYPE_FP16, 128, d_bias, CK_ACTIVATION_RELU, WM, WN, WK, d_out,
+                      CK_DTYPE_FP32, 0);
+    if (cc_major * 10 + cc_minor < 89) {
+        printf("GPU W4A8 GEMM: compute capability %d.%d has no FP8 tensor cores: %s\n", cc_major,
+               cc_minor, ck_status_string(st));
+        expect(st == CK_STATUS_UNSUPPORTED, "ck_gemm_w4a8 before 8.9 is CK_STATUS_UNSUPPORTED");
+        goto done;
+    }
+    if (!ck_ok(st, "ck_gemm_w4a8") || !cuda_ok(cudaDeviceSynchronize(), "W4A8 kernel") ||
+        !cuda_ok(cudaMemcpy(out, d_out, sizeof out, cudaMemcpyDeviceToHost), "copy out"))
+        goto done;
+    for (i = 0; i < WM * WN; ++i) bad += out[i] != want[i];
+    printf("GPU W4A8 GEMM %dx%dx%d (group 128, fp16 scales, fp32 out): %d wrong values\n", WM, WN,
+           WK, bad);
+    expect(bad == 0, "W4A8 GEMM results are exact");
+
+done:
+    cudaFree(d_a);
+    cudaFree(d_sa);
+    cudaFree(d_w);
+    cudaFree(d_ws);
+    cudaFree(d_bias);
+    cudaFree(d_out);
+}
+
 int main(void) {
     int count = -1;
     ck_status_t st;
@@ -259,6 +365,7 @@ int main(void) {
         printf("%d CUDA device(s)\n", count);
         gpu_round_trip();
         gpu_gemm();
+        gpu_w4a8();
     }
 
     if (failures) {

@@ -21,8 +21,14 @@
 //                                       k-block's sums in the main loop; baseline the same
 //                                       cuBLASLt timing (per-tensor: the library's binary has no
 //                                       block-scaled cuBLASLt call on Hopper)
-// Floors: bytes = M K + N K + 2 M N (+ the scales); flops = 2 M N K, against the dense FP8
-// tensor-core peak (the INT8 one) at large M.
+//   gemm_w4a8 fp16 (g128, per-token)   W4A8 (ck_gemm_w4a8): the weight as packed symmetric INT4
+//                                       (random codes) with fp16 scales per 128 k, a per-token
+//                                       scale_a; baseline the same cuBLASLt timing; notes: the
+//                                       per-token W8A8 row above (the ratio W4A8 / W8A8) and
+//                                       ck_gemm_w4a16_prepacked (g128 symmetric, fp16 x) on the
+//                                       same codes and scales
+// Floors: bytes = M K + N K + 2 M N (+ the scales; W4A8: N K / 2 + the group scales); flops =
+// 2 M N K, against the dense FP8 tensor-core peak (the INT8 one) at large M.
 #pragma once
 
 #include "bench_gemm.cuh"
@@ -56,6 +62,8 @@ struct Set {
     DeviceBuffer block_a, block_b;  // [M, K / 128], [N / 128, K / 128] float32 block scales
     DeviceBuffer out;             // [M, N] fp16
     DeviceBuffer x16, w16;        // [M, K], [N, K] fp16 (cuBLAS fp16)
+    // W4A8 / W4A16: packed INT4 [N, K / 2], fp16 scales [N, K / 128], and their prepacked copy.
+    DeviceBuffer w4, w4_scales, w4_prepacked, w4_prepacked_scales;
 };
 
 class Problem {
@@ -69,12 +77,17 @@ class Problem {
         const RowSpec tensor = spec("gemm_fp8 scaled fp16 (per-tensor)");
         const RowSpec rows = spec("gemm_fp8 scaled fp16 (per-token x per-channel)");
         const RowSpec blocks = spec("gemm_fp8 block-scaled fp16 (1x128 x 128x128)");
-        if (!bench_.wants(tensor) && !bench_.wants(rows) && !bench_.wants(blocks)) return;
+        const RowSpec w4a8 = w4a8_spec();
+        if (!bench_.wants(tensor) && !bench_.wants(rows) && !bench_.wants(blocks) &&
+            !bench_.wants(w4a8))
+            return;
         const Timing lt = lt_timing();
         if (Row* row = bench_.run(with_copies(tensor), [this](int i) { launch(set(i), false); }))
             Bench::set_baseline(*row, "cuBLASLt FP8 (per-tensor)", lt);
+        double w8a8_us = 0;  // the per-token row's time, for the W4A8 row's note
         if (Row* row = bench_.run(with_copies(rows), [this](int i) { launch(set(i), true); })) {
             Bench::set_baseline(*row, "cuBLASLt FP8 (per-tensor)", lt);
+            w8a8_us = row->time.median_us;
             const Timing int8 = bench_.time([this](int i) {
                 const Set& s = set(i);
                 CK_BENCH_CHECK(ck_gemm_int8_scaled(
@@ -101,6 +114,30 @@ class Problem {
                     CK_ACTIVATION_NONE, s.out.as(), CK_DTYPE_FP16, bench_.stream()));
             }))
             Bench::set_baseline(*row, "cuBLASLt FP8 (per-tensor)", lt);
+        if (Row* row = bench_.run(with_copies(w4a8), [this](int i) {
+                const Set& s = set(i);
+                CK_BENCH_CHECK(ck_gemm_w4a8(s.a.as<uint8_t>(), s.scale_a.as<float>(), CK_PER_ROW,
+                                            s.w4.as<uint8_t>(), s.w4_scales.as(), CK_DTYPE_FP16,
+                                            128, nullptr, CK_ACTIVATION_NONE, m_, n_, k_,
+                                            s.out.as(), CK_DTYPE_FP16, bench_.stream()));
+            })) {
+            Bench::set_baseline(*row, "cuBLASLt FP8 (per-tensor)", lt);
+            const Timing w4a16 = bench_.time([this](int i) {
+                const Set& s = set(i);
+                CK_BENCH_CHECK(ck_gemm_w4a16_prepacked(
+                    s.x16.as(), CK_DTYPE_FP16, s.w4_prepacked.as<uint8_t>(),
+                    s.w4_prepacked_scales.as(), nullptr, 128, CK_INT4_SYMMETRIC, nullptr,
+                    CK_ACTIVATION_NONE, m_, n_, k_, s.out.as(), bench_.stream()));
+            });
+            std::string note;
+            if (w8a8_us > 0)
+                note = "W8A8 FP8 (per-token) " + format("%.1f", w8a8_us) + " us (W4A8 " +
+                       format("%.2f", w8a8_us / row->time.median_us) + "x); ";
+            Bench::append_note(*row, note + "W4A16 prepacked " +
+                                         format("%.1f", w4a16.median_us) + " us (W4A8 " +
+                                         format("%.2f", w4a16.median_us / row->time.median_us) +
+                                         "x)");
+        }
     }
 
   private:
@@ -108,6 +145,15 @@ class Problem {
         RowSpec s = row_spec("fp8", kernel, "e4m3", shape_name_);
         s.bytes = double(m_) * double(k_) + double(n_) * double(k_) +
                   2.0 * double(m_) * double(n_) + 4.0 * double(m_ + n_);
+        s.flops = 2.0 * double(m_) * double(n_) * double(k_);
+        return s;
+    }
+    RowSpec w4a8_spec() const {
+        RowSpec s = row_spec("fp8", "gemm_w4a8 fp16 (g128, per-token)", "int4 x e4m3",
+                             shape_name_);
+        s.bytes = double(m_) * double(k_) + double(n_) * double(k_) / 2 +
+                  2.0 * double(n_) * double((k_ + 127) / 128) + 2.0 * double(m_) * double(n_) +
+                  4.0 * double(m_);
         s.flops = 2.0 * double(m_) * double(n_) * double(k_);
         return s;
     }
@@ -145,7 +191,9 @@ class Problem {
     const std::vector<Set>& sets() {
         if (!sets_.empty()) return sets_;
         const double per_call = spec("").bytes;
-        const double per_copy = per_call + 2.0 * double(m_ + n_) * double(k_);
+        // + the fp16 operands, and the INT4 weight twice (packed and prepacked) with its scales
+        const double per_copy = per_call + 2.0 * double(m_ + n_) * double(k_) +
+                                double(n_) * double(k_) + 8.0 * double(n_) * double(k_ / 128 + 1);
         const int copies = bench_.rotation_copies(per_call, per_copy);
         cudaStream_t st = bench_.stream();
         for (int c = 0; c < copies; ++c) {
@@ -170,6 +218,17 @@ class Problem {
             fill_uniform(s.x16.as(), CK_DTYPE_FP16, m_ * k_, seed + 5, -1.f, 1.f, st);
             fill_uniform(s.w16.as(), CK_DTYPE_FP16, n_ * k_, seed + 6, -1.f, 1.f, st);
             fill_random_bytes(s.out.as(), int64_t(s.out.bytes()), seed + 7, st);
+            s.w4 = DeviceBuffer(size_t(n_ * k_ / 2));
+            s.w4_scales = DeviceBuffer(sizeof(__half) * size_t(n_ * kb));
+            fill_random_bytes(s.w4.as(), int64_t(s.w4.bytes()), seed + 10, st);
+            fill_uniform(s.w4_scales.as(), CK_DTYPE_FP16, n_ * kb, seed + 11, 0.01f, 0.1f, st);
+            s.w4_prepacked = DeviceBuffer(size_t(ck_w4a16_prepacked_bytes(n_, k_)));
+            s.w4_prepacked_scales =
+                DeviceBuffer(sizeof(__half) * size_t(ck_w4a16_prepacked_groups(n_, k_, 128)));
+            CK_BENCH_CHECK(ck_w4a16_prepack(s.w4.as<uint8_t>(), s.w4_scales.as(), nullptr,
+                                            CK_DTYPE_FP16, n_, k_, 128, CK_INT4_SYMMETRIC,
+                                            s.w4_prepacked.as<uint8_t>(),
+                                            s.w4_prepacked_scales.as(), nullptr, st));
             sets_.push_back(std::move(s));
         }
         CK_BENCH_CHECK(cudaStreamSynchronize(st));

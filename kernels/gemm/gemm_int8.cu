@@ -334,11 +334,12 @@ constexpr int kSmallUnroll = 4;                // consecutive chunks in flight p
 constexpr int kSmallMaxM = 16;                 // rows of the mma fragment
 // FP8 and W4A8: blocks of 4 warps per SM the registers must leave room for (left alone, the
 // compiler took 240-246 a thread: 2 blocks, too few loads in flight).
-constexpr int kSmallFp8Blocks = 3;
+// (Without rows 8-15, kUpper false, a step holds half the activation registers: four blocks.)
+template <bool kUpper> constexpr int kSmallFp8Blocks = kUpper ? 3 : 4;
 
 template <int kWarps, typename OutT, bool kFp8 = false, bool kBlockScaled = false,
-          bool kW4A8 = false>
-__global__ void __launch_bounds__(kWarps * 32, kFp8 && kWarps == 4 ? kSmallFp8Blocks : 1)
+          bool kW4A8 = false, bool kUpper = true>
+__global__ void __launch_bounds__(kWarps * 32, kFp8 && kWarps == 4 ? kSmallFp8Blocks<kUpper> : 1)
 gemm_int8_small_m_kernel(const int8_t* __restrict__ a, const int8_t* __restrict__ w, int64_t k,
                          BlockScales scales, GroupScales group, Epilogue<OutT> ep) {
     static_assert(kFp8 || !kBlockScaled, "block scales are FP8's");
@@ -359,14 +360,14 @@ gemm_int8_small_m_kernel(const int8_t* __restrict__ a, const int8_t* __restrict_
     const int8_t* wrow[kSmallTiles];
     bool wok[kSmallTiles];
     lane_weight_rows(w, n0, n, g, kW4A8 ? k / 2 : k, kW4A8 ? 8 * tq : 16 * tq, wrow, wok);
-    const bool a_lo = g < m, a_hi = g + 8 < m;
+    const bool a_lo = g < m, a_hi = kUpper && g + 8 < m;
     const int8_t* arow_lo = a + (a_lo ? g : 0) * k + 16 * tq;
     const int8_t* arow_hi = a + (a_hi ? g + 8 : 0) * k + 16 * tq;
 
     // One step = kSmallUnroll chunks: the weight and activation vectors of the step's loads.
     struct Step {
         WVec w[kSmallUnroll][kSmallTiles];
-        uint4 lo[kSmallUnroll], hi[kSmallUnroll];
+        uint4 lo[kSmallUnroll], hi[kUpper ? kSmallUnroll : 1];  // rows g, g + 8 (kUpper)
         // kBlockScaled: the scales of the step's k-blocks h for rows g and g + 8; kW4A8: for
         // columns n0 + 8 t + 2 tq and + 1.
         float scale[kBlockScaled ? 2 : 1][2];
@@ -386,7 +387,9 @@ gemm_int8_small_m_kernel(const int8_t* __restrict__ a, const int8_t* __restrict_
                     s.w[u][t] = kok && wok[t] ? load_stream_16(wrow[t] + kk) : WVec{};
             }
             s.lo[u] = kok && a_lo ? __ldg(reinterpret_cast<const uint4*>(arow_lo + kk)) : make_uint4(0, 0, 0, 0);
-            s.hi[u] = kok && a_hi ? __ldg(reinterpret_cast<const uint4*>(arow_hi + kk)) : make_uint4(0, 0, 0, 0);
+            if constexpr (kUpper)
+                s.hi[u] = kok && a_hi ? __ldg(reinterpret_cast<const uint4*>(arow_hi + kk))
+                                      : make_uint4(0, 0, 0, 0);
         }
         if constexpr (kBlockScaled) {
             // Outputs past m or n, and k-blocks past K (their sums are 0), read no scale.
@@ -437,9 +440,10 @@ gemm_int8_small_m_kernel(const int8_t* __restrict__ a, const int8_t* __restrict_
             for (int j = 0; j < 2; ++j)
 #pragma unroll
                 for (int t = 0; t < kSmallTiles; ++t) {
-                    const uint32_t a0 = word(cur.lo[u], 2 * j), a1 = word(cur.hi[u], 2 * j);
+                    const uint32_t a0 = word(cur.lo[u], 2 * j);
+                    const uint32_t a1 = kUpper ? word(cur.hi[kUpper ? u : 0], 2 * j) : 0u;
                     const uint32_t a2 = word(cur.lo[u], 2 * j + 1);
-                    const uint32_t a3 = word(cur.hi[u], 2 * j + 1);
+                    const uint32_t a3 = kUpper ? word(cur.hi[kUpper ? u : 0], 2 * j + 1) : 0u;
                     const uint32_t b0 = word(wv[t], 2 * j);
                     const uint32_t b1 = word(wv[t], 2 * j + 1);
                     if constexpr (kFp8)
@@ -481,10 +485,16 @@ gemm_int8_small_m_kernel(const int8_t* __restrict__ a, const int8_t* __restrict_
 
 template <int kWarps, typename OutT, bool kFp8, bool kW4A8>
 cudaError_t launch_small_m(const IntGemmArgs& g, int64_t blocks, cudaStream_t stream) {
+    // Rows 8-15 of the fragment only when m > 8.
+    const bool upper = g.m > 8;
     const auto kernel =
-        kW4A8 ? gemm_int8_small_m_kernel<kWarps, OutT, kFp8, false, kW4A8>
-        : g.block_scaled() ? gemm_int8_small_m_kernel<kWarps, OutT, kFp8, kFp8>
-                           : gemm_int8_small_m_kernel<kWarps, OutT, kFp8, false>;
+        kW4A8 ? (upper ? gemm_int8_small_m_kernel<kWarps, OutT, kFp8, false, kW4A8, true>
+                       : gemm_int8_small_m_kernel<kWarps, OutT, kFp8, false, kW4A8, false>)
+        : g.block_scaled()
+            ? (upper ? gemm_int8_small_m_kernel<kWarps, OutT, kFp8, kFp8, false, true>
+                     : gemm_int8_small_m_kernel<kWarps, OutT, kFp8, kFp8, false, false>)
+            : (upper ? gemm_int8_small_m_kernel<kWarps, OutT, kFp8, false, false, true>
+                     : gemm_int8_small_m_kernel<kWarps, OutT, kFp8, false, false, false>);
     kernel<<<unsigned(blocks), kWarps * 32, 0, stream>>>(g.a_as<int8_t>(), g.b_as<int8_t>(), g.k,
                                                          block_scales(g), group_scales(g),
                                                          make_epilogue<OutT>(g));

@@ -349,9 +349,12 @@ __launch_bounds__(Sm90Config<kConsumers, kBlockN, kOp>::kThreads, 1)
 
     // INT4: the warps that unpack (and arrive on full and unstaged) per stage. W4A8: the
     // consumers' warps unpack B; full also waits for A's bytes (the copying thread's arrival)
-    // and the scale table (one arrival of the warp that wrote it).
+    // and the scale table (an arrival of each thread that wrote it).
     [[maybe_unused]] constexpr int kUnpackers = kUnpackWarps + 4 * kConsumers;
-    constexpr int kFullArrivals = kInt4 ? kUnpackers : kW4A8 ? 2 + 4 * kConsumers : 1;
+    // The scale table is written and read as plain shared memory: every thread that writes or
+    // reads it arrives itself (its own accesses then come before its arrival), on full or empty.
+    constexpr int kFullArrivals = kInt4 ? kUnpackers : kW4A8 ? 1 + 4 * kConsumers + 32 : 1;
+    constexpr int kEmptyArrivals = kConsumers * (kW4A8 ? kWarpgroupThreads : 4);
     const int warpgroup = threadIdx.x / kWarpgroupThreads;
     const int lane_in_group = threadIdx.x % kWarpgroupThreads;
     if (threadIdx.x == 0) {
@@ -359,7 +362,7 @@ __launch_bounds__(Sm90Config<kConsumers, kBlockN, kOp>::kThreads, 1)
         prefetch_tensor_map(&map_b);
         for (int s = 0; s < kStages; ++s) {
             mbar_init(&full[s], kFullArrivals);
-            mbar_init(&empty[s], kConsumers * 4);      // one arrival per consumer warp
+            mbar_init(&empty[s], kEmptyArrivals);      // each consumer warp's (W4A8: thread's)
         }
         if constexpr (kStaged) {
             for (int s = 0; s < Config::kStagingStages; ++s) {
@@ -470,8 +473,7 @@ __launch_bounds__(Sm90Config<kConsumers, kBlockN, kOp>::kThreads, 1)
 #pragma unroll
                     for (int i = 0; i < kBlockN / 32; ++i)
                         scale_tables[at * kBlockN + lane + 32 * i] = v[i];
-                    __syncwarp();
-                    if (lane == 0) mbar_arrive(&full[at]);
+                    mbar_arrive(&full[at]);
                 }
             }
         } else if (lane_in_group == 0) {
@@ -571,7 +573,7 @@ __launch_bounds__(Sm90Config<kConsumers, kBlockN, kOp>::kThreads, 1)
                     // (the other consumer's wgmmas keep the tensor cores busy meanwhile).
                     wgmma_wait<0>();
                     if constexpr (kBlockScaled || kW4A8) wgmma_fence_operands(block);
-                    if (lane == 0) mbar_arrive(&empty[stage]);
+                    if (kW4A8 || lane == 0) mbar_arrive(&empty[stage]);
                     if constexpr (kW4A8) {
                         // Accumulator i: column 8 (i / 4) + 2 (lane % 4) + i % 2.
 #pragma unroll

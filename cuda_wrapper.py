@@ -826,6 +826,7 @@ _ATTR_CC_MAJOR, _ATTR_CC_MINOR = 75, 76     # cudaDevAttrComputeCapabilityMajor 
 _PVOIDP = ctypes.POINTER(ctypes.c_void_p)
 _CUDART_DECLARATIONS = {
     "cudaGetErrorString": (ctypes.c_char_p, (ctypes.c_int,)),
+    "cudaGetLastError": (ctypes.c_int, ()),
     "cudaRuntimeGetVersion": (ctypes.c_int, (ctypes.POINTER(ctypes.c_int),)),
     "cudaMalloc": (ctypes.c_int, (_PVOIDP, ctypes.c_size_t)),
     "cudaFree": (ctypes.c_int, (_VOIDP,)),
@@ -923,7 +924,18 @@ class _CudaRuntime:
     def _call(self, fname, *args):
         err = getattr(self._load(), fname)(*args)
         if err != 0:
-            raise CUDAError(err, fname, self.error_string(err))
+            self._raise(err, fname)
+
+    def _raise(self, err, fname):
+        """Raises CUDAError for err, first clearing the runtime's record of it
+        (cudaGetLastError), which would otherwise surface again at the next check of another
+        library in the process (torch, CuPy)."""
+        self._load().cudaGetLastError()
+        raise CUDAError(err, fname, self.error_string(err))
+
+    def get_last_error(self):
+        """cudaGetLastError(): the calling thread's pending CUDA error code (0: none), cleared."""
+        return self._load().cudaGetLastError()
 
     def current_device(self):
         """cudaGetDevice(): the calling thread's current device."""
@@ -1039,7 +1051,7 @@ class _CudaRuntime:
         if err == 0:
             return True
         if err != _ERROR_NOT_READY:
-            raise CUDAError(err, "cudaEventQuery", self.error_string(err))
+            self._raise(err, "cudaEventQuery")
         return False
 
     # -- the DeviceArray pool ----------------------------------------------------------------
@@ -1105,7 +1117,7 @@ class _CudaRuntime:
                     self._load().cudaGraphDestroy(handle)
             else:
                 if err != 0:
-                    raise CUDAError(err, "cudaStreamEndCapture", self.error_string(err))
+                    self._raise(err, "cudaStreamEndCapture")
                 graph._graph = handle.value
                 exec_handle = ctypes.c_void_p()
                 self._call("cudaGraphInstantiate", ctypes.byref(exec_handle), handle.value, 0)

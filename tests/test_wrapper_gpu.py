@@ -228,3 +228,6 @@ def test_graph_capture_of_the_legacy_stream_raises():
     with pytest.raises(ck.CUDAError):          # the legacy stream cannot be captured
         with ck.cuda.graph_capture(0):
             pass
+    # and the error is not left pending for the next library to report (torch raised it at
+    # its next check)
+    assert ck.cuda.get_last_error() == 0

@@ -2124,6 +2124,23 @@ def test_kernel_override_table_covers_the_gemms_and_attention():
         "ck_attention_forward"}
 
 
+def test_every_override_the_sources_read_is_unset_before_each_test():
+    """conftest.KERNEL_OVERRIDES (unset before every test) names every variable the library
+    reads to force a kernel: a caller's shell cannot steer a test."""
+    import conftest
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(here)
+    sources = [os.path.join(root, "cuda_kernels.cu")] + [
+        os.path.join(d, f) for d, _, files in os.walk(os.path.join(root, "kernels"))
+        for f in files if f.endswith((".cu", ".cuh"))]
+    read = set()
+    for path in sources:
+        with open(path) as f:
+            read |= set(re.findall(r'"(CK_[A-Z0-9_]+_(?:KERNEL|ROWS|SPLIT))"', f.read()))
+    assert {"CK_GEMM_FP8_KERNEL", "CK_GEMM_W4A8_KERNEL"} <= read, sorted(read)
+    assert read <= set(conftest.KERNEL_OVERRIDES), sorted(read - set(conftest.KERNEL_OVERRIDES))
+
+
 @pytest.mark.parametrize("env, function, value", override_params(
     lambda override, _: [(value, value) for value in refused_names(override)]))
 def test_kernel_override_rejects_unknown_names(lib, monkeypatch, env, function, value):

@@ -3077,6 +3077,16 @@ def _fp8_block_scales(call, scale_a, scale_b, m, n, k):
     return sa, PER_BLOCK_1X128, sb, PER_BLOCK_128X128
 
 
+def _packed_weight_rows(wa, k, act_shape, act_name):
+    """N of a packed INT4 weight wa [N, K / 2] that multiplies activations of K columns (shape
+    act_shape, named act_name), or ValueError."""
+    if len(wa.shape) != 2 or wa.shape[0] == 0 or wa.shape[1] != (k + 1) // 2:
+        raise ValueError("w_packed has shape %s: with %s of shape %s it must be [N, %d] "
+                         "(K=%d values packed two per byte)"
+                         % (wa.shape, act_name, act_shape, (k + 1) // 2, k))
+    return wa.shape[0]
+
+
 def gemm_w4a8(a, scale_a, w_packed, w_scales, group_size=128, bias=None, activation=None,
               out_dtype="fp16", scale_dtype=None, out=None, stream=None):
     """W4A8 linear layer (ck_gemm_w4a8): symmetric INT4 weights times FP8 E4M3 activations on
@@ -3105,11 +3115,7 @@ def gemm_w4a8(a, scale_a, w_packed, w_scales, group_size=128, bias=None, activat
         aa = call.input(a, "a", matrix=True, need=np.uint8)
         m, k = _matrix(aa.shape, "a")
         wa = call.input(w_packed, "w_packed", need=np.uint8)
-        if len(wa.shape) != 2 or wa.shape[0] == 0 or wa.shape[1] != (k + 1) // 2:
-            raise ValueError("w_packed has shape %s: with a of shape %s it must be [N, %d] "
-                             "(K=%d values packed two per byte)"
-                             % (wa.shape, aa.shape, (k + 1) // 2, k))
-        n = wa.shape[0]
+        n = _packed_weight_rows(wa, k, aa.shape, "a")
         out_shape = (n,) if len(aa.shape) == 1 else (m, n)
         groups = _groups(k, group_size)
         sa = call.input(scale_a, "scale_a", scalar_dtype=np.float32)
@@ -3163,11 +3169,7 @@ def gemm_w4a16(x, w_packed, scales, zeros=None, group_size=128, bias=None, activ
         xa = call.input(x, "x", dtype, matrix=True, need=_FLOAT_INPUT)
         wa = call.input(w_packed, "w_packed", need=np.uint8)
         m, k = _matrix(xa.shape, "x")
-        if len(wa.shape) != 2 or wa.shape[0] == 0 or wa.shape[1] != (k + 1) // 2:
-            raise ValueError("w_packed has shape %s: with x of shape %s it must be [N, %d] "
-                             "(K=%d values packed two per byte)"
-                             % (wa.shape, xa.shape, (k + 1) // 2, k))
-        n = wa.shape[0]
+        n = _packed_weight_rows(wa, k, xa.shape, "x")
         out_shape = (n,) if len(xa.shape) == 1 else (m, n)
         groups = _groups(k, group_size)
         s = call.input(scales, "scales", xa.ck_dtype)

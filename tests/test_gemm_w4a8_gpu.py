@@ -86,6 +86,15 @@ def need_fp8():
         pytest.skip("W4A8 needs FP8 tensor cores (compute capability 8.9+)")
 
 
+def need_torch_fp8():
+    """torch with CUDA (skipped without it) and FP8 tensor cores: the torch module."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs torch with CUDA")
+    need_fp8()
+    return torch
+
+
 # ---------------------------------------------------------------------------------------------
 # Random operands
 # ---------------------------------------------------------------------------------------------
@@ -414,10 +423,7 @@ def test_gemm_w4a8_wrapper_device_arrays(seed):
 def test_gemm_w4a8_wrapper_torch(seed):
     """torch tensors in (bf16 scales as torch.bfloat16, which says its dtype), a torch tensor
     out on the device."""
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("needs torch with CUDA")
-    need_fp8()
+    torch = need_torch_fp8()
     rng = np.random.default_rng(seed)
     m, n, k = 24, 200, 288
     call = make_call(rng, "auto", (m, n, k), 128, "bf16", "row", "fp16")
@@ -489,10 +495,7 @@ def test_w4a8_linear_numpy(group_size, dtype, m, seed):
 def test_w4a8_linear_torch(seed):
     """torch tensors in, torch tensors out, on the device: the weight quantized into torch
     tensors, the values of the quantized operands."""
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("needs torch with CUDA")
-    need_fp8()
+    torch = need_torch_fp8()
     rng = np.random.default_rng(seed)
     m, k, n = 20, 544, 136
     w16 = (rng.standard_normal((n, k)) * 0.05).astype(np.float16)

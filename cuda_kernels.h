@@ -479,9 +479,9 @@ CK_API ck_status_t ck_gemm_fp8_scaled(const uint8_t* a, const uint8_t* b, int64_
  * definition and tests/test_gemm_w4a8_gpu.py tests the bound (2^-9 of sum_k |a q s|). A NaN in
  * a makes its row NaN. bias: N values of out_dtype or NULL; out [M, N] of out_dtype
  * (CK_DTYPE_FP32, CK_DTYPE_FP16 or CK_DTYPE_BF16).
- * Kernels: a weight stream for M <= 16, Hopper's wgmma for larger M (the packed codes staged by
- * TMA and converted to E4M3 in shared memory), and a reference kernel (float32 fma in k order:
- * what the tests compare against); CK_GEMM_W4A8_KERNEL forces one ("small_m", "wgmma",
+ * Kernels: a weight stream for M <= 16, Hopper's wgmma for larger M (the codes converted to E4M3
+ * in registers, the weight as wgmma's register operand), and a reference kernel (float32 fma in
+ * k order: what the tests compare against); CK_GEMM_W4A8_KERNEL forces one ("small_m", "wgmma",
  * "reference", "auto"). Compute capability 8.9 or newer (FP8 tensor cores), else
  * CK_STATUS_UNSUPPORTED.
  * Requirements: M, N >= 1; K >= 32 and a multiple of 32; a and w_packed 16-byte aligned; scale_a

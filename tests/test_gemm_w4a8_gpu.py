@@ -7,7 +7,8 @@ against tests/reference.py (gemm_w4a8: the exact sums, in float64).
   last groups), group 128 and CK_GROUP_ROW, fp16 and bf16 scales, per-tensor and per-row
   scale_a, every output dtype, bias and ReLU, on fresh random operands (INT4 codes over all of
   -8 .. 7, scales spread over a factor of 30); outputs NaN-filled before the launch, between
-  guard regions.
+  guard regions. Shapes of more output tiles than SMs, so that the persistent wgmma CTAs take
+  several tiles each.
 - The accumulation bound (below) element by element, on random data and on K = 8192 of
   same-signed products.
 - A NaN code in a row of a makes that row NaN and nothing else; minimally aligned pointers;
@@ -239,6 +240,22 @@ def test_gemm_w4a8_shapes(variant, shape, group_size, scale_dtype, granularity, 
                      granularity)
     call.launch()
     call.check(f"{variant}, seed={seed}")
+
+
+# More output tiles than the H100 has SMs, so that each persistent CTA of the wgmma kernel takes
+# several tiles in turn (its ring's stages and phases run on across them): 306 tiles of 64 rows
+# (3 chunks of K each, the last partial) and 264 tiles of 128 rows (2 chunks), the tile widths
+# the library picks for these shapes on 132 SMs.
+MANY_TILE_SHAPES = [(1100, 2100, 288), (3072, 1408, 160)]
+
+
+@pytest.mark.parametrize("shape", MANY_TILE_SHAPES, ids=[shape_id(s) for s in MANY_TILE_SHAPES])
+@pytest.mark.parametrize("variant", ["auto", "wgmma"])
+def test_gemm_w4a8_many_tiles(variant, shape, monkeypatch, seed):
+    use_variant(monkeypatch, variant, shape[0])
+    call = make_call(np.random.default_rng(seed), variant, shape, 128, "bf16", "row")
+    call.launch()
+    call.check(f"{variant}, {shape_id(shape)}, seed={seed}")
 
 
 @pytest.mark.parametrize("full", [False, True], ids=["tensor-plain", "row-bias-relu"])

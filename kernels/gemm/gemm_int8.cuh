@@ -30,8 +30,9 @@ cudaError_t gemm_fp8_small_m(const IntGemmArgs& args, cudaStream_t stream);
 cudaError_t gemm_fp8_sm90(const IntGemmArgs& args, cudaStream_t stream);
 
 // W4A8 (ck_gemm_w4a8): a the E4M3 bytes, b packed symmetric INT4 [n, k / 2] with its group
-// scales (IntGemmArgs::group_scales), a scaled epilogue without scale_b. The same three kernels,
-// the codes converted to E4M3 (int4_to_e4m3_x8) or to float32 (reference) on their way in.
+// scales (IntGemmArgs::group_scales), a scaled epilogue without scale_b. The reference kernel and
+// the small-M stream are FP8's, the codes converted to float32 or to E4M3 (int4_to_e4m3_x8) on
+// their way in; on Hopper, gemm_w4a8_sm90.cu's kernel (the weight as wgmma's register operand).
 cudaError_t gemm_w4a8_reference(const IntGemmArgs& args, cudaStream_t stream);
 cudaError_t gemm_w4a8_small_m(const IntGemmArgs& args, cudaStream_t stream);
 cudaError_t gemm_w4a8_sm90(const IntGemmArgs& args, cudaStream_t stream);

@@ -48,16 +48,6 @@
 // keeps its code) the k-block's sums are scaled as they are added (fma), the scales of the
 // thread's two rows and the tile's 128 columns loaded one k-block ahead.
 //
-// W4A8 (ck_gemm_w4a8: FP8 E4M3 activations x packed symmetric INT4 weights, Operand::kW4A8) is
-// FP8's kernel with INT4's B: TMA copies A's E4M3 tile straight into the stage and B's packed
-// tile (64 bytes of K per row) into the stage's staging slot; the consumers convert their share
-// of the next k-block's codes to E4M3 bytes (int4_to_e4m3_x8: three byte permutes per four
-// codes; every code -8 .. 7 is an E4M3 value) while their wgmmas of this one run, and warps 1-3
-// of the producer warpgroup write each stage's table of the tile's 128 column scales (the
-// weight's group scale of the k-block). The k-block's sums are then added into the float32
-// accumulators scaled by their column's scale (fma), as FP8's block scales are by row and
-// column block; the per-token scale_a and the bias are the epilogue's.
-//
 // What bounds INT4 (H100, ncu; benchmarks/NOTES.md): the unpacking. Per 48 KB int8 stage it moves
 // 72 KB through shared memory (TMA's 24 KB in, 24 KB read and 48 KB written) beside the wgmmas'
 // 80 KB, and its loads wait long beside the wgmmas' operand reads: each thread loads all its
@@ -113,10 +103,9 @@ static_assert(kBlockK == 128, "tiles are 128-byte swizzled K-major rows: TMA's S
 // ---------------------------------------------------------------------------------------------
 // The operands: int8 (INT8 and, unpacked, INT4) with exact int32 sums, or FP8 E4M3 with float32
 // sums. FP8 tiles are 128 wide: its k-block sums take a second set of accumulators (below).
-enum class Operand { kInt8, kInt4, kFp8, kFp8BlockScaled, kW4A8 };
+enum class Operand { kInt8, kInt4, kFp8, kFp8BlockScaled };
 template <Operand kOp>
-constexpr bool kIsFp8 =
-    kOp == Operand::kFp8 || kOp == Operand::kFp8BlockScaled || kOp == Operand::kW4A8;
+constexpr bool kIsFp8 = kOp == Operand::kFp8 || kOp == Operand::kFp8BlockScaled;
 template <Operand kOp> using Accumulator = std::conditional_t<kIsFp8<kOp>, float, int32_t>;
 
 #ifdef CK_SM90A_DEVICE
@@ -134,7 +123,6 @@ template <> struct Wgmma<128, Operand::kFp8> {
     }
 };
 template <> struct Wgmma<128, Operand::kFp8BlockScaled> : Wgmma<128, Operand::kFp8> {};
-template <> struct Wgmma<128, Operand::kW4A8> : Wgmma<128, Operand::kFp8> {};
 #endif  // CK_SM90A_DEVICE
 
 // ---------------------------------------------------------------------------------------------
@@ -189,29 +177,22 @@ __device__ __forceinline__ void store_16bit_tile(const Epilogue<OutT>& ep, const
 // ---------------------------------------------------------------------------------------------
 // The kernel
 // ---------------------------------------------------------------------------------------------
-template <int kConsumers, int kBlockN, Operand kOp> struct Sm90Config {
-    static constexpr bool kInt4 = kOp == Operand::kInt4, kW4A8 = kOp == Operand::kW4A8;
+template <int kConsumers, int kBlockN, bool kInt4 = false> struct Sm90Config {
     static constexpr int kBlockM = 64 * kConsumers;
     static constexpr int kThreads = kWarpgroupThreads * (1 + kConsumers);
     static constexpr int kBytesA = kBlockM * kBlockK;
     static constexpr int kBytesB = kBlockN * kBlockK;
     static constexpr int kStageBytes = kBytesA + kBytesB;
     // INT4's staging ring: per stage the packed A tile [kBlockM][64], then B's [kBlockN][64].
-    // W4A8's: B's only, a slot per stage (the stage's index), and per stage a table of the
-    // k-block's kBlockN column scales (float32).
-    static constexpr int kPackedA = kInt4 ? kBlockM * kPackedK : 0;
-    static constexpr int kPackedStage = kPackedA + kBlockN * kPackedK;
-    static constexpr int kScaleTable = kW4A8 ? kBlockN * int(sizeof(float)) : 0;
+    static constexpr int kPackedA = kBlockM * kPackedK;
+    static constexpr int kPackedStage = (kBlockM + kBlockN) * kPackedK;
     static constexpr int kStages =
-        kInt4 ? kInt4Stages
-              : std::min(kMaxStages, (kSmemBudget - 1024) /
-                                         (kStageBytes + (kW4A8 ? kPackedStage + kScaleTable : 0)));
+        kInt4 ? kInt4Stages : std::min(kMaxStages, (kSmemBudget - 1024) / kStageBytes);
     static constexpr int kStagingStages =
         kInt4 ? std::min(kMaxStages, (kSmemBudget - 1024 - kStages * kStageBytes) / kPackedStage)
-              : kW4A8 ? kStages : 0;
-    static constexpr int kStagingBytes = kStagingStages * kPackedStage + kStages * kScaleTable;
-    // INT4: staged and unstaged per slot; W4A8: staged (its stage's full barrier frees it).
-    static constexpr int kStagingBarriers = kInt4 ? 2 * kStagingStages : kStagingStages;
+              : 0;
+    static constexpr int kStagingBytes = kStagingStages * kPackedStage;
+    static constexpr int kStagingBarriers = 2 * kStagingStages;
     // Per consumer, two tiles' column parameters (scale_b and bias of kBlockN columns), so that
     // one tile's can be written while the other's are read.
     static constexpr int kColumnTableBytes = kConsumers * 2 * 2 * kBlockN * int(sizeof(float));
@@ -221,7 +202,6 @@ template <int kConsumers, int kBlockN, Operand kOp> struct Sm90Config {
                                       (2 * kStages + kStagingBarriers) * 8 + kColumnTableBytes;
     static_assert(kStages >= 3, "a pipeline needs at least three stages");
     static_assert(!kInt4 || kStagingStages >= 3, "the staging ring hides TMA's latency");
-    static_assert(!kW4A8 || kBlockN == 128, "W4A8 holds FP8's two accumulator sets");
     static_assert(kBytesA % 1024 == 0 && kBytesB % 1024 == 0, "tiles stay 1024-byte aligned");
     static_assert(kPackedA % 128 == 0 && kPackedStage % 128 == 0, "TMA writes 128-byte aligned");
 };
@@ -237,20 +217,6 @@ template <int kConsumers, int kBlockN, Operand kOp> struct Sm90Config {
     hi = __byte_perm(even, odd, 0x7362);
 }
 
-// The word conversions of unpack_rows: INT4 x INT4's int8 16 code, W4A8's E4M3 (int_gemm.cuh).
-#ifdef CK_SM90A_DEVICE
-struct Int4ToInt8x16 {
-    static __device__ __forceinline__ void run(uint32_t w, uint32_t& lo, uint32_t& hi) {
-        unpack_int4_word_x16(w, lo, hi);
-    }
-};
-struct Int4ToE4M3 {
-    static __device__ __forceinline__ void run(uint32_t w, uint32_t& lo, uint32_t& hi) {
-        int4_to_e4m3_x8(w, lo, hi);
-    }
-};
-#endif  // CK_SM90A_DEVICE
-
 // Unpacks kRows staged packed rows (64 bytes each, at src) into int8 rows of an int8 stage (128
 // bytes each, at dst, 128-byte swizzled as TMA writes them), thread u of kTeam taking the 16-byte
 // units u, u + kTeam, ... (unit i: bytes 16 (i % 4) of packed row i / 4). Unit i's 32 codes
@@ -259,8 +225,7 @@ struct Int4ToE4M3 {
 // its constants. Every load first, then the unpacking: shared-memory loads wait long beside the
 // wgmmas' operand reads (ncu: their latency, not the arithmetic, bounded a loop of one unit per
 // step).
-
-template <uint32_t kTeam, uint32_t kRows, class Convert>
+template <uint32_t kTeam, uint32_t kRows>
 [[maybe_unused]] __device__ __forceinline__ void unpack_rows(const uint8_t* src, uint8_t* dst,
                                                              uint32_t u) {
     constexpr uint32_t kRowStep = kTeam / 4;
@@ -280,10 +245,10 @@ template <uint32_t kTeam, uint32_t kRows, class Convert>
     for (uint32_t i = 0; i < kSteps; ++i) {
         if (kRows % kRowStep != 0 && row0 + i * kRowStep >= kRows) break;
         uint4 lo, hi;
-        Convert::run(v[i].x, lo.x, lo.y);
-        Convert::run(v[i].y, lo.z, lo.w);
-        Convert::run(v[i].z, hi.x, hi.y);
-        Convert::run(v[i].w, hi.z, hi.w);
+        unpack_int4_word_x16(v[i].x, lo.x, lo.y);
+        unpack_int4_word_x16(v[i].y, lo.z, lo.w);
+        unpack_int4_word_x16(v[i].z, hi.x, hi.y);
+        unpack_int4_word_x16(v[i].w, hi.z, hi.w);
         uint8_t* row = dst + i * kRowStep * kBlockK;
         *reinterpret_cast<uint4*>(row + lo_at) = lo;
         *reinterpret_cast<uint4*>(row + hi_at) = hi;
@@ -317,18 +282,17 @@ struct TileGrid {
 
 template <typename OutT, int kConsumers, int kBlockN, Operand kOp>
 __global__ void
-__launch_bounds__(Sm90Config<kConsumers, kBlockN, kOp>::kThreads, 1)
+__launch_bounds__(Sm90Config<kConsumers, kBlockN, kOp == Operand::kInt4>::kThreads, 1)
     gemm_int8_wgmma_kernel(const __grid_constant__ CUtensorMap map_a,
                            const __grid_constant__ CUtensorMap map_b, TileGrid grid,
-                           BlockScales scales, GroupScales group, Epilogue<OutT> epilogue) {
+                           BlockScales scales, Epilogue<OutT> epilogue) {
 #ifdef CK_SM90A_DEVICE
     constexpr bool kInt4 = kOp == Operand::kInt4, kFp8 = kIsFp8<kOp>;
-    constexpr bool kW4A8 = kOp == Operand::kW4A8, kStaged = kInt4 || kW4A8;
     constexpr bool kBlockScaled = kOp == Operand::kFp8BlockScaled;
     static_assert(!kFp8 || kBlockN == 128, "FP8 holds two accumulator sets: 128-wide tiles");
     static_assert(kFp8 || !kBlockScaled, "block scales are FP8's");
     using Acc = Accumulator<kOp>;
-    using Config = Sm90Config<kConsumers, kBlockN, kOp>;
+    using Config = Sm90Config<kConsumers, kBlockN, kInt4>;
     constexpr int kStages = Config::kStages;
     extern __shared__ __align__(1024) uint8_t smem_raw[];
     // Dynamic shared memory is only guaranteed 16-byte aligned: round up to the swizzle period,
@@ -337,37 +301,29 @@ __launch_bounds__(Sm90Config<kConsumers, kBlockN, kOp>::kThreads, 1)
     uint8_t* smem = smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023);
     uint8_t* tiles_a = smem;                              // [kStages][kBlockM][128]
     uint8_t* tiles_b = smem + kStages * Config::kBytesA;  // [kStages][kBlockN][128]
-    uint8_t* staging = smem + kStages * Config::kStageBytes;  // [staging stages][packed]
-    // W4A8: [kStages][kBlockN] column scales after the staging ring.
-    float* scale_tables =
-        reinterpret_cast<float*>(staging + Config::kStagingStages * Config::kPackedStage);
+    uint8_t* staging = smem + kStages * Config::kStageBytes;  // INT4: [staging stages][packed]
     uint64_t* full = reinterpret_cast<uint64_t*>(staging + Config::kStagingBytes);
     uint64_t* empty = full + kStages;
-    uint64_t* staged = empty + kStages;                   // a staging stage has landed ...
-    uint64_t* unstaged = staged + Config::kStagingStages;  // ... and is unpacked (INT4)
+    uint64_t* staged = empty + kStages;                   // INT4: a staging stage has landed ...
+    uint64_t* unstaged = staged + Config::kStagingStages;  // ... and is unpacked
     float* column_tables = reinterpret_cast<float*>(full + 2 * kStages + Config::kStagingBarriers);
 
-    // INT4: the warps that unpack (and arrive on full and unstaged) per stage. W4A8: the
-    // consumers' warps unpack B; full also waits for A's bytes (the copying thread's arrival)
-    // and the scale table (an arrival of each thread that wrote it).
+    // INT4: the warps that unpack (and arrive on full and unstaged) per stage.
     [[maybe_unused]] constexpr int kUnpackers = kUnpackWarps + 4 * kConsumers;
-    // The scale table is written and read as plain shared memory: every thread that writes or
-    // reads it arrives itself (its own accesses then come before its arrival), on full or empty.
-    constexpr int kFullArrivals = kInt4 ? kUnpackers : kW4A8 ? 1 + 4 * kConsumers + 32 : 1;
-    constexpr int kEmptyArrivals = kConsumers * (kW4A8 ? kWarpgroupThreads : 4);
     const int warpgroup = threadIdx.x / kWarpgroupThreads;
     const int lane_in_group = threadIdx.x % kWarpgroupThreads;
     if (threadIdx.x == 0) {
         prefetch_tensor_map(&map_a);
         prefetch_tensor_map(&map_b);
         for (int s = 0; s < kStages; ++s) {
-            mbar_init(&full[s], kFullArrivals);
-            mbar_init(&empty[s], kEmptyArrivals);      // each consumer warp's (W4A8: thread's)
+            // The producer's expect_tx arrival (INT8), or one per warp that unpacks (INT4).
+            mbar_init(&full[s], kInt4 ? kUnpackers : 1);
+            mbar_init(&empty[s], kConsumers * 4);      // one arrival per consumer warp
         }
-        if constexpr (kStaged) {
+        if constexpr (kInt4) {
             for (int s = 0; s < Config::kStagingStages; ++s) {
                 mbar_init(&staged[s], 1);              // the TMA thread's expect_tx arrival
-                if constexpr (kInt4) mbar_init(&unstaged[s], kUnpackers);
+                mbar_init(&unstaged[s], kUnpackers);
             }
         }
         fence_mbarrier_init();       // the inits are visible to the other threads ...
@@ -387,32 +343,30 @@ __launch_bounds__(Sm90Config<kConsumers, kBlockN, kOp>::kThreads, 1)
     // (thread u of kTeam) into the int8 stage's tile at `tiles_x` (`tile_bytes` per stage), once
     // TMA has staged them and every consumer is done with the k-block that stage held; then the
     // warp's arrivals on full and unstaged.
-    // (W4A8: the slot is the stage, which its copy waited for; INT8: never called.)
     [[maybe_unused]] auto unpack_share = [&](int j, auto team, auto rows, int offset,
                                              uint8_t* tiles_x, int tile_bytes, uint32_t u) {
-        constexpr int kSlots = kStaged ? Config::kStagingStages : 1;
-        using Convert = std::conditional_t<kW4A8, Int4ToE4M3, Int4ToInt8x16>;
+        constexpr int kSlots = kInt4 ? Config::kStagingStages : 1;  // (INT8: never called)
         const int at = j % kStages, slot = j % kSlots;
         mbar_wait(&staged[slot], uint32_t(j / kSlots) & 1);
-        if constexpr (kInt4)
-            mbar_wait(&empty[at], (uint32_t(j / kStages) & 1) ^ 1);  // the first round: free
-        unpack_rows<decltype(team)::value, decltype(rows)::value, Convert>(
+        mbar_wait(&empty[at], (uint32_t(j / kStages) & 1) ^ 1);  // the first round finds it free
+        unpack_rows<decltype(team)::value, decltype(rows)::value>(
             staging + slot * Config::kPackedStage + offset, tiles_x + at * tile_bytes, u);
         fence_proxy_async_shared();  // the int8 stage is for the wgmmas (the async proxy) to read
         __syncwarp();
         if (threadIdx.x % 32 == 0) {
             mbar_arrive(&full[at]);
-            if constexpr (kInt4) mbar_arrive(&unstaged[slot]);
+            mbar_arrive(&unstaged[slot]);
         }
     };
     if (warpgroup == 0) {
         // Producer. One thread issues every copy; the others only give their registers away
-        // (INT8), or warps 1-3 unpack the staged A tiles (INT4) or write the stages' column
-        // scales (W4A8).
+        // (INT8), or warps 1-3 unpack the staged A tiles (INT4).
         setmaxnreg_dec<kProducerRegisters<kInt4>>();
         // The copying thread's loop over the CTA's k-blocks: into ring slot `slot` of `ring`
-        // once its free barrier says so, where issue(slot, kb, m0, n0) starts the copies.
-        auto copy_ring = [&](uint64_t* free, int ring, auto issue) {
+        // once its free barrier says so, `bytes` expected on its filled barrier, A's box to
+        // dst_a(slot) and B's to dst_b(slot) at byte k_bytes * kb of their rows.
+        auto copy_ring = [&](uint64_t* free, uint64_t* filled, int ring, int bytes, int k_bytes,
+                             auto dst_a, auto dst_b) {
             int slot = 0;
             uint32_t round = 0;
             for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
@@ -420,7 +374,9 @@ __launch_bounds__(Sm90Config<kConsumers, kBlockN, kOp>::kThreads, 1)
                 const int n0 = (tile / grid.tiles_m) * kBlockN;
                 for (int kb = 0; kb < grid.k_blocks; ++kb) {
                     mbar_wait(&free[slot], (round & 1) ^ 1);  // the first round finds it free
-                    issue(slot, kb, m0, n0);
+                    mbar_arrive_expect_tx(&filled[slot], bytes);
+                    tma_load_2d(dst_a(slot), &map_a, &filled[slot], kb * k_bytes, m0);
+                    tma_load_2d(dst_b(slot), &map_b, &filled[slot], kb * k_bytes, n0);
                     if (++slot == ring) {
                         slot = 0;
                         ++round;
@@ -428,16 +384,11 @@ __launch_bounds__(Sm90Config<kConsumers, kBlockN, kOp>::kThreads, 1)
                 }
             }
         };
-        auto packed = [&](int s) { return staging + s * Config::kPackedStage; };
         if constexpr (kInt4) {
             if (lane_in_group == 0) {
-                // Both packed tiles into the staging slot.
-                copy_ring(unstaged, Config::kStagingStages, [&](int s, int kb, int m0, int n0) {
-                    mbar_arrive_expect_tx(&staged[s], Config::kPackedStage);
-                    tma_load_2d(packed(s), &map_a, &staged[s], kb * kPackedK, m0);
-                    tma_load_2d(packed(s) + Config::kPackedA, &map_b, &staged[s], kb * kPackedK,
-                                n0);
-                });
+                auto packed = [&](int s) { return staging + s * Config::kPackedStage; };
+                copy_ring(unstaged, staged, Config::kStagingStages, Config::kPackedStage, kPackedK,
+                          packed, [&](int s) { return packed(s) + Config::kPackedA; });
             } else if (lane_in_group >= 32) {
                 // Unpack the A tiles: thread u (0 .. 95) of warps 1-3.
                 for (int j = 0; j < sequence; ++j)
@@ -445,43 +396,10 @@ __launch_bounds__(Sm90Config<kConsumers, kBlockN, kOp>::kThreads, 1)
                                  std::integral_constant<uint32_t, Config::kBlockM>{}, 0, tiles_a,
                                  Config::kBytesA, lane_in_group - 32);
             }
-        } else if constexpr (kW4A8) {
-            if (lane_in_group == 0) {
-                // A's FP8 tile into the stage, B's packed tile into the stage's staging slot.
-                copy_ring(empty, kStages, [&](int s, int kb, int m0, int n0) {
-                    mbar_arrive_expect_tx(&full[s], Config::kBytesA);
-                    tma_load_2d(tiles_a + s * Config::kBytesA, &map_a, &full[s], kb * kBlockK, m0);
-                    mbar_arrive_expect_tx(&staged[s], Config::kPackedStage);
-                    tma_load_2d(packed(s), &map_b, &staged[s], kb * kPackedK, n0);
-                });
-            } else if (lane_in_group >= 32) {
-                // Warp w (1-3) writes the scale tables of k-blocks j = w - 1 (mod 3): column
-                // n0 + c's group scale of k-block kb at [stage][c] (0 past n). The loads are
-                // issued before the stage is waited for.
-                const int lane = lane_in_group % 32;
-                for (int j = lane_in_group / 32 - 1; j < sequence; j += kUnpackWarps) {
-                    const int tile = int(blockIdx.x) + j / grid.k_blocks * int(gridDim.x);
-                    const int kb = j % grid.k_blocks, at = j % kStages;
-                    const int64_t n0 = int64_t(tile / grid.tiles_m) * kBlockN;
-                    float v[kBlockN / 32];
-#pragma unroll
-                    for (int i = 0; i < kBlockN / 32; ++i) {
-                        const int64_t c = n0 + lane + 32 * i;
-                        v[i] = c < epilogue.n ? group.at(c, kb) : 0.f;
-                    }
-                    mbar_wait(&empty[at], (uint32_t(j / kStages) & 1) ^ 1);
-#pragma unroll
-                    for (int i = 0; i < kBlockN / 32; ++i)
-                        scale_tables[at * kBlockN + lane + 32 * i] = v[i];
-                    mbar_arrive(&full[at]);
-                }
-            }
         } else if (lane_in_group == 0) {
-            copy_ring(empty, kStages, [&](int s, int kb, int m0, int n0) {
-                mbar_arrive_expect_tx(&full[s], Config::kStageBytes);
-                tma_load_2d(tiles_a + s * Config::kBytesA, &map_a, &full[s], kb * kBlockK, m0);
-                tma_load_2d(tiles_b + s * Config::kBytesB, &map_b, &full[s], kb * kBlockK, n0);
-            });
+            copy_ring(empty, full, kStages, Config::kStageBytes, kBlockK,
+                      [&](int s) { return tiles_a + s * Config::kBytesA; },
+                      [&](int s) { return tiles_b + s * Config::kBytesB; });
         }
     } else {
         // Consumers: warpgroup c owns rows [64 (c - 1), 64 c) of every tile.
@@ -509,7 +427,7 @@ __launch_bounds__(Sm90Config<kConsumers, kBlockN, kOp>::kThreads, 1)
                          Config::kBytesB, consumer * kWarpgroupThreads + lane_in_group);
         };
         [[maybe_unused]] int unpacked = 0;  // k-blocks whose B share this thread has unpacked
-        if constexpr (kStaged) {
+        if constexpr (kInt4) {
             if (sequence > 0) unpack_b(unpacked++);
         }
         for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, parity ^= 1) {
@@ -557,31 +475,13 @@ __launch_bounds__(Sm90Config<kConsumers, kBlockN, kOp>::kThreads, 1)
                         Wgmma<kBlockN, kOp>::run(block, wgmma_descriptor(a + ks * kWgmmaK),
                                                  wgmma_descriptor(b + ks * kWgmmaK), ks > 0);
                     wgmma_commit();
-                    // W4A8: the next k-block's share of B while these wgmmas run, and this
-                    // one's column scales (thread columns 8 j + 2 (lane % 4), + 1), read before
-                    // the stage is released.
-                    [[maybe_unused]] float2 column_scale[kW4A8 ? kBlockN / 8 : 1];
-                    if constexpr (kW4A8) {
-                        if (unpacked < sequence) unpack_b(unpacked++);
-                        const float* table = scale_tables + stage * kBlockN + 2 * (lane % 4);
-#pragma unroll
-                        for (int j = 0; j < kBlockN / 8; ++j)
-                            column_scale[j] = *reinterpret_cast<const float2*>(table + 8 * j);
-                    }
-                    if constexpr (kBlockScaled || kW4A8) wgmma_fence_operands(block);
+                    if constexpr (kBlockScaled) wgmma_fence_operands(block);
                     // The block's sums are needed now: the stage is free once they are done
                     // (the other consumer's wgmmas keep the tensor cores busy meanwhile).
                     wgmma_wait<0>();
-                    if constexpr (kBlockScaled || kW4A8) wgmma_fence_operands(block);
-                    if (kW4A8 || lane == 0) mbar_arrive(&empty[stage]);
-                    if constexpr (kW4A8) {
-                        // Accumulator i: column 8 (i / 4) + 2 (lane % 4) + i % 2.
-#pragma unroll
-                        for (int i = 0; i < kBlockN / 2; ++i) {
-                            const float2 cs = column_scale[i / 4];
-                            acc[i] = __fmaf_rn(block[i], i % 2 ? cs.y : cs.x, acc[i]);
-                        }
-                    } else if constexpr (kBlockScaled) {
+                    if constexpr (kBlockScaled) wgmma_fence_operands(block);
+                    if (lane == 0) mbar_arrive(&empty[stage]);
+                    if constexpr (kBlockScaled) {
                         // Accumulator i: row `row` for i % 4 < 2, row + 8 otherwise.
 #pragma unroll
                         for (int i = 0; i < kBlockN / 2; ++i)
@@ -681,15 +581,15 @@ cudaError_t make_packed_operand_map(CUtensorMap* map, const void* base, int64_t 
 
 template <typename OutT, int kConsumers, int kBlockN, Operand kOp>
 cudaError_t launch_sm90(const IntGemmArgs& args, cudaStream_t stream) {
-    constexpr bool kInt4 = kOp == Operand::kInt4, kPackedB = kInt4 || kOp == Operand::kW4A8;
-    using Config = Sm90Config<kConsumers, kBlockN, kOp>;
+    constexpr bool kInt4 = kOp == Operand::kInt4;
+    using Config = Sm90Config<kConsumers, kBlockN, kInt4>;
     CUtensorMap map_a, map_b;
     cudaError_t err =
         kInt4 ? make_packed_operand_map(&map_a, args.a, args.m, args.k, Config::kBlockM)
               : make_operand_map(&map_a, args.a_as<int8_t>(), args.m, args.k, Config::kBlockM);
     if (err != cudaSuccess) return err;
-    err = kPackedB ? make_packed_operand_map(&map_b, args.b, args.n, args.k, kBlockN)
-                   : make_operand_map(&map_b, args.b_as<int8_t>(), args.n, args.k, kBlockN);
+    err = kInt4 ? make_packed_operand_map(&map_b, args.b, args.n, args.k, kBlockN)
+                : make_operand_map(&map_b, args.b_as<int8_t>(), args.n, args.k, kBlockN);
     if (err != cudaSuccess) return err;
 
     const Epilogue<OutT> ep = make_epilogue<OutT>(args);
@@ -702,8 +602,8 @@ cudaError_t launch_sm90(const IntGemmArgs& args, cudaStream_t stream) {
     static std::atomic<uint64_t> opted_in{0};  // per device, for this one kernel
     err = allow_dynamic_smem_once(kernel, Config::kSmemBytes, opted_in);
     if (err != cudaSuccess) return err;
-    kernel<<<blocks, Config::kThreads, Config::kSmemBytes, stream>>>(
-        map_a, map_b, grid, block_scales(args), group_scales(args), ep);
+    kernel<<<blocks, Config::kThreads, Config::kSmemBytes, stream>>>(map_a, map_b, grid,
+                                                                     block_scales(args), ep);
     return cudaGetLastError();
 }
 
@@ -777,11 +677,6 @@ cudaError_t gemm_fp8_sm90(const IntGemmArgs& args, cudaStream_t stream) {
     if (args.b_layout != CK_LAYOUT_NK || !gemm_int8_sm90_available()) return cudaErrorNotSupported;
     return args.block_scaled() ? dispatch_out<Operand::kFp8BlockScaled>(args, stream)
                                : dispatch_out<Operand::kFp8>(args, stream);
-}
-
-cudaError_t gemm_w4a8_sm90(const IntGemmArgs& args, cudaStream_t stream) {
-    if (!gemm_int8_sm90_available()) return cudaErrorNotSupported;
-    return dispatch_out<Operand::kW4A8>(args, stream);
 }
 
 }  // namespace ck

@@ -179,9 +179,15 @@ const ck::Variant<ck::IntGemmArgs> kGemmFp8Rows[] = {
 };
 const auto kGemmFp8 = ck::variant_table("CK_GEMM_FP8_KERNEL", kGemmFp8Rows, int4_gemm_facts);
 
-// W4A8 (INT4 codes converted to E4M3 on their way to FP8 tensor cores): FP8's kernels.
+// W4A8 (INT4 codes converted to E4M3 on their way to FP8 tensor cores): FP8's reference kernel
+// and small-M stream, and its own wgmma kernel. At m <= 16 the stream leaves wide weights to
+// wgmma, whose output tiles alone then fill most of the SMs (128 columns each): on the H100,
+// N = 14336 and 28672 ran 1.2-1.4x faster there, N = 4096 1.1-1.6x slower (benchmarks/NOTES.md).
+bool w4a8_small_m_declines(const ck::IntGemmArgs& args, int cc) {
+    return int8_wgmma_serves(args, cc) && ck::ceil_div(args.n, 128) * 4 >= 3 * ck::sm_count();
+}
 const ck::Variant<ck::IntGemmArgs> kGemmW4A8Rows[] = {
-    {"small_m", ck::gemm_w4a8_small_m, small_m_serves, "m <= 16"},
+    {"small_m", ck::gemm_w4a8_small_m, small_m_serves, "m <= 16", w4a8_small_m_declines},
     {"wgmma", ck::gemm_w4a8_sm90, int8_wgmma_serves,
      "a compute capability 9.0 GPU and a build with sm_90a"},
     {"reference", ck::gemm_w4a8_reference, ck::any_call, "nothing"},

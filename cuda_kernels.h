@@ -480,9 +480,11 @@ CK_API ck_status_t ck_gemm_fp8_scaled(const uint8_t* a, const uint8_t* b, int64_
  * a makes its row NaN. bias: N values of out_dtype or NULL; out [M, N] of out_dtype
  * (CK_DTYPE_FP32, CK_DTYPE_FP16 or CK_DTYPE_BF16).
  * Kernels: a weight stream for M <= 16, Hopper's wgmma for larger M (the codes converted to E4M3
- * in registers, the weight as wgmma's register operand), and a reference kernel (float32 fma in
- * k order: what the tests compare against); CK_GEMM_W4A8_KERNEL forces one ("small_m", "wgmma",
- * "reference", "auto"). Compute capability 8.9 or newer (FP8 tensor cores), else
+ * in registers, the weight as wgmma's register operand; also for M <= 16 where ceil(N / 128)
+ * reaches 3/4 of the SM count, and with K split over a cluster of 4 or 8 CTAs where the output
+ * tiles alone leave 3/4 of the SMs idle), and a reference kernel (float32 fma in k order: what
+ * the tests compare against); CK_GEMM_W4A8_KERNEL forces one ("small_m", "wgmma", "reference",
+ * "auto"). Compute capability 8.9 or newer (FP8 tensor cores), else
  * CK_STATUS_UNSUPPORTED.
  * Requirements: M, N >= 1; K >= 32 and a multiple of 32; a and w_packed 16-byte aligned; scale_a
  * 4-byte aligned, w_scales aligned to scale_dtype, bias and out to out_dtype; out must not

@@ -7,8 +7,8 @@ against tests/reference.py (gemm_w4a8: the exact sums, in float64).
   last groups), group 128 and CK_GROUP_ROW, fp16 and bf16 scales, per-tensor and per-row
   scale_a, every output dtype, bias and ReLU, on fresh random operands (INT4 codes over all of
   -8 .. 7, scales spread over a factor of 30); outputs NaN-filled before the launch, between
-  guard regions. Shapes of more output tiles than SMs, so that the persistent wgmma CTAs take
-  several tiles each.
+  guard regions. Shapes for each plan of the wgmma kernel: persistent CTAs that take several
+  tiles, K split over clusters of 4 and 8 CTAs, M <= 16 on a wide weight.
 - The accumulation bound (below) element by element, on random data and on K = 8192 of
   same-signed products.
 - A NaN code in a row of a makes that row NaN and nothing else; minimally aligned pointers;
@@ -242,16 +242,18 @@ def test_gemm_w4a8_shapes(variant, shape, group_size, scale_dtype, granularity, 
     call.check(f"{variant}, seed={seed}")
 
 
-# More output tiles than the H100 has SMs, so that each persistent CTA of the wgmma kernel takes
-# several tiles in turn (its ring's stages and phases run on across them): 306 tiles of 64 rows
-# (3 chunks of K each, the last partial) and 264 tiles of 128 rows (2 chunks), the tile widths
-# the library picks for these shapes on 132 SMs.
-MANY_TILE_SHAPES = [(1100, 2100, 288), (3072, 1408, 160)]
+# Shapes for the wgmma kernel's plans on the H100's 132 SMs: more output tiles than SMs, so that
+# each persistent CTA takes several tiles in turn (its ring's stages and phases run on across
+# them): 306 tiles of 64 rows (3 chunks of K each, the last partial) and 264 tiles of 128 rows
+# (2 chunks); M = 4 on a weight of 12800 rows (100 tiles of 128 columns), which auto runs on
+# wgmma rather than the small-M stream; and 18 tiles of 16 chunks, which split K over clusters
+# of 4 CTAs (the small shapes above with K = 4128 or 8192 split it over 8).
+PLAN_SHAPES = [(1100, 2100, 288), (3072, 1408, 160), (4, 12800, 544), (64, 2304, 2048)]
 
 
-@pytest.mark.parametrize("shape", MANY_TILE_SHAPES, ids=[shape_id(s) for s in MANY_TILE_SHAPES])
+@pytest.mark.parametrize("shape", PLAN_SHAPES, ids=[shape_id(s) for s in PLAN_SHAPES])
 @pytest.mark.parametrize("variant", ["auto", "wgmma"])
-def test_gemm_w4a8_many_tiles(variant, shape, monkeypatch, seed):
+def test_gemm_w4a8_plans(variant, shape, monkeypatch, seed):
     use_variant(monkeypatch, variant, shape[0])
     call = make_call(np.random.default_rng(seed), variant, shape, 128, "bf16", "row")
     call.launch()

@@ -166,10 +166,12 @@ class Check {
 // ---------------------------------------------------------------------------------------------
 // Kernel variants. A family (the INT8 GEMMs, the W4A16 GEMMs, ...) lists its variants as rows in
 // order of preference, the last one serving every call (the fallback of every fast path); a call
-// runs the first row that can serve it. The family's environment variable (CK_GEMM_INT8_KERNEL,
-// ...) forces a row by name instead: tests and benchmarks compare the variants that way. It is
-// read on every call, so that a process can switch between calls; unset, "" and "auto" mean the
-// automatic choice. Adding a family is a table of rows, a facts function and a VariantTable.
+// runs the first row that can serve it and does not decline it (a row may leave a call it could
+// serve to a later row that measured faster on it). The family's environment variable
+// (CK_GEMM_INT8_KERNEL, ...) forces a row by name instead: tests and benchmarks compare the
+// variants that way. It is read on every call, so that a process can switch between calls;
+// unset, "" and "auto" mean the automatic choice. Adding a family is a table of rows, a facts
+// function and a VariantTable.
 // ---------------------------------------------------------------------------------------------
 template <class Args> struct Variant {
     const char* name;  // as the environment variable spells it
@@ -177,6 +179,9 @@ template <class Args> struct Variant {
     // Can it serve this call on a GPU of compute capability cc (10 * major + minor)?
     bool (*serves)(const Args& args, int cc);
     const char* needs;  // what `serves` asks, completing "<name> needs ..."
+    // In the automatic choice, does it leave this call (which it serves) to a later row? A
+    // preference, never a capability: a forced row runs whatever it serves. nullptr: never.
+    bool (*declines)(const Args& args, int cc) = nullptr;
 };
 
 // For the rows that serve every call (the reference kernels).
@@ -257,7 +262,9 @@ ck_status_t select_variant(const Check& check, const VariantTable<Args>& table, 
         const Variant<Args>* const end = table.rows + table.count;
         const int cc = compute_capability();
         row = table.rows;
-        while (row != end && !row->serves(args, cc)) ++row;
+        while (row != end &&
+               (!row->serves(args, cc) || (row->declines && row->declines(args, cc))))
+            ++row;
         if (row == end)  // a table whose last row does not serve every call
             return check.fail(CK_STATUS_INTERNAL_ERROR, "no %s variant serves this call (%s)",
                               table.env, table.facts(args).c_str());

@@ -101,10 +101,14 @@ template <int kRows> struct W4A8Tile {
     static constexpr int kStageBytes = kAStageBytes + kWStageBytes;
     static constexpr int kStages = kRows == 128 ? 6 : 8;
     static constexpr int kSmemBytes = 1024 + kStages * kStageBytes + 2 * kStages * 8;
+    // A split tile's float32 partial sums (kBN x kBM), after the ring and the barriers.
+    static constexpr int kPartialBytes = kBN * kBM * 4;
+    static constexpr int kSplitSmemBytes = kSmemBytes + kPartialBytes;
     static_assert(kRows == 64 || kRows == 128, "wgmma m64n64k32 or m64n128k32");
     static_assert(kAStageBytes % 1024 == 0 && kStageBytes % 1024 == 0,
                   "every tile keeps the swizzles' 1024-byte alignment");
-    static_assert(kSmemBytes <= 227 * 1024, "one CTA per SM");
+    static_assert(kSplitSmemBytes <= 227 * 1024, "one CTA per SM");
+    static_assert((kStages * kStageBytes + 2 * kStages * 8) % 16 == 0, "partials 16-byte aligned");
 };
 
 #ifdef CK_SM90A_DEVICE
@@ -181,11 +185,19 @@ struct RowScales {
 // Persistent: CTA i takes the tiles i, i + gridDim.x, ... (grouped_tile order); the ring's stages
 // and phases run on across its tiles, so the producer loads the next tile's chunks while the
 // consumers finish and store this one.
+// split > 1 (4 or 8; a cluster of `split` consecutive CTAs per tile, for calls whose tiles
+// leave SMs idle): rank r of the cluster takes the k-blocks [chunks r / split, chunks (r + 1) /
+// split) of each of the cluster's tiles, and at the end of a tile every CTA puts its float32
+// sums in its shared memory; rank r then adds the 8-row blocks j with j % split == r over the
+// cluster's CTAs in rank order (distributed shared memory: the result does not depend on which
+// CTA adds) and stores them. Every thread of the CTA, the producer's too, takes part in the two
+// cluster barriers of each tile.
 template <typename OutT, int kBM>
 __global__ void __launch_bounds__(kThreads, 1)
 gemm_w4a8_wgmma_kernel(const __grid_constant__ CUtensorMap map_a,
                        const __grid_constant__ CUtensorMap map_w, const GroupScales scales,
-                       const Epilogue<OutT> ep, const int chunks, const int64_t tiles) {
+                       const Epilogue<OutT> ep, const int chunks, const int64_t tiles,
+                       const int split) {
 #ifdef CK_SM90A_DEVICE
     using Tile = W4A8Tile<kBM>;
     constexpr int kStages = Tile::kStages;
@@ -196,6 +208,11 @@ gemm_w4a8_wgmma_kernel(const __grid_constant__ CUtensorMap map_a,
     auto a_tile = [&](int stage) { return smem + stage * Tile::kStageBytes; };
     auto w_tile = [&](int stage) { return a_tile(stage) + Tile::kAStageBytes; };
 
+    float* partials = reinterpret_cast<float*>(empty + kStages);  // split > 1: [kBM / 8][256][4]
+    const int rank = split > 1 ? int(cluster_ctarank()) : 0;
+    const int64_t first_tile = blockIdx.x / split, tile_step = gridDim.x / split;
+    const int kc_begin = int(int64_t(chunks) * rank / split);
+    const int kc_end = int(int64_t(chunks) * (rank + 1) / split);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     if (threadIdx.x == 0) {
         for (int s = 0; s < kStages; ++s) {
@@ -208,20 +225,27 @@ gemm_w4a8_wgmma_kernel(const __grid_constant__ CUtensorMap map_a,
     __syncthreads();
 
     if (warp >= kProducerWarp) {
-        // ---- Producer: warp 8's lane 0 issues every copy, tile after tile ----
+        // ---- Producer: warp 8's lane 0 issues every copy, tile after tile; the whole
+        // warpgroup stays for the cluster barriers of split tiles ----
         setmaxnreg_dec<kProducerRegisters>();
-        if (warp != kProducerWarp || lane != 0) return;
-        prefetch_tensor_map(&map_a);
-        prefetch_tensor_map(&map_w);
+        const bool issues = warp == kProducerWarp && lane == 0;
+        if (issues) {
+            prefetch_tensor_map(&map_a);
+            prefetch_tensor_map(&map_w);
+        }
         uint32_t it = 0;  // chunks loaded so far: stage it % kStages, round it / kStages
-        for (int64_t i = blockIdx.x; i < tiles; i += gridDim.x) {
+        for (int64_t i = first_tile; i < tiles; i += tile_step) {
             const TileOrigin tile = grouped_tile(i, ep.m, ep.n, kBM, kBN, kGroupM);
-            for (int kc = 0; kc < chunks; ++kc, ++it) {
+            for (int kc = kc_begin; issues && kc < kc_end; ++kc, ++it) {
                 const int stage = int(it % kStages);
                 mbar_wait(&empty[stage], (it / kStages & 1) ^ 1);  // the first round: free
                 mbar_arrive_expect_tx(&full[stage], Tile::kStageBytes);
                 tma_load_2d(a_tile(stage), &map_a, &full[stage], kc * kABytes, int(tile.m0));
                 tma_load_2d(w_tile(stage), &map_w, &full[stage], kc * kWRowBytes, int(tile.n0));
+            }
+            if (split > 1) {
+                cluster_sync();  // the partials are written ...
+                cluster_sync();  // ... and read
             }
         }
         return;
@@ -233,7 +257,7 @@ gemm_w4a8_wgmma_kernel(const __grid_constant__ CUtensorMap map_a,
     const int g = lane / 4, t = lane % 4;
     const int r0 = c * kWgmmaM + 16 * w + g;  // the thread's weight rows in a tile: r0, r0 + 8
     uint32_t it = 0;  // chunks consumed so far, as the producer counts them
-    for (int64_t i = blockIdx.x; i < tiles; i += gridDim.x) {
+    for (int64_t i = first_tile; i < tiles; i += tile_step) {
         const TileOrigin tile = grouped_tile(i, ep.m, ep.n, kBM, kBN, kGroupM);
         const RowScales rs0(scales, tile.n0 + r0, ep.n), rs1(scales, tile.n0 + r0 + 8, ep.n);
 
@@ -242,9 +266,12 @@ gemm_w4a8_wgmma_kernel(const __grid_constant__ CUtensorMap map_a,
         for (int j = 0; j < kBM / 2; ++j) acc[j] = sums[j] = 0.f;
         uint32_t frag[2][kSteps][4];  // two chunks' A fragments: one in flight, one converted
 
-        float s0 = rs0.value(rs0.raw(0)), s1 = rs1.value(rs1.raw(0));
-        mbar_wait(&full[it % kStages], it / kStages & 1);
-        convert_chunk(w_tile(int(it % kStages)), r0, t, frag[0]);
+        float s0 = 0.f, s1 = 0.f;
+        if (kc_begin < kc_end) {
+            s0 = rs0.value(rs0.raw(kc_begin)), s1 = rs1.value(rs1.raw(kc_begin));
+            mbar_wait(&full[it % kStages], it / kStages & 1);
+            convert_chunk(w_tile(int(it % kStages)), r0, t, frag[0]);
+        }
 
         // Chunk kc (ring slot it) on fragments cur while the next chunk's are converted into nxt.
         auto chunk = [&](int kc, uint32_t(&cur)[kSteps][4], uint32_t(&nxt)[kSteps][4]) {
@@ -258,7 +285,7 @@ gemm_w4a8_wgmma_kernel(const __grid_constant__ CUtensorMap map_a,
                                            wgmma_descriptor_advance(a_desc, s * kStepK), s > 0);
             wgmma_commit();
             uint32_t next0 = 0, next1 = 0;  // the next chunk's scales, converted after this one
-            if (kc + 1 < chunks) {
+            if (kc + 1 < kc_end) {
                 next0 = rs0.raw(kc + 1), next1 = rs1.raw(kc + 1);
                 const uint32_t following = it + 1;
                 mbar_wait(&full[following % kStages], following / kStages & 1);
@@ -277,9 +304,35 @@ gemm_w4a8_wgmma_kernel(const __grid_constant__ CUtensorMap map_a,
                 acc[j] = __fmaf_rn(sums[j], (j & 2) ? s1 : s0, acc[j]);
             s0 = rs0.value(next0), s1 = rs1.value(next1);
         };
-        for (int kc = 0; kc < chunks; kc += 2) {
+        for (int kc = kc_begin; kc < kc_end; kc += 2) {
             chunk(kc, frag[0], frag[1]);
-            if (kc + 1 < chunks) chunk(kc + 1, frag[1], frag[0]);
+            if (kc + 1 < kc_end) chunk(kc + 1, frag[1], frag[0]);
+        }
+
+        // ---- A split tile: the cluster adds its CTAs' sums. Each consumer thread's go to its
+        // CTA's partials as [kBM / 8][256 threads] float4 (consecutive threads, consecutive 16
+        // bytes); the thread at the same place in every CTA holds the same outputs. ----
+        const int owner_mask = split - 1;
+        if (split > 1) {
+            float4* mine = reinterpret_cast<float4*>(partials) + threadIdx.x;
+#pragma unroll
+            for (int j = 0; j < kBM / 8; ++j)
+                mine[j * kConsumers * kWarpgroupThreads] =
+                    make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
+            cluster_sync();
+#pragma unroll
+            for (int j = 0; j < kBM / 8; ++j) {
+                if ((j & owner_mask) != rank) continue;
+                const uint32_t at = shared_address(mine + j * kConsumers * kWarpgroupThreads);
+                float4 sum = ld_shared_cluster_f4(at, 0);
+                for (int r = 1; r < split; ++r) {
+                    const float4 p = ld_shared_cluster_f4(at, uint32_t(r));
+                    sum.x += p.x, sum.y += p.y, sum.z += p.z, sum.w += p.w;
+                }
+                acc[4 * j] = sum.x, acc[4 * j + 1] = sum.y;
+                acc[4 * j + 2] = sum.z, acc[4 * j + 3] = sum.w;
+            }
+            cluster_sync();  // no CTA reuses its partials (or leaves) while another reads them
         }
 
         // ---- Epilogue. Lane (g, t) holds out[rows 8j + 2t, + 1] of column r0 (acc[4j], acc[4j
@@ -291,6 +344,7 @@ gemm_w4a8_wgmma_kernel(const __grid_constant__ CUtensorMap map_a,
         const typename Epilogue<OutT>::Columns cols[2] = {ep.columns(col), ep.columns(col + 8)};
 #pragma unroll
         for (int j = 0; j < kBM / 8; ++j) {
+            if ((j & owner_mask) != rank) continue;  // another CTA of the cluster stores it
             const int64_t row = tile.m0 + 8 * j + 2 * t + (odd ? 1 : 0);
             const float row_scale = ep.rows(row);
 #pragma unroll
@@ -303,6 +357,19 @@ gemm_w4a8_wgmma_kernel(const __grid_constant__ CUtensorMap map_a,
         }
     }
 #endif  // CK_SM90A_DEVICE
+}
+
+// The K split of a call: 8 or 4 where that many CTAs per tile all fit on the SMs at once (the
+// tiles alone leave at least three quarters of them idle) with at least kMinSplitChunks k-blocks
+// each (a CTA has a fixed cost: its pipeline fill, the cluster's sums, the epilogue); 1
+// otherwise. Measured on the H100: 14336 x 4096 at M = 64 (32 tiles) 67.5 -> 51.2 us with 4;
+// a split of 2 (64 tiles at M = 256) 67.6 -> 76.7 us, so none is made.
+constexpr int kMinSplitChunks = 4;
+int plan_split(int64_t tiles, int64_t chunks) {
+    const int64_t sms = std::max(sm_count(), 1);
+    for (int s = 8; s >= 4; s /= 2)
+        if (tiles * s <= sms && chunks >= int64_t(kMinSplitChunks) * s) return s;
+    return 1;
 }
 
 template <typename OutT, int kBM>
@@ -319,16 +386,27 @@ cudaError_t launch(const IntGemmArgs& args, cudaStream_t stream) {
                              args.k / 2, kBN, kWRowBytes, CU_TENSOR_MAP_SWIZZLE_64B);
     if (err != cudaSuccess) return err;
     const int64_t tiles = ceil_div(args.m, kBM) * ceil_div(args.n, kBN);
-    const int64_t blocks = std::min<int64_t>(tiles, std::max(sm_count(), 1));
+    const int chunks = int(ceil_div(args.k, kChunkK));
+    const int split = plan_split(tiles, chunks);
+    // Persistent CTAs, one per SM at most; a split call's clusters take one tile each.
+    const int64_t blocks = split > 1 ? tiles * split
+                                     : std::min<int64_t>(tiles, std::max(sm_count(), 1));
     if (!grid_fits(blocks)) return cudaErrorInvalidConfiguration;
     auto kernel = gemm_w4a8_wgmma_kernel<OutT, kBM>;
     static std::atomic<uint64_t> opted_in{0};
-    err = allow_dynamic_smem_once(kernel, Tile::kSmemBytes, opted_in);
+    err = allow_dynamic_smem_once(kernel, Tile::kSplitSmemBytes, opted_in);
     if (err != cudaSuccess) return err;
-    kernel<<<unsigned(blocks), kThreads, Tile::kSmemBytes, stream>>>(
-        map_a, map_w, group_scales(args), make_epilogue<OutT>(args),
-        int(ceil_div(args.k, kChunkK)), tiles);
-    return cudaGetLastError();
+    cudaLaunchAttribute attribute[1] = {};
+    attribute[0].id = cudaLaunchAttributeClusterDimension;
+    attribute[0].val.clusterDim.x = unsigned(split);
+    attribute[0].val.clusterDim.y = attribute[0].val.clusterDim.z = 1;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(unsigned(blocks)), config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = size_t(split > 1 ? Tile::kSplitSmemBytes : Tile::kSmemBytes);
+    config.stream = stream;
+    config.attrs = attribute, config.numAttrs = split > 1 ? 1 : 0;
+    return cudaLaunchKernelEx(&config, kernel, map_a, map_w, group_scales(args),
+                              make_epilogue<OutT>(args), chunks, tiles, split);
 }
 
 // 64-row tiles where the 128-row ones leave more of the GPU idle: each SM runs ceil(tiles /

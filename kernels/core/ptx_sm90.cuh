@@ -175,6 +175,17 @@ __device__ __forceinline__ float4 ld_shared_cluster_f4(uint32_t local, uint32_t 
                  : "memory");
     return v;
 }
+// The sum of the float4 at this CTA's shared address `local` over CTAs 0 .. ranks - 1 of the
+// cluster (each one's at the same offset), added in rank order: a K split's partial sums, the
+// same bits whichever CTA adds them.
+__device__ __forceinline__ float4 cluster_sum_f4(uint32_t local, int ranks) {
+    float4 sum = ld_shared_cluster_f4(local, 0);
+    for (int r = 1; r < ranks; ++r) {
+        const float4 p = ld_shared_cluster_f4(local, uint32_t(r));
+        sum.x += p.x, sum.y += p.y, sum.z += p.z, sum.w += p.w;
+    }
+    return sum;
+}
 
 // ---------------------------------------------------------------------------------------------
 // wgmma: one warpgroup (128 threads) multiplies a 64 x N x K tile asynchronously; A and B come

@@ -323,12 +323,8 @@ gemm_w4a8_wgmma_kernel(const __grid_constant__ CUtensorMap map_a,
 #pragma unroll
             for (int j = 0; j < kBM / 8; ++j) {
                 if ((j & owner_mask) != rank) continue;
-                const uint32_t at = shared_address(mine + j * kConsumers * kWarpgroupThreads);
-                float4 sum = ld_shared_cluster_f4(at, 0);
-                for (int r = 1; r < split; ++r) {
-                    const float4 p = ld_shared_cluster_f4(at, uint32_t(r));
-                    sum.x += p.x, sum.y += p.y, sum.z += p.z, sum.w += p.w;
-                }
+                const float4 sum = cluster_sum_f4(
+                    shared_address(mine + j * kConsumers * kWarpgroupThreads), split);
                 acc[4 * j] = sum.x, acc[4 * j + 1] = sum.y;
                 acc[4 * j + 2] = sum.z, acc[4 * j + 3] = sum.w;
             }

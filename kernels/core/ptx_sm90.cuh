@@ -379,6 +379,35 @@ __device__ __forceinline__ void wgmma_m64nk16_rs(float (&d)[kN / 2], const uint3
                     "132", "133", "134");
     }
 }
+
+// wgmma.mma_async.sync.aligned.m64n{64,128}k32.f32.e4m3.e4m3 with A from registers: d (64 x kN
+// float32 accumulators, kN / 2 per thread, the layout of wgmma_m64n128k32_s8) += A (64 x 32 E4M3)
+// x B (32 x kN, desc_b: kN K-major rows of 32 bytes). A's fragment is the mma.sync m16n8k32
+// 8-bit A fragment of each warp's 16 rows, one byte per value, lower k in the lower byte:
+//   a[0]: A[16w + g][4t .. 4t + 3]         a[1]: A[16w + g + 8][4t .. 4t + 3]
+//   a[2]: A[16w + g][16 + 4t .. 19 + 4t]   a[3]: A[16w + g + 8][16 + 4t .. 19 + 4t]
+// FP8 has no transpose immediates; scale-a and scale-b are +1. accumulate = 0 overwrites d. The
+// registers of a are read asynchronously, as wgmma_m64nk16_rs's.
+#define CK_WGMMA_RS_E4M3(kind, acc, n_a0, n_a1, n_a2, n_a3, n_desc, n_accumulate)                \
+    asm volatile("{\n.reg .pred p;\n"                                                             \
+                 "setp.ne.b32 p, %" n_accumulate ", 0;\n"                                         \
+                 "wgmma.mma_async.sync.aligned." kind " {%0" acc(CK_WGMMA_NAME, "+f") "}, "       \
+                 "{%" n_a0 ", %" n_a1 ", %" n_a2 ", %" n_a3 "}, %" n_desc ", p, 1, 1;\n}\n"       \
+                 : "+f"(d[0]) acc(CK_WGMMA_OPERAND, "+f")                                         \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate))
+template <int kN>
+__device__ __forceinline__ void wgmma_m64nk32_e4m3_rs(float (&d)[kN / 2], const uint32_t (&a)[4],
+                                                      uint64_t desc_b, int accumulate) {
+    static_assert(kN == 64 || kN == 128, "N = 64 or 128");
+    if constexpr (kN == 64) {
+        CK_WGMMA_RS_E4M3("m64n64k32.f32.e4m3.e4m3", CK_WGMMA_ACC_32, "32", "33", "34", "35", "36",
+                         "37");
+    } else {
+        CK_WGMMA_RS_E4M3("m64n128k32.f32.e4m3.e4m3", CK_WGMMA_ACC_64, "64", "65", "66", "67",
+                         "68", "69");
+    }
+}
+#undef CK_WGMMA_RS_E4M3
 #endif  // CK_SM90A_DEVICE
 
 }  // namespace ck

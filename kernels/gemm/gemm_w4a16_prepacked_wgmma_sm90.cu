@@ -183,7 +183,7 @@ static_assert(kTileRows128 == 4 && kTiles == 16, "the weight map's box is 128 x 
 // ---------------------------------------------------------------------------------------------
 // A fragments: the derivation.
 //
-// wgmma m64nNk16's A fragment (ptx_sm90.cuh, wgmma_m64n128k16_rs): warp w, lane (g, t) holds
+// wgmma m64nNk16's A fragment (ptx_sm90.cuh, wgmma_m64nk16_rs): warp w, lane (g, t) holds
 //   a[0] = A[16w + g][2t, 2t + 1], a[1] = A[16w + g + 8][2t, 2t + 1], a[2] and a[3] the same at
 //   k 2t + 8, 2t + 9 (lower k in the low half). A's rows are the weight rows (the instruction's M):
 //   warp w of warpgroup c owns tile rows 64 c + 16 w + g, i.e. rows g of the stage's weight tiles

@@ -18,10 +18,10 @@
 // converted to E4M3 in registers; B (32 x kBM, N of the instruction) is a^T, whose K-major form
 // "kBM rows of 32 contiguous bytes" is a's row-major rows, read from shared memory. So the codes
 // never go through shared memory as E4M3 bytes (the earlier W4A8 kernel converted the weight's
-// tile into a shared-memory operand for a = A, weight = B: 6-17% slower on most shapes,
-// benchmarks/NOTES.md). Persistent CTAs (one per SM) take the 128-weight-row x kBM-row output
-// tiles (kBM = 64 or 128) in turn, K in 128-k chunks through a kStages-deep ring that runs on
-// across a CTA's tiles; 384 threads:
+// tile into a shared-memory operand for a = A, weight = B: this kernel is 1.06-1.83x faster at
+// M >= 64, benchmarks/NOTES.md). Persistent CTAs (one per SM) take the 128-weight-row x kBM-row
+// output tiles (kBM = 64 or 128) in turn, K in 128-k chunks through a kStages-deep ring that
+// runs on across a CTA's tiles; 384 threads:
 //   - warpgroup 2, the producer, gives most of its registers to the consumers (setmaxnreg); its
 //     warp 8's lane 0 issues per stage one TMA copy of a (kBM rows x 128 bytes, the 128-byte
 //     swizzle: the FP8 GEMM's operand layout) and one of the weight's codes (128 rows x 64
@@ -110,34 +110,6 @@ template <int kRows> struct W4A8Tile {
     static_assert(kSplitSmemBytes <= 227 * 1024, "one CTA per SM");
     static_assert((kStages * kStageBytes + 2 * kStages * 8) % 16 == 0, "partials 16-byte aligned");
 };
-
-#ifdef CK_SM90A_DEVICE
-// wgmma.mma_async.sync.aligned.m64n{64,128}k32.f32.e4m3.e4m3 with A from registers: d (64 x kN
-// float32 accumulators, kN / 2 per thread, the layout of wgmma_m64n128k32_s8) += A (64 x 32 E4M3,
-// a[0..3]: the fragment above) x B (32 x kN, desc_b: kN K-major rows of 32 bytes). FP8 has no
-// transpose immediates; scale-a and scale-b are +1. accumulate = 0 overwrites d. The registers
-// of a are read asynchronously (ptx_sm90.cuh, wgmma_m64nk16_rs).
-#define CK_WGMMA_RS_E4M3(kind, acc, n_a0, n_a1, n_a2, n_a3, n_desc, n_accumulate)                \
-    asm volatile("{\n.reg .pred p;\n"                                                             \
-                 "setp.ne.b32 p, %" n_accumulate ", 0;\n"                                         \
-                 "wgmma.mma_async.sync.aligned." kind " {%0" acc(CK_WGMMA_NAME, "+f") "}, "       \
-                 "{%" n_a0 ", %" n_a1 ", %" n_a2 ", %" n_a3 "}, %" n_desc ", p, 1, 1;\n}\n"       \
-                 : "+f"(d[0]) acc(CK_WGMMA_OPERAND, "+f")                                         \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate))
-template <int kN>
-__device__ __forceinline__ void wgmma_m64nk32_e4m3_rs(float (&d)[kN / 2], const uint32_t (&a)[4],
-                                                      uint64_t desc_b, int accumulate) {
-    static_assert(kN == 64 || kN == 128, "N = 64 or 128");
-    if constexpr (kN == 64) {
-        CK_WGMMA_RS_E4M3("m64n64k32.f32.e4m3.e4m3", CK_WGMMA_ACC_32, "32", "33", "34", "35", "36",
-                         "37");
-    } else {
-        CK_WGMMA_RS_E4M3("m64n128k32.f32.e4m3.e4m3", CK_WGMMA_ACC_64, "64", "65", "66", "67",
-                         "68", "69");
-    }
-}
-#undef CK_WGMMA_RS_E4M3
-#endif
 
 // Byte offset, in a code tile, of 32-bit word i (0 .. 3) of 16-byte unit u of row r, where the
 // 64-byte swizzle put it (see the layout comment).

@@ -429,6 +429,24 @@ def test_paged_equals_contiguous(seed, page_size, num_splits):
                              f"{name}, paged against contiguous, {ctx}")
 
 
+def test_split_past_the_staged_page_ids(seed):
+    """One split over 319 pages of 16 keys: the CTA stages the first 256 page ids in shared
+    memory and reads the rest from the block table; the same bits as a contiguous cache."""
+    rng = np.random.default_rng(seed)
+    lengths = [5096, 300]
+    contiguous = DecodeCall(rng, "fp16", 128, 8, 2, 1, lengths, capacity=5120, num_splits=1)
+    paged = DecodeCall(rng, "fp16", 128, 8, 2, 1, lengths, page_size=16, capacity=5120,
+                       num_splits=1)
+    paged.take_data(contiguous, rng)
+    contiguous.launch()
+    paged.launch()
+    ctx = context(seed, page=16, splits=1)
+    paged.check(ctx)
+    for name in ("out", "lse"):
+        assert_bitwise_equal(paged.outputs[name].read(name), contiguous.outputs[name].read(name),
+                             f"{name}, paged against contiguous, {ctx}")
+
+
 # ---------------------------------------------------------------------------------------------
 # Broken device-side promises, bad arguments
 # ---------------------------------------------------------------------------------------------

@@ -15,11 +15,13 @@
 // warps split every 64-key tile along the keys (kWarpsN = 4 / kWarpsM slices), so that all 4
 // warps compute even for one decode token, and merge their online-softmax states at the end.
 // K and V tiles of 64 keys stream through shared memory in a 3-stage cp.async pipeline (two
-// tiles in flight while one computes). Per slice, as the prefill kernel (attention_fwd.cu): S =
-// Q K^T (m16n8k16, float32 sums), x = S scale log2(e), masked beyond the split and the causal
-// position, online softmax (exp2), P rounded to the dtype, acc += P V. A split writes its
-// normalized float32 O_s and lse_s to the workspace, and the combine kernel merges the splits
-// (tests/reference.py attention_combine); a call of one split writes O and lse directly.
+// tiles in flight while one computes). A paged cache's page ids of the split are read into
+// shared memory once, by all threads together, before the first copies (PageWindow). Per slice,
+// as the prefill kernel (attention_fwd.cu): S = Q K^T (m16n8k16, float32 sums), x = S
+// scale log2(e), masked beyond the split and the causal position, online softmax (exp2), P
+// rounded to the dtype, acc += P V. A split writes its normalized float32 O_s and lse_s to the
+// workspace, and the combine kernel merges the splits (tests/reference.py attention_combine); a
+// call of one split writes O and lse directly.
 //
 // A quantized cache (FP8 E4M3 or int8 codes with per-head or per-token scales) streams its codes
 // (and per-token scales) through the same pipeline, half the bytes, and the warps convert them
@@ -51,6 +53,10 @@ constexpr int kBlockN = kDecodeBlockN;  // keys per shared-memory tile
 // in flight alone. (Tiles of codes are half the bytes; 4 and 8 stages of them measured 3-5%
 // slower than 3 and 5.)
 constexpr int kStages = 3, kDeepStages = 5;
+// Page ids a CTA stages in shared memory (1 KB): the pages of a split's first 256 x page_size
+// keys, all of them at the benchmark shapes (a split of 32768 keys over 16 splits has 128 pages
+// of 16 keys).
+constexpr int kStagedPages = 256;
 static_assert(kBlockN % (16 * kWarps) == 0, "each of 4 key slices holds whole k16 steps of P V");
 
 // The cache's elements: the dtype's values (C = T), or 8-bit codes converted to the dtype in
@@ -77,10 +83,12 @@ template <int kD, int kWarpsM, int kStagesT, bool kCodesT = false> struct Smem {
     static constexpr int kScaleBytes = kBlockN * 4;
     static constexpr int kStageBytes =
         kCodesT ? 2 * (kCodeTileBytes + kScaleBytes) : 2 * kTileBytes;
-    static constexpr int kBytes = kQBytes + kStages * kStageBytes;
+    // A paged cache's page ids of the split, staged once (PageWindow).
+    static constexpr int kPageBytes = kStagedPages * 4;
+    static constexpr int kBytes = kQBytes + kStages * kStageBytes + kPageBytes;
     // The merge: every warp's acc [16][D], m [16] and l [16], float32.
     static constexpr int kMergeBytes = kWarps * 16 * (kD + 2) * 4;
-    static_assert(kMergeBytes <= kBytes - kQBytes, "the merge reuses the K/V stages");
+    static_assert(kMergeBytes <= kStages * kStageBytes, "the merge reuses the K/V stages");
     static_assert(kChunks % 8 == 0, "the XOR swizzle permutes chunks in groups of 8");
     static_assert(kBlockN * kChunks % kThreads == 0, "every thread copies as many K/V chunks");
 
@@ -90,6 +98,7 @@ template <int kD, int kWarpsM, int kStagesT, bool kCodesT = false> struct Smem {
     __device__ static uint32_t stage(uint32_t base, int s) {
         return base + kQBytes + s * kStageBytes;
     }
+    static constexpr int kPageOffset = kQBytes + kStages * kStageBytes;
     // A stage of dtype values: K, V.
     __device__ static uint32_t k_tile(uint32_t base, int s) { return stage(base, s); }
     __device__ static uint32_t v_tile(uint32_t base, int s) { return stage(base, s) + kTileBytes; }
@@ -109,30 +118,55 @@ template <int kD, int kWarpsM, int kStagesT, bool kCodesT = false> struct Smem {
     }
 };
 
-// The cache row (position row of Hkv heads, times Hkv, plus the head) that holds key position
-// `pos` (< the sequence's clamped length) of sequence b, kv head h. A page id outside
-// [0, num_pages) (a broken caller promise) is clamped into it: the values are then
-// unspecified, but no read leaves the pages.
-__device__ __forceinline__ int64_t kv_row(const DecodeArgs& a, int b, int h, int pos) {
-    int64_t row;
-    if (a.block_table) {
-        int page = __ldg(a.block_table + int64_t(b) * a.max_blocks + (pos >> a.page_shift));
-        page = min(max(page, 0), a.num_pages - 1);
-        row = (int64_t(page) << a.page_shift) + (pos & ((1 << a.page_shift) - 1));
-    } else {
-        row = int64_t(b) * a.max_seqlen_k + pos;
+// A paged cache's page id of block `block` of sequence b, clamped into [0, num_pages): a page
+// id outside it (a broken caller promise) gives unspecified values, but no read leaves the pages.
+__device__ __forceinline__ int page_id(const DecodeArgs& a, int b, int block) {
+    const int page = __ldg(a.block_table + int64_t(b) * a.max_blocks + block);
+    return min(max(page, 0), a.num_pages - 1);
+}
+
+// The page ids of a split's blocks, read from the block table once into shared memory by the
+// CTA's threads together (up to kStagedPages of them): a tile's copies then wait for a shared
+// load rather than for a block-table load each (a 64-key tile has 4 pages of 16 keys, and the
+// prologue's tiles waited for theirs one tile after the other). A split of more pages than that
+// reads the table for every tile, as a cache without the window would.
+struct PageWindow {
+    const int* ids;  // the staged ids (generic pointer); nullptr: a contiguous cache
+    int first;       // the split's first block
+    bool staged;     // every block of the split is staged
+
+    // Stages the ids of the blocks holding key positions lo .. hi - 1 (all threads call it; a
+    // paged cache's window is ready after the caller's next __syncthreads).
+    __device__ PageWindow(const DecodeArgs& a, int b, int lo, int hi, int* slots)
+        : ids(a.block_table ? slots : nullptr), first(0), staged(false) {
+        if (!ids || hi <= lo) return;
+        first = lo >> a.page_shift;
+        const int count = ((hi - 1) >> a.page_shift) - first + 1;
+        staged = count <= kStagedPages;
+        for (int i = threadIdx.x; i < min(count, kStagedPages); i += blockDim.x)
+            slots[i] = page_id(a, b, first + i);
     }
-    return row * a.num_heads_kv + h;
+};
+
+// The cache row (position row of Hkv heads, times Hkv, plus the head) of key position `pos` on
+// page `page` (paged) or of sequence b (contiguous).
+__device__ __forceinline__ int64_t paged_row(const DecodeArgs& a, int h, int page, int pos) {
+    return ((int64_t(page) << a.page_shift) + (pos & ((1 << a.page_shift) - 1))) *
+               a.num_heads_kv + h;
+}
+__device__ __forceinline__ int64_t contiguous_row(const DecodeArgs& a, int b, int h, int pos) {
+    return (int64_t(b) * a.max_seqlen_k + pos) * a.num_heads_kv + h;
 }
 
 // Copies the K and V rows of key positions n0 .. n0 + kBlockN - 1 into a stage; positions at or
 // past `end` are zero-filled and read nothing (neither the cache nor the block table): a masked
 // key's p is 0, and 0 * V must stay 0 whatever the cache holds there (NaN too). A cache of
 // codes copies the codes and, with per-token scales, the rows' scales (thread i < kBlockN the
-// key scale of key i, the next kBlockN threads the value scales).
-template <typename T, class C, class S>
-__device__ __forceinline__ void load_kv(const DecodeArgs& a, uint32_t base, int stage, int b,
-                                        int h, int n0, int end) {
+// key scale of key i, the next kBlockN threads the value scales). row(pos): the cache row of
+// position pos (< end).
+template <typename T, class C, class S, class Row>
+__device__ __forceinline__ void copy_kv(const DecodeArgs& a, uint32_t base, int stage, int n0,
+                                        int end, Row&& row) {
     constexpr int kD = S::kChunks * kChunkElems;
     constexpr int kElemBytes = kCodes<T, C> ? 1 : 2;
     constexpr int kRowChunks = kD * kElemBytes / 16;  // 16-byte chunks of a cache row
@@ -144,7 +178,7 @@ __device__ __forceinline__ void load_kv(const DecodeArgs& a, uint32_t base, int 
         const int r = i / kRowChunks, c = i % kRowChunks;
         const int pos = n0 + r;
         const bool ok = pos < end;
-        const int64_t at = ok ? kv_row(a, b, h, pos) * (kD * kElemBytes) + c * 16 : 0;
+        const int64_t at = ok ? row(pos) * (kD * kElemBytes) + c * 16 : 0;
         if constexpr (kCodes<T, C>) {
             cp_async_16_zfill(S::k_codes(base, stage) + S::code_offset(r, c), k + at, ok);
             cp_async_16_zfill(S::v_codes(base, stage) + S::code_offset(r, c), v + at, ok);
@@ -160,10 +194,28 @@ __device__ __forceinline__ void load_kv(const DecodeArgs& a, uint32_t base, int 
             const bool is_v = threadIdx.x >= kBlockN;
             const int pos = n0 + r;
             const bool ok = pos < end;
-            const float* scales = (is_v ? a.v_scale : a.k_scale) + (ok ? kv_row(a, b, h, pos) : 0);
+            const float* scales = (is_v ? a.v_scale : a.k_scale) + (ok ? row(pos) : 0);
             cp_async_ca_zfill<4>((is_v ? S::v_scales(base, stage) : S::k_scales(base, stage)) +
                                      r * 4, scales, ok);
         }
+    }
+}
+
+// copy_kv for sequence b, kv head h, with the cache's row function (one uniform branch).
+template <typename T, class C, class S>
+__device__ __forceinline__ void load_kv(const DecodeArgs& a, const PageWindow& pages,
+                                        uint32_t base, int stage, int b, int h, int n0, int end) {
+    if (!pages.ids) {
+        copy_kv<T, C, S>(a, base, stage, n0, end,
+                         [&](int pos) { return contiguous_row(a, b, h, pos); });
+    } else if (pages.staged) {
+        copy_kv<T, C, S>(a, base, stage, n0, end, [&](int pos) {
+            return paged_row(a, h, pages.ids[(pos >> a.page_shift) - pages.first], pos);
+        });
+    } else {
+        copy_kv<T, C, S>(a, base, stage, n0, end, [&](int pos) {
+            return paged_row(a, h, page_id(a, b, pos >> a.page_shift), pos);
+        });
     }
 }
 
@@ -378,10 +430,22 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_kernel(const DecodeA
             cp_async_16_zfill(base + S::offset(r, c), q + at, ok);
         }
     }
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
-        if (s < tiles) load_kv<T, C, S>(a, base, s, b, hkv, lo + s * kBlockN, hi);
+    const PageWindow pages(a, b, lo, hi,
+                           reinterpret_cast<int*>(reinterpret_cast<char*>(smem) + S::kPageOffset));
+    // The first kStages - 1 tiles. A paged cache's loop is not unrolled: one copy of load_kv's
+    // two paged row functions (unrolled with the contiguous one, their code cost a short call
+    // 1.5 us: B = 1 at 4096 keys).
+    auto prologue_tile = [&](int s) {
+        if (s < tiles) load_kv<T, C, S>(a, pages, base, s, b, hkv, lo + s * kBlockN, hi);
         cp_async_commit();
+    };
+    if (!pages.ids) {
+#pragma unroll
+        for (int s = 0; s < kStages - 1; ++s) prologue_tile(s);
+    } else {
+        __syncthreads();  // the staged page ids
+#pragma unroll 1
+        for (int s = 0; s < kStages - 1; ++s) prologue_tile(s);
     }
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -415,7 +479,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_kernel(const DecodeA
         cp_async_wait<kStages - 2>();
         __syncthreads();
         if (j + kStages - 1 < tiles)
-            load_kv<T, C, S>(a, base, (j + kStages - 1) % kStages, b, hkv,
+            load_kv<T, C, S>(a, pages, base, (j + kStages - 1) % kStages, b, hkv,
                              lo + (j + kStages - 1) * kBlockN, hi);
         cp_async_commit();
         if (j == 0) {

@@ -1159,8 +1159,7 @@ ck_status_t check_decode_params(const Check& check, const ck_attention_decode_pa
 
     const int64_t splits =
         ck::decode_num_splits(p->batch, p->num_heads_q, p->num_heads_kv, p->seqlen_q,
-                              p->max_seqlen_k, paged ? p->page_size : 0, quantized,
-                              p->num_splits);
+                              p->max_seqlen_k, quantized, p->num_splits);
     call->q_bytes = q_bytes, call->cache_bytes = cache_bytes, call->lse_bytes = lse_bytes;
     call->scale_bytes = scale_bytes;
     call->workspace = ck::decode_workspace(splits, p->batch, p->seqlen_q, p->num_heads_q,

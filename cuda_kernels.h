@@ -1336,15 +1336,14 @@ CK_API ck_status_t ck_kv_cache_append(const ck_kv_cache_append_params_t* params,
  *   n          = ceil(max_seqlen_k / 64)        (key blocks of the longest sequence),
  *   per(s)     = ceil(n / s)                    (blocks of a split of s),
  *   cost(s)    = ceil(ctas * ceil(n / per(s)) / 264) * per(s),
- *   most       = 64 for a paged cache of pages below 64 keys or a quantized cache, else 16,
+ *   most       = 64 for a quantized cache, else 16,
  *   min_keys   = 256 for a quantized cache, else 128,
  *   num_splits = the s in 1 .. min(most, ceil(max_seqlen_k / min_keys)) of the least cost,
  *                the smallest among equals
  * (waves of 264 CTAs, two per SM of the 132-SM H100 the library is tuned on, times the blocks
  * each CTA streams; each split at least min_keys keys; at most 16 since a grid of one CTA per SM
- * runs a deeper pipeline, but for pages smaller than a 64-key tile, whose table lookups two
- * CTAs per SM hide, and for a quantized cache, whose conversion they hide), unless
- * params->num_splits forces a count (1 .. 64). Workspace
+ * runs a deeper pipeline, but for a quantized cache, whose conversion two CTAs per SM hide),
+ * unless params->num_splits forces a count (1 .. 64). Workspace
  * (num_splits > 1), with rows = num_splits * batch * seqlen_q * Hq:
  *   float32 O_s [num_splits, batch, seqlen_q, Hq, D] at byte 0 (rows * D * 4 bytes, rounded up
  *   to a multiple of 256), then float32 lse_s [num_splits, batch, seqlen_q, Hq] (rows * 4

@@ -1574,8 +1574,7 @@ DECODE_MAX_QUERIES = 16
 DECODE_MAX_SEQLEN = 2**30
 DECODE_MAX_PAGE_SIZE = 65536
 DECODE_MAX_SPLITS = 64
-DECODE_MAX_AUTO_SPLITS = 16   # the automatic rule's most, but for pages below 64 keys or a
-                              # quantized cache: 64
+DECODE_MAX_AUTO_SPLITS = 16   # the automatic rule's most, but for a quantized cache: 64
 DECODE_WAVE_CTAS, DECODE_MIN_SPLIT_KEYS, DECODE_BLOCK_N = 264, 128, 64
 DECODE_MIN_SPLIT_KEYS_QUANTIZED = 256
 DECODE_SIZE = ctypes.sizeof(ck.AttentionDecodeParams)
@@ -1733,12 +1732,11 @@ def decode_num_splits(params):
     width = 16 if rows <= 16 else 32 if rows <= 32 else 64
     ctas = params["batch"] * params["num_heads_kv"] * -(-rows // width)
     blocks = -(-params["max_seqlen_k"] // DECODE_BLOCK_N)
-    small_pages = params["block_table"] and params["page_size"] < DECODE_BLOCK_N
     # A quantized cache: kv_format, a field of the struct's second version.
     quantized = (params.get("kv_format", 0) != 0 and params.get("struct_size", DECODE_SIZE)
                  > ck.AttentionDecodeParams.kv_format.offset)
     min_keys = DECODE_MIN_SPLIT_KEYS_QUANTIZED if quantized else DECODE_MIN_SPLIT_KEYS
-    most = min(DECODE_MAX_SPLITS if small_pages or quantized else DECODE_MAX_AUTO_SPLITS,
+    most = min(DECODE_MAX_SPLITS if quantized else DECODE_MAX_AUTO_SPLITS,
                -(-params["max_seqlen_k"] // min_keys))
 
     def cost(splits):  # waves x key blocks per split

@@ -2433,10 +2433,13 @@ def test_attention_decode_workspace_size_follows_the_split_rule(lib):
     assert attention_decode_workspace_size(ATTENTION_DECODE_WORKSPACE_SIZE) == 262144 + 2048
     assert ck.attention_decode_workspace_size((4, 2, 8, 128), (300, 16, 2, 128), (4, 100),
                                               max_seqlen_k=1000) == 262144 + 2048
-    # One sequence: the rule stops at 16 splits (32 would cost the same waves); 16 x 32 heads
-    # rows of O_s and lse_s.
+    # One sequence: the rule stops at 16 splits (32 would cost the same waves), pages of 16
+    # keys too; 16 x 32 heads rows of O_s and lse_s.
     for keys in (4096, 32768):
         assert ck.attention_decode_workspace_size((1, 1, 32, 128), (1, keys, 8, 128)) == \
+            16 * 32 * 128 * 4 + 2048, keys
+        assert ck.attention_decode_workspace_size((1, 1, 32, 128), (keys // 16, 16, 8, 128),
+                                                  (1, keys // 16), max_seqlen_k=keys) == \
             16 * 32 * 128 * 4 + 2048, keys
 
 

@@ -16,9 +16,9 @@ constexpr int64_t kDecodeMaxSeqlen = int64_t(1) << 30;  // positions (+ a tile) 
 constexpr int64_t kDecodeMaxPageSize = 65536;
 constexpr int64_t kDecodeMaxSplits = 64;
 // The automatic rule's most splits: on the H100, 16 splits of a single sequence (128 CTAs, one
-// per SM, each a deeper pipeline) beat 32 (two per SM) at 4k and 32k keys alike, except for
-// pages of fewer than a tile's 64 keys, whose block-table lookups the second CTA per SM hides,
-// and for a quantized cache, whose conversion to the dtype the other CTAs hide.
+// per SM, each a deeper pipeline) beat 32 (two per SM) at 4k and 32k keys alike, paged caches
+// included (their page ids staged in shared memory), except for a quantized cache, whose
+// conversion to the dtype the other CTAs hide.
 constexpr int64_t kDecodeMaxAutoSplits = 16;
 // The split-KV kernel deals each sequence's keys to the splits in whole blocks of this many
 // keys (tests/reference.py attention_split_bounds with block_n = kDecodeBlockN).
@@ -49,19 +49,17 @@ inline int64_t decode_row_groups(int64_t rows) {
 // waves(s) x blocks(s), the smallest s among equals: with n = ceil(max_seqlen_k / kDecodeBlockN)
 // key blocks, a split holds blocks(s) = ceil(n / s) of them, ceil(n / blocks(s)) splits hold
 // any, and their CTAs take waves(s) = ceil(ctas x that / kDecodeWaveCtas) waves. most =
-// kDecodeMaxAutoSplits, or kDecodeMaxSplits for a paged cache (page_size > 0) of pages below
-// kDecodeBlockN keys or a quantized cache; min_keys = kDecodeMinSplitKeys, or
+// kDecodeMaxAutoSplits, or kDecodeMaxSplits for a quantized cache; min_keys = kDecodeMinSplitKeys, or
 // kDecodeMinSplitKeysQuantized for a quantized cache.
 inline int64_t decode_num_splits(int64_t batch, int64_t heads_q, int64_t heads_kv,
-                                 int64_t seqlen_q, int64_t max_seqlen_k, int64_t page_size,
-                                 bool quantized, int64_t forced) {
+                                 int64_t seqlen_q, int64_t max_seqlen_k, bool quantized,
+                                 int64_t forced) {
     if (forced > 0) return forced;
     const int64_t ctas = batch * heads_kv * decode_row_groups(heads_q / heads_kv * seqlen_q);
     const int64_t blocks = ceil_div(max_seqlen_k, kDecodeBlockN);
-    const bool small_pages = page_size > 0 && page_size < kDecodeBlockN;
     const int64_t min_keys = quantized ? kDecodeMinSplitKeysQuantized : kDecodeMinSplitKeys;
     const int64_t most =
-        std::min(small_pages || quantized ? kDecodeMaxSplits : kDecodeMaxAutoSplits,
+        std::min(quantized ? kDecodeMaxSplits : kDecodeMaxAutoSplits,
                  ceil_div(max_seqlen_k, min_keys));
     int64_t best = 1, best_cost = INT64_MAX;
     for (int64_t s = 1; s <= most; ++s) {

@@ -430,8 +430,8 @@ def test_paged_equals_contiguous(seed, page_size, num_splits):
 
 
 def test_split_past_the_staged_page_ids(seed):
-    """One split over 319 pages of 16 keys: the CTA stages the first 256 page ids in shared
-    memory and reads the rest from the block table; the same bits as a contiguous cache."""
+    """One split over 319 pages of 16 keys, more than the 256 page ids a CTA stages in shared
+    memory: it reads the block table for every tile; the same bits as a contiguous cache."""
     rng = np.random.default_rng(seed)
     lengths = [5096, 300]
     contiguous = DecodeCall(rng, "fp16", 128, 8, 2, 1, lengths, capacity=5120, num_splits=1)

@@ -53,9 +53,9 @@ constexpr int kBlockN = kDecodeBlockN;  // keys per shared-memory tile
 // in flight alone. (Tiles of codes are half the bytes; 4 and 8 stages of them measured 3-5%
 // slower than 3 and 5.)
 constexpr int kStages = 3, kDeepStages = 5;
-// Page ids a CTA stages in shared memory (1 KB): the pages of a split's first 256 x page_size
-// keys, all of them at the benchmark shapes (a split of 32768 keys over 16 splits has 128 pages
-// of 16 keys).
+// Page ids a CTA stages in shared memory (1 KB): a split of at most 256 pages has all of its ids
+// there (every split at the benchmark shapes: 32768 keys over 16 splits are 128 pages of 16
+// keys each); a longer one reads the block table for every tile.
 constexpr int kStagedPages = 256;
 static_assert(kBlockN % (16 * kWarps) == 0, "each of 4 key slices holds whole k16 steps of P V");
 

@@ -54,6 +54,13 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
 #endif
 }
 
+// cp.async.cg.shared.global (16 bytes, L2 only).
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src) {
+#if CK_SM80
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+#endif
+}
+
 // cp.async.cg.shared.global (16 bytes, L2 only): src_bytes = 0 reads nothing from global memory
 // and fills the 16 shared bytes with zeros, which is how out-of-range rows and the K tail load.
 __device__ __forceinline__ void cp_async_16_zfill(uint32_t dst, const void* src, bool valid) {
@@ -65,18 +72,24 @@ __device__ __forceinline__ void cp_async_16_zfill(uint32_t dst, const void* src,
 #endif
 }
 
-// cp.async.ca.shared.global (kBytes = 4, 8 or 16, through L1): src_bytes = 0 reads nothing and
-// fills the kBytes shared bytes with zeros. For data that other blocks of the SM read again (the
-// activations, scales and zero points of a GEMM); 4 and 8 bytes exist only in the .ca form.
+// cp.async.ca.shared.global (kBytes = 4, 8 or 16, through L1): reads the first src_bytes
+// (0 ... kBytes) of src and fills the rest of the kBytes shared bytes with zeros (0 reads
+// nothing). For data that other blocks of the SM read again (the activations, scales and zero
+// points of a GEMM); 4 and 8 bytes exist only in the .ca form.
 template <int kBytes>
-__device__ __forceinline__ void cp_async_ca_zfill(uint32_t dst, const void* src, bool valid) {
+__device__ __forceinline__ void cp_async_ca_fill(uint32_t dst, const void* src, int src_bytes) {
     static_assert(kBytes == 4 || kBytes == 8 || kBytes == 16, "cp.async copies 4, 8 or 16 bytes");
 #if CK_SM80
-    const int src_bytes = valid ? kBytes : 0;
     asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src),
                  "n"(kBytes), "r"(src_bytes)
                  : "memory");
 #endif
+}
+
+// The same, all kBytes or nothing: valid = false fills the shared bytes with zeros.
+template <int kBytes>
+__device__ __forceinline__ void cp_async_ca_zfill(uint32_t dst, const void* src, bool valid) {
+    cp_async_ca_fill<kBytes>(dst, src, valid ? kBytes : 0);
 }
 
 // createpolicy.fractional.L2::evict_first.b64: a cache policy that marks every line it touches

@@ -19,11 +19,12 @@
 // and walks the tile groups blockIdx.x, blockIdx.x + gridDim.x, ... (one or two blocks per SM:
 // stream_blocks_per_sm); its warps split K, warp w taking chunks w, w + warps, ... Each warp owns a
 // ring of `stages` (kStages, kGroupedStages) stages in shared memory. Per step (one chunk of
-// all kTiles tiles) every lane cp.async's exactly the bytes it will read back itself: its
-// 16-byte weight vector of each tile (cp.async.cg, L2 evict_first: read once), its 64 bytes of
-// x row g (and g + 8) at the same 32 k (cp.async.ca: every tile group of every block reads x
-// again), and the 4-byte words holding its scale and zero of each tile (cp.async.ca). So the main
-// loop needs only cp.async.wait_group: no __syncthreads, no __syncwarp, and the weight bytes in
+// all kTiles tiles) every lane cp.async's its 16-byte weight vector of each tile (cp.async.cg)
+// and its 64 bytes of x row g (and g + 8) at the same 32 k
+// (cp.async.ca: every tile group of every block reads x again; m = 1: one vector of row 0 on
+// each of lanes 0..15), and a few lanes copy each tile's scales and zero points of the chunk
+// (ScalePieces, cp.async.ca) for every lane to read. So the main loop needs only
+// cp.async.wait_group and a __syncwarp per step: no __syncthreads, and the weight bytes in
 // flight are the ring's, not registers (gemm_w4a16_small_m holds one step in registers: ~225
 // registers, 8 warps per SM, too few bytes in flight). The ring runs on across tile groups; at the
 // end of each group the warps add their partial accumulators through shared memory in a fixed order
@@ -94,30 +95,37 @@ static_assert(kXVectors == 4 && kPackSliceK / 8 == kXVectors,
               "x vector i holds the k of weight word i (8 k, 4 pairs)");
 static_assert(kPackTileBytes == kLanes * 16, "a tile is one 16-byte vector per lane");
 
-// One stage of a warp's ring: per lane, what it copies for one chunk of kTiles tiles. Each region
-// is [item][lane][bytes] (or [vector][row][slice][16] for x), so a warp's 16-byte cp.async and
-// its 16-byte shared loads touch 8 consecutive 16-byte vectors per quarter warp: no bank
-// conflicts. x rows: kXRows = 1 (m = 1: only row 0 is copied, by lanes 0..3), 8 (m <= 8: rows g,
-// zeros for g >= m) or 16 (rows g and g + 8). Scales and zeros: lane l's word of tile t at
-// [t / P][l][t % P] (P = min(kTiles, 4)), so one shared load brings P tiles' words.
+// One stage of a warp's ring: what the warp copies for one chunk of kTiles tiles. The weight is
+// [tile][lane][16] and x [vector][row][slice][16], so a warp's 16-byte cp.async and its 16-byte
+// shared loads touch 8 consecutive 16-byte vectors per quarter warp: no bank conflicts. x rows:
+// kXRows = 1 (m = 1: only row 0 is copied, one vector by each of lanes 0..15), 8 (m <= 8: rows
+// g, zeros for g >= m) or 16 (rows g and g + 8). Scales and zeros: each tile's units of the
+// chunk's scale groups, [tile][group][row] as the prepacked layout holds them (a chunk spans 1
+// to kChunkGroups groups: stage_scale_bytes per tile for the most), copied in a few pieces by
+// the warp and read back one 4-byte word (zeros: one byte) per lane and tile.
 struct StageLayout {
     int w, x_lo, x_hi, scale, zero, bytes;
 };
+constexpr int kChunkGroups = kPackK / kPackSliceK;  // scale groups per chunk at most (groups of 32)
 __host__ __device__ constexpr int stage_lo_rows(int x_rows) { return x_rows < 8 ? x_rows : 8; }
-__host__ __device__ constexpr int stage_scale_pack(int tiles) { return tiles < 4 ? tiles : 4; }
-__host__ __device__ constexpr StageLayout stage_layout(int tiles, int x_rows, bool asym) {
+// A tile's scale units (unit_bytes each) or zero points (1 byte each) in a stage.
+__host__ __device__ constexpr int stage_scale_bytes(int unit_bytes) {
+    return kChunkGroups * kPackRows * unit_bytes;
+}
+__host__ __device__ constexpr StageLayout stage_layout(int tiles, int x_rows, bool asym,
+                                                       int unit_bytes) {
     const int w_bytes = tiles * kPackTileBytes;
     const int x_bytes = kXVectors * stage_lo_rows(x_rows) * kXRowBytes;
-    const int word_bytes = tiles * kLanes * 4;  // one 4-byte scale (zero) word per tile and lane
     StageLayout l{};
     l.w = 0;
     l.x_lo = l.w + w_bytes;
     l.x_hi = l.x_lo + x_bytes;
     l.scale = l.x_hi + (x_rows == 16 ? x_bytes : 0);
-    l.zero = l.scale + word_bytes;
-    l.bytes = l.zero + (asym ? word_bytes : 0);
+    l.zero = l.scale + tiles * stage_scale_bytes(unit_bytes);
+    l.bytes = l.zero + (asym ? tiles * stage_scale_bytes(1) : 0);
     return l;
 }
+constexpr int kInt4UnitBytes = 2;  // an INT4 weight's scale: one fp16/bf16 value
 
 // Floats of the cross-warp reduction buffer: per warp, tile pair, x half (rows 0-7, 8-15),
 // accumulator register and lane.
@@ -140,15 +148,48 @@ __device__ __forceinline__ void cp_async_wait_pending(int pending) {
     }
 }
 
-// Word j of a P-word scale (zero) vector from shared memory.
-template <int P> struct Words;
-template <> struct Words<4> {
-    using V = uint4;
-    __device__ __forceinline__ static uint32_t at(const V& v, int j) { return word(v, j); }
-};
-template <> struct Words<2> {
-    using V = uint2;
-    __device__ __forceinline__ static uint32_t at(const V& v, int j) { return j == 0 ? v.x : v.y; }
+// The pieces in which a warp copies its tiles' scale units (or zero points) of one chunk: a
+// tile's units of the chunk's groups are contiguous in the prepacked layout ([tile][group][row]),
+// so they come as kPiece-byte copies, one per lane, piece j of tile t on lane c = t * pieces + j
+// (+ 32 per further copy): one or two cp.async per warp and step where one 4-byte copy per lane
+// and tile took ~20 shared-memory wavefronts each (ncu, H100). A piece is one group's 8 units
+// or 16 bytes of them, so it starts on a group: 16-byte aligned for units of 2 or 4 bytes in a
+// 16-byte aligned array, 8-byte aligned for 1-byte units.
+template <int kTiles, int kGroupBytes> struct ScalePieces {
+    static constexpr int kPiece = kGroupBytes < 16 ? kGroupBytes : 16;
+    static constexpr int kTileBytes = kChunkGroups * kGroupBytes;  // stage_scale_bytes
+    static constexpr int kCopies = (kTiles * kTileBytes / kPiece + kLanes - 1) / kLanes;
+    static_assert(kGroupBytes % kPiece == 0, "a group is whole pieces");
+
+    int tile[kCopies];   // the piece's tile (kTiles: no piece on this lane)
+    int start[kCopies];  // its byte offset in the tile's units of the chunk
+
+    // chunk_groups: groups per chunk (1, 2 or 4).
+    __device__ __forceinline__ ScalePieces(int lane, int chunk_groups) {
+        const int per_tile = chunk_groups * kGroupBytes / kPiece;  // a power of two
+#pragma unroll
+        for (int i = 0; i < kCopies; ++i) {
+            const int c = lane + i * kLanes;
+            tile[i] = c / per_tile < kTiles ? c / per_tile : kTiles;
+            start[i] = c % per_tile * kPiece;
+        }
+    }
+    // Copies this lane's pieces of tiles < tiles_here into the stage's region: base is the
+    // chunk's first unit of tile 0, tile_stride the bytes from a tile's units to the next
+    // tile's, avail the bytes of the chunk's groups that exist (groups past the weight's last
+    // are zeros; so is everything when avail is 0).
+    __device__ __forceinline__ void copy(uint32_t region, const uint8_t* base, int64_t tile_stride,
+                                         int tiles_here, int avail, const void* any_valid) const {
+#pragma unroll
+        for (int i = 0; i < kCopies; ++i) {
+            if (tile[i] < tiles_here) {
+                const int bytes = min(max(avail - start[i], 0), kPiece);
+                const uint8_t* src = base + tile[i] * tile_stride + start[i];
+                cp_async_ca_fill<kPiece>(region + tile[i] * kTileBytes + start[i],
+                                         bytes > 0 ? src : any_valid, bytes);
+            }
+        }
+    }
 };
 
 // Format: the weight's code format (core/dequant.cuh). Int4Zp is the INT4 kernel of the file
@@ -164,22 +205,20 @@ gemm_w4a16_stream_kernel(const GemmW4A16Args a, const int stages, const int64_t 
     static_assert(!grouped_rows(kMoe) || kXRows == kMoeBlockRows, "a grouped block is 16 rows");
     constexpr bool kInt4 = std::is_same_v<Format, Int4Zp>;
     using Unit = typename Dequant<Format, T>::Unit;
-    constexpr int kUnitsPerWord = 4 / int(sizeof(Unit));  // scale units in a 4-byte word
     static_assert(kInt4 || (!grouped_rows(kMoe) && !kAsym), "block formats: dense, no zero points");
-    static_assert(kUnitsPerWord * int(sizeof(Unit)) == 4 && kPackRows % kUnitsPerWord == 0,
-                  "a row's unit lies in one word of its tile's 8");
+    static_assert(4 % sizeof(Unit) == 0, "a row's unit lies in one 4-byte word of its group's");
     constexpr bool kHi = kXRows == 16;              // x rows 8 .. 15 exist
     constexpr int kLoRows = stage_lo_rows(kXRows);  // x rows copied for rows 0 .. 7
     constexpr int kHalves = kHi ? 2 : 1;            // n8 B fragments of x: rows 0-7, 8-15
+    constexpr bool kOneRow = kXRows == 1;           // x row 0 alone: lane 4v + s copies vector v
     constexpr int kPairs = kTiles / 2;              // tile pairs: one m16 A fragment each
-    constexpr int kP = stage_scale_pack(kTiles);
-    constexpr StageLayout kL = stage_layout(kTiles, kXRows, kAsym);
+    constexpr StageLayout kL = stage_layout(kTiles, kXRows, kAsym, int(sizeof(Unit)));
     constexpr int kVecElems = 16 / int(sizeof(T));  // x elements per 16-byte vector
-    using ScaleWords = Words<kP>;
+    using ScaleCopy = ScalePieces<kTiles, kPackRows * int(sizeof(Unit))>;
+    using ZeroCopy = ScalePieces<kTiles, kPackRows>;
     static_assert(kXRows == 1 || kXRows == 8 || kXRows == 16, "x row classes");
     static_assert(!kHi || kLoRows == 8, "rows 8 .. 15 sit beside rows 0 .. 7");
     static_assert(kTiles % 2 == 0, "tiles go to the mma in pairs (A rows g and g + 8)");
-    static_assert(kTiles % kP == 0 && (kP == 2 || kP == 4), "scale words come in vectors");
     static_assert(kL.x_lo % 16 == 0 && kL.x_hi % 16 == 0 && kL.scale % 16 == 0 &&
                       kL.zero % 16 == 0 && kL.bytes % 16 == 0,
                   "16-byte aligned regions");
@@ -243,32 +282,38 @@ gemm_w4a16_stream_kernel(const GemmW4A16Args a, const int stages, const int64_t 
     const int n_steps = warp < chunks ? int((chunks - 1 - warp) / warps) + 1 : 0;
 
     // ------------------------------------------------------------------ issue side (producer)
-    const uint64_t policy = l2_evict_first_policy();
     const int64_t w_tile_stride = chunks * kPackTileBytes;  // bytes from tile i to tile i + 1
     const int64_t s_tile_stride = a.groups * kPackRows;     // values from tile i to tile i + 1
     const int64_t w_step = int64_t(warps) * kPackTileBytes;
-    const int64_t s_step = group_shift >= 32 ? 0 : (int64_t(warps) * kPackK >> group_shift) * kPackRows;
+    // Scale groups: a chunk's first is chunk * kPackK >> group_shift, and it spans chunk_groups
+    // (one for groups of 128 k and for one group per row: group_shift >= 32).
+    const int chunk_groups = group_shift >= 7 ? 1 : kPackK >> group_shift;
+    const int64_t g_step = group_shift >= 32 ? 0 : int64_t(warps) * kPackK >> group_shift;
+    const int64_t s_step = g_step * kPackRows;
     const int64_t x_step = int64_t(warps) * kPackK;
-    const bool lo_loader = g < kLoRows;              // lanes that copy x row g
-    const bool lo_ok = lo_loader && lo_exists;       // ... that exists (else zeros)
+    // Lanes that copy x row g (kOneRow: vector g of row 0), and whether it exists (else zeros).
+    const bool lo_loader = kOneRow ? g < kXVectors : g < kLoRows;
+    const bool lo_ok = lo_loader && (kOneRow || lo_exists);
     const bool hi_ok = kHi && hi_exists;
-    const T* x_lo_row = x + (lo_ok ? x_lo_index : 0) * k + s * kPackSliceK;
+    const T* x_lo_row = x + (lo_ok && !kOneRow ? x_lo_index : 0) * k + s * kPackSliceK +
+                        (kOneRow ? g * kVecElems : 0);
     const T* x_hi_row = x + (hi_ok ? x_hi_index : 0) * k + s * kPackSliceK;
     // This lane's destinations in stage 0 of the ring (a stage offset is added per step).
     const uint32_t ring_smem = shared_address(ring);
     const uint32_t w_dst = ring_smem + kL.w + lane * 16;
     const uint32_t lo_dst = ring_smem + kL.x_lo + g * kXRowBytes + s * 16;
     const uint32_t hi_dst = ring_smem + kL.x_hi + g * kXRowBytes + s * 16;
-    const uint32_t s_dst = ring_smem + kL.scale + lane * kP * 4;
-    const uint32_t z_dst = ring_smem + kL.zero + lane * kP * 4;
+    const ScaleCopy scale_copy(lane, chunk_groups);
+    [[maybe_unused]] const ZeroCopy zero_copy(lane, kAsym ? chunk_groups : 1);
 
     // The step to issue next: tile group ig, its step is; and this lane's sources for it.
     int64_t ig = blockIdx.x;
     int is = 0, tiles_here = 0;
     int64_t slice = 0;  // this lane's k slice (of 32)
+    int64_t grp = 0;    // the chunk's first scale group
     const uint8_t* wp = nullptr;
-    const Unit* sp = nullptr;
-    const uint8_t* zp = nullptr;
+    const Unit* sp = nullptr;     // the chunk's first scale unit of the group's first tile
+    const uint8_t* zp = nullptr;  // ... and zero point
     const T* xlp = nullptr;
     const T* xhp = nullptr;
     auto start_group = [&]() {
@@ -276,10 +321,10 @@ gemm_w4a16_stream_kernel(const GemmW4A16Args a, const int stages, const int64_t 
         tiles_here = int(std::min<int64_t>(kTiles, tiles - tile0));
         wp = w_base + (tile0 * chunks + warp) * kPackTileBytes + lane * 16;
         slice = int64_t(warp) * (kPackK / kPackSliceK) + s;
-        const int64_t grp = (slice * kPackSliceK) >> group_shift;
-        const int64_t idx = (tile0 * a.groups + grp) * kPackRows + g;
-        sp = scales + (idx & ~int64_t(kUnitsPerWord - 1));        // the 4-byte word holding the scale
-        if constexpr (kAsym) zp = z_base + (idx & ~int64_t(3));  // ... and the zero
+        grp = group_shift >= 32 ? 0 : int64_t(warp) * kPackK >> group_shift;
+        const int64_t idx = (tile0 * a.groups + grp) * kPackRows;
+        sp = scales + idx;
+        if constexpr (kAsym) zp = z_base + idx;
         xlp = x_lo_row + int64_t(warp) * kPackK;
         xhp = x_hi_row + int64_t(warp) * kPackK;
     };
@@ -291,16 +336,23 @@ gemm_w4a16_stream_kernel(const GemmW4A16Args a, const int stages, const int64_t 
     auto copy_step = [&](auto partial_tag, uint32_t off) {
         constexpr bool kPartial = decltype(partial_tag)::value;
         const bool kok = slice < k_slices;  // lanes past K (the last chunk): zeros
+        // No L2 cache-hint policy on the weight (evict_first): with one, CUDA 13.0's ptxas gave
+        // the main loop of some instances an LDGSTS whose descriptor register nothing wrote (an
+        // illegal instruction at run time, m = 1), the policy made before the loop or per step.
 #pragma unroll
         for (int t = 0; t < kTiles; ++t)
             if (!kPartial || t < tiles_here)
-                cp_async_16_hint(w_dst + off + t * kPackTileBytes, wp + t * w_tile_stride, policy);
+                cp_async_16(w_dst + off + t * kPackTileBytes, wp + t * w_tile_stride);
         if (lo_loader) {
             const T* src = kok ? xlp : x;
+            if constexpr (kOneRow) {
+                cp_async_ca_zfill<16>(lo_dst + off, src, kok);
+            } else {
 #pragma unroll
-            for (int v = 0; v < kXVectors; ++v)
-                cp_async_ca_zfill<16>(lo_dst + off + v * kLoRows * kXRowBytes, src + v * kVecElems,
-                                     kok && lo_ok);
+                for (int v = 0; v < kXVectors; ++v)
+                    cp_async_ca_zfill<16>(lo_dst + off + v * kLoRows * kXRowBytes,
+                                         src + v * kVecElems, kok && lo_ok);
+            }
         }
         if constexpr (kHi) {
             const T* src = kok ? xhp : x;
@@ -309,20 +361,16 @@ gemm_w4a16_stream_kernel(const GemmW4A16Args a, const int stages, const int64_t 
                 cp_async_ca_zfill<16>(hi_dst + off + v * kLoRows * kXRowBytes, src + v * kVecElems,
                                      kok && hi_ok);
         }
-        // Lanes past K read no scale: their group (k >> shift) may be past `groups`. A zero
-        // scale (and x = 0) makes their products exact zeros.
-        const Unit* ssrc = kok ? sp : scales;
-#pragma unroll
-        for (int t = 0; t < kTiles; ++t) {
-            if (!kPartial || t < tiles_here) {
-                const uint32_t word_off = off + (t / kP) * kLanes * kP * 4 + (t % kP) * 4;
-                cp_async_ca_zfill<4>(s_dst + word_off, ssrc + t * s_tile_stride, kok);
-                if constexpr (kAsym) {
-                    const uint8_t* zsrc = kok ? zp : z_base;
-                    cp_async_ca_zfill<4>(z_dst + word_off, zsrc + t * s_tile_stride, kok);
-                }
-            }
-        }
+        // The chunk's scale groups past the weight's last (K's last chunk) read nothing: their
+        // units are zeros, and so are the products of the k they cover (x = 0 there too).
+        const int have = int(std::min<int64_t>(chunk_groups, a.groups - grp));
+        const int n_tiles = kPartial ? tiles_here : kTiles;
+        scale_copy.copy(ring_smem + off + kL.scale, reinterpret_cast<const uint8_t*>(sp),
+                        s_tile_stride * int64_t(sizeof(Unit)), n_tiles,
+                        have * kPackRows * int(sizeof(Unit)), scales);
+        if constexpr (kAsym)
+            zero_copy.copy(ring_smem + off + kL.zero, zp, s_tile_stride, n_tiles, have * kPackRows,
+                           z_base);
     };
 
     // Issues the next step (nothing past the block's last one) and commits a group either way,
@@ -339,6 +387,7 @@ gemm_w4a16_stream_kernel(const GemmW4A16Args a, const int stages, const int64_t 
                 wp += w_step;
                 sp += s_step;
                 if constexpr (kAsym) zp += s_step;
+                grp += g_step;
                 slice += int64_t(warps) * (kPackK / kPackSliceK);
                 xlp += x_step;
                 if constexpr (kHi) xhp += x_step;
@@ -354,7 +403,11 @@ gemm_w4a16_stream_kernel(const GemmW4A16Args a, const int stages, const int64_t 
     const bool lo_reads = g < kLoRows;
     const int lo_row = lo_reads ? g : 0;
     const uint32_t scale_sel = g & 1 ? 0x3232u : 0x1010u;  // our half of the scale word, twice
-    const int zero_shift = 8 * (g & 3);                   // our byte of the zero word
+    // Our scale group of the chunk (slice s of its four) and in it our row's unit: the stage
+    // offsets of the 4-byte word holding it and of our zero point, in tile 0's units.
+    const int my_group = group_shift >= 7 ? 0 : s >> (group_shift - 5);
+    const int scale_word = kL.scale + ((my_group * kPackRows + g) * int(sizeof(Unit)) & ~3);
+    [[maybe_unused]] const int zero_byte = kL.zero + my_group * kPackRows + g;
     // Block formats: our unit of the scale word, and the format's table.
     [[maybe_unused]] const int unit_shift = 8 * ((g * int(sizeof(Unit))) & 3);
     constexpr uint32_t kUnitMask = sizeof(Unit) == 4 ? 0xffffffffu : (1u << (8 * sizeof(Unit))) - 1;
@@ -368,13 +421,10 @@ gemm_w4a16_stream_kernel(const GemmW4A16Args a, const int stages, const int64_t 
             if constexpr (kHi)
                 xh[v] = *reinterpret_cast<const uint4*>(st + kL.x_hi + (v * kLoRows + g) * kXRowBytes + s * 16);
         }
-        typename ScaleWords::V sw[kTiles / kP], zw[kTiles / kP];
-#pragma unroll
-        for (int q = 0; q < kTiles / kP; ++q) {
-            const int off = (q * kLanes + lane) * kP * 4;
-            sw[q] = *reinterpret_cast<const typename ScaleWords::V*>(st + kL.scale + off);
-            if constexpr (kAsym) zw[q] = *reinterpret_cast<const typename ScaleWords::V*>(st + kL.zero + off);
-        }
+        // Tile t's scale word and zero point (its units at t * kTileBytes).
+        auto scale_word_of = [&](int t) {
+            return *reinterpret_cast<const uint32_t*>(st + scale_word + t * ScaleCopy::kTileBytes);
+        };
         // acc[q] += x times tiles 2q and 2q + 1: weight word i of each (<-> x vector i),
         // dequantized by dequant(i, p0, p1) into the mma's B pairs.
         auto mma_tile_pair = [&](int q, auto&& dequant) {
@@ -401,9 +451,9 @@ gemm_w4a16_stream_kernel(const GemmW4A16Args a, const int stages, const int64_t 
             for (int e = 0; e < 2; ++e) {
                 const int t = 2 * q + e;
                 wv[e] = *reinterpret_cast<const uint4*>(st + kL.w + t * kPackTileBytes + lane * 16);
-                scale2[e] = __byte_perm(ScaleWords::at(sw[t / kP], t % kP), 0, scale_sel);
+                scale2[e] = __byte_perm(scale_word_of(t), 0, scale_sel);
                 zero[e] = kSymmetricZero;
-                if constexpr (kAsym) zero[e] = (ScaleWords::at(zw[t / kP], t % kP) >> zero_shift) & 0xffu;
+                if constexpr (kAsym) zero[e] = st[zero_byte + t * ZeroCopy::kTileBytes];
             }
             mma_tile_pair(q, [&](int i, uint32_t (&p0)[4], uint32_t (&p1)[4]) {
                 Dequant<Int4Zp, T>::word(word(wv[0], i), {zero[0], scale2[0]}, p0);
@@ -422,7 +472,7 @@ gemm_w4a16_stream_kernel(const GemmW4A16Args a, const int stages, const int64_t 
             for (int e = 0; e < 2; ++e) {
                 const int t = 2 * q + e;
                 wv[e] = *reinterpret_cast<const uint4*>(st + kL.w + t * kPackTileBytes + lane * 16);
-                unit[e] = (ScaleWords::at(sw[t / kP], t % kP) >> unit_shift) & kUnitMask;
+                unit[e] = (scale_word_of(t) >> unit_shift) & kUnitMask;
             }
             auto plain = [&]() {
                 mma_tile_pair(q, [&](int i, uint32_t (&p0)[4], uint32_t (&p1)[4]) {
@@ -454,10 +504,10 @@ gemm_w4a16_stream_kernel(const GemmW4A16Args a, const int stages, const int64_t 
     }
 
     // ------------------------------------------------------------------------------ main loop
-    // Stage i of the ring holds step i mod stages. At step i: wait for step i, refill the stage
-    // that step i - 1 used (its shared loads fed MMAs that issued before this cp.async: no
-    // hazard within the lane, and no other lane reads it), then consume step i. So stages - 1
-    // steps stay in flight while one is dequantized.
+    // Stage i of the ring holds step i mod stages. At step i: wait for this lane's copies of
+    // step i, meet the warp's other lanes (whose copies this lane reads: x at m = 1, the scales
+    // and zeros; and who have all read step i - 1's stage), refill the stage that step i - 1
+    // used, then consume step i. So stages - 1 steps stay in flight while one is dequantized.
     for (int j = 0; j < stages - 1; ++j) issue(j * kL.bytes);
     int read_off = 0, write_off = (stages - 1) * kL.bytes;
     const auto ep = a.epilogue_of<T, kMoe>();
@@ -469,6 +519,7 @@ gemm_w4a16_stream_kernel(const GemmW4A16Args a, const int stages, const int64_t 
         float acc[kPairs][kHalves][4] = {};
         for (int step = 0; step < n_steps; ++step) {
             cp_async_wait_pending(stages - 2);
+            __syncwarp();  // the lanes' copies of step i seen by all; step i - 1 read by all
             issue(write_off);
             write_off = write_off + kL.bytes == ring_bytes ? 0 : write_off + kL.bytes;
             compute(ring + read_off, acc);
@@ -584,13 +635,13 @@ constexpr double kXTrafficCost = 0.2;
 // stages and reduction buffer fit `smem_limit`. Score: the share of block time spent streaming,
 // groups / (slots * rounds), divided by 1 + kXTrafficCost * (x bytes read from L2 per weight
 // byte).
-inline StreamPlan plan_for(int tiles, int x_rows, bool asym, int64_t m, int64_t n_tiles, int slots,
-                           int smem_limit, int stages) {
+inline StreamPlan plan_for(int tiles, int x_rows, bool asym, int unit_bytes, int64_t m,
+                           int64_t n_tiles, int slots, int smem_limit, int stages) {
     StreamPlan p;
     p.tiles = tiles;
     p.stages = stages;
     for (int warps : kWarpChoices) {
-        const int bytes = warps * stages * stage_layout(tiles, x_rows, asym).bytes +
+        const int bytes = warps * stages * stage_layout(tiles, x_rows, asym, unit_bytes).bytes +
                           partial_floats(warps, tiles, x_rows) * int(sizeof(float));
         if (bytes <= smem_limit) {
             p.warps = warps;
@@ -642,10 +693,12 @@ cudaError_t launch_rows(const GemmW4A16Args& a, const StreamLaunch& l, cudaStrea
 }
 
 // The plan of the widest-scoring tile count for x_rows rows on `sms` SMs whose blocks may opt
-// in to smem_limit bytes each (score -1: none fits). extra_smem: bytes a block takes beyond the
-// plan's (a block format's table), added to the plan's smem.
+// in to smem_limit bytes each (score -1: none fits). unit_bytes: the bytes of a scale unit;
+// extra_smem: bytes a block takes beyond the plan's (a block format's table), added to the
+// plan's smem.
 inline StreamPlan best_plan(const GemmW4A16Args& a, int x_rows, int64_t m, int sms, int smem_limit,
-                            int extra_smem = 0, int stages = kStages) {
+                            int unit_bytes = kInt4UnitBytes, int extra_smem = 0,
+                            int stages = kStages) {
     // Blocks of an SM share its shared memory, less the 1 KB the runtime reserves per block.
     constexpr int kReservedPerBlock = 1024;
     const int blocks = stream_blocks_per_sm(x_rows);
@@ -653,8 +706,8 @@ inline StreamPlan best_plan(const GemmW4A16Args& a, int x_rows, int64_t m, int s
         (smem_limit + kReservedPerBlock) / blocks - kReservedPerBlock - extra_smem;
     StreamPlan best;
     for (int tiles : kTileChoices) {
-        const StreamPlan p = plan_for(tiles, x_rows, a.zeros != nullptr, m, a.tiles8, sms * blocks,
-                                      per_block, stages);
+        const StreamPlan p = plan_for(tiles, x_rows, a.zeros != nullptr, unit_bytes, m, a.tiles8,
+                                      sms * blocks, per_block, stages);
         if (p.score > best.score) best = p;  // ties go to the wider tile group (listed first)
     }
     best.smem += extra_smem;
@@ -701,8 +754,8 @@ cudaError_t gemm_w4a16_prepacked_stream_grouped(const GemmW4A16Args& args, MoeMo
     // Each row block is one weight stream, planned as a 16-row call on its share of the SMs
     // (the blocks of experts with rows come first in the grid; the others leave at once).
     const int share = int(std::max<int64_t>(1, std::max(sm_count(), 1) / std::max<int64_t>(active_experts, 1)));
-    const StreamLaunch l{best_plan(args, kMoeBlockRows, kMoeBlockRows, share, max_smem_optin(), 0,
-                                   kGroupedStages),
+    const StreamLaunch l{best_plan(args, kMoeBlockRows, kMoeBlockRows, share, max_smem_optin(),
+                                   kInt4UnitBytes, 0, kGroupedStages),
                          max_smem_optin(), blocks, rows};
     if (l.plan.score < 0) return cudaErrorNotSupported;
     return dispatch_half_dtype(args.dtype, [&](auto tag) {
@@ -726,7 +779,9 @@ cudaError_t block4_stream(const GemmW4A16Args& args, cudaStream_t stream) {
         using T = decltype(tag);
         constexpr int kTableBytes = Dequant<Format, T>::kTableFloats * int(sizeof(float));
         const int x_rows = args.m == 1 ? 1 : args.m <= 8 ? 8 : 16;
-        const StreamLaunch l{best_plan(args, x_rows, args.m, sms, smem_limit, kTableBytes),
+        constexpr int kUnitBytes = int(sizeof(typename Dequant<Format, T>::Unit));
+        const StreamLaunch l{best_plan(args, x_rows, args.m, sms, smem_limit, kUnitBytes,
+                                       kTableBytes),
                              smem_limit, 1, MoeRows{}};
         if (l.plan.score < 0) return cudaErrorNotSupported;
         return with_bool(args.qkv.q != nullptr, [&](auto qkv_tag) {

@@ -157,7 +157,7 @@ __device__ __forceinline__ void cp_async_wait_pending(int pending) {
 // 16-byte aligned array, 8-byte aligned for 1-byte units.
 template <int kTiles, int kGroupBytes> struct ScalePieces {
     static constexpr int kPiece = kGroupBytes < 16 ? kGroupBytes : 16;
-    static constexpr int kTileBytes = kChunkGroups * kGroupBytes;  // stage_scale_bytes
+    static constexpr int kTileBytes = stage_scale_bytes(kGroupBytes / kPackRows);
     static constexpr int kCopies = (kTiles * kTileBytes / kPiece + kLanes - 1) / kLanes;
     static_assert(kGroupBytes % kPiece == 0, "a group is whole pieces");
 

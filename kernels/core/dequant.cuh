@@ -98,14 +98,30 @@ __device__ __forceinline__ void dequant_int4_word<__nv_bfloat16>(uint32_t q, uin
 // packed as T, the bits of pair 0 of dequant_int4_word<T> (the same exact u - zero, the same one
 // rounding by the scale). Callers shift q right by 4j for pair j: for a kernel that needs one
 // pair of a word rather than all four (the wgmma kernel, whose A fragment takes k 2t, 2t + 1).
+// The _sub form takes the subtrahend magic + zero (int4_pair_sub) already made, so that a kernel
+// makes it once per group rather than once per pair.
+template <typename T>
+constexpr uint32_t kInt4Magic = std::is_same_v<T, __half> ? 0x6400u : 0x4300u;
+
+// magic + zero in both 16-bit halves (as T: 1024 + zero for fp16, 128 + zero for bf16).
+template <typename T> __host__ __device__ constexpr uint32_t int4_pair_sub(uint32_t zero) {
+    return (kInt4Magic<T> | zero) * 0x10001u;
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t dequant_int4_pair_sub(uint32_t q, uint32_t sub2,
+                                                          uint32_t scale2) {
+    static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>, "fp16 or bf16");
+    // magic + u: u sits in the mantissa's lowest bits, exactly; (magic + u) - (magic + zero) is
+    // exact too.
+    const typename Pair<T>::V v =
+        __hsub2(as_pair<T>(and_or(q, kNibbleLo, kInt4Magic<T> * 0x10001u)), as_pair<T>(sub2));
+    return pair_bits(__hmul2_rn(v, as_pair<T>(scale2)));
+}
+
 template <typename T>
 __device__ __forceinline__ uint32_t dequant_int4_pair(uint32_t q, uint32_t zero, uint32_t scale2) {
-    static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>, "fp16 or bf16");
-    // 1024 + u (fp16) or 128 + u (bf16): u sits in the mantissa's lowest bits, exactly.
-    constexpr uint32_t kMagic = std::is_same_v<T, __half> ? 0x6400u : 0x4300u;
-    const typename Pair<T>::V sub = as_pair<T>((kMagic | zero) * 0x10001u);  // magic + zero
-    const typename Pair<T>::V v = __hsub2(as_pair<T>(and_or(q, kNibbleLo, kMagic * 0x10001u)), sub);
-    return pair_bits(__hmul2_rn(v, as_pair<T>(scale2)));
+    return dequant_int4_pair_sub<T>(q, int4_pair_sub<T>(zero), scale2);
 }
 
 // ---------------------------------------------------------------------------------------------

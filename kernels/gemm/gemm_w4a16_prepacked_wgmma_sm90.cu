@@ -233,14 +233,15 @@ inline WgmmaGroups wgmma_groups(int group_shift) {
 // (the unit s >> slice_shift of the chunk's groups): rows g of its tiles T0 and T1 = T0 + 1.
 // Units of 16 bits or less (INT4's scale in the dtype, MXFP4's E8M0 byte, NVFP4's two E4M3
 // bytes): scale[s] = T0's | T1's << 16; 32-bit units (NF4's float32 absmax): scale[s] = T0's,
-// scale_t1[s] = T1's. zero[s / 2] = (T0's | T1's << 8) << 16 (s % 2). 0 past the last tile or
-// group (the zero-filled codes there dequantize to 0 either way: every format's unit 0 is a
-// finite scale). Indexed by constants only, inside the wgmma stage, so that they stay in
-// registers and no select sits between wgmmas; what a format does not use is never computed.
+// scale_t1[s] = T1's. zero[s] = T0's | T1's << 16, each zero point as INT4's subtrahend magic +
+// zero (int4_pair_sub's half). 0 past the last tile or group (magic alone for zero points; the
+// zero-filled codes there dequantize to 0 either way: every format's unit 0 is a finite
+// scale). Indexed by constants only, inside the wgmma stage, so that they stay in registers and
+// no select sits between wgmmas; what a format does not use is never computed.
 struct ChunkScales {
     uint32_t scale[kGroupUnits];
     uint32_t scale_t1[kGroupUnits];
-    uint32_t zero[kGroupUnits / 2];
+    uint32_t zero[kGroupUnits];
 };
 
 // What one lane reads for a chunk: the units (and zero points) of rows g of T0 and T1 in its
@@ -283,11 +284,13 @@ template <class Format, typename T, bool kAsym> struct ScaleReader {
         const int64_t group = int64_t(kc) * step + unit;
         const int64_t at = group * kPackRows;
         const bool in = group < groups;
-        r.s0 = in && scale_row[0] ? __ldg(scale_row[0] + at) : 0u;
-        r.s1 = in && scale_row[1] ? __ldg(scale_row[1] + at) : 0u;
+        // A tile's zero points exist where its scales do: one predicate per tile for both.
+        const bool in0 = in && scale_row[0], in1 = in && scale_row[1];
+        r.s0 = in0 ? __ldg(scale_row[0] + at) : 0u;
+        r.s1 = in1 ? __ldg(scale_row[1] + at) : 0u;
         if constexpr (kAsym) {
-            r.z0 = in && zero_row[0] ? __ldg(zero_row[0] + at) : 0u;
-            r.z1 = in && zero_row[1] ? __ldg(zero_row[1] + at) : 0u;
+            r.z0 = in0 ? __ldg(zero_row[0] + at) : 0u;
+            r.z1 = in1 ? __ldg(zero_row[1] + at) : 0u;
         }
     }
 
@@ -307,35 +310,49 @@ template <class Format, typename T, bool kAsym> struct ScaleReader {
 #pragma unroll
         for (int s = 0; s < kGroupUnits; ++s) out.scale[s] = __shfl_sync(~0u, scales, quad | s);
         if constexpr (kAsym) {
-            const uint32_t zeros = r.z0 | (r.z1 << 8);
+            // magic + zero of T0 and T1 (a zero point is below 16: it fills the low byte alone),
+            // made once here rather than per slice after the shuffles.
+            const uint32_t zeros = (r.z0 | (r.z1 << 16)) | int4_pair_sub<T>(0);
 #pragma unroll
-            for (int s = 0; s < kGroupUnits / 2; ++s)
-                out.zero[s] = __shfl_sync(~0u, zeros, quad | (2 * s)) |
-                              (__shfl_sync(~0u, zeros, quad | (2 * s + 1)) << 16);
+            for (int s = 0; s < kGroupUnits; ++s) out.zero[s] = __shfl_sync(~0u, zeros, quad | s);
         }
         return out;
     }
 };
 
-// The Blocks (Dequant<Format, T>::Block) of step h of slice s for rows g of tiles T0 (b[0]) and
-// T1 (b[1]): INT4's scale and zero point of the slice; a block format's from its unit, for the
-// step's words 2h and 2h + 1 (NVFP4: the 16-k block of the unit's low byte for h = 0, high for
-// h = 1; the others' blocks span the slice). table: the format's shared-memory table, if any.
-template <class Format, typename T, bool kAsym>
+// INT4's operands of slice s for rows g of tiles T0 ([0]) and T1 ([1]): the scale in both
+// halves, and the subtrahend magic + zero point in both halves (int4_pair_sub), each one PRMT
+// per slice (for both steps of the slice and both words of each) rather than the shifts, masks
+// and multiplies of a Block per pair. Symmetric weights: the constant of zero point 8.
+struct Int4Slice {
+    uint32_t scale2[2], sub2[2];
+};
+template <typename T, bool kAsym>
+__device__ __forceinline__ Int4Slice int4_slice(const ChunkScales& cur, int s) {
+    Int4Slice r;
+    r.scale2[0] = __byte_perm(cur.scale[s], 0u, 0x1010);  // T0's 16 bits twice
+    r.scale2[1] = __byte_perm(cur.scale[s], 0u, 0x3232);  // T1's
+    if constexpr (kAsym) {
+        r.sub2[0] = __byte_perm(cur.zero[s], 0u, 0x1010);
+        r.sub2[1] = __byte_perm(cur.zero[s], 0u, 0x3232);
+    } else {
+        r.sub2[0] = r.sub2[1] = int4_pair_sub<T>(kSymmetricZero);
+    }
+    return r;
+}
+
+// The Blocks (Dequant<Format, T>::Block) of a block format's step h of slice s for rows g of
+// tiles T0 (b[0]) and T1 (b[1]), from the step's words 2h and 2h + 1 (NVFP4: the 16-k block of
+// the unit's low byte for h = 0, high for h = 1; the others' blocks span the slice). table: the
+// format's shared-memory table, if any.
+template <class Format, typename T>
 __device__ __forceinline__ void step_blocks(const ChunkScales& cur, int s, int h,
                                             const float* table,
                                             typename Dequant<Format, T>::Block (&b)[2]) {
-    if constexpr (std::is_same_v<Format, Int4Zp>) {
-        const uint32_t sc = cur.scale[s];                                    // T0 low half, T1 high
-        const uint32_t zr = kAsym ? cur.zero[s / 2] >> (16 * (s % 2)) : 0u;  // T0, T1 bytes
-        b[0] = {kAsym ? (zr & 0xffu) : kSymmetricZero, (sc & 0xffffu) * 0x10001u};
-        b[1] = {kAsym ? ((zr >> 8) & 0xffu) : kSymmetricZero, (sc >> 16) * 0x10001u};
-    } else {
-        using D = Dequant<Format, T>;
-        constexpr bool kWideUnit = sizeof(typename D::Unit) == 4;
-        b[0] = D::block(kWideUnit ? cur.scale[s] : cur.scale[s] & 0xffffu, 2 * h, table);
-        b[1] = D::block(kWideUnit ? cur.scale_t1[s] : cur.scale[s] >> 16, 2 * h, table);
-    }
+    using D = Dequant<Format, T>;
+    constexpr bool kWideUnit = sizeof(typename D::Unit) == 4;
+    b[0] = D::block(kWideUnit ? cur.scale[s] : cur.scale[s] & 0xffffu, 2 * h, table);
+    b[1] = D::block(kWideUnit ? cur.scale_t1[s] : cur.scale[s] >> 16, 2 * h, table);
 }
 
 // Whether a format has Dequant's fast path (MXFP4: a half2 multiply per pair where every block
@@ -412,6 +429,7 @@ gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
     // A block format's table (NF4's values, NVFP4's block scales), filled before the barrier
     // below, which every thread passes before any word is dequantized.
     using D = Dequant<Format, T>;
+    constexpr bool kInt4 = std::is_same_v<Format, Int4Zp>;
     const float* table = nullptr;
     if constexpr (D::kTableFloats > 0) {
         __shared__ float values[D::kTableFloats];
@@ -507,6 +525,8 @@ gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
         for (int s = 0; s < kPackK / kPackSliceK; ++s) {
             const uint4 v0 = *reinterpret_cast<const uint4*>(ws + weight_vector_offset(tile_a, g, s));
             const uint4 v1 = *reinterpret_cast<const uint4*>(ws + weight_vector_offset(tile_a + 1, g, s));
+            Int4Slice zp{};
+            if constexpr (kInt4) zp = int4_slice<T, kAsym>(cur, s);
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int q = 2 * s + h;
@@ -527,9 +547,18 @@ gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
                         a[f][3] = D::fast_pair(word(v1, 2 * h + 1) >> shift, fb[1]);
                     }
                 }
-                if (!fast) {
+                if constexpr (kInt4) {
+                    a[f][0] = dequant_int4_pair_sub<T>(word(v0, 2 * h) >> shift, zp.sub2[0],
+                                                       zp.scale2[0]);
+                    a[f][1] = dequant_int4_pair_sub<T>(word(v1, 2 * h) >> shift, zp.sub2[1],
+                                                       zp.scale2[1]);
+                    a[f][2] = dequant_int4_pair_sub<T>(word(v0, 2 * h + 1) >> shift, zp.sub2[0],
+                                                       zp.scale2[0]);
+                    a[f][3] = dequant_int4_pair_sub<T>(word(v1, 2 * h + 1) >> shift, zp.sub2[1],
+                                                       zp.scale2[1]);
+                } else if (!fast) {
                     typename D::Block b[2];  // rows g of T0 and T1
-                    step_blocks<Format, T, kAsym>(cur, s, h, table, b);
+                    step_blocks<Format, T>(cur, s, h, table, b);
                     a[f][0] = D::pair(word(v0, 2 * h) >> shift, b[0]);
                     a[f][1] = D::pair(word(v1, 2 * h) >> shift, b[1]);
                     a[f][2] = D::pair(word(v0, 2 * h + 1) >> shift, b[0]);

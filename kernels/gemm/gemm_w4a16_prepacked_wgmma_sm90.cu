@@ -407,6 +407,13 @@ gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
     uint64_t* full = reinterpret_cast<uint64_t*>(w_stages + kStages * kWStageBytes);
     uint64_t* empty = full + kStages;
 
+    // Launched as a programmatic dependent of the stream's previous kernel (launch_wgmma): the
+    // block may be resident before that kernel ends, and waits for it here, before its first
+    // global access (x, the expert blocks of a grouped call). The next kernel may launch at once:
+    // it waits for this grid's end in turn.
+    wait_for_prior_grid();
+    allow_dependent_launch();
+
     const int rank = split > 1 ? int(cluster_ctarank()) : 0;
     // Block `rank` sums and stores the 8-row blocks j with j % split == rank; split is a power of
     // two (a modulo by a run-time value would cost each of the epilogue's kBM / 8 blocks a
@@ -643,18 +650,29 @@ gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
 constexpr int kMaxSplit = 8;  // blocks per output tile at most: the portable cluster size
 
 // The launch configuration of `blocks` blocks of kThreads with the tile's dynamic shared memory,
-// in clusters of `split` consecutive blocks (none for 1): what launch_wgmma launches and
-// cluster_blocks asks the occupancy of. Not copyable: the config points at the attribute.
+// in clusters of `split` consecutive blocks (none for 1): what launch_wgmma launches (dependent:
+// as a programmatic dependent of the stream's previous kernel, see the kernel) and
+// cluster_blocks asks the occupancy of. Not copyable: the config points at the attributes.
 struct ClusterLaunch {
-    cudaLaunchAttribute attribute[1] = {};
+    cudaLaunchAttribute attribute[2] = {};
     cudaLaunchConfig_t config = {};
-    ClusterLaunch(int64_t blocks, int split, int smem_bytes, cudaStream_t stream) {
-        attribute[0].id = cudaLaunchAttributeClusterDimension;
-        attribute[0].val.clusterDim.x = unsigned(split);
-        attribute[0].val.clusterDim.y = attribute[0].val.clusterDim.z = 1;
+    ClusterLaunch(int64_t blocks, int split, int smem_bytes, cudaStream_t stream,
+                  bool dependent = false) {
+        unsigned n = 0;
+        if (split > 1) {
+            attribute[n].id = cudaLaunchAttributeClusterDimension;
+            attribute[n].val.clusterDim.x = unsigned(split);
+            attribute[n].val.clusterDim.y = attribute[n].val.clusterDim.z = 1;
+            ++n;
+        }
+        if (dependent) {
+            attribute[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+            attribute[n].val.programmaticStreamSerializationAllowed = 1;
+            ++n;
+        }
         config.gridDim = dim3(unsigned(blocks)), config.blockDim = dim3(kThreads);
         config.dynamicSmemBytes = size_t(smem_bytes), config.stream = stream;
-        config.attrs = attribute, config.numAttrs = split > 1 ? 1 : 0;
+        config.attrs = attribute, config.numAttrs = n;
     }
     ClusterLaunch(const ClusterLaunch&) = delete;
     ClusterLaunch& operator=(const ClusterLaunch&) = delete;
@@ -676,7 +694,7 @@ cudaError_t launch_wgmma(const GemmW4A16Args& a, const CUtensorMap& map_x,
     const cudaError_t e = allow_dynamic_smem_once(kernel, Tile::kSmemBytes,
                                                   split > 1 ? opted_in_split : opted_in_whole);
     if (e != cudaSuccess) return e;
-    const ClusterLaunch launch(blocks, split, Tile::kSmemBytes, stream);
+    const ClusterLaunch launch(blocks, split, Tile::kSmemBytes, stream, /*dependent=*/true);
     return cudaLaunchKernelEx(&launch.config, kernel, map_x, map_w, a, wgmma_groups(a.group_shift),
                               rows, split);
 }

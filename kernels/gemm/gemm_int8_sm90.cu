@@ -307,6 +307,11 @@ __launch_bounds__(Sm90Config<kConsumers, kBlockN, kOp == Operand::kInt4>::kThrea
     uint64_t* staged = empty + kStages;                   // INT4: a staging stage has landed ...
     uint64_t* unstaged = staged + Config::kStagingStages;  // ... and is unpacked
     float* column_tables = reinterpret_cast<float*>(full + 2 * kStages + Config::kStagingBarriers);
+    // Launched as a programmatic dependent of the stream's previous kernel (launch_dependent):
+    // the block may be resident before that kernel ends, and waits for it here, before any
+    // global access. The next kernel may launch at once: it waits for this grid's end in turn.
+    wait_for_prior_grid();
+    allow_dependent_launch();
 
     // INT4: the warps that unpack (and arrive on full and unstaged) per stage.
     [[maybe_unused]] constexpr int kUnpackers = kUnpackWarps + 4 * kConsumers;
@@ -602,9 +607,8 @@ cudaError_t launch_sm90(const IntGemmArgs& args, cudaStream_t stream) {
     static std::atomic<uint64_t> opted_in{0};  // per device, for this one kernel
     err = allow_dynamic_smem_once(kernel, Config::kSmemBytes, opted_in);
     if (err != cudaSuccess) return err;
-    kernel<<<blocks, Config::kThreads, Config::kSmemBytes, stream>>>(map_a, map_b, grid,
-                                                                     block_scales(args), ep);
-    return cudaGetLastError();
+    return launch_dependent(kernel, dim3(unsigned(blocks)), dim3(Config::kThreads),
+                            Config::kSmemBytes, stream, map_a, map_b, grid, block_scales(args), ep);
 }
 
 // The tile shape: the one with the least estimated time, counting whole waves of persistent

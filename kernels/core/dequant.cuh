@@ -94,20 +94,21 @@ __device__ __forceinline__ void dequant_int4_word<__nv_bfloat16>(uint32_t q, uin
     }
 }
 
+// The magic number of the INT4 conversions above (1024 as fp16, 128 as bf16), and magic + zero
+// in both 16-bit halves: the subtrahend of dequant_int4_pair_sub (1024 + zero for fp16, 128 +
+// zero for bf16).
+template <typename T>
+constexpr uint32_t kInt4Magic = std::is_same_v<T, __half> ? 0x6400u : 0x4300u;
+template <typename T> __host__ __device__ constexpr uint32_t int4_pair_sub(uint32_t zero) {
+    return (kInt4Magic<T> | zero) * 0x10001u;
+}
+
 // One pair alone: nibbles 0 and 4 of q (bits 0..3 and 16..19) -> (w of nibble 0, w of nibble 4)
 // packed as T, the bits of pair 0 of dequant_int4_word<T> (the same exact u - zero, the same one
 // rounding by the scale). Callers shift q right by 4j for pair j: for a kernel that needs one
 // pair of a word rather than all four (the wgmma kernel, whose A fragment takes k 2t, 2t + 1).
 // The _sub form takes the subtrahend magic + zero (int4_pair_sub) already made, so that a kernel
 // makes it once per group rather than once per pair.
-template <typename T>
-constexpr uint32_t kInt4Magic = std::is_same_v<T, __half> ? 0x6400u : 0x4300u;
-
-// magic + zero in both 16-bit halves (as T: 1024 + zero for fp16, 128 + zero for bf16).
-template <typename T> __host__ __device__ constexpr uint32_t int4_pair_sub(uint32_t zero) {
-    return (kInt4Magic<T> | zero) * 0x10001u;
-}
-
 template <typename T>
 __device__ __forceinline__ uint32_t dequant_int4_pair_sub(uint32_t q, uint32_t sub2,
                                                           uint32_t scale2) {

@@ -2023,6 +2023,36 @@ ck_status_t ck_sparse_w4a16_prepack(const uint8_t* codes, const uint32_t* meta,
     return check.launch([&] { return ck::sparse_w4a16_prepack(args, stream); });
 }
 
+ck_status_t ck_sparse_w4a16_prepack_dense(const uint8_t* codes, const uint32_t* meta,
+                                          const void* scales, const uint8_t* zeros,
+                                          ck_sparsity_t sparsity, ck_dtype_t dtype, int64_t n,
+                                          int64_t k, int64_t group_size, ck_int4_mode_t mode,
+                                          uint8_t* w_prepacked, void* scales_prepacked,
+                                          uint8_t* zeros_prepacked, ck_stream_t stream) {
+    const Check check("ck_sparse_w4a16_prepack_dense");
+    CK_TRY(check.not_null({{codes, "codes"}, {meta, "meta"}, {scales, "scales"},
+                           {w_prepacked, "w_prepacked"}, {scales_prepacked, "scales_prepacked"}}));
+    CK_TRY(check.enum_value(sparsity, kSparsities, "sparsity", "ck_sparsity_t"));
+    CK_TRY(check.int4_mode(mode, zeros));
+    CK_TRY(check.zero_points(mode, zeros_prepacked, "zeros_prepacked"));
+    CK_TRY(check.half_dtype(dtype, "dtype"));
+    CK_TRY(check_sparse_weight(check, n, k, group_size, dtype_size(dtype)));
+    CK_TRY(check_prepacked_size(check, false, 1, n, k, group_size));
+    CK_TRY(check_sparse_codes(check, codes, meta));
+    CK_TRY(check.element_aligned(scales, dtype, "scales"));
+    CK_TRY(check.aligned(w_prepacked, 16, "w_prepacked", "16-byte vector stores"));
+    CK_TRY(check.aligned(scales_prepacked, 16, "scales_prepacked", "the GEMM's 16-byte copies"));
+    if (zeros_prepacked)
+        CK_TRY(check.aligned(zeros_prepacked, 16, "zeros_prepacked", "the GEMM's 16-byte copies"));
+    auto args = int4_conversion<ck::W4A16PrepackArgs>(scales, dtype, n, k, group_size,
+                                                      w_prepacked, scales_prepacked,
+                                                      zeros_prepacked);
+    args.w = codes;
+    args.zeros = zeros;
+    args.sparse = {meta, sparsity == CK_SPARSITY_16_32, zeros, group_size};
+    return check.launch([&] { return ck::w4a16_prepack(args, stream); });
+}
+
 ck_status_t ck_gemm_sparse_w4a16_prepacked(const void* x, ck_dtype_t dtype,
                                            const uint8_t* w_prepacked,
                                            const void* scales_prepacked,

@@ -915,8 +915,9 @@ CK_API ck_status_t ck_sparse_dequantize_int4(const uint8_t* codes, const uint32_
 /* out[M, N] = act(x[M, K] w'[N, K]^T + bias[N]) on the format above (either pattern), w' in
  * registers only: products and sum in float32, bias and activation, one rounding to dtype.
  * x, scales, bias (N values or NULL) and out have dtype: CK_DTYPE_FP16 or CK_DTYPE_BF16. This
- * layout runs a simple tiled kernel (any GPU, any M); a 2:4 weight used more than once should be
- * prepacked (ck_sparse_w4a16_prepack) for the sparse tensor cores.
+ * layout runs a simple tiled kernel (any GPU, any M); a weight used more than once should be
+ * prepacked: a 2:4 one for the sparse tensor cores (ck_sparse_w4a16_prepack), a 16:32 one for
+ * the dense INT4 kernels (ck_sparse_w4a16_prepack_dense).
  * CK_GEMM_SPARSE_KERNEL forces a variant ("reference" or "auto"; "stream" needs a prepacked
  * weight: CK_STATUS_UNSUPPORTED here). M >= 1; x 16-byte aligned; out must not overlap an
  * input. */
@@ -946,6 +947,23 @@ CK_API ck_status_t ck_sparse_w4a16_prepack(const uint8_t* codes, const uint32_t*
                                            int64_t group_size, ck_int4_mode_t mode,
                                            uint8_t* w_prepacked, void* scales_prepacked,
                                            uint8_t* zeros_prepacked, ck_stream_t stream);
+
+/* Either pattern as a DENSE INT4 weight in ck_w4a16_prepack's layout (ck_w4a16_prepacked_bytes
+ * and ck_w4a16_prepacked_groups give the sizes), for ck_gemm_w4a16_prepacked: the kept codes at
+ * their positions, every pruned position holding the code of 0 (0 when symmetric, its group's
+ * zero point when asymmetric), the scales and zeros as they are. That GEMM then computes w' of
+ * the format above: the way to run a 16:32 weight fast (no tensor-core instruction reads that
+ * pattern: its blocks of 4 keep 0 to 4 values) and a 2:4 weight at large M, where the dense
+ * wgmma kernel outruns the mma.sp tiles. The weight takes 4 bits per value there instead of 3.
+ * Requirements: as ck_sparse_dequantize_int4 for the format (dtype FP16 or BF16); N and K up to
+ * 2^40; the outputs 16-byte aligned; every byte of them is written. */
+CK_API ck_status_t ck_sparse_w4a16_prepack_dense(const uint8_t* codes, const uint32_t* meta,
+                                                 const void* scales, const uint8_t* zeros,
+                                                 ck_sparsity_t sparsity, ck_dtype_t dtype,
+                                                 int64_t n, int64_t k, int64_t group_size,
+                                                 ck_int4_mode_t mode, uint8_t* w_prepacked,
+                                                 void* scales_prepacked,
+                                                 uint8_t* zeros_prepacked, ck_stream_t stream);
 
 /* ck_gemm_sparse_w4a16 on a weight prepared by ck_sparse_w4a16_prepack (same n, k, group_size,
  * mode): the same w', on sparse tensor cores (mma.sp, compute capability 8.0 and newer):

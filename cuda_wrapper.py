@@ -116,6 +116,7 @@ __all__ = [
     "SPARSITY_2_4", "SPARSITY_16_32", "sparse_prune", "sparse_quantize_int4",
     "sparse_dequantize_int4", "sparse_w4a16_prepack", "gemm_sparse_w4a16",
     "gemm_sparse_w4a16_prepacked", "SparseQuantizedLinear", "sparse_1632_to_24",
+    "sparse_w4a16_prepack_dense",
 ]
 
 LIBRARY_NAME = "libcuda_kernels.so"
@@ -570,6 +571,12 @@ DECLARATIONS = {
         ("dtype", _ENUM), ("n", _I64), ("k", _I64), ("group_size", _I64), ("mode", _ENUM),
         ("w_out_ptr", _PTR, "w_prepacked"), ("scales_out_ptr", _PTR, "scales_prepacked"),
         ("zeros_out_ptr", _PTR, "zeros_prepacked"), _STREAM)),
+    "ck_sparse_w4a16_prepack_dense": (_STATUS, (
+        ("codes_ptr", _PTR), ("meta_ptr", _PTR), ("scales_ptr", _PTR), ("zeros_ptr", _PTR),
+        ("sparsity", _ENUM), ("dtype", _ENUM), ("n", _I64), ("k", _I64), ("group_size", _I64),
+        ("mode", _ENUM), ("w_out_ptr", _PTR, "w_prepacked"),
+        ("scales_out_ptr", _PTR, "scales_prepacked"), ("zeros_out_ptr", _PTR, "zeros_prepacked"),
+        _STREAM)),
     "ck_gemm_sparse_w4a16_prepacked": (_STATUS, (
         ("x_ptr", _PTR), ("dtype", _ENUM), ("w_ptr", _PTR, "w_prepacked"),
         ("scales_ptr", _PTR, "scales_prepacked"), ("zeros_ptr", _PTR, "zeros_prepacked"),
@@ -4164,22 +4171,50 @@ def sparse_w4a16_prepack(codes, meta, scales, zeros=None, group_size=128, dtype=
     """Converts a 2:4 weight (the arrays of :func:`sparse_quantize_int4`, fp16 or bf16 scales)
     into the layout of the sparse tensor-core kernel (ck_sparse_w4a16_prepack; K a multiple of
     128). Returns (w_prepacked uint8, scales_prepacked, zeros_prepacked or None), flat."""
+    def launch(ca, ma, sa, z_ptr, mode, n, k, w_ptr, s_ptr, z_out_ptr, stream):
+        raw.sparse_w4a16_prepack(ca.ptr, ma.ptr, sa.ptr, z_ptr, sa.ck_dtype, n, k, group_size,
+                                 mode, w_ptr, s_ptr, z_out_ptr, stream)
+    return _sparse_prepack(codes, meta, scales, zeros, group_size, dtype, stream,
+                           raw.sparse_w4a16_prepacked_bytes, raw.sparse_w4a16_prepacked_groups,
+                           launch, "K a multiple of 128, group_size 64 or 128")
+
+
+def sparse_w4a16_prepack_dense(codes, meta, scales, zeros=None, sparsity="16:32",
+                               group_size=128, dtype=None, stream=None):
+    """A sparse weight of either pattern (the arrays of :func:`sparse_quantize_int4`, fp16 or
+    bf16 scales) as a dense INT4 weight in the layout of :func:`w4a16_prepack`, pruned positions
+    holding the code of 0 (ck_sparse_w4a16_prepack_dense), for :func:`gemm_w4a16_prepacked`:
+    the fast path of a 16:32 weight. Returns (w_prepacked uint8, scales_prepacked,
+    zeros_prepacked or None), flat."""
+    sp = _sparsity(sparsity)
+
+    def launch(ca, ma, sa, z_ptr, mode, n, k, w_ptr, s_ptr, z_out_ptr, stream):
+        raw.sparse_w4a16_prepack_dense(ca.ptr, ma.ptr, sa.ptr, z_ptr, sp, sa.ck_dtype, n, k,
+                                       group_size, mode, w_ptr, s_ptr, z_out_ptr, stream)
+    return _sparse_prepack(codes, meta, scales, zeros, group_size, dtype, stream,
+                           raw.w4a16_prepacked_bytes, raw.w4a16_prepacked_groups, launch,
+                           "group_size 64 or 128")
+
+
+def _sparse_prepack(codes, meta, scales, zeros, group_size, dtype, stream, bytes_of, groups_of,
+                    launch, requirement):
+    """What the prepacks of a sparse weight share: the weight's arrays checked, the outputs
+    sized by bytes_of(n, k) and groups_of(n, k, group_size), then launch."""
     mode = INT4_SYMMETRIC if zeros is None else INT4_ASYMMETRIC
     with _Call(codes, stream) as call:
         ca, ma, sa, z_ptr, n, k = _sparse_weight(call, codes, meta, scales, zeros, group_size,
                                                  dtype)
-        nbytes = raw.sparse_w4a16_prepacked_bytes(n, k)
-        nvalues = raw.sparse_w4a16_prepacked_groups(n, k, group_size)
+        nbytes = bytes_of(n, k)
+        nvalues = groups_of(n, k, group_size) if group_size in (64, 128) else 0
         if nbytes <= 0 or nvalues <= 0:
-            raise ValueError("n=%d, k=%d, group_size=%r cannot be prepacked (K a multiple of "
-                             "128, group_size 64 or 128)" % (n, k, group_size))
+            raise ValueError("n=%d, k=%d, group_size=%r cannot be prepacked (%s)"
+                             % (n, k, group_size, requirement))
         w_out = call.output((nbytes,), np.uint8, DType.UINT8, None, "w_prepacked")
         s_out = call.output((nvalues,), sa.dtype, sa.ck_dtype, None, "scales_prepacked")
         z_out = (call.output((nvalues,), np.uint8, DType.UINT8, None, "zeros_prepacked")
                  if zeros is not None else None)
-        raw.sparse_w4a16_prepack(ca.ptr, ma.ptr, sa.ptr, z_ptr, sa.ck_dtype, n, k, group_size,
-                                 mode, w_out.ptr, s_out.ptr, z_out.ptr if z_out is not None else 0,
-                                 call.stream)
+        launch(ca, ma, sa, z_ptr, mode, n, k, w_out.ptr, s_out.ptr,
+               z_out.ptr if z_out is not None else 0, call.stream)
         return call.finish(w_out, s_out, z_out)
 
 
@@ -4220,9 +4255,10 @@ def gemm_sparse_w4a16_prepacked(x, w_prepacked, scales_prepacked, zeros_prepacke
 class SparseQuantizedLinear(QuantizedLinear):
     """A W4A16 linear layer on a structured-sparse INT4 weight (2:4 or 16:32 along K), made by
     QuantizedLinear.from_float(..., sparsity=...). A 2:4 weight with in_features a multiple of
-    128 runs prepacked on the sparse tensor cores; 16:32 (and other 2:4 shapes) on the simple
-    tiled kernel. Called as QuantizedLinear is, on NumPy, torch, CuPy or other CUDA arrays
-    (not captured by torch.compile: no custom operator)."""
+    128 runs prepacked on the sparse tensor cores (other 2:4 shapes on the simple tiled
+    kernel); a 16:32 weight runs prepacked as a dense INT4 weight (its pruned positions the
+    code of 0) on the dense W4A16 kernels. Called as QuantizedLinear is, on NumPy, torch, CuPy
+    or other CUDA arrays (not captured by torch.compile: no custom operator)."""
 
     def __init__(self, codes, meta, scales, zeros, sparsity, group_size, dtype, bias=None,
                  activation=None):
@@ -4235,10 +4271,14 @@ class SparseQuantizedLinear(QuantizedLinear):
         self.group_size = group_size
         self.activation = _activation(activation)
         self.weight = codes, meta, scales, zeros
-        self.prepacked = (sparse_w4a16_prepack(codes, meta, scales, zeros, group_size,
-                                               dtype=self.dtype)
-                          if self.sparsity == "2:4" and self.in_features % _SPARSE_PACK_K == 0
-                          else None)
+        if self.sparsity == "16:32":
+            self.prepacked = sparse_w4a16_prepack_dense(codes, meta, scales, zeros, "16:32",
+                                                        group_size, dtype=self.dtype)
+        elif self.in_features % _SPARSE_PACK_K == 0:
+            self.prepacked = sparse_w4a16_prepack(codes, meta, scales, zeros, group_size,
+                                                  dtype=self.dtype)
+        else:
+            self.prepacked = None
         self.bias = None if bias is None else _to_device(_layer_host_cast(bias, self.dtype),
                                                          self.dtype, codes)
         self.perm = None
@@ -4250,7 +4290,9 @@ class SparseQuantizedLinear(QuantizedLinear):
         xd, on_host, host_kind = _layer_input(x, self.dtype)
         common = dict(group_size=self.group_size, bias=self.bias, activation=self.activation,
                       out=None if on_host else out, dtype=self.dtype, stream=stream)
-        if self.prepacked is not None:
+        if self.sparsity == "16:32":
+            y = gemm_w4a16_prepacked(xd, *self.prepacked, n=self.out_features, **common)
+        elif self.prepacked is not None:
             y = gemm_sparse_w4a16_prepacked(xd, *self.prepacked, n=self.out_features, **common)
         else:
             y = gemm_sparse_w4a16(xd, *self.weight, sparsity=self.sparsity, **common)

@@ -1,6 +1,7 @@
 // benchmarks/bench_sparse.cuh - family "sparse": the W4A16 GEMM on structured-sparse INT4
-// weights (ck_gemm_sparse_w4a16_prepacked on 2:4, ck_gemm_sparse_w4a16 on 16:32) beside the
-// dense prepacked INT4 GEMM and cuBLAS fp16, on the same run.
+// weights (ck_gemm_sparse_w4a16_prepacked on 2:4; on 16:32 ck_gemm_w4a16_prepacked after
+// ck_sparse_w4a16_prepack_dense, and ck_gemm_sparse_w4a16) beside the dense prepacked INT4 GEMM
+// and cuBLAS fp16, on the same run.
 //
 // Problems: DESIGN.md's four layer shapes (K, N) at M = 1 ... 4096, and the shapes of the
 // sparse seed (1024^2, 5120^2, 16384^2, 20480 x 5120, 5120 x 20480) at M = 1, 16, 256. Rows of
@@ -12,11 +13,15 @@
 //                                    outside timing; baseline cuBLAS fp16; notes: the weight
 //                                    stream as a % of copy bandwidth, the time against the
 //                                    dense INT4 row
-//   gemm_sparse 16:32 fp16 g128      the same with 16:32 on the interchange layout (the tiled
-//                                    reference kernel: no tensor-core path yet), at M = 1
-// Floors: the compressed weight's bytes over the copy bandwidth (2:4 prepacked: 3/8 byte per
-// weight + 2 / 128 of scales; 16:32 interchange: the same 3/8), and 2 M N K flops over the
-// dense fp16 tensor-core peak (the sparse tensor cores do half of those products).
+//   gemm_sparse 16:32 dense fp16 g128  a 16:32 weight (prune, quantize) prepacked as a dense
+//                                    INT4 weight (ck_sparse_w4a16_prepack_dense), multiplied by
+//                                    ck_gemm_w4a16_prepacked; notes: against the 2:4 row
+//   gemm_sparse 16:32 fp16 g128      the same 16:32 weight on the interchange layout (the tiled
+//                                    reference kernel), at M = 1
+// Floors: the weight's bytes over the copy bandwidth (2:4 prepacked and 16:32 interchange: 3/8
+// byte per weight + 2 / 128 of scales; 16:32 dense: the dense INT4 weight's 1/2 byte), and
+// 2 M N K flops over the dense fp16 tensor-core peak (the sparse tensor cores do half of those
+// products).
 // The 2:4 fp16 baseline of cuSPARSELt is not in this binary (the library does not link it):
 // benchmarks/bench_sparse_torch.py times torch's to_sparse_semi_structured on the same GPU.
 #pragma once
@@ -41,6 +46,7 @@ struct Set {
     DeviceBuffer int4_w, int4_s;    // dense INT4, prepacked
     DeviceBuffer sp_w, sp_s;        // 2:4, prepacked
     DeviceBuffer c_codes, c_meta, c_s;  // 16:32, interchange
+    DeviceBuffer c_w, c_ws;         // 16:32, prepacked dense
 };
 
 class Problem : public gemm_bench::WeightOnlyProblem<Problem, Set> {
@@ -50,7 +56,8 @@ class Problem : public gemm_bench::WeightOnlyProblem<Problem, Set> {
     void run_all() {
         const Row* fp16 = reference_row();
         const Row* int4 = int4_row(fp16);
-        sparse24_row(fp16, int4);
+        const Row* sparse24 = sparse24_row(fp16, int4);
+        sparse1632_dense_row(fp16, int4, sparse24);
         if (m_ <= kReferenceMaxM) sparse1632_row(fp16, int4);
     }
 
@@ -71,10 +78,10 @@ class Problem : public gemm_bench::WeightOnlyProblem<Problem, Set> {
                                         "x");
     }
 
-    void sparse24_row(const Row* fp16, const Row* int4) {
+    const Row* sparse24_row(const Row* fp16, const Row* int4) {
         RowSpec spec = spec_for("gemm_sparse 2:4 fp16 g128",
                                 sparse_weight_bytes() + activation_bytes());
-        if (!bench_.wants(spec)) return;
+        if (!bench_.wants(spec)) return nullptr;
         Row* row = bench_.run(spec, [this](int i) {
             const Set& s = set(i);
             CK_BENCH_CHECK(ck_gemm_sparse_w4a16_prepacked(
@@ -84,6 +91,25 @@ class Problem : public gemm_bench::WeightOnlyProblem<Problem, Set> {
         });
         notes(*row, fp16, int4, sparse_weight_bytes());
         kernel_override_note(*row, "CK_GEMM_SPARSE_KERNEL");
+        return row;
+    }
+
+    void sparse1632_dense_row(const Row* fp16, const Row* int4, const Row* sparse24) {
+        RowSpec spec = spec_for("gemm_sparse 16:32 dense fp16 g128",
+                                int4_weight_bytes() + activation_bytes());
+        if (!bench_.wants(spec)) return;
+        Row* row = bench_.run(spec, [this](int i) {
+            const Set& s = set(i);
+            CK_BENCH_CHECK(ck_gemm_w4a16_prepacked(
+                s.x.as(), CK_DTYPE_FP16, s.c_w.as<uint8_t>(), s.c_ws.as(), nullptr, kGroupSize,
+                CK_INT4_SYMMETRIC, nullptr, CK_ACTIVATION_NONE, m_, n_, k_, s.out.as(),
+                bench_.stream()));
+        });
+        notes(*row, fp16, int4, int4_weight_bytes());
+        if (sparse24)
+            Bench::append_note(*row, "vs 2:4 " + format("%.2f", sparse24->time.median_us /
+                                                                    row->time.median_us) + "x");
+        kernel_override_note(*row, "CK_GEMM_W4A16_KERNEL");
     }
 
     void sparse1632_row(const Row* fp16, const Row* int4) {
@@ -104,8 +130,8 @@ class Problem : public gemm_bench::WeightOnlyProblem<Problem, Set> {
     // The rotation copies: every weight is the library's own quantization of a random fp16
     // [N, K] weight (pruned to each pattern first).
     std::vector<Set> make_sets() {
-        const double per_copy = dense_weight_bytes() + activation_bytes() + int4_weight_bytes() +
-                                2 * sparse_weight_bytes();
+        const double per_copy = dense_weight_bytes() + activation_bytes() +
+                                2 * int4_weight_bytes() + 2 * sparse_weight_bytes();
         const int copies = bench_.rotation_copies(sparse_weight_bytes() + activation_bytes(),
                                                   per_copy);
         cudaStream_t st = bench_.stream();
@@ -130,18 +156,23 @@ class Problem : public gemm_bench::WeightOnlyProblem<Problem, Set> {
                 codes.as<uint8_t>(), meta.as<uint32_t>(), scales.as(), nullptr, CK_DTYPE_FP16,
                 n_, k_, kGroupSize, CK_INT4_SYMMETRIC, s.sp_w.as<uint8_t>(), s.sp_s.as(),
                 nullptr, st));
-            // 16:32 on the interchange layout.
-            if (m_ <= kReferenceMaxM) {
-                CK_BENCH_CHECK(ck_sparse_prune(s.dense.as(), CK_DTYPE_FP16, CK_SPARSITY_16_32,
-                                               n_, k_, pruned.as(), st));
-                s.c_codes = DeviceBuffer(codes.bytes());
-                s.c_meta = DeviceBuffer(meta.bytes());
-                s.c_s = DeviceBuffer(scales.bytes());
-                CK_BENCH_CHECK(ck_sparse_quantize_int4(
-                    pruned.as(), CK_DTYPE_FP16, CK_SPARSITY_16_32, n_, k_, kGroupSize,
-                    CK_INT4_SYMMETRIC, s.c_codes.as<uint8_t>(), s.c_meta.as<uint32_t>(),
-                    s.c_s.as(), nullptr, nullptr, st));
-            }
+            // 16:32: prune, quantize (the interchange layout), prepack dense.
+            CK_BENCH_CHECK(ck_sparse_prune(s.dense.as(), CK_DTYPE_FP16, CK_SPARSITY_16_32, n_,
+                                           k_, pruned.as(), st));
+            s.c_codes = DeviceBuffer(codes.bytes());
+            s.c_meta = DeviceBuffer(meta.bytes());
+            s.c_s = DeviceBuffer(scales.bytes());
+            CK_BENCH_CHECK(ck_sparse_quantize_int4(
+                pruned.as(), CK_DTYPE_FP16, CK_SPARSITY_16_32, n_, k_, kGroupSize,
+                CK_INT4_SYMMETRIC, s.c_codes.as<uint8_t>(), s.c_meta.as<uint32_t>(), s.c_s.as(),
+                nullptr, nullptr, st));
+            s.c_w = DeviceBuffer(size_t(ck_w4a16_prepacked_bytes(n_, k_)));
+            s.c_ws = DeviceBuffer(sizeof(__half) *
+                                  size_t(ck_w4a16_prepacked_groups(n_, k_, kGroupSize)));
+            CK_BENCH_CHECK(ck_sparse_w4a16_prepack_dense(
+                s.c_codes.as<uint8_t>(), s.c_meta.as<uint32_t>(), s.c_s.as(), nullptr,
+                CK_SPARSITY_16_32, CK_DTYPE_FP16, n_, k_, kGroupSize, CK_INT4_SYMMETRIC,
+                s.c_w.as<uint8_t>(), s.c_ws.as(), nullptr, st));
             sets.push_back(std::move(s));
         }
         CK_BENCH_CHECK(cudaStreamSynchronize(st));

@@ -2451,6 +2451,13 @@ DESCRIPTIONS = {
          "w_out_ptr": Pointer(16), "scales_out_ptr": Pointer(16),
          "zeros_out_ptr": ZeroPoints(align=16), "stream": Stream()},
         sparse_weight_rules("dtype", prepacked=True)),
+    "ck_sparse_w4a16_prepack_dense": Description(
+        {"codes_ptr": Pointer(16), "meta_ptr": Pointer(16), "scales_ptr": Pointer("dtype"),
+         "zeros_ptr": ZeroPoints(), "sparsity": Enum(SPARSITIES), "dtype": HALVES,
+         "n": sparse_n(), "k": sparse_k(64), "group_size": GroupSize(SPARSE_GROUP_SIZES),
+         "mode": INT4_MODE, "w_out_ptr": Pointer(16), "scales_out_ptr": Pointer(16),
+         "zeros_out_ptr": ZeroPoints(align=16), "stream": Stream()},
+        sparse_weight_rules("dtype") + (prepack_size_rule,)),
     "ck_gemm_sparse_w4a16_prepacked": Description(
         _sparse_gemm(prepacked=True),
         _SPARSE_GEMM_RULES + (multiple_of("k", SPARSE_PACK_K), sparse_prepacked_size("m"))),

@@ -3112,6 +3112,42 @@ def sparse24_prepack(codes, meta, scales, zeros, k, group_size):
                                              np.uint8(8)))
 
 
+def sparse_dense_int4(codes, meta, zeros, sparsity, k, group_size):
+    """A sparse weight of either pattern ("2:4" or "16:32"; the codes, metadata and zeros or
+    None of sparse24_quantize / sparse1632_quantize) as a dense INT4 weight w_packed [N, K/2]
+    (quantize_int4's packing, the same scales and zeros): the kept codes at their positions,
+    the code of 0 at the pruned ones (0 when symmetric, the group's zero point when
+    asymmetric). dequantize_int4 of it is the sparse weight's w'."""
+    codes = _matrix(_require_dtype(np.asarray(codes), np.uint8, "codes"))
+    _check_sparse_group(group_size, k)
+    n = codes.shape[0]
+    symmetric = zeros is None
+    kept = np.stack([codes & 0xF, codes >> 4], axis=2).reshape(n, k // 2).astype(np.int64)
+    if sparsity == "2:4":
+        positions = sparse24_unpack_metadata(meta).reshape(n, -1, SPARSE24_BLOCK // 2)
+        block = SPARSE24_BLOCK
+    elif sparsity == "16:32":
+        positions = sparse1632_positions(meta)
+        block = SPARSE1632_BLOCK
+    else:
+        raise ValueError(f"sparsity {sparsity!r} is not '2:4' or '16:32'")
+    dense = _sparse_scatter(kept, positions, block, -1)
+    if symmetric:
+        dense = np.where(dense < 0, 0, dense)
+        dense = np.where(dense >= 8, dense - 16, dense)     # two's complement nibbles -> q
+    else:
+        z = np.repeat(np.asarray(zeros).reshape(n, -1).astype(np.int64), group_size, axis=1)
+        dense = np.where(dense < 0, z, dense)
+    return pack_int4(dense, signed=symmetric)
+
+
+def sparse_prepack_dense(codes, meta, scales, zeros, sparsity, k, group_size):
+    """ck_sparse_w4a16_prepack_dense in NumPy: w4a16_prepack of sparse_dense_int4's weight,
+    (w_prepacked, scales_prepacked, zeros_prepacked or None)."""
+    packed = sparse_dense_int4(codes, meta, zeros, sparsity, k, group_size)
+    return w4a16_prepack(packed, scales, zeros, len(packed), k, group_size)
+
+
 # ---- Importer: compressed-tensors "sparse-24-bitmask" -----------------------------------------
 # compressed-tensors (Sparse24BitMaskCompressor, format "sparse-24-bitmask") stores a 2:4 weight
 # [N, K] as three tensors: `shape` int [2, 1] = [[N], [K]]; `bitmask` uint8 [N, ceil(K/8)], the

@@ -1170,6 +1170,19 @@ SPARSE_W4A16_PREPACK_CASES = (
         ["zeros_prepacked"])]
 )
 
+# ck_sparse_w4a16_prepack_dense: either pattern in, the dense prepacked INT4 layout out (as
+# ck_w4a16_prepack's outputs: 16-byte aligned, N and K up to 2^40); K a multiple of the group
+# only (the layout pads K to 128: K = 320 with group 64 is valid, ck_sparse_w4a16_prepack's
+# "prepacked-" cases are not bad here).
+SPARSE_W4A16_PREPACK_DENSE = dict(SPARSE_W4A16_PREPACK, sparsity=ck.SPARSITY_16_32)
+SPARSE_W4A16_PREPACK_DENSE_CASES = (
+    [case for case in SPARSE_W4A16_PREPACK_CASES
+     if not case[0].startswith(("prepacked-", "overflow-prepacked"))]
+    + bad("sparsity", BAD_SPARSITIES, INVALID)
+    + [("layout-past-2^40", dict(n=1, k=2**40 + 128), INVALID, ["n", "k"]),
+       ("rows-past-2^40", dict(n=2**40 + 1, k=128), INVALID, ["n", "k"])]
+)
+
 # ck_gemm_sparse_w4a16_prepacked: the layout ck_sparse_w4a16_prepack writes (2:4 only).
 GEMM_SPARSE_W4A16_PREPACKED = {key: value for key, value in GEMM_SPARSE_W4A16.items()
                                if key not in ("sparsity", "codes_ptr", "meta_ptr")}
@@ -1756,7 +1769,8 @@ ENTRY_POINTS = {
                   "QKV_PROJECTION", "IMPORT_GPTQ", "IMPORT_AWQ", "PERMUTE_COLUMNS",
                   "SPARSE_PRUNE", "SPARSE_QUANTIZE_INT4", "SPARSE_1632_TO_24",
                   "SPARSE_DEQUANTIZE_INT4",
-                  "GEMM_SPARSE_W4A16", "SPARSE_W4A16_PREPACK", "GEMM_SPARSE_W4A16_PREPACKED",
+                  "GEMM_SPARSE_W4A16", "SPARSE_W4A16_PREPACK", "SPARSE_W4A16_PREPACK_DENSE",
+                  "GEMM_SPARSE_W4A16_PREPACKED",
                   "GEMM_INT4",
                   "GEMM_INT4_SCALED", "MOE_ROUTE", "MOE_PREPACK", "MOE_WORKSPACE_SIZE",
                   "MOE_FORWARD", "ATTENTION_FORWARD", "KV_CACHE_APPEND",

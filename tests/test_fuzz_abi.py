@@ -335,7 +335,8 @@ WEIGHT_EXPORTS = ("ck_w4a16_prepack", "ck_import_gptq", "ck_import_awq")   # [N,
 # the prepack), K a multiple of 128 in every shape (each group, the prepacked chunks).
 SPARSE_WEIGHT_EXPORTS = {"ck_sparse_prune": "dtype", "ck_sparse_quantize_int4": "dtype",
                          "ck_sparse_dequantize_int4": "out_dtype",
-                         "ck_sparse_w4a16_prepack": "dtype"}
+                         "ck_sparse_w4a16_prepack": "dtype",
+                         "ck_sparse_w4a16_prepack_dense": "dtype"}
 
 
 def matrix_cases():
@@ -388,7 +389,8 @@ def sparse_cases():
         # (2^32 - 1) 2^30 values: 2^63 - 2^31 bytes of fp16 fit; 2^32 x 2^30 do not.
         yield name, "fp16-bytes-just-fit", dict(n=2**32 - 1, k=2**30, **fp16), ACCEPTED
         yield name, "fp16-bytes-past-2^63", dict(n=2**32, k=2**30, **fp16), REJECTED
-        if name != "ck_sparse_w4a16_prepack":   # fp16 and bf16 only
+        if name not in ("ck_sparse_w4a16_prepack", "ck_sparse_w4a16_prepack_dense"):
+            # the prepacks take fp16 and bf16 only
             fp32 = {dtype_arg: DType.FP32}
             yield name, "fp32-bytes-past-2^63", dict(n=2**31, k=2**30, **fp32), REJECTED
         yield name, "nk-past-2^63", dict(n=3037000576, k=3037000576), REJECTED
@@ -402,6 +404,9 @@ def sparse_cases():
         REJECTED
     yield "ck_gemm_sparse_w4a16_prepacked", "prepacked-bytes-past-2^63", \
         dict(m=1, n=1, k=most + 128), REJECTED
+    # The dense prepacked layout holds N and K up to 2^40 (beyond: a limit, not an overflow,
+    # test_prepacked_layout_limit_is_documented_and_named).
+    yield "ck_sparse_w4a16_prepack_dense", "layout-just-fits", dict(n=1, k=2**40), ACCEPTED
 
 
 @pytest.mark.parametrize("name, case, changes, outcome", [
@@ -459,18 +464,18 @@ def test_per_row_scales_past_int64_bytes_are_rejected(lib, name, dtype_arg, gran
     assert [v.status for v in fz.violations(name, args)] == [Status.INVALID_VALUE]
 
 
-@pytest.mark.parametrize("query", ["bytes", "prepack"])
+@pytest.mark.parametrize("query", ["bytes", "ck_w4a16_prepack", "ck_sparse_w4a16_prepack_dense"])
 def test_prepacked_layout_limit_is_documented_and_named(lib, query):
     """The prepacked layout holds N and K up to 2^40, as the header says: the size query gives
-    0 beyond, and the prepack call says which limit (not a false overflow)."""
+    0 beyond, and the prepack calls say which limit (not a false overflow)."""
     assert "up to 2^40" in " ".join(fz.header_comment_of("ck_w4a16_prepacked_bytes").split())
-    n, k = 2**41, 32
+    n, k = 2**41, 128
     if query == "bytes":
         assert lib.ck_w4a16_prepacked_bytes(n, k) == 0
         assert lib.ck_w4a16_prepacked_bytes(2**40, k) == 2**40 * 128 // 2
         return
-    args = dict(fz.example_call("ck_w4a16_prepack"), n=n, k=k)
-    status, _ = fz.call(lib, "ck_w4a16_prepack", args)
+    args = dict(fz.example_call(query), n=n, k=k)
+    status, _ = fz.call(lib, query, args)
     message = message_of(lib)
     assert status == Status.INVALID_VALUE, f"{Status(status).name}: {message!r}"
     assert "2^40" in message and "overflow" not in message, message

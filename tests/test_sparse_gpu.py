@@ -12,6 +12,9 @@
   past one block of 16 rows and of 64, N not a multiple of the 16-row tile nor of 128, K from
   one 128-k chunk to several per warp, group 64 / 128, symmetric and asymmetric, fp16 / bf16,
   bias and ReLU; auto's choice past 16 rows.
+- ck_sparse_w4a16_prepack_dense (either pattern as a dense INT4 weight) is bit for bit
+  ref.sparse_prepack_dense, and ck_gemm_w4a16_prepacked on it (auto, tc, reference) meets the
+  same reference on the sparse weight's w'.
 - One-hot rows of x pick single weight columns, which the mma.sp GEMM returns exactly: every
   w' bit for bit equal to ck_sparse_dequantize_int4's output.
 - CUDA graph capture and replay of the prepacked GEMM; the override refusing a variant that
@@ -163,7 +166,9 @@ def test_quantize_counts_violations(sparsity, seed):
 # ---------------------------------------------------------------------------------------------
 class SparseGemm:
     """One sparse GEMM on a weight quantized by the reference (interchange layout), or prepacked
-    on the device from it (2:4)."""
+    on the device from it: prepacked True, the 2:4 layout of the sparse tensor cores; "dense",
+    either pattern as a dense INT4 weight (ck_sparse_w4a16_prepack_dense) multiplied by
+    ck_gemm_w4a16_prepacked."""
 
     def __init__(self, rng, sparsity, dtype, group_size, mode, m, n, k, bias, activation,
                  prepacked, onehot=False):
@@ -189,23 +194,36 @@ class SparseGemm:
         self.inputs = [GuardedBuffer.input(a) for a in (codes, meta, scales)]
         self.z = None if zeros is None else GuardedBuffer.input(zeros)
         if prepacked:
-            w_bytes = ck.raw.sparse_w4a16_prepacked_bytes(n, k)
-            groups = ck.raw.sparse_w4a16_prepacked_groups(n, k, group_size)
+            dense = prepacked == "dense"
+            w_bytes = (ck.raw.w4a16_prepacked_bytes(n, k) if dense
+                       else ck.raw.sparse_w4a16_prepacked_bytes(n, k))
+            groups = (ck.raw.w4a16_prepacked_groups(n, k, group_size) if dense
+                      else ck.raw.sparse_w4a16_prepacked_groups(n, k, group_size))
             assert w_bytes > 0 and groups > 0
             self.w_pre = GuardedBuffer.output((w_bytes,), np.uint8, POISON)
             self.s_pre = GuardedBuffer.output((groups,), self.x.dtype, POISON)
             self.z_pre = (None if zeros is None
                           else GuardedBuffer.output((groups,), np.uint8, POISON))
-            ck.raw.sparse_w4a16_prepack(
-                self.inputs[0].ptr, self.inputs[1].ptr, self.inputs[2].ptr, ptr_or_null(self.z),
-                CK_DTYPE[dtype], n, k, group_size, CK_INT4_MODE[mode], self.w_pre.ptr,
-                self.s_pre.ptr, ptr_or_null(self.z_pre), 0)
+            weight = (self.inputs[0].ptr, self.inputs[1].ptr, self.inputs[2].ptr,
+                      ptr_or_null(self.z))
+            outputs = (self.w_pre.ptr, self.s_pre.ptr, ptr_or_null(self.z_pre), 0)
+            if dense:
+                ck.raw.sparse_w4a16_prepack_dense(*weight, SPARSITY[sparsity], CK_DTYPE[dtype],
+                                                  n, k, group_size, CK_INT4_MODE[mode], *outputs)
+            else:
+                ck.raw.sparse_w4a16_prepack(*weight, CK_DTYPE[dtype], n, k, group_size,
+                                            CK_INT4_MODE[mode], *outputs)
 
     def launch(self, stream=0):
         m, n, k = self.mnk
         common = dict(bias_ptr=ptr_or_null(self.b_dev), activation=CK_ACTIVATION[self.activation],
                       m=m, n=n, k=k, out_ptr=self.out.ptr, stream=stream)
-        if self.prepacked:
+        if self.prepacked == "dense":
+            ck.raw.gemm_w4a16_prepacked(
+                x_ptr=self.x_dev.ptr, dtype=CK_DTYPE[self.dtype], w_ptr=self.w_pre.ptr,
+                scales_ptr=self.s_pre.ptr, zeros_ptr=ptr_or_null(self.z_pre),
+                group_size=self.group_size, mode=CK_INT4_MODE[self.mode], **common)
+        elif self.prepacked:
             ck.raw.gemm_sparse_w4a16_prepacked(
                 x_ptr=self.x_dev.ptr, dtype=CK_DTYPE[self.dtype], w_ptr=self.w_pre.ptr,
                 scales_ptr=self.s_pre.ptr, zeros_ptr=ptr_or_null(self.z_pre),
@@ -304,6 +322,54 @@ def test_prepack_matches_reference(dtype, mode, group_size, seed):
         assert_bitwise_equal(g, w, f"{name}, {dtype} {mode} g{group_size}, seed={seed}")
 
 
+@pytest.mark.parametrize("sparsity", list(SPARSITY))
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("mode", ["sym", "asym"])
+@pytest.mark.parametrize("group_size", ref.SPARSE_GROUP_SIZES)
+def test_prepack_dense_matches_reference(sparsity, dtype, mode, group_size, seed):
+    """Every byte ck_sparse_w4a16_prepack_dense writes (padding rows and k included) is
+    ref.sparse_prepack_dense's; N not a multiple of the 8-row tile, K (320 with group 64) not
+    of the 128-k tile."""
+    rng = np.random.default_rng(seed)
+    k = 320 if group_size == 64 else 384
+    call = SparseGemm(rng, sparsity, dtype, group_size, mode, 1, 37, k, False, "none", "dense")
+    synchronize()
+    codes, meta, scales, zeros = call.weight
+    want = ref.sparse_prepack_dense(codes, meta, scales, zeros, sparsity, k, group_size)
+    got = (call.w_pre.read("w_prepacked"), call.s_pre.read("scales_prepacked"),
+           None if call.z_pre is None else call.z_pre.read("zeros_prepacked"))
+    ctx = f"{sparsity} {dtype} {mode} g{group_size}, seed={seed}"
+    for g, w, name in zip(got, want, ("w_prepacked", "scales_prepacked", "zeros_prepacked")):
+        if w is None:
+            assert g is None
+            continue
+        assert_bitwise_equal(g, w, f"{name}, {ctx}")
+
+
+W4A16_KERNEL_ENV = "CK_GEMM_W4A16_KERNEL"
+
+
+@pytest.mark.parametrize("sparsity", list(SPARSITY))
+@pytest.mark.parametrize("variant", ["auto", "tc", "reference"])
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("mode", ["sym", "asym"])
+def test_dense_prepacked_gemm_meets_reference(sparsity, variant, dtype, mode, seed,
+                                              monkeypatch):
+    """ck_gemm_w4a16_prepacked on a sparse weight prepacked dense meets the float64 reference
+    on the sparse weight's w': auto (the weight stream at M <= 16, the tensor-core tiles past
+    it), the mma.sync tiles and the reference kernel forced; bias and ReLU."""
+    rng = np.random.default_rng(seed)
+    monkeypatch.setenv(W4A16_KERNEL_ENV, variant)
+    for m, n, k in ((1, 40, 256), (16, 136, 512), (70, 72, 384), (200, 24, 1024)):
+        if variant == "tc" and m <= 16:
+            continue
+        for group_size in ref.SPARSE_GROUP_SIZES:
+            call = SparseGemm(rng, sparsity, dtype, group_size, mode, m, n, k, True, "relu",
+                              "dense")
+            call.launch()
+            call.check(f"{variant}, seed={seed}")
+
+
 def test_stream_in_a_cuda_graph(seed):
     rng = np.random.default_rng(seed)
     call = SparseGemm(rng, "2:4", "fp16", 128, "sym", 4, 96, 512, True, "none", True)
@@ -355,7 +421,7 @@ def test_quantized_linear_from_float(sparsity, mode, seed):
     layer = ck.QuantizedLinear.from_float(w, bias=b, group_size=g, symmetric=mode == "sym",
                                           activation="relu", sparsity=sparsity)
     assert isinstance(layer, ck.SparseQuantizedLinear)
-    assert (layer.prepacked is not None) == (sparsity == "2:4"), repr(layer)
+    assert layer.prepacked is not None, repr(layer)   # 2:4 sparse tensor cores, 16:32 dense
     want = QUANTIZE[sparsity](PRUNE[sparsity](w, dtype), dtype, g, mode)
     for got, expected, name in zip(layer.weight, want, ("codes", "meta", "scales", "zeros")):
         if expected is None:

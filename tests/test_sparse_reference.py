@@ -248,6 +248,30 @@ def test_quantize_equals_dense_int4_of_the_pruned_weight(dtype, mode, group_size
         assert (ref.to_f32(back, out_dtype)[ref.to_f32(w, dtype) == 0] == 0).all()
 
 
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("mode", ref.INT4_MODES)
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_dense_int4_of_a_sparse_weight_is_the_pruned_weights(dtype, mode, scheme, seed):
+    """sparse_dense_int4 (what ck_sparse_w4a16_prepack_dense prepacks) is quantize_int4 of the
+    pruned weight byte for byte (kept codes at their positions, the code of 0 elsewhere), so
+    sparse_prepack_dense is w4a16_prepack of that weight and its w' the sparse one's."""
+    block, prune, _, _ = SCHEMES[scheme]
+    quantize = ref.sparse24_quantize if scheme == "2:4" else ref.sparse1632_quantize
+    rng = np.random.default_rng(seed)
+    rows, k, group_size = 11, 384, 128
+    w = prune(with_sparse_blocks(rng, ref.random_input(rng, (rows, k), dtype), block, dtype),
+              dtype)
+    packed, meta, scales, zeros = quantize(w, dtype, group_size, mode)
+    d_packed, d_scales, d_zeros = ref.quantize_int4(w, dtype, group_size, mode)
+    dense = ref.sparse_dense_int4(packed, meta, zeros, scheme, k, group_size)
+    assert np.array_equal(dense, d_packed), f"seed={seed}"
+    got = ref.sparse_prepack_dense(packed, meta, scales, zeros, scheme, k, group_size)
+    want = ref.w4a16_prepack(d_packed, d_scales, d_zeros, rows, k, group_size)
+    for g, e in zip(got, want):
+        assert (g is None) == (e is None)
+        assert g is None or np.array_equal(bits(g), bits(e)), f"seed={seed}"
+
+
 def test_quantize_rejects_bad_groups():
     w = ref.sparse24_prune(np.ones((2, 96), np.float32), "fp32")
     for group_size in (32, -1, 96):

@@ -31,6 +31,7 @@
 #include "kernels/core/mma_pipeline.cuh"
 #include "kernels/gemm/gemm_w4a16.cuh"
 #include "kernels/gemm/w4a16_reference.cuh"
+#include "kernels/sparse/sparse_int4.cuh"
 
 namespace ck {
 namespace {
@@ -320,6 +321,17 @@ template <bool kHighFirst> __device__ __forceinline__ uint32_t prepack_word(uint
     return r;
 }
 
+// The dense codes of row `row`'s 32-k slice k0 of a sparse source (SparseSource).
+__device__ __forceinline__ uint4 sparse_source_slice(const PrepackCodesArgs& a, int64_t row,
+                                                     int64_t k0) {
+    const SparseSource& s = a.sparse;
+    const uint32_t meta = s.meta[row * (a.k / kSparseWordK) + k0 / kSparseWordK];
+    const uint2 codes = *reinterpret_cast<const uint2*>(a.w + row * (a.k / 4) + k0 / 4);
+    const uint32_t fill = s.zeros ? s.zeros[row * (a.k / s.group_size) + k0 / s.group_size] : 0u;
+    return s.k1632 ? sparse_dense_codes<true>(meta, codes, fill)
+                   : sparse_dense_codes<false>(meta, codes, fill);
+}
+
 template <bool kHighFirst>
 __global__ void __launch_bounds__(kPrepackThreads) prepack_codes_kernel(const PrepackCodesArgs a) {
     const int64_t chunks = prepacked_chunks(a.k);
@@ -331,7 +343,9 @@ __global__ void __launch_bounds__(kPrepackThreads) prepack_codes_kernel(const Pr
         uint4 out = make_uint4(a.pad, a.pad, a.pad, a.pad);
         if (row < a.n && k0 < a.k) {  // k % 32 == 0: a slice is all inside or all padding
             const int64_t src = prepack_source_row(row, a.interleave, a.rope);
-            const uint4 in = *reinterpret_cast<const uint4*>(a.w + src * (a.k / 2) + k0 / 2);
+            const uint4 in = a.sparse.meta
+                                 ? sparse_source_slice(a, src, k0)
+                                 : *reinterpret_cast<const uint4*>(a.w + src * (a.k / 2) + k0 / 2);
             out = make_uint4(prepack_word<kHighFirst>(in.x ^ a.flip),
                              prepack_word<kHighFirst>(in.y ^ a.flip),
                              prepack_word<kHighFirst>(in.z ^ a.flip),
@@ -411,7 +425,7 @@ cudaError_t w4a16_prepack(const W4A16PrepackArgs& args, cudaStream_t stream) {
     const uint32_t code8 = 0x88888888u;  // code 8 everywhere: the padding; the symmetric flip
     const cudaError_t err = prepack_codes(
         {args.w, args.n, args.k, args.interleave, args.zeros == nullptr ? code8 : 0u, code8,
-         /*high_first=*/false, args.w_out, args.rope},
+         /*high_first=*/false, args.w_out, args.rope, args.sparse},
         stream);
     if (err != cudaSuccess) return err;
     const unsigned blocks = prepack_blocks(prepacked_rows(args.n) * args.groups);

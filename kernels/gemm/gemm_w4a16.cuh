@@ -185,6 +185,17 @@ cudaError_t gemm_w4a16_prepacked_tc_grouped(const GemmW4A16Args& args, MoeMode m
                                             const MoeRows& rows, int block_rows,
                                             int64_t row_blocks, cudaStream_t stream);
 
+// A structured-sparse INT4 weight (kernels/sparse/sparse_int4.cuh) as the source of a dense
+// prepack: w holds its kept codes [n, k / 4], meta its metadata [n, k / 32] (2:4, or 16:32
+// masks); every pruned position becomes the code of 0 (0 when symmetric, else its group's zero
+// point, zeros [n, k / group_size]), so that the dense weight's w' is the sparse one's.
+struct SparseSource {
+    const uint32_t* meta = nullptr;   // nullptr: a dense source
+    bool k1632 = false;
+    const uint8_t* zeros = nullptr;   // asymmetric zero points, or nullptr
+    int64_t group_size = 0;
+};
+
 // The prepack (ck_w4a16_prepack): interchange -> prepacked, for an [n, k] weight.
 struct W4A16PrepackArgs {
     const uint8_t* w;         // [n, k / 2]
@@ -197,6 +208,7 @@ struct W4A16PrepackArgs {
     void* scales_out;         // ceil(n / 8) * 8 * groups
     uint8_t* zeros_out;       // same count, or nullptr (symmetric)
     RopePairs rope;           // the fused Q/K/V weight's rotary pairs (ck_qkv_prepack), or none
+    SparseSource sparse;      // a structured-sparse source (ck_sparse_w4a16_prepack_dense), or none
 };
 cudaError_t w4a16_prepack(const W4A16PrepackArgs& args, cudaStream_t stream);
 
@@ -204,7 +216,8 @@ cudaError_t w4a16_prepack(const W4A16PrepackArgs& args, cudaStream_t stream);
 // 32 == 0), two codes per byte -> the prepacked tiles of w_out (w4a16_prepacked_bytes(n, k)).
 // Each code is XOR-ed with the nibbles of `flip` (0x88888888 turns two's complement q into
 // q + 8); padding rows and k get the word `pad`; high_first: element 2i sits in the high nibble
-// of byte i (bitsandbytes' NF4), else in the low one; interleave as in W4A16PrepackArgs.
+// of byte i (bitsandbytes' NF4), else in the low one; interleave as in W4A16PrepackArgs; with a
+// sparse source, w holds its kept codes [n, k / 4] instead.
 struct PrepackCodesArgs {
     const uint8_t* w;
     int64_t n, k, interleave;
@@ -212,6 +225,7 @@ struct PrepackCodesArgs {
     bool high_first;
     uint8_t* w_out;
     RopePairs rope;
+    SparseSource sparse;
 };
 cudaError_t prepack_codes(const PrepackCodesArgs& args, cudaStream_t stream);
 

@@ -79,6 +79,22 @@ __device__ __forceinline__ void sparse_dense8(const uint8_t* row_codes, const ui
     }
 }
 
+// The 32 dense codes of one metadata word's k as four words of 8 (code k in nibble k % 8 of word
+// k / 8: the interchange order of ck_quantize_int4): the word's 16 kept codes (its 8 bytes of
+// codes) at their positions, `fill` at the pruned ones. Run once per weight by a prepack.
+template <bool k1632>
+__device__ __forceinline__ uint4 sparse_dense_codes(uint32_t meta, uint2 codes, uint32_t fill) {
+    const uint64_t bits = uint64_t(codes.x) | uint64_t(codes.y) << 32;
+    uint32_t w[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+    for (int p = 0; p < kSparseWordK; ++p) {
+        const int j = sparse_value_index<k1632>(meta, p);
+        const uint32_t code = j < 0 ? fill : uint32_t(bits >> (4 * j) & 0xFu);
+        w[p / 8] |= code << (4 * (p % 8));
+    }
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 // The launchers. Shapes: [n, k] weight, k % 32 == 0 and k % group_size == 0; T of scales is
 // `dtype`; zeros nullptr means symmetric.
 struct SparseWeight {

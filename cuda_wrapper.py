@@ -4255,10 +4255,10 @@ def gemm_sparse_w4a16_prepacked(x, w_prepacked, scales_prepacked, zeros_prepacke
 class SparseQuantizedLinear(QuantizedLinear):
     """A W4A16 linear layer on a structured-sparse INT4 weight (2:4 or 16:32 along K), made by
     QuantizedLinear.from_float(..., sparsity=...). A 2:4 weight with in_features a multiple of
-    128 runs prepacked on the sparse tensor cores (other 2:4 shapes on the simple tiled
-    kernel); a 16:32 weight runs prepacked as a dense INT4 weight (its pruned positions the
-    code of 0) on the dense W4A16 kernels. Called as QuantizedLinear is, on NumPy, torch, CuPy
-    or other CUDA arrays (not captured by torch.compile: no custom operator)."""
+    128 runs prepacked on the sparse tensor cores; a 16:32 weight, and a 2:4 one of another
+    width, runs prepacked as a dense INT4 weight (its pruned positions the code of 0) on the
+    dense W4A16 kernels. Called as QuantizedLinear is, on NumPy, torch, CuPy or other CUDA
+    arrays (not captured by torch.compile: no custom operator)."""
 
     def __init__(self, codes, meta, scales, zeros, sparsity, group_size, dtype, bias=None,
                  activation=None):
@@ -4271,14 +4271,15 @@ class SparseQuantizedLinear(QuantizedLinear):
         self.group_size = group_size
         self.activation = _activation(activation)
         self.weight = codes, meta, scales, zeros
-        if self.sparsity == "16:32":
-            self.prepacked = sparse_w4a16_prepack_dense(codes, meta, scales, zeros, "16:32",
-                                                        group_size, dtype=self.dtype)
-        elif self.in_features % _SPARSE_PACK_K == 0:
+        # The sparse tensor cores read 2:4 in 128-k chunks; everything else runs dense.
+        self.dense = self.sparsity == "16:32" or self.in_features % _SPARSE_PACK_K != 0
+        if self.dense:
+            self.prepacked = sparse_w4a16_prepack_dense(codes, meta, scales, zeros,
+                                                        self.sparsity, group_size,
+                                                        dtype=self.dtype)
+        else:
             self.prepacked = sparse_w4a16_prepack(codes, meta, scales, zeros, group_size,
                                                   dtype=self.dtype)
-        else:
-            self.prepacked = None
         self.bias = None if bias is None else _to_device(_layer_host_cast(bias, self.dtype),
                                                          self.dtype, codes)
         self.perm = None
@@ -4290,12 +4291,8 @@ class SparseQuantizedLinear(QuantizedLinear):
         xd, on_host, host_kind = _layer_input(x, self.dtype)
         common = dict(group_size=self.group_size, bias=self.bias, activation=self.activation,
                       out=None if on_host else out, dtype=self.dtype, stream=stream)
-        if self.sparsity == "16:32":
-            y = gemm_w4a16_prepacked(xd, *self.prepacked, n=self.out_features, **common)
-        elif self.prepacked is not None:
-            y = gemm_sparse_w4a16_prepacked(xd, *self.prepacked, n=self.out_features, **common)
-        else:
-            y = gemm_sparse_w4a16(xd, *self.weight, sparsity=self.sparsity, **common)
+        gemm = gemm_w4a16_prepacked if self.dense else gemm_sparse_w4a16_prepacked
+        y = gemm(xd, *self.prepacked, n=self.out_features, **common)
         return _layer_host_result(y, out, host_kind) if on_host else y
 
     def __repr__(self):

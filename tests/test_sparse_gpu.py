@@ -409,19 +409,21 @@ def test_auto_past_16_rows(seed):
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("sparsity", list(SPARSITY))
 @pytest.mark.parametrize("mode", ["sym", "asym"])
-def test_quantized_linear_from_float(sparsity, mode, seed):
+@pytest.mark.parametrize("k, g", [(256, 128), (320, 64)])
+def test_quantized_linear_from_float(sparsity, mode, k, g, seed):
     """QuantizedLinear.from_float(..., sparsity=) on NumPy: the reference's prune, quantize and
     dequantize, then the layer (bias, ReLU) within the GEMM's tolerance; the layer's weight
-    arrays are the reference's bit for bit."""
+    arrays are the reference's bit for bit. 2:4 of in_features 256 runs on the sparse tensor
+    cores, the rest (16:32, 2:4 of 320) prepacked dense."""
     rng = np.random.default_rng(seed)
-    dtype, m, n, k, g = "fp16", 5, 72, 256, 128
+    dtype, m, n = "fp16", 5, 72
     w = ref.to_dtype(rng.standard_normal((n, k)).astype(np.float32) / 16, dtype)
     b = ref.to_dtype(rng.standard_normal(n).astype(np.float32), dtype)
     x = ref.random_input(rng, (m, k), dtype, scale=1.0 / 16)
     layer = ck.QuantizedLinear.from_float(w, bias=b, group_size=g, symmetric=mode == "sym",
                                           activation="relu", sparsity=sparsity)
     assert isinstance(layer, ck.SparseQuantizedLinear)
-    assert layer.prepacked is not None, repr(layer)   # 2:4 sparse tensor cores, 16:32 dense
+    assert layer.dense == (sparsity == "16:32" or k % 128 != 0), repr(layer)
     want = QUANTIZE[sparsity](PRUNE[sparsity](w, dtype), dtype, g, mode)
     for got, expected, name in zip(layer.weight, want, ("codes", "meta", "scales", "zeros")):
         if expected is None:

@@ -1253,10 +1253,20 @@ std::string sparse_facts(const ck::SparseGemmArgs& args) {
 }
 
 // The stream kernel: M <= 16, and larger M where the tiles kernel's grid would not fill the GPU.
+bool sparse_wgmma_serves(const ck::SparseGemmArgs& args, int) {
+    return args.prepacked && !args.k1632 && args.m > kSmallMMax && args.m <= INT32_MAX &&
+           args.k <= INT32_MAX && ck::ceil_div(args.n, ck::kSparsePackRows) <= INT32_MAX &&
+           ck::sparse_tiles_grid_fits(args.m, args.n) && ck::gemm_sparse_w4a16_wgmma_available();
+}
+
+// Past 16 rows of x, the stream serves the grids that the tensor-core kernel at hand (wgmma on
+// Hopper, else tiles) would leave short of blocks.
 bool sparse_stream_serves(const ck::SparseGemmArgs& args, int cc) {
+    const bool small_grid = sparse_wgmma_serves(args, cc)
+                                ? !ck::sparse_wgmma_fills_gpu(args.m, args.n)
+                                : !ck::sparse_tiles_fill_gpu(args.m, args.n);
     return cc >= kMmaMinArch && args.prepacked && !args.k1632 &&
-           ck::sparse_stream_grid_fits(args.m, args.n) &&
-           (args.m <= kSmallMMax || !ck::sparse_tiles_fill_gpu(args.m, args.n));
+           ck::sparse_stream_grid_fits(args.m, args.n) && (args.m <= kSmallMMax || small_grid);
 }
 
 bool sparse_tiles_serves(const ck::SparseGemmArgs& args, int cc) {
@@ -1267,8 +1277,11 @@ bool sparse_tiles_serves(const ck::SparseGemmArgs& args, int cc) {
 const ck::Variant<ck::SparseGemmArgs> kGemmSparseRows[] = {
     {"stream", ck::gemm_sparse_w4a16_stream, sparse_stream_serves,
      "a prepacked 2:4 weight (ck_gemm_sparse_w4a16_prepacked), n below 2^35, m <= 16 or a "
-     "shape whose tiles leave SMs idle (for m > 16: n at most 1048560), and compute capability "
-     "8.0 or newer"},
+     "shape whose tensor-core blocks leave SMs idle (for m > 16: n at most 1048560), and "
+     "compute capability 8.0 or newer"},
+    {"wgmma", ck::gemm_sparse_w4a16_wgmma, sparse_wgmma_serves,
+     "a prepacked 2:4 weight (ck_gemm_sparse_w4a16_prepacked), 16 < m < 2^31, k < 2^31, n "
+     "below 2^35, a compute capability 9.0 GPU and a build with sm_90a"},
     {"tiles", ck::gemm_sparse_w4a16_tiles, sparse_tiles_serves,
      "a prepacked 2:4 weight (ck_gemm_sparse_w4a16_prepacked), m > 16, ceil(m / 64) x "
      "ceil(n / 128) tiles below 2^31 and compute capability 8.0 or newer"},

@@ -66,8 +66,8 @@ def seed(request):
 KERNEL_OVERRIDES = ("CK_GEMM_INT8_KERNEL", "CK_GEMM_INT4_KERNEL", "CK_GEMM_FP8_KERNEL",
                     "CK_GEMM_W4A8_KERNEL", "CK_GEMM_W4A16_KERNEL",
                     "CK_GEMM_W4A16_WGMMA_ROWS", "CK_GEMM_W4A16_WGMMA_SPLIT",
-                    "CK_GEMM_BLOCK4_KERNEL", "CK_GEMM_SPARSE_KERNEL", "CK_MOE_KERNEL",
-                    "CK_ATTENTION_KERNEL")
+                    "CK_GEMM_BLOCK4_KERNEL", "CK_GEMM_SPARSE_KERNEL",
+                    "CK_GEMM_SPARSE_WGMMA_ROWS", "CK_MOE_KERNEL", "CK_ATTENTION_KERNEL")
 
 
 @pytest.fixture(autouse=True)

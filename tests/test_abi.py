@@ -2060,7 +2060,8 @@ KERNEL_OVERRIDES = [
             ("element-aligned", dict(bias_ptr=BIAS + 6, out_ptr=O + 10)),
             ("bf16-element-aligned", dict(bias_ptr=BIAS + 2, out_ptr=O + 2, dtype=DType.BF16))]]),
     KernelOverride(
-        "CK_GEMM_SPARSE_KERNEL", SPARSE_GEMMS, ("auto", "reference", "stream", "tiles"),
+        "CK_GEMM_SPARSE_KERNEL", SPARSE_GEMMS, ("auto", "reference", "stream", "tiles",
+                                                "wgmma"),
         # Any M and N, K a multiple of 32 and of the group (prepacked: of 128), bias NULL, bias
         # and out aligned to their element only. M past the prepacked kernel's 2^20 - 16 rows
         # is no argument error (the variant's limit).

@@ -6,7 +6,8 @@
 - The quantizer counts the blocks that break the pattern (violations) exactly, and a weight
   that keeps it reports 0.
 - ck_gemm_sparse_w4a16 (reference kernel, either pattern) and ck_gemm_sparse_w4a16_prepacked
-  (the mma.sp kernels stream and tiles, and the reference kernel; 2:4) meet the float64
+  (the mma.sp kernels stream and tiles, Hopper's wgmma.sp kernel, and the reference kernel;
+  2:4) meet the float64
   reference on the dequantized weight under the tolerance of float32 accumulation
   (test_w4a16_gpu.py derives it) plus half an ulp of the output: M on both sides of 8 and 16,
   past one block of 16 rows and of 64, N not a multiple of the 16-row tile nor of 128, K from
@@ -34,7 +35,7 @@ import reference as ref
 from gpu_support import (
     CK_ACTIVATION, CK_DTYPE, CK_INT4_MODE, GuardedBuffer, POISON, POISON_QUANTIZED, U32,
     assert_bitwise_equal, assert_capture_records_then_replay_writes, assert_meets_reference,
-    assert_relu_output, dot_float32_error, ptr_or_null, synchronize,
+    assert_relu_output, dot_float32_error, force_variant, ptr_or_null, synchronize,
 )
 
 pytestmark = pytest.mark.gpu
@@ -256,9 +257,11 @@ GEMM_SHAPES = [(1, 16, 128), (5, 40, 256), (8, 136, 512), (16, 48, 1024), (33, 2
 
 
 # (variant, prepacked): the mma.sp kernels (stream: M <= 16 and small grids, as every shape
-# here; tiles: M > 16), and the reference kernel on both layouts.
-GEMM_VARIANTS = [("stream", True), ("tiles", True), ("reference", False), ("reference", True)]
-TILES_MIN_M = 17
+# here; tiles: M > 16), Hopper's wgmma.sp kernel (M > 16), and the reference kernel on both
+# layouts.
+GEMM_VARIANTS = [("stream", True), ("tiles", True), ("wgmma", True), ("reference", False),
+                 ("reference", True)]
+TILES_MIN_M = 17   # tiles and wgmma
 
 
 def gemm_params():
@@ -266,7 +269,7 @@ def gemm_params():
         return variant + ("-prepacked" if prepacked and variant == "reference" else "")
     return [pytest.param(variant, prepacked, m, n, k, id=f"{name(variant, prepacked)}-{m}x{n}x{k}")
             for variant, prepacked in GEMM_VARIANTS for m, n, k in GEMM_SHAPES + [(200, 136, 256)]
-            if variant != "tiles" or m >= TILES_MIN_M]
+            if variant not in ("tiles", "wgmma") or m >= TILES_MIN_M]
 
 
 @pytest.mark.parametrize("variant, prepacked, m, n, k", gemm_params())
@@ -279,10 +282,25 @@ def test_gemm_meets_reference(variant, prepacked, dtype, group_size, mode, m, n,
     sparsities = ["2:4"] if prepacked else ["2:4", "16:32"]
     for i, sparsity in enumerate(sparsities):
         bias, act = (i + m) % 2 == 0, "relu" if (i + n) % 3 == 0 else "none"
-        monkeypatch.setenv(KERNEL_ENV, variant)
+        force_variant(monkeypatch, KERNEL_ENV, variant)
         call = SparseGemm(rng, sparsity, dtype, group_size, mode, m, n, k, bias, act, prepacked)
         call.launch()
         call.check(f"{variant}, seed={seed}")
+
+
+@pytest.mark.parametrize("rows", [64, 128, 256])
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("mode", ["sym", "asym"])
+def test_wgmma_block_rows(rows, dtype, mode, seed, monkeypatch):
+    """The wgmma kernel's three block shapes (CK_GEMM_SPARSE_WGMMA_ROWS) on M past one block and
+    not a multiple of it, N not a multiple of the 128-row block, K of several chunks."""
+    rng = np.random.default_rng(seed)
+    force_variant(monkeypatch, KERNEL_ENV, "wgmma")
+    monkeypatch.setenv("CK_GEMM_SPARSE_WGMMA_ROWS", str(rows))
+    for m, n, k, g in ((rows + 37, 200, 640, 128), (17, 24, 128, 64)):
+        call = SparseGemm(rng, "2:4", dtype, g, mode, m, n, k, m % 2 == 1, "relu", True)
+        call.launch()
+        call.check(f"wgmma rows={rows}, seed={seed}")
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])

@@ -76,6 +76,60 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
+// A ring of kStages shared-memory stages between one TMA producer and consumer warps: stage s
+// is filled when full[s] completes (one producer arrival with its transaction bytes) and free
+// again when empty[s] completes (empty_arrivals: one per consumer warp). Thread 0 initializes
+// the barriers; the caller then synchronizes the block before any thread uses them.
+template <int kStages>
+__device__ __forceinline__ void init_stage_ring(uint64_t* full, uint64_t* empty,
+                                                int empty_arrivals) {
+    if (threadIdx.x != 0) return;
+    for (int s = 0; s < kStages; ++s) {
+        mbar_init(&full[s], 1);
+        mbar_init(&empty[s], empty_arrivals);
+    }
+    fence_mbarrier_init();       // the inits are visible to the other threads ...
+    fence_proxy_async_shared();  // ... and to the TMA that completes on the barriers
+}
+
+// The producer's place in such a ring: acquire() waits until its stage is free (the first round
+// finds every stage free) and announces `bytes` of TMA on the stage's full barrier; the copies
+// follow, then next().
+template <int kStages> struct ProducerCursor {
+    int stage = 0;
+    uint32_t round = 0;
+    __device__ __forceinline__ void acquire(uint64_t* full, uint64_t* empty, uint32_t bytes) {
+        mbar_wait(&empty[stage], (round & 1) ^ 1);
+        mbar_arrive_expect_tx(&full[stage], bytes);
+    }
+    __device__ __forceinline__ void next() {
+        if (++stage == kStages) {
+            stage = 0;
+            ++round;
+        }
+    }
+};
+
+// A consumer warp's place in such a ring: the stage it reads (full[stage], parity()), and the
+// stage it read before, which next() gives back to the producer (the warp's arrival on its empty
+// barrier) once the caller has retired every wgmma that read it.
+template <int kStages> struct StageCursor {
+    int stage = 0, previous = -1;
+    uint32_t round = 0;
+    __device__ __forceinline__ uint32_t parity() const { return round & 1; }
+    __device__ __forceinline__ void next(uint64_t* empty, int lane) {
+        if (previous >= 0) {
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&empty[previous]);
+        }
+        previous = stage;
+        if (++stage == kStages) {
+            stage = 0;
+            ++round;
+        }
+    }
+};
+
 // ---------------------------------------------------------------------------------------------
 // TMA
 // ---------------------------------------------------------------------------------------------
@@ -379,6 +433,60 @@ __device__ __forceinline__ void wgmma_m64nk16_rs(float (&d)[kN / 2], const uint3
                     "132", "133", "134");
     }
 }
+
+// wgmma.mma_async.sp.sync.aligned.m64nNk32.f32.{f16,bf16}.{f16,bf16}: A (64 x 32) 2:4 sparse,
+// its kept values from registers, N = 64, 128 or 256: d (wgmma_m64nk16_rs's layout) += A x B
+// (32 x N, desc_b, K-major). a is the compressed A (64 x 16, two kept values of every 4 k) in
+// wgmma_m64nk16_rs's fragment layout, which is also mma.sp m16n8k32's A fragment per warp:
+// a[0], a[2] row g's kept pairs of blocks t and t + 4 (k 4t .. 4t + 3 and 16 + 4t .. 19 + 4t),
+// a[1], a[3] row g + 8's. meta holds the positions (idx0 | idx1 << 2, idx0 < idx1, per block of
+// 4 k) as mma.sp m16n8k32's metadata: lanes 2 kSel and 2 kSel + 1 of each quad give it (the
+// sparsity selector kSel, 0 or 1; the other lanes' values are not read), lane t % 2 == 0 blocks
+// 0-3 and t % 2 == 1 blocks 4-7, row g in bits 0-15 and row g + 8 in bits 16-31. The registers
+// of a and meta are read asynchronously, as wgmma_m64nk16_rs's; with several of these queued
+// and the next A written meanwhile, ptxas (CUDA 13.0) reused a queued one's A registers and the
+// results were wrong now and then (gemm_sparse_w4a16_wgmma_sm90.cu retires each before writing
+// the next). accumulate = 0 overwrites d.
+#define CK_WGMMA_SP_RS(kind, acc, n_a0, n_a1, n_a2, n_a3, n_desc, n_meta, n_sel, n_accumulate)    \
+    asm volatile("{\n.reg .pred p;\n"                                                             \
+                 "setp.ne.b32 p, %" n_accumulate ", 0;\n"                                         \
+                 "wgmma.mma_async.sp.sync.aligned." kind " {%0" acc(CK_WGMMA_NAME, "+f") "}, "    \
+                 "{%" n_a0 ", %" n_a1 ", %" n_a2 ", %" n_a3 "}, %" n_desc ", %" n_meta ", %" n_sel \
+                 ", p, 1, 1, 0;\n}\n"                                                             \
+                 : "+f"(d[0]) acc(CK_WGMMA_OPERAND, "+f")                                         \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(meta),            \
+                   "n"(kSel), "r"(accumulate))
+
+template <typename T, int kN, int kSel>
+__device__ __forceinline__ void wgmma_sp_m64nk32_rs(float (&d)[kN / 2], const uint32_t (&a)[4],
+                                                    uint64_t desc_b, uint32_t meta,
+                                                    int accumulate) {
+    static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>,
+                  "16-bit float operands");
+    static_assert(kN == 64 || kN == 128 || kN == 256, "N = 64, 128 or 256");
+    static_assert(kSel == 0 || kSel == 1, "sparsity selector 0 or 1");
+    constexpr bool kHalf = std::is_same_v<T, __half>;
+    if constexpr (kN == 64 && kHalf) {
+        CK_WGMMA_SP_RS("m64n64k32.f32.f16.f16", CK_WGMMA_ACC_32, "32", "33", "34", "35", "36",
+                       "37", "38", "39");
+    } else if constexpr (kN == 64) {
+        CK_WGMMA_SP_RS("m64n64k32.f32.bf16.bf16", CK_WGMMA_ACC_32, "32", "33", "34", "35", "36",
+                       "37", "38", "39");
+    } else if constexpr (kN == 128 && kHalf) {
+        CK_WGMMA_SP_RS("m64n128k32.f32.f16.f16", CK_WGMMA_ACC_64, "64", "65", "66", "67", "68",
+                       "69", "70", "71");
+    } else if constexpr (kN == 128) {
+        CK_WGMMA_SP_RS("m64n128k32.f32.bf16.bf16", CK_WGMMA_ACC_64, "64", "65", "66", "67", "68",
+                       "69", "70", "71");
+    } else if constexpr (kHalf) {
+        CK_WGMMA_SP_RS("m64n256k32.f32.f16.f16", CK_WGMMA_ACC_128, "128", "129", "130", "131",
+                       "132", "133", "134", "135");
+    } else {
+        CK_WGMMA_SP_RS("m64n256k32.f32.bf16.bf16", CK_WGMMA_ACC_128, "128", "129", "130", "131",
+                       "132", "133", "134", "135");
+    }
+}
+#undef CK_WGMMA_SP_RS
 
 // wgmma.mma_async.sync.aligned.m64n{64,128}k32.f32.e4m3.e4m3 with A from registers: d (64 x kN
 // float32 accumulators, kN / 2 per thread, the layout of wgmma_m64n128k32_s8) += A (64 x 32 E4M3)

@@ -176,6 +176,16 @@ inline bool sparse_tiles_grid_fits(int64_t m, int64_t n) {
     return groups <= INT32_MAX && row_blocks <= INT32_MAX / groups;
 }
 cudaError_t gemm_sparse_w4a16_tiles(const SparseGemmArgs& args, cudaStream_t stream);
+// wgmma: a prepacked 2:4 weight on Hopper's sparse tensor cores (wgmma.mma_async.sp; compute
+// capability 9.0 and a build with sm_90a: gemm_sparse_w4a16_wgmma_available), any m; m, k and
+// the 16-row tiles below 2^31 (TMA's coordinates), blocks of 64 or 128 rows of x by 128 weight
+// rows (fewer than 2^31 of them). cudaErrorNotSupported where it cannot run.
+bool gemm_sparse_w4a16_wgmma_available();
+cudaError_t gemm_sparse_w4a16_wgmma(const SparseGemmArgs& args, cudaStream_t stream);
+// Whether the wgmma kernel's grid of 64-row blocks for [m, n] gives half the SMs a block at
+// least: below that the stream kernel measured faster (H100, M = 64: 4096 x 4096 23.0 against
+// 26.9 us, 14336 x 4096 61.3 against 78.6; 4096 x 14336, 112 blocks: 49.0 against 29.1).
+bool sparse_wgmma_fills_gpu(int64_t m, int64_t n);
 // Whether the tiles kernel's grid for [m, n] fills the GPU (1.5 blocks per SM at least): below
 // that the stream kernel, whose warps also split K, measured faster (benchmarks/NOTES.md).
 bool sparse_tiles_fill_gpu(int64_t m, int64_t n);

@@ -1246,6 +1246,21 @@ ck_status_t check_sparse_codes(const Check& check, const void* codes, const void
     return check.aligned(meta, 16, "meta", "the kernels' 16-byte accesses");
 }
 
+// What both sparse prepacks check last: the format's codes and metadata, the scales aligned to
+// their dtype, and the outputs 16-byte aligned (vector stores here, the GEMMs' vector loads).
+ck_status_t check_sparse_prepack_buffers(const Check& check, const void* codes, const void* meta,
+                                         const void* scales, ck_dtype_t dtype,
+                                         const void* w_prepacked, const void* scales_prepacked,
+                                         const void* zeros_prepacked) {
+    CK_TRY(check_sparse_codes(check, codes, meta));
+    CK_TRY(check.element_aligned(scales, dtype, "scales"));
+    CK_TRY(check.aligned(w_prepacked, 16, "w_prepacked", "16-byte vector stores"));
+    CK_TRY(check.aligned(scales_prepacked, 16, "scales_prepacked", "the GEMMs' vector loads"));
+    if (zeros_prepacked)
+        CK_TRY(check.aligned(zeros_prepacked, 16, "zeros_prepacked", "the GEMMs' vector loads"));
+    return CK_STATUS_SUCCESS;
+}
+
 std::string sparse_facts(const ck::SparseGemmArgs& args) {
     return ck::formatted("m=%lld, n=%lld, %s %s weight", (long long)args.m, (long long)args.n,
                          args.k1632 ? "a 16:32" : "a 2:4",
@@ -2022,12 +2037,8 @@ ck_status_t ck_sparse_w4a16_prepack(const uint8_t* codes, const uint32_t* meta,
     if (ck_sparse_w4a16_prepacked_groups(n, k, group_size) == 0)
         return check.fail(CK_STATUS_INVALID_VALUE, "n=%lld, k=%lld overflow a 64-bit byte count",
                           (long long)n, (long long)k);
-    CK_TRY(check_sparse_codes(check, codes, meta));
-    CK_TRY(check.element_aligned(scales, dtype, "scales"));
-    CK_TRY(check.aligned(w_prepacked, 16, "w_prepacked", "16-byte vector stores"));
-    CK_TRY(check.aligned(scales_prepacked, 16, "scales_prepacked", "the GEMM's vector loads"));
-    if (zeros_prepacked)
-        CK_TRY(check.aligned(zeros_prepacked, 16, "zeros_prepacked", "the GEMM's vector loads"));
+    CK_TRY(check_sparse_prepack_buffers(check, codes, meta, scales, dtype, w_prepacked,
+                                        scales_prepacked, zeros_prepacked));
     ck::SparsePrepackArgs args{};
     args.in = sparse_weight(CK_SPARSITY_2_4, dtype, n, k, group_size, codes, meta, scales, zeros);
     args.w_out = w_prepacked;
@@ -2051,12 +2062,8 @@ ck_status_t ck_sparse_w4a16_prepack_dense(const uint8_t* codes, const uint32_t* 
     CK_TRY(check.half_dtype(dtype, "dtype"));
     CK_TRY(check_sparse_weight(check, n, k, group_size, dtype_size(dtype)));
     CK_TRY(check_prepacked_size(check, false, 1, n, k, group_size));
-    CK_TRY(check_sparse_codes(check, codes, meta));
-    CK_TRY(check.element_aligned(scales, dtype, "scales"));
-    CK_TRY(check.aligned(w_prepacked, 16, "w_prepacked", "16-byte vector stores"));
-    CK_TRY(check.aligned(scales_prepacked, 16, "scales_prepacked", "the GEMM's 16-byte copies"));
-    if (zeros_prepacked)
-        CK_TRY(check.aligned(zeros_prepacked, 16, "zeros_prepacked", "the GEMM's 16-byte copies"));
+    CK_TRY(check_sparse_prepack_buffers(check, codes, meta, scales, dtype, w_prepacked,
+                                        scales_prepacked, zeros_prepacked));
     auto args = int4_conversion<ck::W4A16PrepackArgs>(scales, dtype, n, k, group_size,
                                                       w_prepacked, scales_prepacked,
                                                       zeros_prepacked);

@@ -1267,15 +1267,14 @@ std::string sparse_facts(const ck::SparseGemmArgs& args) {
                          args.prepacked ? "prepacked" : "interchange-format");
 }
 
-// The stream kernel: M <= 16, and larger M where the tiles kernel's grid would not fill the GPU.
 bool sparse_wgmma_serves(const ck::SparseGemmArgs& args, int) {
     return args.prepacked && !args.k1632 && args.m > kSmallMMax && args.m <= INT32_MAX &&
            args.k <= INT32_MAX && ck::ceil_div(args.n, ck::kSparsePackRows) <= INT32_MAX &&
            ck::sparse_tiles_grid_fits(args.m, args.n) && ck::gemm_sparse_w4a16_wgmma_available();
 }
 
-// Past 16 rows of x, the stream serves the grids that the tensor-core kernel at hand (wgmma on
-// Hopper, else tiles) would leave short of blocks.
+// The stream kernel: M <= 16, and past 16 rows of x the grids that the tensor-core kernel at
+// hand (wgmma on Hopper, else tiles) would leave short of blocks.
 bool sparse_stream_serves(const ck::SparseGemmArgs& args, int cc) {
     const bool small_grid = sparse_wgmma_serves(args, cc)
                                 ? !ck::sparse_wgmma_fills_gpu(args.m, args.n)

@@ -309,6 +309,14 @@ int sm_count() {
     });
 }
 
+int forced_plan_value(const char* name, std::initializer_list<int> allowed) {
+    const char* text = std::getenv(name);
+    if (!text) return 0;
+    for (int v : allowed)
+        if (std::strcmp(text, std::to_string(v).c_str()) == 0) return v;
+    return 0;
+}
+
 int max_smem_optin() {
     static int cache[kMaxDevices] = {};
     return cached_device_query(cache, [](int device, int* bytes) {

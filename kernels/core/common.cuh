@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <type_traits>
 
 #include "cuda_kernels.h"
@@ -27,6 +28,10 @@ inline bool is_aligned(const void* p, size_t bytes) {
 
 // Number of multiprocessors of the current device (cached per device; 0 on error).
 int sm_count();
+
+// A launcher's plan forced through the environment (cuda_kernels.h names the variables; for
+// tests and benchmarks): the value of `name` if it spells one of `allowed`, else 0.
+int forced_plan_value(const char* name, std::initializer_list<int> allowed);
 
 // The compute capability of the current device as major * 10 + minor (cached; 0 on error).
 int compute_capability();

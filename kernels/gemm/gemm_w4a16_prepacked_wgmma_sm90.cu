@@ -55,10 +55,6 @@
 // maps in kernels/core/tma.cuh. Kernel bodies exist in the sm_90a pass only (CK_SM90A_DEVICE);
 // the host never launches the empty ones of other targets (gemm_w4a16_wgmma_available()).
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
-#include <initializer_list>
-#include <string>
 
 #include "kernels/core/dequant.cuh"
 #include "kernels/core/epilogue.cuh"
@@ -729,16 +725,6 @@ bool wgmma_wide_pays(int64_t m, int64_t n) {
         return double(ceil_div(ceil_div(m, int64_t(rows)) * tiles_n, sms)) * rows;
     };
     return busiest(WgmmaWide::kBM) * kWideRowCost < busiest(WgmmaNarrow::kBM);
-}
-
-// An environment override of the plan (cuda_kernels.h; for tests and benchmarks): the value of
-// `name` if it is one of `allowed`, else 0.
-int forced_plan_value(const char* name, std::initializer_list<int> allowed) {
-    const char* text = std::getenv(name);
-    if (!text) return 0;
-    for (int v : allowed)
-        if (std::strcmp(text, std::to_string(v).c_str()) == 0) return v;
-    return 0;
 }
 
 // How many blocks of `split`-block clusters of Tile's kernel the GPU runs at once (one block per

@@ -35,9 +35,6 @@
 // the dense fp16 peak (~989 TFLOP/s), 0.98 ms at the sparse one.
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
-#include <string>
 
 #include "kernels/core/dequant.cuh"
 #include "kernels/core/epilogue.cuh"
@@ -307,10 +304,8 @@ cudaError_t launch(const SparseGemmArgs& a, cudaStream_t stream) {
 // CK_GEMM_SPARSE_WGMMA_ROWS (64, 128 or 256) forces it (cuda_kernels.h; tests, benchmarks).
 constexpr double kWideRowCost = 0.85;
 int block_rows(int64_t m, int64_t n) {
-    if (const char* forced = std::getenv("CK_GEMM_SPARSE_WGMMA_ROWS")) {
-        for (int rows : {64, 128, 256})
-            if (std::strcmp(forced, std::to_string(rows).c_str()) == 0) return rows;
-    }
+    if (const int forced = forced_plan_value("CK_GEMM_SPARSE_WGMMA_ROWS", {64, 128, 256}))
+        return forced;
     const int64_t sms = std::max(sm_count(), 1), tiles_n = ceil_div(n, int64_t(kBN));
     auto blocks = [&](int rows) { return ceil_div(m, int64_t(rows)) * tiles_n; };
     auto busiest = [&](int rows) { return double(ceil_div(blocks(rows), sms)) * rows; };

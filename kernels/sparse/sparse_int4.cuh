@@ -178,8 +178,8 @@ inline bool sparse_tiles_grid_fits(int64_t m, int64_t n) {
 cudaError_t gemm_sparse_w4a16_tiles(const SparseGemmArgs& args, cudaStream_t stream);
 // wgmma: a prepacked 2:4 weight on Hopper's sparse tensor cores (wgmma.mma_async.sp; compute
 // capability 9.0 and a build with sm_90a: gemm_sparse_w4a16_wgmma_available), any m; m, k and
-// the 16-row tiles below 2^31 (TMA's coordinates), blocks of 64 or 128 rows of x by 128 weight
-// rows (fewer than 2^31 of them). cudaErrorNotSupported where it cannot run.
+// the 16-row tiles below 2^31 (TMA's coordinates), blocks of 64, 128 or 256 rows of x by 128
+// weight rows (fewer than 2^31 of them). cudaErrorNotSupported where it cannot run.
 bool gemm_sparse_w4a16_wgmma_available();
 cudaError_t gemm_sparse_w4a16_wgmma(const SparseGemmArgs& args, cudaStream_t stream);
 // Whether the wgmma kernel's grid of 64-row blocks for [m, n] gives half the SMs a block at

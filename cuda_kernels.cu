@@ -1277,7 +1277,7 @@ bool sparse_wgmma_serves(const ck::SparseGemmArgs& args, int) {
 // hand (wgmma on Hopper, else tiles) would leave short of blocks.
 bool sparse_stream_serves(const ck::SparseGemmArgs& args, int cc) {
     const bool small_grid = sparse_wgmma_serves(args, cc)
-                                ? !ck::sparse_wgmma_fills_gpu(args.m, args.n)
+                                ? !ck::sparse_wgmma_fills_gpu(args.m, args.n, args.k)
                                 : !ck::sparse_tiles_fill_gpu(args.m, args.n);
     return cc >= kMmaMinArch && args.prepacked && !args.k1632 &&
            ck::sparse_stream_grid_fits(args.m, args.n) && (args.m <= kSmallMMax || small_grid);

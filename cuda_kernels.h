@@ -969,14 +969,15 @@ CK_API ck_status_t ck_sparse_w4a16_prepack_dense(const uint8_t* codes, const uin
  * mode): the same w', on sparse tensor cores (mma.sp, compute capability 8.0 and newer):
  * for M <= 16 a kernel that streams the compressed weight once (N below 2^35); for larger M,
  * on a compute capability 9.0 GPU (with the sm_90a build) Hopper's sparse wgmma in blocks of
- * 64, 128 or 256 rows of x by 128 weight rows (M and K below 2^31), elsewhere mma.sp tiles of
+ * 64, 128 or 256 rows of x by 128 weight rows (M and K below 2^31; where those blocks would
+ * leave SMs idle, clusters of 2, 4 or 8 blocks share each one's K), elsewhere mma.sp tiles of
  * 128 weight rows by 64 rows of x (fewer than 2^31 of them), or, where those would leave SMs
  * idle, the streaming kernel once per 16 rows of x (N at most 1048560). Elsewhere the tiled
  * reference kernel, which reads this layout too. CK_GEMM_SPARSE_KERNEL: "stream", "tiles",
- * "wgmma", "reference" or "auto"; CK_GEMM_SPARSE_WGMMA_ROWS (64, 128 or 256) forces the wgmma
- * kernel's block rows (for tests and benchmarks). Requirements: as ck_gemm_sparse_w4a16, K a
- * multiple of 128, w_prepacked 16-byte aligned, scales_prepacked and zeros_prepacked 4-byte
- * aligned. */
+ * "wgmma", "reference" or "auto"; CK_GEMM_SPARSE_WGMMA_ROWS (64, 128 or 256) and
+ * CK_GEMM_SPARSE_WGMMA_SPLIT (1, 2, 4 or 8) force the wgmma kernel's block rows and K split (for
+ * tests and benchmarks). Requirements: as ck_gemm_sparse_w4a16, K a multiple of 128,
+ * w_prepacked 16-byte aligned, scales_prepacked and zeros_prepacked 4-byte aligned. */
 CK_API ck_status_t ck_gemm_sparse_w4a16_prepacked(const void* x, ck_dtype_t dtype,
                                                   const uint8_t* w_prepacked,
                                                   const void* scales_prepacked,

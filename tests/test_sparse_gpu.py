@@ -6,8 +6,8 @@
 - The quantizer counts the blocks that break the pattern (violations) exactly, and a weight
   that keeps it reports 0.
 - ck_gemm_sparse_w4a16 (reference kernel, either pattern) and ck_gemm_sparse_w4a16_prepacked
-  (the mma.sp kernels stream and tiles, Hopper's wgmma.sp kernel, and the reference kernel;
-  2:4) meet the float64
+  (the mma.sp kernels stream and tiles, Hopper's wgmma.sp kernel with each block size and K
+  split forced, and the reference kernel; 2:4) meet the float64
   reference on the dequantized weight under the tolerance of float32 accumulation
   (test_w4a16_gpu.py derives it) plus half an ulp of the output: M on both sides of 8 and 16,
   past one block of 16 rows and of 64, N not a multiple of the 16-row tile nor of 128, K from
@@ -301,6 +301,38 @@ def test_wgmma_block_rows(rows, dtype, mode, seed, monkeypatch):
         call = SparseGemm(rng, "2:4", dtype, g, mode, m, n, k, m % 2 == 1, "relu", True)
         call.launch()
         call.check(f"wgmma rows={rows}, seed={seed}")
+
+
+# K split over a cluster of 1, 2, 4 or 8 blocks (CK_GEMM_SPARSE_WGMMA_SPLIT), forced, on the
+# block rows the call picks (64 up to M = 64) and on 128 and 256: K of 1 chunk (most blocks of
+# a split have no chunk at all) to 24, M from 17 to 300 (8-row blocks with no rows of the call
+# are skipped), N partial, both modes and dtypes, group 64 / 128. Two launches on the same
+# inputs give the same bits (the sum's order is fixed).
+WGMMA_SPLIT_SHAPES = [(17, 136, 128), (40, 200, 1024), (64, 128, 3072), (100, 264, 384),
+                      (300, 128, 640)]
+
+
+@pytest.mark.parametrize("shape", WGMMA_SPLIT_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("split", [1, 2, 4, 8])
+def test_wgmma_split_k(split, shape, seed, monkeypatch):
+    rng = np.random.default_rng(seed)
+    force_variant(monkeypatch, KERNEL_ENV, "wgmma")
+    monkeypatch.setenv("CK_GEMM_SPARSE_WGMMA_SPLIT", str(split))
+    i = WGMMA_SPLIT_SHAPES.index(shape) + split
+    if shape[0] > 64:
+        monkeypatch.setenv("CK_GEMM_SPARSE_WGMMA_ROWS", str(128 << (i % 2)))
+    m, n, k = shape
+    dtype, mode, g = ("fp16", "bf16")[i % 2], ("sym", "asym")[i // 2 % 2], (64, 128)[i // 4 % 2]
+    call = SparseGemm(rng, "2:4", dtype, g, mode, m, n, k, i % 2 == 0,
+                      ("relu", "none")[i // 2 % 2], True)
+    call.launch()
+    call.check(f"wgmma split {split}, seed={seed}")
+    first = call.out.read("out")
+    call.out.poison()
+    call.launch()
+    call.check(f"wgmma split {split}, second launch, seed={seed}")
+    assert_bitwise_equal(call.out.read("out"), first,
+                         f"wgmma split {split}: two launches, seed={seed}")
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])

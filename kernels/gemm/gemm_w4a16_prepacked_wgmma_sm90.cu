@@ -56,6 +56,7 @@
 // the host never launches the empty ones of other targets (gemm_w4a16_wgmma_available()).
 #include <atomic>
 
+#include "kernels/core/cluster_split.cuh"
 #include "kernels/core/dequant.cuh"
 #include "kernels/core/epilogue.cuh"
 #include "kernels/core/ptx_sm90.cuh"
@@ -112,11 +113,8 @@ template <int kRows> struct WgmmaTile {
     [[maybe_unused]] static constexpr int kFragments = kInFlight + 1;
     // setmaxnreg: what ptxas gives each thread at kBlocksPerSm blocks of kThreads (168 or 80),
     // less the producer warpgroup's kProducerRegisters (40 or 32), to the consumers (232 or 104).
-    static constexpr int kLaunchRegisters = 65536 / (kThreads * kBlocksPerSm) / 8 * 8;
-    static constexpr int kProducerRegisters = kBlocksPerSm == 1 ? 40 : 32;
-    static constexpr int kConsumerRegisters =
-        (kLaunchRegisters * kThreads - kProducerRegisters * kWarpgroupThreads) /
-        (kConsumers * kWarpgroupThreads) / 8 * 8;
+    static constexpr int kProducerRegisters = SplitRegisters<kBlocksPerSm>::kProducer;
+    static constexpr int kConsumerRegisters = SplitRegisters<kBlocksPerSm>::kConsumer;
     static_assert(kSteps % kFragments == 0, "step q uses set q % kFragments in every chunk");
     static constexpr int kXBoxBytes = kBM * kSwizzleBytes;       // 8, 16 or 32 KB
     static constexpr int kXStageBytes = kXBoxes * kXBoxBytes;    // 16, 32 or 64 KB
@@ -135,17 +133,13 @@ template <int kRows> struct WgmmaTile {
 using WgmmaShort = WgmmaTile<kWgmmaShortRows>;
 using WgmmaNarrow = WgmmaTile<kWgmmaNarrowRows>;
 using WgmmaWide = WgmmaTile<kWgmmaWideRows>;
+static_assert(WgmmaShort::kConsumerRegisters == 104 && WgmmaShort::kProducerRegisters == 32 &&
+                  WgmmaNarrow::kConsumerRegisters == 232 && WgmmaNarrow::kProducerRegisters == 40 &&
+                  WgmmaWide::kConsumerRegisters == 232 && WgmmaWide::kProducerRegisters == 40,
+              "the register split the comments and ptxas notes give");
 
-static_assert(kThreads == 384 && kProducerWarp % 4 == 0, "two consumer warpgroups, then the producer's");
-template <class Tile> constexpr bool registers_moved_not_added() {
-    return Tile::kProducerRegisters * kWarpgroupThreads +
-               Tile::kConsumerRegisters * kConsumers * kWarpgroupThreads <=
-           Tile::kLaunchRegisters * kThreads;
-}
-static_assert(registers_moved_not_added<WgmmaShort>() && registers_moved_not_added<WgmmaNarrow>() &&
-                  registers_moved_not_added<WgmmaWide>(), "setmaxnreg moves registers, never adds");
-static_assert(WgmmaShort::kConsumerRegisters == 104 && WgmmaNarrow::kConsumerRegisters == 232,
-              "the consumer register counts the comments and ptxas notes give");
+static_assert(kThreads == kSplitThreads && kProducerWarp % 4 == 0,
+              "two consumer warpgroups, then the producer's (cluster_split.cuh)");
 static_assert(kWgmmaM == 4 * 2 * kPackRows, "a consumer warp owns two weight tiles (16 rows)");
 static_assert(kSteps == 2 * (kPackK / kPackSliceK), "two wgmma k16 steps per 32-k lane slice");
 static_assert(kGroupUnits == kPackK / kPackSliceK, "ChunkScales holds one entry per 32-k slice");
@@ -368,22 +362,11 @@ __device__ __forceinline__ void step_fast_blocks(const ChunkScales& cur, int s, 
     b[1] = D::fast_block(cur.scale[s] >> 16, 2 * h, table);
 }
 
-// A block's share of the K chunks when `split` blocks (a cluster) share one output tile: rank r
-// of the cluster takes chunks [chunks r / split, chunks (r + 1) / split), possibly none.
-struct ChunkRange {
-    int begin, end;
-};
-[[maybe_unused]] __host__ __device__ inline ChunkRange split_chunks(int chunks, int split,
-                                                                    int rank) {
-    return {int(int64_t(chunks) * rank / split), int(int64_t(chunks) * (rank + 1) / split)};
-}
-
 // kSplit: blocks_per_tile (2, 4 or 8) blocks share each output tile, one cluster of that many
 // consecutive blocks (only plain and fused Q/K/V calls split; without kSplit none of the
-// cluster's code is compiled in). Each takes split_chunks of K; at the end every block
-// puts its float32 partial tile in its own shared memory, and block r of the cluster sums the
-// partials of the 8-row blocks j with j % split == r over the cluster's blocks, in rank order
-// (distributed shared memory: the result does not depend on which block sums), and stores them.
+// cluster's code is compiled in). Each takes split_chunks of K; at the end the cluster sums
+// their float32 partial tiles (cluster_split_sum), and block r stores the 8-row blocks j with
+// j % split == r.
 template <class Tile, typename T, class Format, bool kAsym, int kMode, bool kSplit>
 __global__ void __launch_bounds__(kThreads, Tile::kBlocksPerSm)
 gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
@@ -475,10 +458,7 @@ gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
                 }
             }
         }
-        if (split > 1) {
-            cluster_sync();  // the partials are written ...
-            cluster_sync();  // ... and read
-        }
+        if (split > 1) cluster_split_producer_wait();
         return;
     }
 
@@ -594,29 +574,11 @@ gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
     // The fragments stay live until every wgmma is done.
     for (int f = 0; f < kFragments; ++f) wgmma_fence_operands(a[f]);
 
-    // ---- Split blocks: the cluster sums its partial tiles. Each consumer thread's fragments go
-    // to the ring as [kBM / 8][256 threads] float4 (consecutive threads, consecutive 16 bytes),
-    // once both warpgroups' wgmmas are done reading it; the thread at the same place in every
-    // block of the cluster holds the same outputs. ----
-    const int ctid = threadIdx.x;  // the consumers are threads 0 .. 255
+    // ---- Split blocks: the cluster sums its partial tiles in the ring, once both warpgroups'
+    // wgmmas are done reading it. ----
     if (split > 1) {
         named_barrier_sync<kConsumers * kWarpgroupThreads>(kRingFreeBarrier);
-        float4* partial = reinterpret_cast<float4*>(smem) + ctid;
-#pragma unroll
-        for (int j = 0; j < kBM / 8; ++j)
-            partial[j * kConsumers * kWarpgroupThreads] =
-                make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
-        cluster_sync();
-#pragma unroll
-        for (int j = 0; j < kBM / 8; ++j) {
-            // Another block's rows, or none of the call's.
-            if ((j & owner_mask) != rank || m0 + 8 * j >= args.m) continue;
-            const float4 sum = cluster_sum_f4(
-                shared_address(partial + j * kConsumers * kWarpgroupThreads), split);
-            acc[4 * j] = sum.x, acc[4 * j + 1] = sum.y;
-            acc[4 * j + 2] = sum.z, acc[4 * j + 3] = sum.w;
-        }
-        cluster_sync();  // no block leaves while another reads its shared memory
+        cluster_split_sum(acc, smem, threadIdx.x, rank, split, m0, args.m);
     }
 
     // ---- Epilogue (as the tc kernel's). Lane (g, t) holds out[rows 2t, 2t + 1] of column g
@@ -643,37 +605,6 @@ gemm_w4a16_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
 // ---------------------------------------------------------------------------------------------
 // Launch
 // ---------------------------------------------------------------------------------------------
-constexpr int kMaxSplit = 8;  // blocks per output tile at most: the portable cluster size
-
-// The launch configuration of `blocks` blocks of kThreads with the tile's dynamic shared memory,
-// in clusters of `split` consecutive blocks (none for 1): what launch_wgmma launches (dependent:
-// as a programmatic dependent of the stream's previous kernel, see the kernel) and
-// cluster_blocks asks the occupancy of. Not copyable: the config points at the attributes.
-struct ClusterLaunch {
-    cudaLaunchAttribute attribute[2] = {};
-    cudaLaunchConfig_t config = {};
-    ClusterLaunch(int64_t blocks, int split, int smem_bytes, cudaStream_t stream,
-                  bool dependent = false) {
-        unsigned n = 0;
-        if (split > 1) {
-            attribute[n].id = cudaLaunchAttributeClusterDimension;
-            attribute[n].val.clusterDim.x = unsigned(split);
-            attribute[n].val.clusterDim.y = attribute[n].val.clusterDim.z = 1;
-            ++n;
-        }
-        if (dependent) {
-            attribute[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-            attribute[n].val.programmaticStreamSerializationAllowed = 1;
-            ++n;
-        }
-        config.gridDim = dim3(unsigned(blocks)), config.blockDim = dim3(kThreads);
-        config.dynamicSmemBytes = size_t(smem_bytes), config.stream = stream;
-        config.attrs = attribute, config.numAttrs = n;
-    }
-    ClusterLaunch(const ClusterLaunch&) = delete;
-    ClusterLaunch& operator=(const ClusterLaunch&) = delete;
-};
-
 // One block per kBM x 128 output tile, or one cluster of `split` blocks (each a share of K).
 template <class Tile, typename T, class Format, bool kAsym, int kMode>
 cudaError_t launch_wgmma(const GemmW4A16Args& a, const CUtensorMap& map_x,
@@ -727,30 +658,11 @@ bool wgmma_wide_pays(int64_t m, int64_t n) {
     return busiest(WgmmaWide::kBM) * kWideRowCost < busiest(WgmmaNarrow::kBM);
 }
 
-// How many blocks of `split`-block clusters of Tile's kernel the GPU runs at once (one block per
-// SM; clusters fill a GPC's SMs only in whole clusters): cached per device and split, 0 where
-// the query fails.
-template <class Tile> int cluster_blocks(int split) {
-    constexpr int kDevices = 16, kSplits = 4;  // split 1, 2, 4, 8
-    // Blocks + 1; 0: not asked yet (static storage starts zeroed).
-    static std::atomic<int> cached[kDevices][kSplits];
-    int device = 0, log2_split = 0;
-    while ((2 << log2_split) <= split) ++log2_split;
-    if (cudaGetDevice(&device) != cudaSuccess || device < 0 || log2_split >= kSplits) return 0;
-    std::atomic<int>* slot = device < kDevices ? &cached[device][log2_split] : nullptr;
-    if (slot && slot->load(std::memory_order_relaxed) > 0)
-        return slot->load(std::memory_order_relaxed) - 1;
-    auto kernel = gemm_w4a16_wgmma_kernel<Tile, __half, Int4Zp, false, kMoeDense, true>;
-    int clusters = 0;
-    if (allow_dynamic_smem(kernel, Tile::kSmemBytes) == cudaSuccess) {
-        const ClusterLaunch launch(split, split, Tile::kSmemBytes, nullptr);
-        if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch.config) != cudaSuccess) {
-            (void)cudaGetLastError();  // a refused query is not the stream's error
-            clusters = 0;
-        }
-    }
-    if (slot) slot->store(clusters * split + 1, std::memory_order_relaxed);
-    return clusters * split;
+// How many blocks of `split`-block clusters of Tile's kernel the GPU runs at once (cached).
+template <class Tile> int tile_cluster_blocks(int split) {
+    static ClusterOccupancyCache cache;
+    return cluster_blocks(gemm_w4a16_wgmma_kernel<Tile, __half, Int4Zp, false, kMoeDense, true>,
+                          Tile::kSmemBytes, split, cache);
 }
 
 // The plan of a call: the block's x rows (64 for m <= 64; above, 128 or 256 by
@@ -768,11 +680,7 @@ template <class Tile> int wgmma_split(int64_t m, int64_t n, int64_t chunks) {
     if (const int forced = forced_plan_value("CK_GEMM_W4A16_WGMMA_SPLIT", {1, 2, 4, 8}))
         return forced;
     const int64_t tiles = ceil_div(m, int64_t(Tile::kBM)) * ceil_div(n, int64_t(kBN));
-    int split = 1;
-    for (int s = 2; s <= kMaxSplit; s *= 2)
-        if (chunks >= int64_t(kMinSplitChunks) * s && tiles * s <= cluster_blocks<Tile>(s))
-            split = s;
-    return split;
+    return largest_split(tiles, chunks, kMinSplitChunks, tile_cluster_blocks<Tile>);
 }
 
 WgmmaPlan plan_wgmma(int64_t m, int64_t n, int64_t chunks) {

@@ -9,9 +9,11 @@
 // Algorithm: the dense W4A16 wgmma kernel's (gemm_w4a16_prepacked_wgmma_sm90.cu) on the prepacked
 // 2:4 layout (gemm_sparse_w4a16.cu's file comment). The wgmma computes out^T: A (64 x 32 dense k,
 // 2:4 sparse: 64 x 16 kept values) is the weight, from registers; B (32 x kBM) is x^T, K-major
-// in shared memory. One CTA per kBM x 128 output tile (kBM = 64 or 128 rows of x by 128 weight
-// rows), K in 128-k chunks through a kStages-deep ring, each stage guarded by a full and an
-// empty mbarrier; 384 threads:
+// in shared memory. One CTA per kBM x 128 output tile (kBM = 64, 128 or 256 rows of x by 128
+// weight rows; the 64-row ones two per SM), or a cluster of 2, 4 or 8 CTAs that split its K and
+// sum their partial tiles in distributed shared memory where the tiles alone would leave SMs
+// idle (cluster_split.cuh, SparsePlan); K in 128-k chunks through a kStages-deep ring, each
+// stage guarded by a full and an empty mbarrier; 384 threads:
 //   - warpgroup 2, the producer (its registers go to the consumers): warp 8's lane 0 issues per
 //     stage two TMA copies of x (kBM rows x 64 k, one 128-byte swizzle row each) and two of the
 //     block's eight 16-row weight tiles, their codes (8 x 512 bytes) and their metadata (8 x 256
@@ -36,6 +38,7 @@
 #include <algorithm>
 #include <atomic>
 
+#include "kernels/core/cluster_split.cuh"
 #include "kernels/core/dequant.cuh"
 #include "kernels/core/epilogue.cuh"
 #include "kernels/core/ptx_sm90.cuh"
@@ -66,26 +69,38 @@ constexpr int kWStageBytes = kCodeBytes + kMetaBytes;
 [[maybe_unused]] constexpr int kInFlight = 0;
 [[maybe_unused]] constexpr int kEmptyArrivals = 4 * kConsumers;  // one per consumer warp
 [[maybe_unused]] constexpr int kGroupM = 8;           // tile rows per rasterization group
+// Named barrier: both consumer warpgroups are done with the ring (a split block's partials).
+[[maybe_unused]] constexpr int kRingFreeBarrier = 1;
 static_assert(kSteps == 4, "a chunk is two 64-k halves of two k32 steps");
+static_assert(kThreads == kSplitThreads, "two consumer warpgroups, then the producer's");
 
+// The 64-row block runs two per SM (80 registers per thread at launch, the consumers raised to
+// 104): its wgmmas are short and retire one at a time, so a second block's hide their latency.
+// The larger ones run one per SM (168, the consumers raised to 232).
 template <int kRows> struct SparseWgmmaTile {
     static constexpr int kBM = kRows;
     static constexpr int kStages = kRows == 256 ? 3 : 4;
+    static constexpr int kBlocksPerSm = kRows == 64 ? 2 : 1;
     static constexpr int kXBoxBytes = kBM * kSwizzleBytes;
     static constexpr int kXStageBytes = kXBoxes * kXBoxBytes;
     static constexpr int kTxBytes = kXStageBytes + kWStageBytes;
     static constexpr int kSmemBytes = 1024 + kStages * kTxBytes + 2 * kStages * 8;
-    // 384 threads, one block per SM: 168 registers each at launch; the producer keeps 40.
-    static constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
+    static constexpr int kProducerRegisters = SplitRegisters<kBlocksPerSm>::kProducer;
+    static constexpr int kConsumerRegisters = SplitRegisters<kBlocksPerSm>::kConsumer;
     static_assert(kXBoxBytes % 1024 == 0, "swizzled tiles keep the 1024-byte alignment");
-    static_assert(kSmemBytes <= 227 * 1024, "one block per SM");
-    static_assert(kProducerRegisters * kWarpgroupThreads +
-                          kConsumerRegisters * kConsumers * kWarpgroupThreads <= 65536,
-                  "setmaxnreg moves registers within the SM's register file");
+    static_assert(kSmemBytes * kBlocksPerSm <= 227 * 1024, "kBlocksPerSm blocks per SM");
+    static_assert(kBM * kBN * 4 <= kStages * kTxBytes, "a split block's partial tile fits");
 };
 using SparseWgmmaShort = SparseWgmmaTile<64>;
 using SparseWgmmaNarrow = SparseWgmmaTile<128>;
 using SparseWgmmaWide = SparseWgmmaTile<256>;
+static_assert(SparseWgmmaShort::kConsumerRegisters == 104 &&
+                  SparseWgmmaShort::kProducerRegisters == 32 &&
+                  SparseWgmmaNarrow::kConsumerRegisters == 232 &&
+                  SparseWgmmaNarrow::kProducerRegisters == 40 &&
+                  SparseWgmmaWide::kConsumerRegisters == 232 &&
+                  SparseWgmmaWide::kProducerRegisters == 40,
+              "the register split the comments and ptxas notes give");
 
 // A lane's scale pairs (rows g and g + 8, one 32-bit word of two T) and zero-point pairs (one
 // byte each) of both 64-k halves of a chunk: a group of 64 is one half, of 128 both.
@@ -111,12 +126,17 @@ __device__ __forceinline__ void load_chunk_scales(const SparseGemmArgs& a, int64
     }
 }
 
-template <class Tile, typename T, bool kAsym>
-__global__ void __launch_bounds__(kThreads, 1)
+// kSplit: blocks_per_tile (2, 4 or 8) blocks, one cluster, share each output tile, each taking
+// split_chunks of K; the cluster sums their partial tiles (cluster_split_sum) and block r stores
+// the 8-row blocks j with j % split == r. Without kSplit none of the cluster's code is compiled in.
+template <class Tile, typename T, bool kAsym, bool kSplit>
+__global__ void __launch_bounds__(kThreads, Tile::kBlocksPerSm)
 sparse_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
                     const __grid_constant__ CUtensorMap map_codes,
-                    const __grid_constant__ CUtensorMap map_meta, const SparseGemmArgs args) {
+                    const __grid_constant__ CUtensorMap map_meta, const SparseGemmArgs args,
+                    const int blocks_per_tile) {
 #ifdef CK_SM90A_DEVICE
+    const int split = kSplit ? blocks_per_tile : 1;
     constexpr int kBM = Tile::kBM, kStages = Tile::kStages;
     constexpr int kXBoxBytes = Tile::kXBoxBytes, kXStageBytes = Tile::kXStageBytes;
     extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -131,9 +151,10 @@ sparse_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
     wait_for_prior_grid();
     allow_dependent_launch();
 
-    const TileOrigin origin = grouped_tile(blockIdx.x, args.m, args.n, kBM, kBN, kGroupM);
+    const int rank = split > 1 ? int(cluster_ctarank()) : 0;
+    const TileOrigin origin = grouped_tile(blockIdx.x / split, args.m, args.n, kBM, kBN, kGroupM);
     const int64_t m0 = origin.m0, n0 = origin.n0;
-    const int chunks = int(args.k / kChunkK);
+    const ChunkRange kr = split_chunks(int(args.k / kChunkK), split, rank);
     const int64_t tiles = sparse_prepacked_rows(args.n) / kSparsePackRows;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     init_stage_ring<kStages>(full, empty, kEmptyArrivals);
@@ -147,7 +168,7 @@ sparse_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
             prefetch_tensor_map(&map_meta);
             const int tile0 = int(n0 / kSparsePackRows);
             ProducerCursor<kStages> ring;
-            for (int kc = 0; kc < chunks; ++kc) {
+            for (int kc = kr.begin; kc < kr.end; ++kc) {
                 ring.acquire(full, empty, Tile::kTxBytes);
                 uint64_t* bar = &full[ring.stage];
                 uint8_t* xs = x_stages + ring.stage * kXStageBytes;
@@ -161,6 +182,7 @@ sparse_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
                 ring.next();
             }
         }
+        if (split > 1) cluster_split_producer_wait();
         return;
     }
 
@@ -172,7 +194,7 @@ sparse_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
     const int64_t tile = n0 / kSparsePackRows + tile_in_block;
     using D = Dequant<Int4Zp, T>;
     ChunkScales next;
-    if (chunks > 0) load_chunk_scales<kAsym>(args, tile, tiles, 0, g, next);
+    if (kr.begin < kr.end) load_chunk_scales<kAsym>(args, tile, tiles, kr.begin, g, next);
 
     float acc[kBM / 2];  // 64 x kBM float32 over the warpgroup
 #pragma unroll
@@ -183,12 +205,12 @@ sparse_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
     uint32_t meta[1] = {};
 
     StageCursor<kStages> ring;
-    for (int kc = 0; kc < chunks; ++kc) {
+    for (int kc = kr.begin; kc < kr.end; ++kc) {
         mbar_wait(&full[ring.stage], ring.parity());
         const uint64_t x_desc = wgmma_descriptor(x_stages + ring.stage * kXStageBytes);
         const uint8_t* ws = w_stages + ring.stage * kWStageBytes;
         const ChunkScales cur = next;
-        if (kc + 1 < chunks) load_chunk_scales<kAsym>(args, tile, tiles, kc + 1, g, next);
+        if (kc + 1 < kr.end) load_chunk_scales<kAsym>(args, tile, tiles, kc + 1, g, next);
         const uint4 q = *reinterpret_cast<const uint4*>(ws + (tile_in_block * 32 + lane) * 16);
         const uint2 e = *reinterpret_cast<const uint2*>(ws + kCodeBytes +
                                                         (tile_in_block * 32 + lane) * 8);
@@ -231,10 +253,18 @@ sparse_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
     wgmma_fence_operands(a);
     wgmma_fence_operands(meta);
 
+    // ---- Split blocks: the cluster sums its partial tiles in the ring, once both warpgroups'
+    // wgmmas are done reading it. ----
+    if (split > 1) {
+        named_barrier_sync<kConsumers * kWarpgroupThreads>(kRingFreeBarrier);
+        cluster_split_sum(acc, smem, threadIdx.x, rank, split, m0, args.m);
+    }
+
     // ---- Epilogue. Lane (g, t) holds out[rows 2t, 2t + 1] of columns col0 + g (acc[4j],
     // acc[4j + 1]) and col0 + g + 8 (acc[4j + 2], acc[4j + 3]) of each 8-row block j. Even g
     // trades its row-2t + 1 values for the odd neighbour's row-2t ones (shfl.xor 4), so that
-    // each lane stores two adjacent columns of one row. ----
+    // each lane stores two adjacent columns of one row. A split block stores the blocks j it
+    // summed. ----
     const FloatEpilogue<T> ep = args.epilogue<T>();
     const int t = lane % 4;
     const bool odd = g & 1;
@@ -244,6 +274,7 @@ sparse_wgmma_kernel(const __grid_constant__ CUtensorMap map_x,
     for (int i = 0; i < 4; ++i) bv[i] = ep.bias_at(col + (i & 1) + 8 * (i >> 1));
 #pragma unroll
     for (int j = 0; j < kBM / 8; ++j) {
+        if ((j & (split - 1)) != rank) continue;  // uniform over the warp: the shuffles below
         const float* v = acc + 4 * j;
         const float r0 = __shfl_xor_sync(0xffffffffu, odd ? v[0] : v[1], 4);
         const float r1 = __shfl_xor_sync(0xffffffffu, odd ? v[2] : v[3], 4);
@@ -283,42 +314,80 @@ cudaError_t make_maps(const SparseGemmArgs& a, int box_rows, CUtensorMap* map_x,
                               CU_TENSOR_MAP_SWIZZLE_NONE);
 }
 
+// One block per kBM x 128 output tile, or one cluster of `split` blocks (each a share of K).
 template <class Tile, typename T, bool kAsym>
-cudaError_t launch(const SparseGemmArgs& a, cudaStream_t stream) {
+cudaError_t launch(const SparseGemmArgs& a, int split, cudaStream_t stream) {
+    if (split < 1 || split > kMaxSplit || (split & (split - 1)) != 0) return cudaErrorInvalidValue;
     CUtensorMap map_x, map_codes, map_meta;
     cudaError_t err = make_maps(a, Tile::kBM, &map_x, &map_codes, &map_meta);
     if (err != cudaSuccess) return err;
-    const int64_t blocks = ceil_div(a.m, int64_t(Tile::kBM)) * ceil_div(a.n, int64_t(kBN));
+    const int64_t blocks =
+        ceil_div(a.m, int64_t(Tile::kBM)) * ceil_div(a.n, int64_t(kBN)) * split;
     if (!grid_fits(blocks)) return cudaErrorInvalidConfiguration;
-    auto kernel = sparse_wgmma_kernel<Tile, T, kAsym>;
-    static std::atomic<uint64_t> opted_in{0};
-    err = allow_dynamic_smem_once(kernel, Tile::kSmemBytes, opted_in);
+    auto kernel = split > 1 ? sparse_wgmma_kernel<Tile, T, kAsym, true>
+                            : sparse_wgmma_kernel<Tile, T, kAsym, false>;
+    static std::atomic<uint64_t> opted_in_whole{0}, opted_in_split{0};
+    err = allow_dynamic_smem_once(kernel, Tile::kSmemBytes,
+                                  split > 1 ? opted_in_split : opted_in_whole);
     if (err != cudaSuccess) return err;
-    return launch_dependent(kernel, dim3(unsigned(blocks)), dim3(kThreads), Tile::kSmemBytes,
-                            stream, map_x, map_codes, map_meta, a);
+    const ClusterLaunch launch(blocks, split, Tile::kSmemBytes, stream, /*dependent=*/true);
+    return cudaLaunchKernelEx(&launch.config, kernel, map_x, map_codes, map_meta, a, split);
 }
 
-// The rows of x per block: 256 where the busiest SM's share of rows (one block per SM at a
+// The plan of a call: the rows of x per block and the blocks that share each output tile's K.
+// Rows: 64 for m <= 64; above, 256 where the busiest SM's share of rows (one block per SM at a
 // time) is smaller that way, counting a wide row at kWideRowCost of a narrow one (one A
-// fragment feeds twice the products), else 128 where that still gives every SM a block, else 64.
-// CK_GEMM_SPARSE_WGMMA_ROWS (64, 128 or 256) forces it (cuda_kernels.h; tests, benchmarks).
+// fragment feeds twice the products), else 128 (where 128-row tiles leave SMs idle, their
+// split beat 64-row blocks: M = 256 on 4096 x 4096 and 14336 x 4096, benchmarks/NOTES.md).
+// Split: the largest of 2, 4 or 8 whose blocks all run at once and still get kMinSplitChunks
+// chunks each, else 1. CK_GEMM_SPARSE_WGMMA_ROWS (64, 128 or 256) and
+// CK_GEMM_SPARSE_WGMMA_SPLIT (1, 2, 4, 8) force them (cuda_kernels.h; tests, benchmarks).
+struct SparsePlan {
+    int rows, split;
+};
 constexpr double kWideRowCost = 0.85;
+constexpr int kMinSplitChunks = 4;
+
 int block_rows(int64_t m, int64_t n) {
     if (const int forced = forced_plan_value("CK_GEMM_SPARSE_WGMMA_ROWS", {64, 128, 256}))
         return forced;
+    if (m <= 64) return 64;
     const int64_t sms = std::max(sm_count(), 1), tiles_n = ceil_div(n, int64_t(kBN));
-    auto blocks = [&](int rows) { return ceil_div(m, int64_t(rows)) * tiles_n; };
-    auto busiest = [&](int rows) { return double(ceil_div(blocks(rows), sms)) * rows; };
-    if (busiest(256) * kWideRowCost < busiest(128)) return 256;
-    return blocks(128) >= sms ? 128 : 64;
+    auto busiest = [&](int rows) {
+        return double(ceil_div(ceil_div(m, int64_t(rows)) * tiles_n, sms)) * rows;
+    };
+    return busiest(256) * kWideRowCost < busiest(128) ? 256 : 128;
+}
+
+template <class Tile> int tile_cluster_blocks(int split) {
+    static ClusterOccupancyCache cache;
+    return cluster_blocks(sparse_wgmma_kernel<Tile, __half, false, true>, Tile::kSmemBytes,
+                          split, cache);
+}
+
+template <class Tile> int tile_split(int64_t m, int64_t n, int64_t chunks) {
+    if (const int forced = forced_plan_value("CK_GEMM_SPARSE_WGMMA_SPLIT", {1, 2, 4, 8}))
+        return forced;
+    const int64_t tiles = ceil_div(m, int64_t(Tile::kBM)) * ceil_div(n, int64_t(kBN));
+    return largest_split(tiles, chunks, kMinSplitChunks, tile_cluster_blocks<Tile>);
+}
+
+SparsePlan plan_sparse(int64_t m, int64_t n, int64_t k) {
+    const int rows = block_rows(m, n);
+    const int64_t chunks = k / kChunkK;
+    const int split = rows == 256   ? tile_split<SparseWgmmaWide>(m, n, chunks)
+                      : rows == 128 ? tile_split<SparseWgmmaNarrow>(m, n, chunks)
+                                    : tile_split<SparseWgmmaShort>(m, n, chunks);
+    return {rows, split};
 }
 
 template <typename T, bool kAsym>
 cudaError_t run(const SparseGemmArgs& a, cudaStream_t stream) {
-    switch (block_rows(a.m, a.n)) {
-        case 256: return launch<SparseWgmmaWide, T, kAsym>(a, stream);
-        case 128: return launch<SparseWgmmaNarrow, T, kAsym>(a, stream);
-        default: return launch<SparseWgmmaShort, T, kAsym>(a, stream);
+    const SparsePlan plan = plan_sparse(a.m, a.n, a.k);
+    switch (plan.rows) {
+        case 256: return launch<SparseWgmmaWide, T, kAsym>(a, plan.split, stream);
+        case 128: return launch<SparseWgmmaNarrow, T, kAsym>(a, plan.split, stream);
+        default: return launch<SparseWgmmaShort, T, kAsym>(a, plan.split, stream);
     }
 }
 
@@ -326,8 +395,9 @@ cudaError_t run(const SparseGemmArgs& a, cudaStream_t stream) {
 
 bool gemm_sparse_w4a16_wgmma_available() { return tma_wgmma_built_and_runnable(); }
 
-bool sparse_wgmma_fills_gpu(int64_t m, int64_t n) {
-    const int64_t blocks = ceil_div(m, int64_t(SparseWgmmaShort::kBM)) * ceil_div(n, int64_t(kBN));
+bool sparse_wgmma_fills_gpu(int64_t m, int64_t n, int64_t k) {
+    const SparsePlan plan = plan_sparse(m, n, k);
+    const int64_t blocks = ceil_div(m, int64_t(plan.rows)) * ceil_div(n, int64_t(kBN)) * plan.split;
     return 2 * blocks >= int64_t(std::max(sm_count(), 1));
 }
 

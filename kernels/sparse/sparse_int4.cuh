@@ -182,10 +182,9 @@ cudaError_t gemm_sparse_w4a16_tiles(const SparseGemmArgs& args, cudaStream_t str
 // weight rows (fewer than 2^31 of them). cudaErrorNotSupported where it cannot run.
 bool gemm_sparse_w4a16_wgmma_available();
 cudaError_t gemm_sparse_w4a16_wgmma(const SparseGemmArgs& args, cudaStream_t stream);
-// Whether the wgmma kernel's grid of 64-row blocks for [m, n] gives half the SMs a block at
-// least: below that the stream kernel measured faster (H100, M = 64: 4096 x 4096 23.0 against
-// 26.9 us, 14336 x 4096 61.3 against 78.6; 4096 x 14336, 112 blocks: 49.0 against 29.1).
-bool sparse_wgmma_fills_gpu(int64_t m, int64_t n);
+// Whether the wgmma kernel's plan for [m, n] x k (its blocks, K split included) gives half the
+// SMs a block at least: below that the stream kernel is left the call.
+bool sparse_wgmma_fills_gpu(int64_t m, int64_t n, int64_t k);
 // Whether the tiles kernel's grid for [m, n] fills the GPU (1.5 blocks per SM at least): below
 // that the stream kernel, whose warps also split K, measured faster (benchmarks/NOTES.md).
 bool sparse_tiles_fill_gpu(int64_t m, int64_t n);

@@ -3,9 +3,9 @@
 // leave SMs idle: `split` consecutive blocks (one cluster) share one output tile, each takes a
 // share of its K chunks, and at the end they sum their float32 partial tiles through
 // distributed shared memory (no workspace, no second kernel). What the W4A16 wgmma kernel
-// (gemm_w4a16_prepacked_wgmma_sm90.cu) and the 2:4 sparse one (gemm_sparse_w4a16_wgmma_sm90.cu)
-// share: the chunk ranges, the partial tiles' sum, the register split between the warpgroups,
-// the cluster launch and its occupancy.
+// (gemm_w4a16_prepacked_wgmma_sm90.cu), the 2:4 sparse one (gemm_sparse_w4a16_wgmma_sm90.cu)
+// and the W4A8 one (gemm_w4a8_sm90.cu) share: the chunk ranges, the partial tiles' sum, the
+// register split between the warpgroups, the cluster launch and its occupancy.
 #pragma once
 
 #include <atomic>

@@ -66,6 +66,7 @@
 // of other targets (gemm_w4a8_sm90 refuses without tma_wgmma_built_and_runnable()).
 #include <atomic>
 
+#include "kernels/core/cluster_split.cuh"
 #include "kernels/core/ptx_sm90.cuh"
 #include "kernels/core/tma.cuh"
 #include "kernels/gemm/gemm_int8.cuh"
@@ -87,12 +88,10 @@ constexpr int kWRowBytes = kChunkK / 2;    // a weight row's packed bytes per ch
 constexpr int kWStageBytes = kBN * kWRowBytes;  // 8 KB
 [[maybe_unused]] constexpr int kEmptyArrivals = 4 * kConsumers;  // one per consumer warp
 [[maybe_unused]] constexpr int kGroupM = 8;  // tile rows per rasterization group
-[[maybe_unused]] constexpr int kProducerRegisters = 40;
-[[maybe_unused]] constexpr int kConsumerRegisters = 232;  // (168 * 384 - 40 * 128) / 256
-static_assert(kProducerRegisters * kWarpgroupThreads +
-                      kConsumerRegisters * kConsumers * kWarpgroupThreads <=
-                  168 * kThreads,
-              "setmaxnreg moves registers, never adds");
+// One CTA per SM: 168 registers per thread at launch, the producer keeps 40, the consumers 232.
+[[maybe_unused]] constexpr int kProducerRegisters = SplitRegisters<1>::kProducer;
+[[maybe_unused]] constexpr int kConsumerRegisters = SplitRegisters<1>::kConsumer;
+static_assert(kThreads == kSplitThreads, "two consumer warpgroups, then the producer's");
 static_assert(kChunkK == kFp8Block, "a chunk is one k-block of the group scales");
 
 template <int kRows> struct W4A8Tile {
@@ -183,8 +182,8 @@ gemm_w4a8_wgmma_kernel(const __grid_constant__ CUtensorMap map_a,
     float* partials = reinterpret_cast<float*>(empty + kStages);  // split > 1: [kBM / 8][256][4]
     const int rank = split > 1 ? int(cluster_ctarank()) : 0;
     const int64_t first_tile = blockIdx.x / split, tile_step = gridDim.x / split;
-    const int kc_begin = int(int64_t(chunks) * rank / split);
-    const int kc_end = int(int64_t(chunks) * (rank + 1) / split);
+    const ChunkRange kr = split_chunks(chunks, split, rank);
+    const int kc_begin = kr.begin, kc_end = kr.end;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     if (threadIdx.x == 0) {
         for (int s = 0; s < kStages; ++s) {
@@ -215,10 +214,7 @@ gemm_w4a8_wgmma_kernel(const __grid_constant__ CUtensorMap map_a,
                 tma_load_2d(a_tile(stage), &map_a, &full[stage], kc * kABytes, int(tile.m0));
                 tma_load_2d(w_tile(stage), &map_w, &full[stage], kc * kWRowBytes, int(tile.n0));
             }
-            if (split > 1) {
-                cluster_sync();  // the partials are written ...
-                cluster_sync();  // ... and read
-            }
+            if (split > 1) cluster_split_producer_wait();
         }
         return;
     }
@@ -281,27 +277,13 @@ gemm_w4a8_wgmma_kernel(const __grid_constant__ CUtensorMap map_a,
             if (kc + 1 < kc_end) chunk(kc + 1, frag[1], frag[0]);
         }
 
-        // ---- A split tile: the cluster adds its CTAs' sums. Each consumer thread's go to its
-        // CTA's partials as [kBM / 8][256 threads] float4 (consecutive threads, consecutive 16
-        // bytes); the thread at the same place in every CTA holds the same outputs. ----
+        // ---- A split tile: the cluster adds its CTAs' sums (cluster_split_sum, in the CTA's
+        // partials area; its last cluster barrier keeps the partials from being reused for the
+        // next tile, or a CTA from leaving, while another reads them). ----
         const int owner_mask = split - 1;
-        if (split > 1) {
-            float4* mine = reinterpret_cast<float4*>(partials) + threadIdx.x;
-#pragma unroll
-            for (int j = 0; j < kBM / 8; ++j)
-                mine[j * kConsumers * kWarpgroupThreads] =
-                    make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
-            cluster_sync();
-#pragma unroll
-            for (int j = 0; j < kBM / 8; ++j) {
-                if ((j & owner_mask) != rank) continue;
-                const float4 sum = cluster_sum_f4(
-                    shared_address(mine + j * kConsumers * kWarpgroupThreads), split);
-                acc[4 * j] = sum.x, acc[4 * j + 1] = sum.y;
-                acc[4 * j + 2] = sum.z, acc[4 * j + 3] = sum.w;
-            }
-            cluster_sync();  // no CTA reuses its partials (or leaves) while another reads them
-        }
+        if (split > 1)
+            cluster_split_sum(acc, reinterpret_cast<uint8_t*>(partials), threadIdx.x, rank, split,
+                              tile.m0, ep.m);
 
         // ---- Epilogue. Lane (g, t) holds out[rows 8j + 2t, + 1] of column r0 (acc[4j], acc[4j
         // + 1]) and of column r0 + 8 (acc[4j + 2], acc[4j + 3]); lanes g and g ^ 1 (lane ^ 4)
@@ -364,16 +346,9 @@ cudaError_t launch(const IntGemmArgs& args, cudaStream_t stream) {
     static std::atomic<uint64_t> opted_in{0};
     err = allow_dynamic_smem_once(kernel, Tile::kSplitSmemBytes, opted_in);
     if (err != cudaSuccess) return err;
-    cudaLaunchAttribute attribute[1] = {};
-    attribute[0].id = cudaLaunchAttributeClusterDimension;
-    attribute[0].val.clusterDim.x = unsigned(split);
-    attribute[0].val.clusterDim.y = attribute[0].val.clusterDim.z = 1;
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(unsigned(blocks)), config.blockDim = dim3(kThreads);
-    config.dynamicSmemBytes = size_t(split > 1 ? Tile::kSplitSmemBytes : Tile::kSmemBytes);
-    config.stream = stream;
-    config.attrs = attribute, config.numAttrs = split > 1 ? 1 : 0;
-    return cudaLaunchKernelEx(&config, kernel, map_a, map_w, group_scales(args),
+    const ClusterLaunch launch(blocks, split,
+                               split > 1 ? Tile::kSplitSmemBytes : Tile::kSmemBytes, stream);
+    return cudaLaunchKernelEx(&launch.config, kernel, map_a, map_w, group_scales(args),
                               make_epilogue<OutT>(args), chunks, tiles, split);
 }
 

@@ -138,11 +138,15 @@ int cluster_blocks(Kernel kernel, int smem_bytes, int split, ClusterOccupancyCac
     return clusters * split;
 }
 
-// The largest split of 2, 4 or 8 whose blocks (tiles * split) all run at once (`blocks_at(s)`:
-// cluster_blocks for split s) and still get kMinChunks chunks each (a split block pays its
-// pipeline's fill and the sum in distributed shared memory), else 1.
+// The split of a call of `tiles` output tiles and `chunks` K chunks: what the environment
+// variable `forced` says (1, 2, 4 or 8; for tests and benchmarks), else the largest of 2, 4 or 8
+// whose blocks (tiles * split) all run at once (`blocks_at(s)`: cluster_blocks for split s) and
+// still get min_chunks chunks each (a split block pays its pipeline's fill and the sum in
+// distributed shared memory), else 1.
 template <class BlocksAt>
-int largest_split(int64_t tiles, int64_t chunks, int min_chunks, BlocksAt blocks_at) {
+int plan_split(const char* forced, int64_t tiles, int64_t chunks, int min_chunks,
+               BlocksAt blocks_at) {
+    if (const int split = forced_plan_value(forced, {1, 2, 4, 8})) return split;
     int split = 1;
     for (int s = 2; s <= kMaxSplit; s *= 2)
         if (chunks >= int64_t(min_chunks) * s && tiles * s <= blocks_at(s)) split = s;

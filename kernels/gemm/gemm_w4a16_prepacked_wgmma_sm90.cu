@@ -677,10 +677,9 @@ struct WgmmaPlan {
 constexpr int kMinSplitChunks = 4;
 
 template <class Tile> int wgmma_split(int64_t m, int64_t n, int64_t chunks) {
-    if (const int forced = forced_plan_value("CK_GEMM_W4A16_WGMMA_SPLIT", {1, 2, 4, 8}))
-        return forced;
     const int64_t tiles = ceil_div(m, int64_t(Tile::kBM)) * ceil_div(n, int64_t(kBN));
-    return largest_split(tiles, chunks, kMinSplitChunks, tile_cluster_blocks<Tile>);
+    return plan_split("CK_GEMM_W4A16_WGMMA_SPLIT", tiles, chunks, kMinSplitChunks,
+                      tile_cluster_blocks<Tile>);
 }
 
 WgmmaPlan plan_wgmma(int64_t m, int64_t n, int64_t chunks) {

@@ -366,10 +366,9 @@ template <class Tile> int tile_cluster_blocks(int split) {
 }
 
 template <class Tile> int tile_split(int64_t m, int64_t n, int64_t chunks) {
-    if (const int forced = forced_plan_value("CK_GEMM_SPARSE_WGMMA_SPLIT", {1, 2, 4, 8}))
-        return forced;
     const int64_t tiles = ceil_div(m, int64_t(Tile::kBM)) * ceil_div(n, int64_t(kBN));
-    return largest_split(tiles, chunks, kMinSplitChunks, tile_cluster_blocks<Tile>);
+    return plan_split("CK_GEMM_SPARSE_WGMMA_SPLIT", tiles, chunks, kMinSplitChunks,
+                      tile_cluster_blocks<Tile>);
 }
 
 SparsePlan plan_sparse(int64_t m, int64_t n, int64_t k) {

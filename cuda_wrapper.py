@@ -684,24 +684,45 @@ def load_library():
 
 class _Entries:
     """The exports returning ck_status_t as ctypes functions that return the status as an int
-    (the declared argtypes, no errcheck): what the raw level and the fast paths call, checking
-    the status themselves (`if status: _raise_for_status(status, function, args)`), which saves
-    the Python call of an errcheck on every launch. Each is made on its first use (lib[name], a
-    function object of its own: load_library()'s keep their errcheck) and is then a plain
-    attribute."""
+    (no errcheck): what the raw level (_entries) and the fast paths (_fast_entries) call,
+    checking the status themselves (`if status: _raise_for_status(status, function, args)`),
+    which saves the Python call of an errcheck on every launch. Each is made on its first use
+    (lib[name], a function object of its own: load_library()'s keep their errcheck) and is
+    then a plain attribute.
+
+    words=True declares every integer argument (pointer, int64_t, size_t, enum, int flag) as
+    c_void_p: ctypes converts an int to c_void_p in less than half the time it takes for
+    c_int64 or c_int (0.13 against 0.34 us per argument, benchmarks/bench_python_steps.py), a
+    microsecond per launch. The ABI is the same where every integer argument is passed in a
+    64-bit register or an 8-byte stack slot of which a 32-bit parameter reads the low half: the
+    64-bit little-endian Linux ABIs (x86-64, AArch64), _WORD_ARGUMENTS. What ctypes no longer
+    checks there (an int argument's range, a NumPy integer, bytes taken for a pointer) is why
+    only the fast paths call these, with integers they made themselves: sizes of validated
+    shapes, enum values from the wrapper's tables, pointers read from arrays."""
+
+    def __init__(self, words=False):
+        self._words = words and _WORD_ARGUMENTS
 
     def __getattr__(self, name):
         if not name.startswith("ck_"):
             raise AttributeError(name)
         lib = load_library()
         function = lib[name]
-        function.argtypes = getattr(lib, name).argtypes
+        declared = getattr(lib, name).argtypes
+        function.argtypes = [_VOIDP if self._words and t in _WORD_TYPES else t
+                             for t in declared]
         function.restype = ctypes.c_int
         setattr(self, name, function)
         return function
 
 
+# The C integer types that _Entries(words=True) passes as c_void_p, and whether this platform's
+# calling convention allows it (see _Entries).
+_WORD_TYPES = (ctypes.c_int, ctypes.c_int64, ctypes.c_size_t, ctypes.c_void_p)
+_WORD_ARGUMENTS = ctypes.sizeof(ctypes.c_void_p) == 8 and sys.byteorder == "little" and \
+    sys.platform.startswith("linux") and os.uname().machine in ("x86_64", "aarch64")
 _entries = _Entries()
+_fast_entries = _Entries(words=True)
 
 
 def version():
@@ -792,8 +813,8 @@ def _pass_through(name, restype, params):
         if not returns_status:
             return getattr(load_library(), name)(*args)
         # The status as an int, checked here (one Python call less than an errcheck). The
-        # function is looked up on each call (an attribute read): the fast paths call the
-        # same one, so that one replacement of it (a test's spy) sees both.
+        # function is looked up on each call (an attribute read), so that a test's spy that
+        # replaces it sees the call.
         function = getattr(_entries, name)
         status = function(*args)
         if status:
@@ -2411,7 +2432,8 @@ class _Call:
 # A convenience function first tries its fast path where every array is a C-contiguous CUDA
 # array of one framework on the current device, and neither out= nor stream= is given; the
 # path reads each array once (kind.fast_view), allocates the results from the framework
-# (kind.fast_empty) and calls the entry point (_entries) on the framework's current stream.
+# (kind.fast_empty) and calls the entry point (_fast_entries) on the framework's current
+# stream.
 # Anything it does not expect (another kind, dtype or shape, a Python scalar, a second device)
 # makes it return None, and the general path takes the call: the same checks, in the same
 # order, with the same messages. The results are the general path's, bit for bit. Every step
@@ -2481,7 +2503,7 @@ def _quantize_int8_fast(kind, x, gran, scales, dtype):
         s, s_ptr = kind.fast_empty((n_scales,), DType.FP32, index)
     else:
         s, s_ptr = scales, s_view[0]
-    entry = _entries.ck_quantize_int8
+    entry = _fast_entries.ck_quantize_int8
     status = entry(ptr, x_dtype, rows, cols, gran, DYNAMIC if scales is None else STATIC, s_ptr,
                    q_ptr, stream)
     if status:
@@ -2514,7 +2536,7 @@ def _gemm_int8_scaled_fast(kind, a, b, scale_a, scale_b, bias, lay, act, ck_out)
         return None
     stream = kind.stream(index)
     out, out_ptr = kind.fast_empty((n,) if len(a_shape) == 1 else (m, n), ck_out, index)
-    entry = _entries.ck_gemm_int8_scaled
+    entry = _fast_entries.ck_gemm_int8_scaled
     status = entry(a_view[0], b_view[0], lay, m, n, k, sa_view[0], a_gran, sb_view[0], b_gran,
                    bias_view[0] if bias is not None else 0, act, out_ptr, ck_out, stream)
     if status:
@@ -3960,10 +3982,9 @@ class QuantizedLinear:
         """What every call of _fast_call passes the library, read once (again only where one
         of the attributes it comes from is replaced): (those attributes: prepacked, bias, perm,
         dtype, group_size, activation; the device of the weight or None when not known; the
-        NumPy storage of x; the address of perm (0: none); and the launch's constant arguments
-        as ctypes objects of their declared types: dtype, the addresses of w, scales, zeros,
-        group_size, the int4 mode, the address of bias, activation, N, K). A ctypes object of
-        the declared type passes as it is, where an int is converted on every call."""
+        NumPy storage of x; the address of perm (0: none); and the launch's constant arguments:
+        dtype, the addresses of w, scales, zeros, group_size, the int4 mode, the address of
+        bias, activation, N, K, as the ints that _fast_entries takes)."""
         w, s, z = self.prepacked
         arrays = ((w, "w_prepacked"), (s, "scales_prepacked"), (z, "zeros_prepacked"),
                   (self.bias, "bias"), (self.perm, "perm"))
@@ -3972,10 +3993,9 @@ class QuantizedLinear:
         mode = INT4_SYMMETRIC if z is None else INT4_ASYMMETRIC
         for a in (w, s, z, self.bias, self.perm):   # read by _fast_call, which records nothing
             _untrack(a)
-        constants = (ctypes.c_int(self.dtype), _VOIDP(w_ptr), _VOIDP(s_ptr), _VOIDP(z_ptr),
-                     _I64(self.group_size), ctypes.c_int(mode), _VOIDP(bias_ptr),
-                     ctypes.c_int(self.activation), _I64(self.out_features),
-                     _I64(self.in_features))
+        constants = (int(self.dtype), w_ptr, s_ptr, z_ptr, int(self.group_size), int(mode),
+                     bias_ptr, int(self.activation), int(self.out_features),
+                     int(self.in_features))
         self._launch = (self.prepacked, self.bias, self.perm, self.dtype, self.group_size,
                         self.activation, _device_of(w), _NUMPY_OF[self.dtype], perm_ptr,
                         constants)
@@ -4010,12 +4030,12 @@ class QuantizedLinear:
         y, y_ptr = kind.fast_empty(out_shape, self.dtype, index)
         if perm:
             permuted, permuted_ptr = kind.fast_empty(shape, self.dtype, index)
-            entry = _entries.ck_permute_columns
+            entry = _fast_entries.ck_permute_columns
             status = entry(ptr, dtype, m, k, perm, permuted_ptr, stream)
             if status:
                 _raise_for_status(status, entry, ())
             ptr = permuted_ptr
-        entry = _entries.ck_gemm_w4a16_prepacked
+        entry = _fast_entries.ck_gemm_w4a16_prepacked
         status = entry(ptr, dtype, w, s, z, group_size, mode, bias, activation, m, n, k, y_ptr,
                        stream)
         if status:

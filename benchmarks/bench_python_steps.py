@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """The pieces of a convenience call's host time, one by one (what bench_python_overhead.py
-measures whole): ctypes calls by argument count, one launch through the raw level, the
-library's function (errcheck) and the status-returning one the fast paths call, the wrapper's
-argument parsing, the framework calls a fast path makes (torch's and CuPy's allocations, data
-pointers, current stream and device, the kinds' fast_view and fast_empty), and the DeviceArray
-path's pool steps (cudaGetDevice, cudaEventRecord, capture checks).
+measures whole): ctypes calls by argument count and argument type, one launch through the raw
+level, the library's function (errcheck), the status-returning one and the fast paths' (integers
+as words), the wrapper's argument parsing, the framework calls a fast path makes (torch's and
+CuPy's allocations, data pointers, current stream and device, the kinds' fast_view and
+fast_empty), and the DeviceArray path's pool steps (cudaGetDevice, cudaEventRecord, capture
+checks).
 
     python3 benchmarks/bench_python_steps.py [--calls 20000] [--profile]
 
@@ -13,6 +14,7 @@ quantize_int8 on a DeviceArray (the slowest path) sorted by own time. torch or C
 their rows are skipped. Exit status: 0, or 2 without a CUDA device. Nothing is written.
 """
 import argparse
+import ctypes
 import sys
 import timeit
 from pathlib import Path
@@ -58,6 +60,13 @@ def library_rows(row, calls):
     row("_entries.ck_quantize_int8 (the status), launches",
         lambda: ck._entries.ck_quantize_int8(*args), launches)
     ck.cuda.device_synchronize()
+    row("_fast_entries.ck_quantize_int8 (integers as c_void_p), launches",
+        lambda: ck._fast_entries.ck_quantize_int8(*args), launches)
+    ck.cuda.device_synchronize()
+    # The same export, 3 int64, declared as c_int64 and as c_void_p: the conversions' cost.
+    words = lib["ck_w4a16_prepacked_groups"]
+    words.argtypes, words.restype = [ctypes.c_void_p] * 3, ctypes.c_int64
+    row("ctypes: ck_w4a16_prepacked_groups (3 c_void_p)", lambda: words(N, K, 128))
     row("_layout('nk')", lambda: ck._layout("nk"))
     row("_as_dtype_enum('fp16')", lambda: ck._as_dtype_enum("fp16"))
     row("_granularity('row')", lambda: ck._granularity("row"))

@@ -89,15 +89,15 @@ def pool_allocations():
 
 
 def spy_streams(monkeypatch, name):
-    """The stream argument of every launch of ck_<name> from here on (the raw level's and the
-    fast paths': both call ck._entries.ck_<name>)."""
-    seen, original = [], getattr(ck._entries, "ck_" + name)
+    """The stream argument of every launch of ck_<name> from here on (the raw level's, through
+    ck._entries, and the fast paths', through ck._fast_entries)."""
+    seen = []
+    for entries in (ck._entries, ck._fast_entries):
+        def launch(*args, _original=getattr(entries, "ck_" + name)):
+            seen.append(args[-1])
+            return _original(*args)
 
-    def launch(*args):
-        seen.append(args[-1])
-        return original(*args)
-
-    monkeypatch.setattr(ck._entries, "ck_" + name, launch)
+        monkeypatch.setattr(entries, "ck_" + name, launch)
     return seen
 
 

@@ -414,14 +414,16 @@ def cupy(monkeypatch):
 
 
 def record_launches(monkeypatch, names, calls):
-    """Every launch of the entry points ck_<name> (the raw level's and the fast paths'),
-    recorded in calls as (name, args) instead of made; each returns CK_STATUS_SUCCESS."""
+    """Every launch of the entry points ck_<name> (the raw level's, through ck._entries, and
+    the fast paths', through ck._fast_entries), recorded in calls as (name, args) instead of
+    made; each returns CK_STATUS_SUCCESS."""
     for name in names:
         def launch(*args, _name=name):
             calls.append((_name, args))
             return 0
 
         monkeypatch.setattr(ck._entries, "ck_" + name, launch)
+        monkeypatch.setattr(ck._fast_entries, "ck_" + name, launch)
 
 
 @pytest.fixture
@@ -622,6 +624,7 @@ def test_fast_path_raises_what_the_library_refuses(cupy, monkeypatch):
 
     refuse.__name__ = "ck_quantize_int8"
     monkeypatch.setattr(ck._entries, "ck_quantize_int8", refuse)
+    monkeypatch.setattr(ck._fast_entries, "ck_quantize_int8", refuse)
     with pytest.raises(ck.CKError) as info:
         ck.quantize_int8(FakeCupyArray((2, 64), np.float16, 0x1000))
     assert info.value.status == ck.Status.INVALID_VALUE
@@ -644,6 +647,37 @@ def test_raw_entries_return_the_status_and_keep_the_declarations():
     assert ck.last_error_message().startswith("ck_quantize_int8: ")
     with pytest.raises(AttributeError):
         ck._entries.not_an_entry_point
+
+
+def test_fast_entries_pass_integers_as_words():
+    """The fast paths' functions take every integer argument as c_void_p (one 64-bit word):
+    the library still reads each parameter's value, negative and 64-bit sizes and 32-bit enums
+    included (its refusals name them, as for the declared functions), and struct pointers keep
+    their type."""
+    fast = ck._fast_entries.ck_quantize_int8
+    declared = ck._entries.ck_quantize_int8
+    assert fast is not declared and fast.restype is ctypes.c_int
+    if not ck._WORD_ARGUMENTS:
+        assert fast.argtypes == declared.argtypes
+        pytest.skip("this platform's calling convention takes the declared argument types")
+    assert set(fast.argtypes) == {ctypes.c_void_p}
+    x, s, q = 0x1000, 0x2000, 0x3000
+    big = 1 << 62   # its low 32 bits are 0: a truncated value would read as cols=0
+    cases = [
+        ((x, DType.FP16, -3, 64, ck.PER_TENSOR, ck.DYNAMIC, s, q, 0), "rows=-3 "),
+        ((x, DType.FP16, 2, big, ck.PER_TENSOR, ck.DYNAMIC, s, q, 0), "cols=%d " % big),
+        ((x, 77, 2, 64, ck.PER_TENSOR, ck.DYNAMIC, s, q, 0), "x_dtype=77 "),
+        ((x, DType.FP16, 2, 64, -2, ck.DYNAMIC, s, q, 0), "granularity=-2"),
+        ((x, DType.FP16, 2, 64, ck.PER_TENSOR, 5, s, q, 0), "scale_mode=5 "),
+        ((x + 1, DType.FP16, 2, 64, ck.PER_TENSOR, ck.DYNAMIC, s, q, 0), "x="),
+    ]
+    for args, named in cases:
+        status = fast(*args)
+        message = ck.last_error_message()
+        assert status != ck.Status.SUCCESS and named in message, (args, message)
+        assert declared(*args) == status and ck.last_error_message() == message
+    moe = ck._fast_entries.ck_moe_forward.argtypes
+    assert moe[0] is ck._entries.ck_moe_forward.argtypes[0] and moe[1:] == [ctypes.c_void_p] * 3
 
 
 def test_cupy_out_is_used_in_place(cupy, launches):

@@ -19,6 +19,11 @@ constexpr int kSplitConsumerThreads = 256;  // two consumer warpgroups: threads 
 constexpr int kSplitThreads = 384;          // and the producer warpgroup
 constexpr int kMaxSplit = 8;                // blocks per output tile at most: the portable cluster
 
+// A split a launcher takes: 1, 2, 4 or 8 blocks per output tile, at most max_split.
+inline bool split_allowed(int split, int max_split = kMaxSplit) {
+    return split >= 1 && split <= max_split && (split & (split - 1)) == 0;
+}
+
 // A block's share of the K chunks when `split` blocks (a cluster) share one output tile: rank r
 // of the cluster takes chunks [chunks r / split, chunks (r + 1) / split), possibly none.
 struct ChunkRange {

@@ -611,8 +611,7 @@ cudaError_t launch_wgmma(const GemmW4A16Args& a, const CUtensorMap& map_x,
                          const CUtensorMap& map_w, const MoeRows& rows, int split,
                          cudaStream_t stream) {
     constexpr bool kCanSplit = !grouped_rows(kMode);
-    if (split < 1 || split > (kCanSplit ? kMaxSplit : 1) || (split & (split - 1)) != 0)
-        return cudaErrorInvalidValue;
+    if (!split_allowed(split, kCanSplit ? kMaxSplit : 1)) return cudaErrorInvalidValue;
     const int64_t blocks = ceil_div(a.m, Tile::kBM) * ceil_div(a.n, kBN) * split;
     if (!grid_fits(blocks)) return cudaErrorInvalidConfiguration;
     auto kernel = split > 1 ? gemm_w4a16_wgmma_kernel<Tile, T, Format, kAsym, kMode, kCanSplit>

@@ -314,15 +314,19 @@ cudaError_t make_maps(const SparseGemmArgs& a, int box_rows, CUtensorMap* map_x,
                               CU_TENSOR_MAP_SWIZZLE_NONE);
 }
 
+// The output tiles of a call with blocks of `rows` rows of x.
+int64_t output_tiles(int64_t m, int64_t n, int rows) {
+    return ceil_div(m, int64_t(rows)) * ceil_div(n, int64_t(kBN));
+}
+
 // One block per kBM x 128 output tile, or one cluster of `split` blocks (each a share of K).
 template <class Tile, typename T, bool kAsym>
 cudaError_t launch(const SparseGemmArgs& a, int split, cudaStream_t stream) {
-    if (split < 1 || split > kMaxSplit || (split & (split - 1)) != 0) return cudaErrorInvalidValue;
+    if (!split_allowed(split)) return cudaErrorInvalidValue;
     CUtensorMap map_x, map_codes, map_meta;
     cudaError_t err = make_maps(a, Tile::kBM, &map_x, &map_codes, &map_meta);
     if (err != cudaSuccess) return err;
-    const int64_t blocks =
-        ceil_div(a.m, int64_t(Tile::kBM)) * ceil_div(a.n, int64_t(kBN)) * split;
+    const int64_t blocks = output_tiles(a.m, a.n, Tile::kBM) * split;
     if (!grid_fits(blocks)) return cudaErrorInvalidConfiguration;
     auto kernel = split > 1 ? sparse_wgmma_kernel<Tile, T, kAsym, true>
                             : sparse_wgmma_kernel<Tile, T, kAsym, false>;
@@ -352,10 +356,8 @@ int block_rows(int64_t m, int64_t n) {
     if (const int forced = forced_plan_value("CK_GEMM_SPARSE_WGMMA_ROWS", {64, 128, 256}))
         return forced;
     if (m <= 64) return 64;
-    const int64_t sms = std::max(sm_count(), 1), tiles_n = ceil_div(n, int64_t(kBN));
-    auto busiest = [&](int rows) {
-        return double(ceil_div(ceil_div(m, int64_t(rows)) * tiles_n, sms)) * rows;
-    };
+    const int64_t sms = std::max(sm_count(), 1);
+    auto busiest = [&](int rows) { return double(ceil_div(output_tiles(m, n, rows), sms)) * rows; };
     return busiest(256) * kWideRowCost < busiest(128) ? 256 : 128;
 }
 
@@ -366,9 +368,8 @@ template <class Tile> int tile_cluster_blocks(int split) {
 }
 
 template <class Tile> int tile_split(int64_t m, int64_t n, int64_t chunks) {
-    const int64_t tiles = ceil_div(m, int64_t(Tile::kBM)) * ceil_div(n, int64_t(kBN));
-    return plan_split("CK_GEMM_SPARSE_WGMMA_SPLIT", tiles, chunks, kMinSplitChunks,
-                      tile_cluster_blocks<Tile>);
+    return plan_split("CK_GEMM_SPARSE_WGMMA_SPLIT", output_tiles(m, n, Tile::kBM), chunks,
+                      kMinSplitChunks, tile_cluster_blocks<Tile>);
 }
 
 SparsePlan plan_sparse(int64_t m, int64_t n, int64_t k) {
@@ -396,7 +397,7 @@ bool gemm_sparse_w4a16_wgmma_available() { return tma_wgmma_built_and_runnable()
 
 bool sparse_wgmma_fills_gpu(int64_t m, int64_t n, int64_t k) {
     const SparsePlan plan = plan_sparse(m, n, k);
-    const int64_t blocks = ceil_div(m, int64_t(plan.rows)) * ceil_div(n, int64_t(kBN)) * plan.split;
+    const int64_t blocks = output_tiles(m, n, plan.rows) * plan.split;
     return 2 * blocks >= int64_t(std::max(sm_count(), 1));
 }
 

@@ -2440,6 +2440,7 @@ class _Call:
 # is one call into the framework or the library where one will do: at M = 1 the host time of a
 # call is its cost (benchmarks/bench_python_overhead.py).
 _INT8 = np.dtype(np.int8)
+_UINT8 = np.dtype(np.uint8)
 _FP32 = np.dtype(np.float32)
 _FLOAT_DTYPES = (DType.FP32, DType.FP16, DType.BF16)
 
@@ -2467,6 +2468,20 @@ def _fast_matrix(shape):
     return (rows, cols) if rows and cols else None
 
 
+def _fast_float_dtype(x, np_dtype, dtype):
+    """The library dtype of a float input x held as np_dtype (fp32 and fp16 are their NumPy
+    dtype's; bf16 data, uint16 storage, and a dtype= take the general rule, _ck_dtype), or None
+    where it is not fp32, fp16 or bf16."""
+    x_dtype = _DTYPE_OF.get(np_dtype) if dtype is None else None
+    if x_dtype is None:
+        try:
+            override = _as_dtype_enum(dtype, "x dtype") if dtype is not None else None
+            x_dtype = _ck_dtype(x, np_dtype, override, "x")
+        except (TypeError, ValueError):
+            return None
+    return x_dtype if x_dtype in _FLOAT_DTYPES else None
+
+
 def _fast_granularity(size, count):
     """PER_TENSOR for one scale, PER_ROW for `count` of them (as _scale_granularity), or None."""
     return PER_TENSOR if size == 1 else PER_ROW if size == count else None
@@ -2479,17 +2494,9 @@ def _quantize_int8_fast(kind, x, gran, scales, dtype):
     if view is None:
         return None
     ptr, shape, np_dtype = view
-    # fp32 and fp16 are their NumPy dtype's; bf16 data (uint16 storage) and a dtype= take the
-    # general rule (_ck_dtype).
-    x_dtype = _DTYPE_OF.get(np_dtype) if dtype is None else None
-    if x_dtype is None:
-        try:
-            override = _as_dtype_enum(dtype, "x dtype") if dtype is not None else None
-            x_dtype = _ck_dtype(x, np_dtype, override, "x")
-        except (TypeError, ValueError):
-            return None
+    x_dtype = _fast_float_dtype(x, np_dtype, dtype)
     matrix = _fast_matrix(shape)
-    if x_dtype not in _FLOAT_DTYPES or matrix is None:
+    if x_dtype is None or matrix is None:
         return None
     rows, cols = matrix
     n_scales = 1 if gran == PER_TENSOR else rows
@@ -2541,6 +2548,58 @@ def _gemm_int8_scaled_fast(kind, a, b, scale_a, scale_b, bias, lay, act, ck_out)
                    bias_view[0] if bias is not None else 0, act, out_ptr, ck_out, stream)
     if status:
         _raise_for_status(status, entry, ())
+    return out
+
+
+# (bytes_of, groups_of, n, k, group_size) -> (the prepacked weight's bytes, its scales' values):
+# two calls into the library that a layer's every call would repeat.
+_PREPACKED_SIZES = {}
+
+
+def _prepacked_sizes(bytes_of, groups_of, n, k, group_size):
+    key = (bytes_of, groups_of, n, k, group_size)
+    sizes = _PREPACKED_SIZES.get(key)
+    if sizes is None:
+        if len(_PREPACKED_SIZES) >= 1024:
+            _PREPACKED_SIZES.clear()
+        sizes = (max(bytes_of(n, k), 0), max(groups_of(n, k, group_size), 0))
+        _PREPACKED_SIZES[key] = sizes
+    return sizes
+
+
+def _gemm_prepacked_fast(kind, x, w, scales, zeros, n, group_size, bias, act, mode, dtype,
+                         bytes_of, groups_of, entry):
+    """_gemm_prepacked's fast path (see above): x, the prepacked arrays and the bias of one
+    kind, with the general path's sizes and dtypes (scales and bias stored as x is)."""
+    index = kind.current_device()
+    view = kind.fast_view
+    x_view = view(x, index)
+    if x_view is None or type(group_size) is not int:
+        return None
+    ptr, shape, np_dtype = x_view
+    x_dtype = _fast_float_dtype(x, np_dtype, dtype)
+    matrix = _fast_matrix(shape)
+    if x_dtype is None or matrix is None:
+        return None
+    m, k = matrix
+    nbytes, nvalues = _prepacked_sizes(bytes_of, groups_of, n, k, group_size)
+    w_view = view(w, index, _UINT8)
+    s_view = view(scales, index, np_dtype)
+    z_view = view(zeros, index, _UINT8) if zeros is not None else None
+    bias_view = view(bias, index, np_dtype) if bias is not None else None
+    if w_view is None or s_view is None or math.prod(w_view[1]) != nbytes or \
+            math.prod(s_view[1]) != nvalues or \
+            (zeros is not None and (z_view is None or math.prod(z_view[1]) != nvalues)) or \
+            (bias is not None and (bias_view is None or math.prod(bias_view[1]) != n)):
+        return None
+    stream = kind.stream(index)
+    out, out_ptr = kind.fast_empty((n,) if len(shape) == 1 else (m, n), x_dtype, index)
+    function = getattr(_fast_entries, entry)
+    status = function(ptr, x_dtype, w_view[0], s_view[0], z_view[0] if z_view else 0,
+                      group_size, mode, bias_view[0] if bias_view else 0, act, m, n, k, out_ptr,
+                      stream)
+    if status:
+        _raise_for_status(status, function, ())
     return out
 
 
@@ -3262,19 +3321,27 @@ def gemm_w4a16_prepacked(x, w_prepacked, scales_prepacked, zeros_prepacked=None,
     """
     return _gemm_prepacked(x, w_prepacked, scales_prepacked, zeros_prepacked, n, group_size, bias,
                            activation, out, dtype, stream, raw.w4a16_prepacked_bytes,
-                           raw.w4a16_prepacked_groups, raw.gemm_w4a16_prepacked)
+                           raw.w4a16_prepacked_groups, "ck_gemm_w4a16_prepacked")
 
 
 def _gemm_prepacked(x, w_prepacked, scales_prepacked, zeros_prepacked, n, group_size, bias,
-                    activation, out, dtype, stream, bytes_of, groups_of, launch):
+                    activation, out, dtype, stream, bytes_of, groups_of, entry):
     """What the GEMMs on a prepacked INT4 weight (dense or 2:4) share: the arrays checked
     against the layout's sizes (bytes_of(n, k), groups_of(n, k, group_size)), the output, and
-    launch (the raw entry point, gemm_w4a16_prepacked's arguments)."""
+    the entry point `entry` (gemm_w4a16_prepacked's arguments)."""
     if n is None or int(n) < 1:
         raise ValueError("n (the weight's number of rows) must be given and >= 1")
     n = int(n)
     act = _activation(activation)
     mode = INT4_SYMMETRIC if zeros_prepacked is None else INT4_ASYMMETRIC
+    kind = _fast_kind(x, out, stream)
+    if kind is not None:
+        result = _gemm_prepacked_fast(kind, x, w_prepacked, scales_prepacked, zeros_prepacked,
+                                      n, group_size, bias, act, mode, dtype, bytes_of, groups_of,
+                                      entry)
+        if result is not None:
+            return result
+    launch = getattr(raw, entry[len("ck_"):])
     with _Call(x, stream) as call:
         xa = call.input(x, "x", dtype, matrix=True, need=_FLOAT_INPUT)
         m, k = _matrix(xa.shape, "x")
@@ -4269,7 +4336,7 @@ def gemm_sparse_w4a16_prepacked(x, w_prepacked, scales_prepacked, zeros_prepacke
     prepacked arrays are padded)."""
     return _gemm_prepacked(x, w_prepacked, scales_prepacked, zeros_prepacked, n, group_size, bias,
                            activation, out, dtype, stream, raw.sparse_w4a16_prepacked_bytes,
-                           raw.sparse_w4a16_prepacked_groups, raw.gemm_sparse_w4a16_prepacked)
+                           raw.sparse_w4a16_prepacked_groups, "ck_gemm_sparse_w4a16_prepacked")
 
 
 class SparseQuantizedLinear(QuantizedLinear):
@@ -4400,6 +4467,7 @@ class _InterfaceView:
 # torch custom operators (torch.compile, CUDA graphs)
 # ------------------------------------------------------------------------------------------------
 _TORCH_OPS = []   # torch.ops.cuda_kernels, once registered
+_TORCH_LIBRARY = []   # the torch.library.Library that holds their registrations
 
 
 def _torch_module():
@@ -4432,8 +4500,8 @@ def torch_ops():
     torch = _torch_module()
     with _lib_lock:
         if not _TORCH_OPS:
-            if not hasattr(torch.library, "custom_op"):
-                raise RuntimeError("torch %s has no torch.library.custom_op: the operators "
+            if not hasattr(torch.library, "register_fake"):
+                raise RuntimeError("torch %s has no torch.library.register_fake: the operators "
                                    "need torch 2.4 or later" % torch.__version__)
             try:   # registered already by another copy of this module (a reload)
                 torch.ops.cuda_kernels.w4a16_linear
@@ -4444,41 +4512,58 @@ def torch_ops():
     return _TORCH_OPS[0]
 
 
+# The torch operators' schemas (what torch.library.custom_op would infer from annotations).
+_TORCH_OP_SCHEMAS = {
+    "w4a16_linear": "w4a16_linear(Tensor x, Tensor w_prepacked, Tensor scales_prepacked, "
+                    "Tensor? zeros_prepacked, Tensor? bias, Tensor? perm, int n, int group_size, "
+                    "int activation) -> Tensor",
+    "moe_forward": "moe_forward(Tensor x, Tensor w13, Tensor w13_scales, Tensor? w13_zeros, "
+                   "Tensor w2, Tensor w2_scales, Tensor? w2_zeros, int experts, int intermediate, "
+                   "int group_size, Tensor? router_logits, int? top_k, bool renormalize, "
+                   "Tensor? topk_ids, Tensor? topk_weights) -> Tensor",
+}
+
+
+def _w4a16_linear_op(x, w_prepacked, scales_prepacked, zeros_prepacked, bias, perm, n, group_size,
+                     activation):
+    if perm is not None:
+        x = permute_columns(x, perm)
+    return gemm_w4a16_prepacked(x, w_prepacked, scales_prepacked, zeros_prepacked, n=n,
+                                group_size=group_size, bias=bias, activation=activation)
+
+
+def _moe_forward_op(x, w13, w13_scales, w13_zeros, w2, w2_scales, w2_zeros, experts,
+                    intermediate, group_size, router_logits, top_k, renormalize, topk_ids,
+                    topk_weights):
+    return moe_forward(x, (w13, w13_scales, w13_zeros), (w2, w2_scales, w2_zeros), experts,
+                       intermediate, group_size=group_size, router_logits=router_logits,
+                       top_k=top_k, renormalize=renormalize, topk_ids=topk_ids,
+                       topk_weights=topk_weights)
+
+
 def _register_torch_ops(torch):
-    import typing  # noqa: PLC0415 - the operators' annotations are their schemas
+    """Defines the operators through torch.library.Library: a schema, one implementation for
+    every device (CompositeExplicitAutograd: CUDA tensors, and CPU ones as host data) and a
+    fake one for tracing. torch.library.custom_op would wrap the same in Python layers of its
+    own (an autograd kernel, output checks) that cost 7 us per eager call on the H200 host
+    (benchmarks/bench_python_steps.py: 11.2 us for an operator that only allocates, 3.9 us
+    this way). No autograd formula: these are inference operators."""
+    lib = torch.library.Library("cuda_kernels", "FRAGMENT")
+    for schema in _TORCH_OP_SCHEMAS.values():
+        lib.define(schema)
+    lib.impl("w4a16_linear", _w4a16_linear_op, "CompositeExplicitAutograd")
+    lib.impl("moe_forward", _moe_forward_op, "CompositeExplicitAutograd")
 
-    Tensor, Optional = torch.Tensor, typing.Optional
-
-    @torch.library.custom_op("cuda_kernels::w4a16_linear", mutates_args=())
-    def w4a16_linear(x: Tensor, w_prepacked: Tensor, scales_prepacked: Tensor,
-                     zeros_prepacked: Optional[Tensor], bias: Optional[Tensor],
-                     perm: Optional[Tensor], n: int, group_size: int,
-                     activation: int) -> Tensor:
-        if perm is not None:
-            x = permute_columns(x, perm)
-        return gemm_w4a16_prepacked(x, w_prepacked, scales_prepacked, zeros_prepacked, n=n,
-                                    group_size=group_size, bias=bias, activation=activation)
-
-    @w4a16_linear.register_fake
-    def _(x, w_prepacked, scales_prepacked, zeros_prepacked, bias, perm, n, group_size,
-          activation):
+    def w4a16_linear_fake(x, w_prepacked, scales_prepacked, zeros_prepacked, bias, perm, n,
+                          group_size, activation):
         return x.new_empty(tuple(x.shape[:-1]) + (n,))
 
-    @torch.library.custom_op("cuda_kernels::moe_forward", mutates_args=())
-    def moe(x: Tensor, w13: Tensor, w13_scales: Tensor, w13_zeros: Optional[Tensor],
-            w2: Tensor, w2_scales: Tensor, w2_zeros: Optional[Tensor], experts: int,
-            intermediate: int, group_size: int, router_logits: Optional[Tensor],
-            top_k: Optional[int], renormalize: bool, topk_ids: Optional[Tensor],
-            topk_weights: Optional[Tensor]) -> Tensor:
-        return moe_forward(x, (w13, w13_scales, w13_zeros), (w2, w2_scales, w2_zeros), experts,
-                           intermediate, group_size=group_size, router_logits=router_logits,
-                           top_k=top_k, renormalize=renormalize, topk_ids=topk_ids,
-                           topk_weights=topk_weights)
-
-    @moe.register_fake
-    def _(x, w13, w13_scales, w13_zeros, w2, w2_scales, w2_zeros, experts, intermediate,
-          group_size, router_logits, top_k, renormalize, topk_ids, topk_weights):
+    def moe_forward_fake(x, *args):
         return x.new_empty(x.shape)
+
+    torch.library.register_fake("cuda_kernels::w4a16_linear", w4a16_linear_fake, lib=lib)
+    torch.library.register_fake("cuda_kernels::moe_forward", moe_forward_fake, lib=lib)
+    _TORCH_LIBRARY.append(lib)   # the registrations last as long as the Library object
 
 
 def _registered_op(name):

@@ -118,6 +118,40 @@ def torch_rows(row, calls):
     row("gemm_int8_scaled(a, b, sa, sb, out_dtype='fp16'), launches",
         lambda: ck.gemm_int8_scaled(a, b, sa, sb, out_dtype="fp16"), min(calls, 2000))
     torch.cuda.synchronize()
+    torch_op_rows(row, torch, x, calls)
+
+
+def torch_op_rows(row, torch, x, calls):
+    """The custom operators' dispatch: an operator whose body only allocates its result,
+    registered both ways torch offers, beside the library's w4a16_linear and the layer."""
+    from torch.library import Library, custom_op
+
+    @custom_op("ck_steps::empty_custom_op", mutates_args=())
+    def _(x: torch.Tensor) -> torch.Tensor:
+        return torch.empty_like(x)
+
+    lib = Library("ck_steps", "FRAGMENT")   # kept alive by the closure below
+    lib.define("empty_library(Tensor x) -> Tensor")
+    lib.impl("empty_library", lambda t: torch.empty_like(t), "CUDA")
+    ops = torch.ops.ck_steps
+    row("torch op: @custom_op, body torch.empty_like", lambda: ops.empty_custom_op(x))
+    row("torch op: Library.impl(CUDA), body torch.empty_like",
+        lambda: (lib, ops.empty_library(x))[1])
+    weight = torch.randn(N, K, dtype=torch.float16, device="cuda")
+    layer = ck.QuantizedLinear.from_float(weight, group_size=128)
+    if not layer._torch_tensors:
+        print("skipped: the layer has no torch operator")
+        return
+    op, w, s, z, bias, perm = layer._torch_tensors
+    args = (x, w, s, z, bias, perm, N, 128, layer.activation)
+    launches = min(calls, 2000)
+    row("QuantizedLinear(x), launches", lambda: layer(x), launches)
+    torch.cuda.synchronize()
+    row("gemm_w4a16_prepacked(x, w, s, z, n), launches",
+        lambda: ck.gemm_w4a16_prepacked(x, w, s, z, n=N, group_size=128), launches)
+    torch.cuda.synchronize()
+    row("torch.ops.cuda_kernels.w4a16_linear, launches", lambda: op(*args), launches)
+    torch.cuda.synchronize()
 
 
 def cupy_rows(row):

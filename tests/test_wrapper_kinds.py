@@ -428,9 +428,11 @@ def record_launches(monkeypatch, names, calls):
 
 @pytest.fixture
 def launches(monkeypatch):
-    """Every quantize_int8 / gemm_int8_scaled / moe_forward launch, recorded instead of made."""
+    """Every quantize_int8 / gemm_int8_scaled / gemm_(sparse_)w4a16_prepacked / moe_forward
+    launch, recorded instead of made."""
     calls = []
-    record_launches(monkeypatch, ("quantize_int8", "gemm_int8_scaled", "moe_forward"), calls)
+    record_launches(monkeypatch, ("quantize_int8", "gemm_int8_scaled", "gemm_w4a16_prepacked",
+                                  "gemm_sparse_w4a16_prepacked", "moe_forward"), calls)
     monkeypatch.setattr(ck.raw, "moe_workspace_size", lambda params: 4096)
     return calls
 
@@ -532,7 +534,24 @@ def fast_path_calls():
     sb = FakeCupyArray((16,), np.float32, 0x5000)
     s1 = FakeCupyArray((1,), np.float32, 0x6000)
     bias = FakeCupyArray((16,), np.uint16, 0x7000)
+    # Prepacked INT4 weights of N = 16, K = 256 (their sizes from the library), dense and 2:4.
+    n, k = 16, 256
+    w = FakeCupyArray((ck.raw.w4a16_prepacked_bytes(n, k),), np.uint8, 0x8000)
+    ws = FakeCupyArray((ck.raw.w4a16_prepacked_groups(n, k, 64),), np.float16, 0x9000)
+    wz = FakeCupyArray((ck.raw.w4a16_prepacked_groups(n, k, 64),), np.uint8, 0xA000)
+    sp = FakeCupyArray((ck.raw.sparse_w4a16_prepacked_bytes(n, k),), np.uint8, 0xB000)
+    sps = FakeCupyArray((ck.raw.sparse_w4a16_prepacked_groups(n, k, 128),), np.uint16, 0xC000)
+    xk = FakeCupyArray((3, k), np.float16, 0xD000)
+    xk_1d = FakeCupyArray((k,), np.float16, 0xD800)
+    xk_bf16 = FakeCupyArray((k,), np.uint16, 0xE000)
+    bias16 = FakeCupyArray((n,), np.float16, 0xF000)
     return {
+        "w4a16 prepacked, zeros, bias, relu": lambda: ck.gemm_w4a16_prepacked(
+            xk, w, ws, wz, n=n, group_size=64, bias=bias16, activation="relu"),
+        "w4a16 prepacked, 1-D": lambda: ck.gemm_w4a16_prepacked(xk_1d, w, ws, n=n,
+                                                                group_size=64),
+        "sparse prepacked, bf16": lambda: ck.gemm_sparse_w4a16_prepacked(
+            xk_bf16, sp, sps, n=n, dtype="bf16"),
         "quantize per row": lambda: ck.quantize_int8(x16, granularity="row"),
         "quantize per tensor, 1-D": lambda: ck.quantize_int8(x32),
         "quantize static": lambda: ck.quantize_int8(x16, scales=s1),
@@ -585,7 +604,19 @@ def test_cupy_common_calls_take_the_fast_path(cupy, launches, monkeypatch, name)
     (lambda a, b, s: ck.quantize_int8(FakeCupyArray((3, 32), np.float32, 0x1000), scales=s,
                                       granularity="row"),
      ValueError, "scales has 1 values"),
-], ids=["k-mismatch", "scale-count", "scale-dtype", "bias-dtype", "a-dtype", "static-count"])
+    (lambda a, b, s: ck.gemm_w4a16_prepacked(
+        FakeCupyArray((3, 256), np.float16, 0x1000),
+        FakeCupyArray((ck.raw.w4a16_prepacked_bytes(16, 256),), np.uint8, 0x2000),
+        FakeCupyArray((3,), np.float16, 0x3000), n=16),
+     ValueError, "scales_prepacked has 3 values"),
+    (lambda a, b, s: ck.gemm_w4a16_prepacked(
+        FakeCupyArray((3, 256), np.float16, 0x1000),
+        FakeCupyArray((ck.raw.w4a16_prepacked_bytes(16, 256),), np.int8, 0x2000),
+        FakeCupyArray((ck.raw.w4a16_prepacked_groups(16, 256, 128),), np.float16, 0x3000),
+        n=16),
+     TypeError, "w_prepacked has dtype int8"),
+], ids=["k-mismatch", "scale-count", "scale-dtype", "bias-dtype", "a-dtype", "static-count",
+        "prepacked-scale-count", "prepacked-w-dtype"])
 def test_cupy_fast_path_leaves_bad_calls_to_the_general_path(cupy, launches, call, error,
                                                               match):
     """What the fast path does not take gets the general path's exception, and no launch."""
@@ -725,8 +756,8 @@ def test_torch_cpu_tensors_are_host_data():
 
 def test_torch_operators_have_fake_implementations():
     torch = pytest.importorskip("torch")
-    if not hasattr(torch.library, "custom_op"):
-        pytest.skip("torch.library.custom_op needs torch 2.4+")
+    if not hasattr(torch.library, "register_fake"):
+        pytest.skip("torch.library.register_fake needs torch 2.4+")
     ops = ck.torch_ops()
     assert ck.torch_ops() is ops
     x = torch.empty(5, 64, dtype=torch.bfloat16, device="meta")
@@ -745,7 +776,7 @@ def test_torch_compile_traces_a_layer_into_its_operator(monkeypatch):
     one node, the custom operator, whose implementation (replaced here by a CPU stand-in that
     records its arguments) runs the layer's product when the graph runs."""
     torch = pytest.importorskip("torch")
-    if not hasattr(torch.library, "custom_op") or not hasattr(torch, "compile"):
+    if not hasattr(torch.library, "register_fake") or not hasattr(torch, "compile"):
         pytest.skip("needs torch 2.4+")
     ops = ck.torch_ops()
     calls = []

@@ -52,6 +52,15 @@ constexpr uint32_t kNibbleHi = 0x00f000f0u;  // nibble 1 of each 16-bit half
 constexpr uint32_t kSymmetricBias = 0x88888888u;  // two's complement q -> u = q + 8
 constexpr uint32_t kSymmetricZero = 8;
 
+// The magic number of the INT4 conversions below (1024 as fp16, 128 as bf16), and magic + zero
+// in both 16-bit halves: what the conversions subtract (1024 + zero for fp16, 128 + zero for
+// bf16).
+template <typename T>
+constexpr uint32_t kInt4Magic = std::is_same_v<T, __half> ? 0x6400u : 0x4300u;
+template <typename T> __host__ __device__ constexpr uint32_t int4_pair_sub(uint32_t zero) {
+    return (kInt4Magic<T> | zero) * 0x10001u;
+}
+
 template <typename T>
 __device__ __forceinline__ void dequant_int4_word(uint32_t q, uint32_t zero, uint32_t scale2,
                                                   uint32_t (&p)[4]);
@@ -61,9 +70,9 @@ __device__ __forceinline__ void dequant_int4_word(uint32_t q, uint32_t zero, uin
 template <>
 __device__ __forceinline__ void dequant_int4_word<__half>(uint32_t q, uint32_t zero, uint32_t scale2,
                                                           uint32_t (&p)[4]) {
-    constexpr uint32_t kMagic = 0x64006400u;       // 1024, 1024
-    constexpr uint32_t kSixteenth = 0x2c002c00u;   // 1/16, 1/16
-    const __half2 sub = as_pair<__half>((0x6400u | zero) * 0x10001u);          // 1024 + zero
+    constexpr uint32_t kMagic = kInt4Magic<__half> * 0x10001u;  // 1024, 1024
+    constexpr uint32_t kSixteenth = 0x2c002c00u;               // 1/16, 1/16
+    const __half2 sub = as_pair<__half>(int4_pair_sub<__half>(zero));          // 1024 + zero
     const __half2 add = as_pair<__half>((0xd400u | (zero << 4)) * 0x10001u);   // -(64 + zero)
     const __half2 mul = as_pair<__half>(kSixteenth);
     const __half2 s = as_pair<__half>(scale2);
@@ -83,8 +92,8 @@ __device__ __forceinline__ void dequant_int4_word<__half>(uint32_t q, uint32_t z
 template <>
 __device__ __forceinline__ void dequant_int4_word<__nv_bfloat16>(uint32_t q, uint32_t zero,
                                                                  uint32_t scale2, uint32_t (&p)[4]) {
-    constexpr uint32_t kMagic = 0x43004300u;  // 128, 128
-    const __nv_bfloat162 sub = as_pair<__nv_bfloat16>((0x4300u | zero) * 0x10001u);  // 128 + zero
+    constexpr uint32_t kMagic = kInt4Magic<__nv_bfloat16> * 0x10001u;  // 128, 128
+    const __nv_bfloat162 sub = as_pair<__nv_bfloat16>(int4_pair_sub<__nv_bfloat16>(zero));
     const __nv_bfloat162 s = as_pair<__nv_bfloat16>(scale2);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {  // pair j: k = j, j + 4
@@ -92,15 +101,6 @@ __device__ __forceinline__ void dequant_int4_word<__nv_bfloat16>(uint32_t q, uin
             __hsub2(as_pair<__nv_bfloat16>(and_or(q >> (4 * j), kNibbleLo, kMagic)), sub);
         p[j] = pair_bits(__hmul2_rn(v, s));
     }
-}
-
-// The magic number of the INT4 conversions above (1024 as fp16, 128 as bf16), and magic + zero
-// in both 16-bit halves: the subtrahend of dequant_int4_pair_sub (1024 + zero for fp16, 128 +
-// zero for bf16).
-template <typename T>
-constexpr uint32_t kInt4Magic = std::is_same_v<T, __half> ? 0x6400u : 0x4300u;
-template <typename T> __host__ __device__ constexpr uint32_t int4_pair_sub(uint32_t zero) {
-    return (kInt4Magic<T> | zero) * 0x10001u;
 }
 
 // One pair alone: nibbles 0 and 4 of q (bits 0..3 and 16..19) -> (w of nibble 0, w of nibble 4)

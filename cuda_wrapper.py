@@ -2482,13 +2482,9 @@ def _fast_float_dtype(x, np_dtype, dtype):
     return x_dtype if x_dtype in _FLOAT_DTYPES else None
 
 
-def _fast_granularity(size, count):
-    """PER_TENSOR for one scale, PER_ROW for `count` of them (as _scale_granularity), or None."""
-    return PER_TENSOR if size == 1 else PER_ROW if size == count else None
-
-
-def _quantize_int8_fast(kind, x, gran, scales, dtype):
-    """quantize_int8's fast path (see above): x, and static scales when given, of one kind."""
+def _fast_float_matrix(kind, x, dtype):
+    """(device index, address, shape, NumPy storage, library dtype, rows, cols) of x when it is
+    a float matrix (1-D or 2-D, not empty) the fast paths take, else None."""
     index = kind.current_device()
     view = kind.fast_view(x, index)
     if view is None:
@@ -2498,7 +2494,20 @@ def _quantize_int8_fast(kind, x, gran, scales, dtype):
     matrix = _fast_matrix(shape)
     if x_dtype is None or matrix is None:
         return None
-    rows, cols = matrix
+    return (index, ptr, shape, np_dtype, x_dtype) + matrix
+
+
+def _fast_granularity(size, count):
+    """PER_TENSOR for one scale, PER_ROW for `count` of them (as _scale_granularity), or None."""
+    return PER_TENSOR if size == 1 else PER_ROW if size == count else None
+
+
+def _quantize_int8_fast(kind, x, gran, scales, dtype):
+    """quantize_int8's fast path (see above): x, and static scales when given, of one kind."""
+    x_matrix = _fast_float_matrix(kind, x, dtype)
+    if x_matrix is None:
+        return None
+    index, ptr, _, _, x_dtype, rows, cols = x_matrix
     n_scales = 1 if gran == PER_TENSOR else rows
     if scales is not None:
         s_view = kind.fast_view(scales, index, _FP32)
@@ -2571,17 +2580,11 @@ def _gemm_prepacked_fast(kind, x, w, scales, zeros, n, group_size, bias, act, mo
                          bytes_of, groups_of, entry):
     """_gemm_prepacked's fast path (see above): x, the prepacked arrays and the bias of one
     kind, with the general path's sizes and dtypes (scales and bias stored as x is)."""
-    index = kind.current_device()
+    x_matrix = _fast_float_matrix(kind, x, dtype) if type(group_size) is int else None
+    if x_matrix is None:
+        return None
+    index, ptr, shape, np_dtype, x_dtype, m, k = x_matrix
     view = kind.fast_view
-    x_view = view(x, index)
-    if x_view is None or type(group_size) is not int:
-        return None
-    ptr, shape, np_dtype = x_view
-    x_dtype = _fast_float_dtype(x, np_dtype, dtype)
-    matrix = _fast_matrix(shape)
-    if x_dtype is None or matrix is None:
-        return None
-    m, k = matrix
     nbytes, nvalues = _prepacked_sizes(bytes_of, groups_of, n, k, group_size)
     w_view = view(w, index, _UINT8)
     s_view = view(scales, index, np_dtype)

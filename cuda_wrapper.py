@@ -1780,6 +1780,9 @@ class _TorchKind(_FrameworkKind):
         self._empty = torch.empty
         self._empty_like = torch.empty_like
         self._devices = {}   # index -> torch.device("cuda", index) (immutable): made once
+        self._one_float = {}   # index -> a float32 tensor of one value there (fast_scales)
+        self.float_of = {torch.float32: DType.FP32, torch.float16: DType.FP16,
+                         torch.bfloat16: DType.BF16}
         _is_compiling[0] = getattr(getattr(torch, "compiler", None), "is_compiling", None)
         # The custom operators are registered now, outside any torch.compile trace (which
         # cannot register them); torch_ops() raises what fails here when asked.
@@ -1827,15 +1830,43 @@ class _TorchKind(_FrameworkKind):
             return None
         return t.data_ptr(), t.shape, stored   # the shape a torch.Size, which is a tuple
 
+    def fast_float_input(self, t):
+        """(device index, address, library dtype, shape) of a CUDA tensor t (_fast_kind's
+        primary array) when it is C-contiguous, fp32, fp16 or bf16, on the current device, else
+        None: fast_view and the float dtype rule in one step."""
+        index = self.current_device()
+        x_dtype = self.float_of.get(t.dtype)
+        if x_dtype is None or t.get_device() != index or not t.is_contiguous():
+            return None
+        return index, t.data_ptr(), x_dtype, t.shape
+
+    def _device(self, index):
+        device = self._devices.get(index)
+        if device is None:
+            device = self._devices.setdefault(index, self.torch.device("cuda", index))
+        return device
+
     def fast_empty(self, shape, ck_dtype, index):
         """(tensor, its address): uninitialized, of library dtype ck_dtype, on device `index`
         (the current device), from torch's caching allocator for the current stream:
         torch.empty with a cached torch.device and the sizes as separate arguments (a size
         tuple costs more; benchmarks/bench_python_steps.py times the alternatives)."""
-        device = self._devices.get(index)
-        if device is None:
-            device = self._devices.setdefault(index, self.torch.device("cuda", index))
-        t = self._empty(*shape, dtype=self.torch_of_ck[ck_dtype], device=device)
+        t = self._empty(*shape, dtype=self.torch_of_ck[ck_dtype], device=self._device(index))
+        return t, t.data_ptr()
+
+    def fast_scales(self, n, index):
+        """(tensor, its address): n uninitialized float32 values on device `index` (the current
+        device). One value (a per-tensor scale, or one row's) is torch.empty_like of a kept
+        one-value tensor, which parses no size, dtype or device: about 0.4 us less than
+        torch.empty (benchmarks/bench_python_steps.py)."""
+        if n == 1:
+            one = self._one_float.get(index)
+            if one is None:
+                one = self._one_float.setdefault(
+                    index, self._empty(1, dtype=self.torch.float32, device=self._device(index)))
+            t = self._empty_like(one)
+        else:
+            t = self._empty(n, dtype=self.torch.float32, device=self._device(index))
         return t, t.data_ptr()
 
     def fast_empty_like(self, t, ck_dtype):
@@ -1908,6 +1939,10 @@ class _CupyKind(_FrameworkKind):
         self._current_stream = cupy.cuda.get_current_stream
         self._empty = cupy.empty
         self._ndarray = cupy.ndarray
+        # An ndarray keeps its C-contiguity as the readonly _c_contiguous (every CuPy since
+        # v7), which a.flags copies into a new object on each read (0.2 us); flags where not.
+        self._contiguity_attribute = hasattr(cupy.ndarray, "_c_contiguous")
+        self.float_of = {np.dtype(np.float32): DType.FP32, np.dtype(np.float16): DType.FP16}
 
     @staticmethod
     def on_device(a):
@@ -1931,9 +1966,21 @@ class _CupyKind(_FrameworkKind):
             return None
         data, dtype = a.data, a.dtype
         if data.device_id != index or (np_dtype is not None and dtype != np_dtype) or \
-                not a.flags.c_contiguous:
+                not (a._c_contiguous if self._contiguity_attribute else a.flags.c_contiguous):
             return None
         return data.ptr, a.shape, dtype
+
+    def fast_float_input(self, a):
+        """(device index, address, library dtype, shape) of a when it is C-contiguous,
+        float32 or float16, on the current device, else None (as _TorchKind.fast_float_input;
+        bf16 data, uint16 here, says so with dtype=)."""
+        index = self.current_device()
+        data = a.data
+        x_dtype = self.float_of.get(a.dtype)
+        if x_dtype is None or data.device_id != index or \
+                not (a._c_contiguous if self._contiguity_attribute else a.flags.c_contiguous):
+            return None
+        return index, data.ptr, x_dtype, a.shape
 
     def stream(self, index):
         """The raw cudaStream_t of CuPy's current stream (of the current device, `index`)."""
@@ -1955,6 +2002,11 @@ class _CupyKind(_FrameworkKind):
         current device (where fast_view found a): as fast_empty, one frame less."""
         b = self._ndarray(a.shape, _NUMPY_OF[ck_dtype])
         return b, b.data.ptr
+
+    def fast_scales(self, n, index):
+        """(array, its address): n uninitialized float32 values on the current device."""
+        a = self._ndarray((n,), _FP32)
+        return a, a.data.ptr
 
     def fill(self, value, np_dtype, like):
         a = self.cupy.full((1,), value, np_dtype)
@@ -2443,6 +2495,7 @@ _INT8 = np.dtype(np.int8)
 _UINT8 = np.dtype(np.uint8)
 _FP32 = np.dtype(np.float32)
 _FLOAT_DTYPES = (DType.FP32, DType.FP16, DType.BF16)
+_CK_INT8 = DType.INT8   # a global: reading an enum member from its class costs more
 
 
 def _fast_kind(primary, out, stream):
@@ -2451,7 +2504,7 @@ def _fast_kind(primary, out, stream):
     torch for it would initialize CUDA.)"""
     if out is not None or stream is not None:
         return None
-    kind = _kind(primary)
+    kind = _KIND_OF_TYPE.get(type(primary))   # a type not seen yet: the general path enters it
     if kind is None or not kind.on_device(primary):
         return None
     return kind
@@ -2469,32 +2522,34 @@ def _fast_matrix(shape):
 
 
 def _fast_float_dtype(x, np_dtype, dtype):
-    """The library dtype of a float input x held as np_dtype (fp32 and fp16 are their NumPy
-    dtype's; bf16 data, uint16 storage, and a dtype= take the general rule, _ck_dtype), or None
-    where it is not fp32, fp16 or bf16."""
-    x_dtype = _DTYPE_OF.get(np_dtype) if dtype is None else None
-    if x_dtype is None:
-        try:
-            override = _as_dtype_enum(dtype, "x dtype") if dtype is not None else None
-            x_dtype = _ck_dtype(x, np_dtype, override, "x")
-        except (TypeError, ValueError):
-            return None
+    """The library dtype of a float input x held as np_dtype with a dtype= given (the general
+    rule, _ck_dtype), or None where it is not fp32, fp16 or bf16."""
+    try:
+        x_dtype = _ck_dtype(x, np_dtype, _as_dtype_enum(dtype, "x dtype"), "x")
+    except (TypeError, ValueError):
+        return None
     return x_dtype if x_dtype in _FLOAT_DTYPES else None
 
 
 def _fast_float_matrix(kind, x, dtype):
-    """(device index, address, shape, NumPy storage, library dtype, rows, cols) of x when it is
-    a float matrix (1-D or 2-D, not empty) the fast paths take, else None."""
-    index = kind.current_device()
-    view = kind.fast_view(x, index)
-    if view is None:
-        return None
-    ptr, shape, np_dtype = view
-    x_dtype = _fast_float_dtype(x, np_dtype, dtype)
+    """(device index, address, library dtype, shape, rows, cols) of x when it is a float
+    matrix (1-D or 2-D, not empty) the fast paths take, else None."""
+    if dtype is None:
+        view = kind.fast_float_input(x)
+        if view is None:
+            return None
+        index, ptr, x_dtype, shape = view
+    else:
+        index = kind.current_device()
+        view = kind.fast_view(x, index)
+        if view is None:
+            return None
+        ptr, shape, np_dtype = view
+        x_dtype = _fast_float_dtype(x, np_dtype, dtype)
+        if x_dtype is None:
+            return None
     matrix = _fast_matrix(shape)
-    if x_dtype is None or matrix is None:
-        return None
-    return (index, ptr, shape, np_dtype, x_dtype) + matrix
+    return (index, ptr, x_dtype, shape) + matrix if matrix is not None else None
 
 
 def _fast_granularity(size, count):
@@ -2507,21 +2562,20 @@ def _quantize_int8_fast(kind, x, gran, scales, dtype):
     x_matrix = _fast_float_matrix(kind, x, dtype)
     if x_matrix is None:
         return None
-    index, ptr, _, _, x_dtype, rows, cols = x_matrix
+    index, ptr, x_dtype, _, rows, cols = x_matrix
     n_scales = 1 if gran == PER_TENSOR else rows
     if scales is not None:
         s_view = kind.fast_view(scales, index, _FP32)
         if s_view is None or math.prod(s_view[1]) != n_scales:
             return None
-    stream = kind.stream(index)
-    q, q_ptr = kind.fast_empty_like(x, DType.INT8)
+    q, q_ptr = kind.fast_empty_like(x, _CK_INT8)
     if scales is None:
-        s, s_ptr = kind.fast_empty((n_scales,), DType.FP32, index)
+        s, s_ptr = kind.fast_scales(n_scales, index)
     else:
         s, s_ptr = scales, s_view[0]
     entry = _fast_entries.ck_quantize_int8
     status = entry(ptr, x_dtype, rows, cols, gran, DYNAMIC if scales is None else STATIC, s_ptr,
-                   q_ptr, stream)
+                   q_ptr, kind.stream(index))
     if status:
         _raise_for_status(status, entry, ())
     return q, s
@@ -2583,7 +2637,8 @@ def _gemm_prepacked_fast(kind, x, w, scales, zeros, n, group_size, bias, act, mo
     x_matrix = _fast_float_matrix(kind, x, dtype) if type(group_size) is int else None
     if x_matrix is None:
         return None
-    index, ptr, shape, np_dtype, x_dtype, m, k = x_matrix
+    index, ptr, x_dtype, shape, m, k = x_matrix
+    np_dtype = _NUMPY_OF[x_dtype]
     view = kind.fast_view
     nbytes, nvalues = _prepacked_sizes(bytes_of, groups_of, n, k, group_size)
     w_view = view(w, index, _UINT8)

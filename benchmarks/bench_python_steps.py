@@ -3,8 +3,8 @@
 measures whole): ctypes calls by argument count and argument type, one launch through the raw
 level, the library's function (errcheck), the status-returning one and the fast paths' (integers
 as words), the wrapper's argument parsing, the framework calls a fast path makes (torch's and
-CuPy's allocations, data pointers, current stream and device, the kinds' fast_view and
-fast_empty), and the DeviceArray path's pool steps (cudaGetDevice, cudaEventRecord, capture
+CuPy's allocations, data pointers, current stream and device, the kinds' fast_view,
+fast_float_input, fast_empty and fast_scales), and the DeviceArray path's pool steps (cudaGetDevice, cudaEventRecord, capture
 checks).
 
     python3 benchmarks/bench_python_steps.py [--calls 20000] [--profile]
@@ -111,6 +111,11 @@ def torch_rows(row, calls):
         lambda: kind.fast_empty((M, K), ck.DType.INT8, 0))
     row("wrapper: kind.fast_empty_like (torch.empty_like, data_ptr)",
         lambda: kind.fast_empty_like(x, ck.DType.INT8))
+    row("wrapper: kind.fast_scales(1) (empty_like of a kept tensor, data_ptr)",
+        lambda: kind.fast_scales(1, 0))
+    row("wrapper: kind.fast_scales(2) (torch.empty, data_ptr)", lambda: kind.fast_scales(2, 0))
+    row("wrapper: kind.fast_float_input(x) (device, dtype, contiguity, pointer, shape)",
+        lambda: kind.fast_float_input(x))
     row("wrapper: _foreign_capture() (torch's capture query)", ck._foreign_capture)
     row("quantize_int8(x, granularity='row'), launches", lambda: ck.quantize_int8(x, "row"),
         min(calls, 2000))
@@ -169,6 +174,11 @@ def cupy_rows(row):
     row("cupy: get_current_stream().ptr", lambda: cupy.cuda.get_current_stream().ptr)
     row("cupy: runtime.getDevice()", cupy.cuda.runtime.getDevice)
     row("wrapper: kind.fast_view(x)", lambda: kind.fast_view(x, 0, np.dtype(np.float16)))
+    row("wrapper: kind.fast_float_input(x)", lambda: kind.fast_float_input(x))
+    row("wrapper: kind.fast_scales(1)", lambda: kind.fast_scales(1, 0))
+    row("quantize_int8(x, granularity='row'), launches", lambda: ck.quantize_int8(x, "row"),
+        2000)
+    cupy.cuda.Device().synchronize()
 
 
 def device_array_rows(row, profile):

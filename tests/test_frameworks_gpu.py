@@ -190,6 +190,11 @@ def test_torch_common_calls_take_the_fast_path(torch, dtype, monkeypatch):
         assert_torch_result(torch, got, want, what)
     for got, want, what in zip(ck.quantize_int8(xt), want_t, ("q", "scale")):
         assert_torch_result(torch, got, want, what)
+    # One scale is torch.empty_like of a kept tensor: every call still gets a tensor of its own.
+    scales = [ck.quantize_int8(xt)[1] for _ in range(3)]
+    assert len({s.data_ptr() for s in scales}) == 3
+    for s in scales:
+        assert_torch_result(torch, s, want_t[1], "scale of a repeated call")
     q_static, s_static = ck.quantize_int8(xt, scales=sat[:1])
     assert s_static.data_ptr() == sat.data_ptr()
     assert_torch_result(torch, q_static, want_static, "static q")
@@ -502,6 +507,32 @@ def test_cupy_in_cupy_out(cupy, monkeypatch):
     assert streams == [stream.ptr] and pool_allocations() == pool_before
     stream.synchronize()
     assert_bitwise_equal(cupy.asnumpy(qs), q, "cupy q on a stream")
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_cupy_common_calls_take_the_fast_path(cupy, dtype, monkeypatch):
+    """quantize_int8 on a CuPy array alone runs without a _Call and gives the NumPy path's
+    bits; a view that is not C-contiguous is left to the general path, which refuses it."""
+    rng = np.random.default_rng(24)
+    x = random_normal(rng, (4, 256), dtype, 3.0)
+    want_q = ck.quantize_int8(x, granularity="row")
+    want_t = ck.quantize_int8(x)
+    xc = cupy.asarray(x)
+
+    class NoCall:
+        def __init__(self, *args):
+            raise AssertionError("the common call must not build a _Call")
+
+    with monkeypatch.context() as m:
+        m.setattr(ck, "_Call", NoCall)
+        for got, want in ((ck.quantize_int8(xc, granularity="row"), want_q),
+                          (ck.quantize_int8(xc), want_t)):
+            for g, w, what in zip(got, want, ("q", "scales")):
+                assert isinstance(g, cupy.ndarray), what
+                assert_bitwise_equal(cupy.asnumpy(g), w, what)
+    for view in (xc[:, ::2], xc.T):
+        with pytest.raises(ValueError, match="C-contiguous"):
+            ck.quantize_int8(view, granularity="row")
 
 
 # ------------------------------------------------------------------------------------------------

@@ -4,8 +4,9 @@
 // share of its K chunks, and at the end they sum their float32 partial tiles through
 // distributed shared memory (no workspace, no second kernel). What the W4A16 wgmma kernel
 // (gemm_w4a16_prepacked_wgmma_sm90.cu), the 2:4 sparse one (gemm_sparse_w4a16_wgmma_sm90.cu)
-// and the W4A8 one (gemm_w4a8_sm90.cu) share: the chunk ranges, the partial tiles' sum, the
-// register split between the warpgroups, the cluster launch and its occupancy.
+// and the W4A8 one (gemm_w4a8_sm90.cu) share: the output tiles and the busiest SM's rows that
+// their plans weigh, the chunk ranges, the partial tiles' sum, the register split between the
+// warpgroups, the cluster launch and its occupancy.
 #pragma once
 
 #include <atomic>
@@ -22,6 +23,18 @@ constexpr int kMaxSplit = 8;                // blocks per output tile at most: t
 // A split a launcher takes: 1, 2, 4 or 8 blocks per output tile, at most max_split.
 inline bool split_allowed(int split, int max_split = kMaxSplit) {
     return split >= 1 && split <= max_split && (split & (split - 1)) == 0;
+}
+
+// The output tiles of an m x n call in blocks of `rows` rows of x by `cols` output columns.
+inline int64_t output_tiles(int64_t m, int64_t n, int rows, int cols) {
+    return ceil_div(m, int64_t(rows)) * ceil_div(n, int64_t(cols));
+}
+
+// The rows of x that the busiest SM runs when the SMs take those tiles in turn, one at a time:
+// what the launchers weigh one block shape against another by.
+inline double busiest_sm_rows(int64_t m, int64_t n, int rows, int cols) {
+    return double(ceil_div(output_tiles(m, n, rows, cols), int64_t(std::max(sm_count(), 1)))) *
+           rows;
 }
 
 // A block's share of the K chunks when `split` blocks (a cluster) share one output tile: rank r

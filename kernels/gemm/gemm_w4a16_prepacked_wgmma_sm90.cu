@@ -612,7 +612,7 @@ cudaError_t launch_wgmma(const GemmW4A16Args& a, const CUtensorMap& map_x,
                          cudaStream_t stream) {
     constexpr bool kCanSplit = !grouped_rows(kMode);
     if (!split_allowed(split, kCanSplit ? kMaxSplit : 1)) return cudaErrorInvalidValue;
-    const int64_t blocks = ceil_div(a.m, Tile::kBM) * ceil_div(a.n, kBN) * split;
+    const int64_t blocks = output_tiles(a.m, a.n, Tile::kBM, kBN) * split;
     if (!grid_fits(blocks)) return cudaErrorInvalidConfiguration;
     auto kernel = split > 1 ? gemm_w4a16_wgmma_kernel<Tile, T, Format, kAsym, kMode, kCanSplit>
                             : gemm_w4a16_wgmma_kernel<Tile, T, Format, kAsym, kMode, false>;
@@ -650,11 +650,8 @@ cudaError_t make_wgmma_maps(const GemmW4A16Args& args, int box_rows, int64_t til
 // dequantized A fragment feeds twice the multiply-adds); ties stay narrow.
 constexpr double kWideRowCost = 0.85;  // 0.69-0.78 measured on the H100 (benchmarks/NOTES.md)
 bool wgmma_wide_pays(int64_t m, int64_t n) {
-    const int64_t sms = std::max(sm_count(), 1), tiles_n = ceil_div(n, int64_t(kBN));
-    auto busiest = [&](int rows) {  // the rows the busiest SM runs
-        return double(ceil_div(ceil_div(m, int64_t(rows)) * tiles_n, sms)) * rows;
-    };
-    return busiest(WgmmaWide::kBM) * kWideRowCost < busiest(WgmmaNarrow::kBM);
+    return busiest_sm_rows(m, n, WgmmaWide::kBM, kBN) * kWideRowCost <
+           busiest_sm_rows(m, n, WgmmaNarrow::kBM, kBN);
 }
 
 // How many blocks of `split`-block clusters of Tile's kernel the GPU runs at once (cached).
@@ -676,8 +673,8 @@ struct WgmmaPlan {
 constexpr int kMinSplitChunks = 4;
 
 template <class Tile> int wgmma_split(int64_t m, int64_t n, int64_t chunks) {
-    const int64_t tiles = ceil_div(m, int64_t(Tile::kBM)) * ceil_div(n, int64_t(kBN));
-    return plan_split("CK_GEMM_W4A16_WGMMA_SPLIT", tiles, chunks, kMinSplitChunks,
+    return plan_split("CK_GEMM_W4A16_WGMMA_SPLIT", output_tiles(m, n, Tile::kBM, kBN), chunks,
+                      kMinSplitChunks,
                       tile_cluster_blocks<Tile>);
 }
 

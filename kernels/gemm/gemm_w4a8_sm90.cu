@@ -335,7 +335,7 @@ cudaError_t launch(const IntGemmArgs& args, cudaStream_t stream) {
     err = make_tensor_map_2d(&map_w, CU_TENSOR_MAP_DATA_TYPE_UINT8, args.b, args.n, args.k / 2,
                              args.k / 2, kBN, kWRowBytes, CU_TENSOR_MAP_SWIZZLE_64B);
     if (err != cudaSuccess) return err;
-    const int64_t tiles = ceil_div(args.m, kBM) * ceil_div(args.n, kBN);
+    const int64_t tiles = output_tiles(args.m, args.n, kBM, kBN);
     const int chunks = int(ceil_div(args.k, kChunkK));
     const int split = plan_split(tiles, chunks);
     // Persistent CTAs, one per SM at most; a split call's clusters take one tile each.
@@ -356,12 +356,10 @@ cudaError_t launch(const IntGemmArgs& args, cudaStream_t stream) {
 // SMs) tiles in turn, a 64-row one taking kNarrowRowCost times as long per row.
 constexpr double kNarrowRowCost = 1.25;
 template <typename OutT> cudaError_t dispatch_tiles(const IntGemmArgs& args, cudaStream_t stream) {
-    const int64_t sms = std::max(sm_count(), 1), tiles_n = ceil_div(args.n, int64_t(kBN));
-    auto busiest = [&](int rows) {
-        return double(ceil_div(ceil_div(args.m, int64_t(rows)) * tiles_n, sms)) * rows;
-    };
-    return busiest(64) * kNarrowRowCost < busiest(128) ? launch<OutT, 64>(args, stream)
-                                                       : launch<OutT, 128>(args, stream);
+    return busiest_sm_rows(args.m, args.n, 64, kBN) * kNarrowRowCost <
+                   busiest_sm_rows(args.m, args.n, 128, kBN)
+               ? launch<OutT, 64>(args, stream)
+               : launch<OutT, 128>(args, stream);
 }
 
 }  // namespace

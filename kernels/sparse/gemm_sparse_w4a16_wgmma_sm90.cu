@@ -314,11 +314,6 @@ cudaError_t make_maps(const SparseGemmArgs& a, int box_rows, CUtensorMap* map_x,
                               CU_TENSOR_MAP_SWIZZLE_NONE);
 }
 
-// The output tiles of a call with blocks of `rows` rows of x.
-int64_t output_tiles(int64_t m, int64_t n, int rows) {
-    return ceil_div(m, int64_t(rows)) * ceil_div(n, int64_t(kBN));
-}
-
 // One block per kBM x 128 output tile, or one cluster of `split` blocks (each a share of K).
 template <class Tile, typename T, bool kAsym>
 cudaError_t launch(const SparseGemmArgs& a, int split, cudaStream_t stream) {
@@ -326,7 +321,7 @@ cudaError_t launch(const SparseGemmArgs& a, int split, cudaStream_t stream) {
     CUtensorMap map_x, map_codes, map_meta;
     cudaError_t err = make_maps(a, Tile::kBM, &map_x, &map_codes, &map_meta);
     if (err != cudaSuccess) return err;
-    const int64_t blocks = output_tiles(a.m, a.n, Tile::kBM) * split;
+    const int64_t blocks = output_tiles(a.m, a.n, Tile::kBM, kBN) * split;
     if (!grid_fits(blocks)) return cudaErrorInvalidConfiguration;
     auto kernel = split > 1 ? sparse_wgmma_kernel<Tile, T, kAsym, true>
                             : sparse_wgmma_kernel<Tile, T, kAsym, false>;
@@ -356,9 +351,9 @@ int block_rows(int64_t m, int64_t n) {
     if (const int forced = forced_plan_value("CK_GEMM_SPARSE_WGMMA_ROWS", {64, 128, 256}))
         return forced;
     if (m <= 64) return 64;
-    const int64_t sms = std::max(sm_count(), 1);
-    auto busiest = [&](int rows) { return double(ceil_div(output_tiles(m, n, rows), sms)) * rows; };
-    return busiest(256) * kWideRowCost < busiest(128) ? 256 : 128;
+    const bool wide =
+        busiest_sm_rows(m, n, 256, kBN) * kWideRowCost < busiest_sm_rows(m, n, 128, kBN);
+    return wide ? 256 : 128;
 }
 
 template <class Tile> int tile_cluster_blocks(int split) {
@@ -368,7 +363,7 @@ template <class Tile> int tile_cluster_blocks(int split) {
 }
 
 template <class Tile> int tile_split(int64_t m, int64_t n, int64_t chunks) {
-    return plan_split("CK_GEMM_SPARSE_WGMMA_SPLIT", output_tiles(m, n, Tile::kBM), chunks,
+    return plan_split("CK_GEMM_SPARSE_WGMMA_SPLIT", output_tiles(m, n, Tile::kBM, kBN), chunks,
                       kMinSplitChunks, tile_cluster_blocks<Tile>);
 }
 
@@ -397,7 +392,7 @@ bool gemm_sparse_w4a16_wgmma_available() { return tma_wgmma_built_and_runnable()
 
 bool sparse_wgmma_fills_gpu(int64_t m, int64_t n, int64_t k) {
     const SparsePlan plan = plan_sparse(m, n, k);
-    const int64_t blocks = output_tiles(m, n, plan.rows) * plan.split;
+    const int64_t blocks = output_tiles(m, n, plan.rows, kBN) * plan.split;
     return 2 * blocks >= int64_t(std::max(sm_count(), 1));
 }
 

@@ -2504,7 +2504,7 @@ def _fast_kind(primary, out, stream):
     torch for it would initialize CUDA.)"""
     if out is not None or stream is not None:
         return None
-    kind = _KIND_OF_TYPE.get(type(primary))   # a type not seen yet: the general path enters it
+    kind = _KIND_OF_TYPE.get(type(primary)) or _kind(primary)   # _kind: a type not seen yet
     if kind is None or not kind.on_device(primary):
         return None
     return kind

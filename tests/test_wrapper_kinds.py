@@ -588,6 +588,19 @@ def test_cupy_common_calls_take_the_fast_path(cupy, launches, monkeypatch, name)
     assert run() == general
 
 
+def test_cupy_first_call_takes_the_fast_path(cupy, launches, monkeypatch):
+    """The first call on an array type not seen yet takes the fast path too (the kind is
+    found and kept on the way)."""
+    class NoCall:
+        def __init__(self, *args):
+            raise AssertionError("the common call must not build a _Call")
+
+    monkeypatch.setattr(ck, "_Call", NoCall)
+    assert type(FakeCupyArray((1,), np.float32, 0x10)) not in ck._KIND_OF_TYPE
+    q, s = ck.quantize_int8(FakeCupyArray((3, 64), np.float16, 0x1000), granularity="row")
+    assert isinstance(q, FakeCupyArray) and isinstance(s, FakeCupyArray) and launches
+
+
 @pytest.mark.parametrize("call, error, match", [
     (lambda a, b, s: ck.gemm_int8_scaled(a, FakeCupyArray((16, 48), np.int8, 0x3000), s, s),
      ValueError, "K=32"),

@@ -85,6 +85,7 @@ import enum
 import inspect
 import math
 import numbers
+import operator
 import os
 import sys
 import threading
@@ -1941,7 +1942,8 @@ class _CupyKind(_FrameworkKind):
         self._ndarray = cupy.ndarray
         # An ndarray keeps its C-contiguity as the readonly _c_contiguous (every CuPy since
         # v7), which a.flags copies into a new object on each read (0.2 us); flags where not.
-        self._contiguity_attribute = hasattr(cupy.ndarray, "_c_contiguous")
+        self._is_c_contiguous = operator.attrgetter(
+            "_c_contiguous" if hasattr(cupy.ndarray, "_c_contiguous") else "flags.c_contiguous")
         self.float_of = {np.dtype(np.float32): DType.FP32, np.dtype(np.float16): DType.FP16}
 
     @staticmethod
@@ -1966,7 +1968,7 @@ class _CupyKind(_FrameworkKind):
             return None
         data, dtype = a.data, a.dtype
         if data.device_id != index or (np_dtype is not None and dtype != np_dtype) or \
-                not (a._c_contiguous if self._contiguity_attribute else a.flags.c_contiguous):
+                not self._is_c_contiguous(a):
             return None
         return data.ptr, a.shape, dtype
 
@@ -1978,7 +1980,7 @@ class _CupyKind(_FrameworkKind):
         data = a.data
         x_dtype = self.float_of.get(a.dtype)
         if x_dtype is None or data.device_id != index or \
-                not (a._c_contiguous if self._contiguity_attribute else a.flags.c_contiguous):
+                not self._is_c_contiguous(a):
             return None
         return index, data.ptr, x_dtype, a.shape
 

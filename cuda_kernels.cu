@@ -1274,13 +1274,15 @@ bool sparse_wgmma_serves(const ck::SparseGemmArgs& args, int) {
 }
 
 // The stream kernel: M <= 16, and past 16 rows of x the grids that the tensor-core kernel at
-// hand (wgmma on Hopper, else tiles) would leave short of blocks.
+// hand (wgmma on Hopper, else tiles) would leave short of blocks (asked only there: a decode
+// call plans no tensor-core launch).
 bool sparse_stream_serves(const ck::SparseGemmArgs& args, int cc) {
-    const bool small_grid = sparse_wgmma_serves(args, cc)
-                                ? !ck::sparse_wgmma_fills_gpu(args.m, args.n, args.k)
-                                : !ck::sparse_tiles_fill_gpu(args.m, args.n);
-    return cc >= kMmaMinArch && args.prepacked && !args.k1632 &&
-           ck::sparse_stream_grid_fits(args.m, args.n) && (args.m <= kSmallMMax || small_grid);
+    if (cc < kMmaMinArch || !args.prepacked || args.k1632 ||
+        !ck::sparse_stream_grid_fits(args.m, args.n))
+        return false;
+    if (args.m <= kSmallMMax) return true;
+    return sparse_wgmma_serves(args, cc) ? !ck::sparse_wgmma_fills_gpu(args.m, args.n, args.k)
+                                         : !ck::sparse_tiles_fill_gpu(args.m, args.n);
 }
 
 bool sparse_tiles_serves(const ck::SparseGemmArgs& args, int cc) {

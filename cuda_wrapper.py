@@ -1860,14 +1860,12 @@ class _TorchKind(_FrameworkKind):
         device). One value (a per-tensor scale, or one row's) is torch.empty_like of a kept
         one-value tensor, which parses no size, dtype or device: about 0.4 us less than
         torch.empty (benchmarks/bench_python_steps.py)."""
-        if n == 1:
-            one = self._one_float.get(index)
-            if one is None:
-                one = self._one_float.setdefault(
-                    index, self._empty(1, dtype=self.torch.float32, device=self._device(index)))
-            t = self._empty_like(one)
-        else:
-            t = self._empty(n, dtype=self.torch.float32, device=self._device(index))
+        if n != 1:
+            return self.fast_empty((n,), DType.FP32, index)
+        one = self._one_float.get(index)
+        if one is None:
+            one = self._one_float.setdefault(index, self.fast_empty((1,), DType.FP32, index)[0])
+        t = self._empty_like(one)
         return t, t.data_ptr()
 
     def fast_empty_like(self, t, ck_dtype):
@@ -1979,8 +1977,7 @@ class _CupyKind(_FrameworkKind):
         index = self.current_device()
         data = a.data
         x_dtype = self.float_of.get(a.dtype)
-        if x_dtype is None or data.device_id != index or \
-                not self._is_c_contiguous(a):
+        if x_dtype is None or data.device_id != index or not self._is_c_contiguous(a):
             return None
         return index, data.ptr, x_dtype, a.shape
 

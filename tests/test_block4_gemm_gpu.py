@@ -19,8 +19,9 @@ ck_gemm_block4_prepacked) against tests/reference.py.
   forced, in every format; a split call gives the same bits twice; auto takes it past 16 rows.
 - w' bit for bit: one-hot rows of x select weight columns, which the GEMM returns exactly (a
   single non-zero product), and they equal ck_dequantize_<format>'s output on the device.
-- The small-M and wgmma kernels' fast and fallback dequantization (MXFP4, the format with a fast
-  path: scales up to 2 and past it, alone and mixed in one call), every w' bit for bit.
+- The small-M and wgmma kernels' fast and fallback dequantization, every w' bit for bit: MXFP4
+  (scales up to 2 and past it, alone and mixed in one call) and NVFP4 (global scales on either
+  side of its per-tensor bound; in fp16 past it, the +-inf outputs as the reference's).
 - Where the formats coincide (an MXFP4 weight with codes of magnitude <= 3 is a symmetric INT4
   g32 weight with q = 2 value and scale 2^(e - 1)), ck_gemm_block4_prepacked and
   ck_gemm_w4a16_prepacked give the same bits at M <= 16 (the same streaming kernel and plan)
@@ -313,7 +314,7 @@ def test_dequantized_weight_is_bitwise_ck_dequantize(fmt, blocksize, dtype, vari
 # fast_pair where every lane's blocks of a tile pair / a chunk allow it, word() / pair()
 # otherwise), each bit for bit
 # ---------------------------------------------------------------------------------------------
-# MXFP4 (the format with a fast path) takes it for E8M0 <= 128 (scales up to 2). Random codes
+# MXFP4 takes its fast path for E8M0 <= 128 (scales up to 2). Random codes
 # put almost every tile pair of the main tests on the fallback (their scales reach 2^4), so the
 # scales here are drawn per regime: all blocks fast, all fallback, or both in one call, alternating by
 # 16-row tile pair and 128-k chunk (each warp's steps then take both branches).
@@ -338,18 +339,13 @@ def path_regime_weight(rng, n, k, dtype, regime):
     return packed, np.where(use_fast, fast, slow).astype(np.uint8)
 
 
-@pytest.mark.parametrize("regime", PATH_REGIMES)
-@pytest.mark.parametrize("dtype", ref.BLOCK4_GEMM_DTYPES)
-@pytest.mark.parametrize("variant, rows", [("small_m", 16), ("wgmma", 64)])
-def test_fast_and_fallback_paths_bitwise(variant, rows, dtype, regime, monkeypatch, seed):
-    """Every w' of an MXFP4 weight, read through the small-M kernel (16 columns per call, M =
-    16; and M = 1 on a few columns) or the wgmma kernel (64 per call; its vote is per warp and
-    128-k chunk, so the mixed regime takes both branches in one call) by one-hot x, equals
-    ck_dequantize_mxfp4's bits."""
-    rng = np.random.default_rng(seed)
-    n, k = 136, 256
-    packed, scales = path_regime_weight(rng, n, k, dtype, regime)
-    w_ref = ref.dequantized_block4_weight("mxfp4", packed, scales, None, k, 32, dtype)
+def assert_one_hot_columns_bitwise(monkeypatch, rng, variant, rows, fmt, blocksize, weight,
+                                   dtype, k, ctx):
+    """Every w' of the weight (packed, scales, g), read through the small-M kernel (rows
+    columns per call, M = rows; and M = 1 on a few columns) or the wgmma kernel (its vote is
+    per warp and 128-k chunk) by one-hot x, equals the reference's bits."""
+    packed, scales, g = weight
+    w_ref = ref.dequantized_block4_weight(fmt, packed, scales, g, k, blocksize, dtype)
     assert np.isfinite(ref.to_f32(w_ref, dtype)).all()
     column_sets = [np.arange(c, c + rows) for c in range(0, k, rows)]
     column_sets += [np.array([c]) for c in rng.choice(k, size=4, replace=False)]
@@ -358,14 +354,74 @@ def test_fast_and_fallback_paths_bitwise(variant, rows, dtype, regime, monkeypat
         use_variant(monkeypatch, variant, m)
         x = np.zeros((m, k), np.float32)
         x[np.arange(m), cols] = 1
-        call = Block4Call(ref.to_dtype(x, dtype), (packed, scales, None), "mxfp4", 32, None,
-                          "none", dtype)
+        call = Block4Call(ref.to_dtype(x, dtype), weight, fmt, blocksize, None, "none", dtype)
         call.launch()
         synchronize()
-        got = call.out.read(f"out, seed={seed}")
+        got = call.out.read(f"out, {ctx}")
         want = ref.to_dtype(ref.to_f32(w_ref[:, cols].T, dtype) + np.float32(0), dtype)  # -0 -> +0
-        assert_bitwise_equal(got, want, f"mxfp4 {regime} {variant} ({dtype}), columns "
-                                        f"{cols[0]}.., m={m}, seed={seed}")
+        assert_bitwise_equal(got, want, f"{fmt} {variant} ({dtype}), columns {cols[0]}.., "
+                                        f"m={m}, {ctx}")
+
+
+@pytest.mark.parametrize("regime", PATH_REGIMES)
+@pytest.mark.parametrize("dtype", ref.BLOCK4_GEMM_DTYPES)
+@pytest.mark.parametrize("variant, rows", [("small_m", 16), ("wgmma", 64)])
+def test_fast_and_fallback_paths_bitwise(variant, rows, dtype, regime, monkeypatch, seed):
+    """MXFP4: every w' of each regime equals ck_dequantize_mxfp4's bits (the mixed regime takes
+    both branches in one call)."""
+    rng = np.random.default_rng(seed)
+    n, k = 136, 256
+    packed, scales = path_regime_weight(rng, n, k, dtype, regime)
+    assert_one_hot_columns_bitwise(monkeypatch, rng, variant, rows, "mxfp4", 32,
+                                   (packed, scales, None), dtype, k,
+                                   f"{regime}, seed={seed}")
+
+
+# NVFP4 takes its fast path for a whole tensor or not at all: where s * 2^14 is finite for
+# every E4M3 byte (s = e4m3 / g), i.e. 448 / g * 2^14 < 2^128. g = 2^-104 is accepted (the
+# products then reach 6 * 448 * 2^104 ~ 2^115.4, finite in bf16) and 2^-106 is not (448 * 2^120
+# ~ 2^128.8); the typical g of random_weight (~2^12 .. 2^15) is far inside.
+NVFP4_GLOBAL_SCALE = {"fast": 2.0 ** -104, "fallback": 2.0 ** -106}
+
+
+@pytest.mark.parametrize("regime", ["fast", "fallback"])
+@pytest.mark.parametrize("variant, rows", [("small_m", 16), ("wgmma", 64)])
+def test_nvfp4_fast_and_fallback_paths_bitwise(variant, rows, regime, monkeypatch, seed):
+    """NVFP4 at the global scales on either side of the fast path's bound, bf16 (whose range
+    holds those w'): every w' equals ck_dequantize_nvfp4's bits, every E4M3 byte but NaN."""
+    rng = np.random.default_rng(seed)
+    n, k = 136, 256
+    packed, scales, _ = random_weight(rng, "nvfp4", 16, n, k, "bf16", "codes")
+    scales.flat[:2] = (0x7E, 0xFE)   # +-448, the bound's byte
+    g = np.array([NVFP4_GLOBAL_SCALE[regime]], np.float32)
+    assert_one_hot_columns_bitwise(monkeypatch, rng, variant, rows, "nvfp4", 16,
+                                   (packed, scales, g), "bf16", k, f"{regime}, seed={seed}")
+
+
+@pytest.mark.parametrize("variant, m", [("small_m", 3), ("small_m", 16), ("wgmma", 20)])
+def test_nvfp4_fallback_fp16_infinities_follow_the_reference(variant, m, monkeypatch, seed):
+    """NVFP4 past the fast path's bound in fp16: every non-zero code's w' is +-inf (the scales
+    reach 448 * 2^106). x > 0; weight columns 0-23 have non-negative codes and scales (outputs
+    +inf), 24-47 negative codes (-inf), the rest random (NaN where signs mix): every output
+    non-finite exactly where and as the float64 reference has it."""
+    use_variant(monkeypatch, variant, m)
+    rng = np.random.default_rng(seed)
+    n, k = 72, 256
+    packed, scales, _ = random_weight(rng, "nvfp4", 16, n, k, "fp16", "codes")
+    packed[:24] &= 0x77      # both nibbles' sign bits clear
+    packed[24:48] |= 0x88    # both set
+    scales[:48] &= 0x7F      # non-negative E4M3 (no NaN byte: random_weight has none)
+    g = np.array([NVFP4_GLOBAL_SCALE["fallback"]], np.float32)
+    x = ref.to_dtype(np.abs(ref.to_f32(random_normal(rng, (m, k), "fp16"), "fp16")) + 0.125,
+                     "fp16")
+    call = Block4Call(x, (packed, scales, g), "nvfp4", 16, None, "none", "fp16")
+    call.launch()
+    synchronize()
+    got = ref.to_f32(call.out.read(f"out, seed={seed}"), "fp16").astype(np.float64)
+    want = ref.gemm_block4_f64(x, "nvfp4", packed, scales, g, 16, k, "fp16")
+    assert (want[:, :24] == np.inf).all() and (want[:, 24:48] == -np.inf).all(), f"seed={seed}"
+    assert np.array_equal(np.isnan(got), np.isnan(want)), f"NaN pattern, seed={seed}"
+    assert np.array_equal(got[~np.isnan(want)], want[~np.isnan(want)]), f"values, seed={seed}"
 
 
 # ---------------------------------------------------------------------------------------------

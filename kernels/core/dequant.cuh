@@ -174,16 +174,16 @@ template <typename T> struct Dequant<Int4Zp, T> {
 // 8 k) -> pairs p[j] = (nibble j, nibble j + 4) packed as T, and pair(), word()'s p[0] alone
 // (Dequant<Int4Zp, T>::pair's contract: the wgmma kernel takes one pair per word).
 //
-// A format with kFastPath (MXFP4) also has a fast path for the streaming and wgmma kernels
-// (gemm_w4a16_prepacked_stream.cu, gemm_w4a16_prepacked_wgmma_sm90.cu): fast_word() (and
+// A format with kFastPath (MXFP4, NVFP4) also has a fast path for the streaming and wgmma
+// kernels (gemm_w4a16_prepacked_stream.cu, gemm_w4a16_prepacked_wgmma_sm90.cu): fast_word() (and
 // fast_pair(), its p[0]) writes the bits word() writes, for less work per code, on the blocks
 // fast_ok() accepts; fast_block() is its Block. The streaming kernel takes it for two tiles'
 // words, the wgmma kernel for a 128-k chunk, when every lane's blocks are accepted (a warp vote,
 // so the branch is uniform, as mma.sync and wgmma need) and word() (pair()) otherwise. word()
 // stays the plain statement of the rounding (the reference kernel's path); fast_word says why
-// its bits are the same. (NVFP4's scale * 2^126 shortcut, one float32 multiply per code for
-// |scale| < 4, gave the same bits but measured slower on the H100 at M = 16 with its per-block
-// vote: benchmarks/NOTES.md.)
+// its bits are the same. (An earlier NVFP4 shortcut, scale * 2^126 folded into the table for
+// |scale| < 4 with a per-block vote, measured slower on the H100 at M = 16: its accepting test
+// depended on each block's scale. The fast path below depends on the global scale only.)
 // ---------------------------------------------------------------------------------------------
 struct Nf4 {};
 struct Mxfp4 {};
@@ -293,27 +293,41 @@ template <typename T> struct Dequant<Nf4, T> {
     __device__ __forceinline__ static Block block(uint32_t unit, int, const float* table) {
         return {__uint_as_float(unit), table};
     }
-    // The table value times the float32 absmax, one rounding to T, with the byte offset of
-    // each code's value taken by one shift and one mask. No exact shortcut in T fits NF4: its
-    // values are not symmetric (no sign trick) and neither they nor their products with an
-    // arbitrary absmax are exact in T (two roundings).
+    // The table value times the float32 absmax, one rounding to T. No exact shortcut in T fits
+    // NF4: its values are not symmetric (no sign trick) and neither they nor their products
+    // with an arbitrary absmax are exact in T (two roundings).
     static constexpr bool kFastPath = false;
+    // The codes' byte offsets in the table (code * 4) for all 8 nibbles from two shifts and two
+    // masks: even nibble 2i's offset in byte i of `even`, odd nibble 2i + 1's in byte i of
+    // `odd`; then one byte extraction per code (12 integer instructions per word, where a shift
+    // and a mask per code take 16).
     __device__ __forceinline__ static void word(uint32_t q, const Block& b, uint32_t (&p)[4]) {
-        p[0] = pair(q, b);
-        p[1] = pack_rounded<T>(value<1>(q, b.table) * b.scale, value<5>(q, b.table) * b.scale);
-        p[2] = pack_rounded<T>(value<2>(q, b.table) * b.scale, value<6>(q, b.table) * b.scale);
-        p[3] = pack_rounded<T>(value<3>(q, b.table) * b.scale, value<7>(q, b.table) * b.scale);
+        const uint32_t even = (q << 2) & 0x3c3c3c3cu;
+        const uint32_t odd = (q >> 2) & 0x3c3c3c3cu;
+        p[0] = pack_rounded<T>(at<0>(even, b.table) * b.scale, at<2>(even, b.table) * b.scale);
+        p[1] = pack_rounded<T>(at<0>(odd, b.table) * b.scale, at<2>(odd, b.table) * b.scale);
+        p[2] = pack_rounded<T>(at<1>(even, b.table) * b.scale, at<3>(even, b.table) * b.scale);
+        p[3] = pack_rounded<T>(at<1>(odd, b.table) * b.scale, at<3>(odd, b.table) * b.scale);
     }
     // Pair 0 of q (nibbles 0 and 4), as word() computes it: shift q by 4j for pair j (the
-    // wgmma kernel's A fragment, as Dequant<Int4Zp, T>::pair).
+    // wgmma kernel's A fragment, as Dequant<Int4Zp, T>::pair). One shift and one mask per
+    // code here: two codes do not pay for word()'s shared shifts.
     __device__ __forceinline__ static uint32_t pair(uint32_t q, const Block& b) {
         return pack_rounded<T>(value<0>(q, b.table) * b.scale, value<4>(q, b.table) * b.scale);
     }
-    // The value of nibble kNibble's code: its byte offset in the table (code * 4, bits 2 .. 5)
-    // straight from the word.
-    template <int kNibble> __device__ __forceinline__ static float value(uint32_t q, const float* table) {
-        const uint32_t offset = shift_bits<2 - 4 * kNibble>(q) & 0x3cu;
+    __device__ __forceinline__ static float load(const float* table, uint32_t offset) {
         return *reinterpret_cast<const float*>(reinterpret_cast<const char*>(table) + offset);
+    }
+    // The value whose byte offset is byte kByte of offsets (the other bytes zeroed: one PRMT).
+    template <int kByte>
+    __device__ __forceinline__ static float at(uint32_t offsets, const float* table) {
+        return load(table, __byte_perm(offsets, 0u, 0x4440u | kByte));
+    }
+    // The value of nibble kNibble's code: its byte offset (code * 4, bits 2 .. 5) straight
+    // from the word.
+    template <int kNibble>
+    __device__ __forceinline__ static float value(uint32_t q, const float* table) {
+        return load(table, shift_bits<2 - 4 * kNibble>(q) & 0x3cu);
     }
 };
 
@@ -390,30 +404,87 @@ __device__ __forceinline__ float e4m3_float(uint32_t bits) {
     return bits & 0x80u ? -mag : mag;
 }
 
+// Pair j's two E2M1 codes (nibbles j and j + 4) as packed fp16, each exactly its value * 2^-14
+// with its sign: E2m1InT<__half>'s magnitudes and the sign bits in place (four integer
+// instructions for two codes, none of them a multiply).
+template <int kPair> __device__ __forceinline__ uint32_t e2m1_pair_fp16_scaled(uint32_t q) {
+    return e2m1_pair_magnitudes<__half, kPair>(q) | (e2m1_pair_signs<kPair>(q) & kPairSigns);
+}
+
 // NVFP4: E2M1 codes in blocks of 16; the unit holds a 32-k slice's two E4M3 bytes (block 2j in
 // the low byte: words 0, 1 of the slice; 2j + 1 in the high byte: words 2, 3). The block scale
-// e4m3 / g (float32, an IEEE division per block in ck_dequantize_nvfp4) takes one of 256
+// s = e4m3 / g (float32, an IEEE division per block in ck_dequantize_nvfp4) takes one of 256
 // values for the tensor's global scale g: the table holds all of them, computed once per
-// thread block, so a word costs one shared load instead of a division.
+// thread block, so a word costs one shared load instead of a division; and after them the
+// same 256 scales times 2^14, the fast path's.
+//
+// The fast path: one float32 multiply per code, without word()'s exponent fix-up. A pair of
+// codes becomes fp16 value * 2^-14 (e2m1_pair_fp16_scaled: exact, subnormal for the codes
+// 0 and +-0.5), converted exactly to float32 (cvt.f32.f16, two per pair), times s * 2^14
+// from the table. Both operands are exact, so the product is the real value * s rounded once
+// to float32: word()'s product, bit for bit (overflow to +-inf, subnormal results and the
+// sign of zero included: IEEE multiplication; NaN scales give NaN in both). The one
+// condition is that s * 2^14 is exact, i.e. finite: |s| <= 448 / |g| for every E4M3 byte
+// (division rounds monotonically), so fast_ok checks the largest, 448 / g * 2^14, once per
+// tensor (a g below ~2^-105, or NaN, takes word() everywhere; g = 0 too, whose scales are
+// +-inf and NaN). Per pair of codes: 4 integer instructions, 2 conversions, 2 multiplies and
+// the rounding to T, where word() spends 6 integer instructions and 2 multiplies per code.
 template <typename T> struct Dequant<Nvfp4, T> {
     using Unit = uint16_t;
-    static constexpr int kTableFloats = 256;
-    static constexpr bool kFastPath = false;
+    static constexpr int kScales = 256;              // one per E4M3 byte
+    static constexpr int kTableFloats = 2 * kScales;  // s, then s * 2^14
+    static constexpr uint32_t kLargestE4m3 = 0x7e;   // 448
+    static constexpr bool kFastPath = true;
     struct Block {
         float scale;
     };
+    struct FastBlock {
+        float scale14;  // the block's scale times 2^14
+    };
     __device__ __forceinline__ static void fill_table(float* table, const float* global_scale) {
         const float g = *global_scale;
-        for (int b = threadIdx.x; b < kTableFloats; b += blockDim.x) table[b] = e4m3_float(b) / g;
+        for (int b = threadIdx.x; b < kScales; b += blockDim.x) {
+            const float s = e4m3_float(b) / g;
+            table[b] = s;
+            table[kScales + b] = s * 0x1p14f;
+        }
+    }
+    __device__ __forceinline__ static uint32_t scale_byte(uint32_t unit, int i) {
+        return (unit >> (i < 2 ? 0 : 8)) & 0xffu;
     }
     __device__ __forceinline__ static Block block(uint32_t unit, int i, const float* table) {
-        return {table[(unit >> (i < 2 ? 0 : 8)) & 0xffu]};
+        return {table[scale_byte(unit, i)]};
     }
     __device__ __forceinline__ static void word(uint32_t q, const Block& b, uint32_t (&p)[4]) {
         dequant_e2m1_word<T>(q, b.scale, p);
     }
     __device__ __forceinline__ static uint32_t pair(uint32_t q, const Block& b) {
         return dequant_e2m1_pair<T>(q, b.scale);
+    }
+
+    // The tensor's global scale, not the unit, decides (see above): false for NaN.
+    __device__ __forceinline__ static bool fast_ok(uint32_t, const float* table) {
+        return fabsf(table[kScales + kLargestE4m3]) < __int_as_float(0x7f800000);
+    }
+    __device__ __forceinline__ static FastBlock fast_block(uint32_t unit, int i,
+                                                           const float* table) {
+        return {table[kScales + scale_byte(unit, i)]};
+    }
+    template <int kPair>
+    __device__ __forceinline__ static uint32_t fast_pair_of(uint32_t q, const FastBlock& b) {
+        const float2 v = __half22float2(as_pair<__half>(e2m1_pair_fp16_scaled<kPair>(q)));
+        return pack_rounded<T>(v.x * b.scale14, v.y * b.scale14);
+    }
+    // fast_word()'s p[0] alone (pair()'s contract).
+    __device__ __forceinline__ static uint32_t fast_pair(uint32_t q, const FastBlock& b) {
+        return fast_pair_of<0>(q, b);
+    }
+    __device__ __forceinline__ static void fast_word(uint32_t q, const FastBlock& b,
+                                                     uint32_t (&p)[4]) {
+        p[0] = fast_pair_of<0>(q, b);
+        p[1] = fast_pair_of<1>(q, b);
+        p[2] = fast_pair_of<2>(q, b);
+        p[3] = fast_pair_of<3>(q, b);
     }
 };
 

@@ -428,7 +428,8 @@ template <int kPair> __device__ __forceinline__ uint32_t e2m1_pair_fp16_scaled(u
 // (division rounds monotonically), so fast_ok checks the largest, 448 / g * 2^14, once per
 // tensor (a g below ~2^-105, or NaN, takes word() everywhere; g = 0 too, whose scales are
 // +-inf and NaN). Per pair of codes: 4 integer instructions, 2 conversions, 2 multiplies and
-// the rounding to T, where word() spends 6 integer instructions and 2 multiplies per code.
+// the rounding to T, where word() spends about 4 integer instructions and 2 multiplies per
+// code (SASS of the streaming kernel, benchmarks/NOTES.md).
 template <typename T> struct Dequant<Nvfp4, T> {
     using Unit = uint16_t;
     static constexpr int kScales = 256;              // one per E4M3 byte

@@ -646,11 +646,17 @@ cudaError_t make_wgmma_maps(const GemmW4A16Args& args, int box_rows, int64_t til
 }
 
 // Whether blocks of 256 x rows beat blocks of 128 on an m x n output: each SM runs
-// ceil(blocks / SMs) blocks in turn, a wide one taking kWideRowCost times as long per row (one
+// ceil(blocks / SMs) blocks in turn, a wide one taking wide_cost times as long per row (one
 // dequantized A fragment feeds twice the multiply-adds); ties stay narrow.
-constexpr double kWideRowCost = 0.85;  // 0.69-0.78 measured on the H100 (benchmarks/NOTES.md)
-bool wgmma_wide_pays(int64_t m, int64_t n) {
-    return busiest_sm_rows(m, n, WgmmaWide::kBM, kBN) * kWideRowCost <
+constexpr double kWideRowCost = 0.85;  // INT4: 0.69-0.78 measured on the H100 (benchmarks/NOTES.md)
+// The block formats' dequantization costs more per weight, so the wide block's halving of it
+// per row is worth more: 0.70-0.75 measured on the H200 (8192 x 10240, 512 rows; INT4 0.87).
+constexpr double kBlock4WideRowCost = 0.72;
+template <class Format> constexpr double wide_row_cost() {
+    return std::is_same_v<Format, Int4Zp> ? kWideRowCost : kBlock4WideRowCost;
+}
+bool wgmma_wide_pays(int64_t m, int64_t n, double wide_cost) {
+    return busiest_sm_rows(m, n, WgmmaWide::kBM, kBN) * wide_cost <
            busiest_sm_rows(m, n, WgmmaNarrow::kBM, kBN);
 }
 
@@ -678,11 +684,11 @@ template <class Tile> int wgmma_split(int64_t m, int64_t n, int64_t chunks) {
                       tile_cluster_blocks<Tile>);
 }
 
-WgmmaPlan plan_wgmma(int64_t m, int64_t n, int64_t chunks) {
+WgmmaPlan plan_wgmma(int64_t m, int64_t n, int64_t chunks, double wide_cost) {
     int rows = forced_plan_value("CK_GEMM_W4A16_WGMMA_ROWS", {64, 128, 256});
     if (rows == 0)
         rows = m <= kWgmmaShortRows ? kWgmmaShortRows
-               : wgmma_wide_pays(m, n) ? kWgmmaWideRows : kWgmmaNarrowRows;
+               : wgmma_wide_pays(m, n, wide_cost) ? kWgmmaWideRows : kWgmmaNarrowRows;
     const int split = rows == kWgmmaShortRows    ? wgmma_split<WgmmaShort>(m, n, chunks)
                       : rows == kWgmmaNarrowRows ? wgmma_split<WgmmaNarrow>(m, n, chunks)
                                                  : wgmma_split<WgmmaWide>(m, n, chunks);
@@ -709,7 +715,7 @@ namespace {
 // A plain or fused Q/K/V call on a weight of one format: the plan, the maps, the launch.
 template <class Format, bool kAsym>
 cudaError_t run_wgmma(const GemmW4A16Args& args, cudaStream_t stream) {
-    const WgmmaPlan plan = plan_wgmma(args.m, args.n, args.chunks);
+    const WgmmaPlan plan = plan_wgmma(args.m, args.n, args.chunks, wide_row_cost<Format>());
     CUtensorMap map_x, map_w;
     const cudaError_t err = make_wgmma_maps(args, plan.rows, args.tiles8, &map_x, &map_w);
     if (err != cudaSuccess) return err;

@@ -581,7 +581,10 @@ CK_API ck_status_t ck_w4a16_prepack(const uint8_t* w_packed, const void* scales,
  * "wgmma" (a compute capability 9.0 GPU, M and K below 2^31), "reference" or "auto" (a variant
  * that cannot serve the call returns CK_STATUS_UNSUPPORTED); CK_GEMM_W4A16_WGMMA_ROWS (64, 128
  * or 256) and CK_GEMM_W4A16_WGMMA_SPLIT (1, 2, 4 or 8) force the wgmma kernel's block rows and
- * blocks per tile (for tests and benchmarks).
+ * blocks per tile; CK_GEMM_W4A16_STREAM_TILES (2, 4 or 8 tiles of 8 output columns per block)
+ * forces the weight-streaming kernel's tile count and CK_GEMM_W4A16_STREAM_WARPS (4, 6 or 8)
+ * caps its warps per block (fewer where that many do not fit the shared memory). For tests and
+ * benchmarks.
  * Requirements: as ck_gemm_w4a16; w_prepacked, scales_prepacked and zeros_prepacked 16-byte
  * aligned. out must not overlap x, the weight, its scales and zeros or the bias. */
 CK_API ck_status_t ck_gemm_w4a16_prepacked(const void* x, ck_dtype_t dtype,
@@ -664,7 +667,7 @@ CK_API ck_status_t ck_block4_prepack(ck_block4_format_t format, const uint8_t* p
  * global scale on the device (required for CK_BLOCK4_NVFP4, NULL for the others).
  * For M <= 16 (sm_80+) the weight-streaming kernel of ck_gemm_w4a16_prepacked reads the weight
  * once; larger M runs that function's Hopper kernel (wgmma, compute capability 9.0 with the
- * sm_90a build; CK_GEMM_W4A16_WGMMA_ROWS and CK_GEMM_W4A16_WGMMA_SPLIT apply to it too), and on
+ * sm_90a build; CK_GEMM_W4A16_WGMMA_* and CK_GEMM_W4A16_STREAM_* apply to them too), and on
  * other GPUs a simple tiled kernel, correct but far from the tensor cores' speed.
  * CK_GEMM_BLOCK4_KERNEL forces a variant: "small_m" (M <= 16, sm_80+), "wgmma" (any M, as
  * above), "reference" or "auto" (an unknown name: CK_STATUS_INVALID_VALUE; a variant that

@@ -495,6 +495,17 @@ def test_non_finite_weights_follow_the_reference(dtype, variant, m, monkeypatch,
     assert_within(got[:, rows], pre, output_tolerance(pre, error32, dtype), f"finite, seed={seed}")
 
 
+def check_twice(call, ctx):
+    """Checks a launched call, then launches it again on poisoned outputs: the same bits (the
+    kernels add their partial sums in a fixed order)."""
+    call.check(ctx)
+    first = call.out.read(ctx).copy()
+    call.poison_outputs()
+    call.launch()
+    call.check(f"{ctx}, second launch")
+    assert_bitwise_equal(call.out.read(ctx), first, f"{ctx}: two launches")
+
+
 # ---------------------------------------------------------------------------------------------
 # The wgmma kernel's plans, forced (CK_GEMM_W4A16_WGMMA_ROWS / _SPLIT apply to the block formats)
 # ---------------------------------------------------------------------------------------------
@@ -521,13 +532,33 @@ def test_wgmma_plans(fmt, blocksize, rows, split, shape, monkeypatch, seed):
                      SOURCE_ROTATION[i % 2], bias=i % 3 != 2,
                      activation=ACTIVATION_ROTATION[i % 2])
     call.launch()
-    ctx = f"wgmma {rows} rows, split {split}, {dtype}, seed={seed}"
-    call.check(ctx)
-    first = call.out.read(ctx).copy()
-    call.poison_outputs()
+    check_twice(call, f"wgmma {rows} rows, split {split}, {dtype}, seed={seed}")
+
+
+# The weight-streaming kernel's block shapes, forced (CK_GEMM_W4A16_STREAM_TILES / _WARPS apply
+# to the block formats): 2, 4 or 8 tiles per block, at most 4, 6 or 8 warps, at the three x row
+# classes; the last tile group partial, K of fewer chunks than warps or of several per warp.
+STREAM_SHAPES = [(1, 136, 4096), (5, 1000, 384), (16, 72, 1024), (16, 264, 128)]
+
+
+@pytest.mark.parametrize("shape", [s for s in STREAM_SHAPES if small_enough(*s)],
+                         ids=lambda v: shape_id(v))
+@pytest.mark.parametrize("warps", [4, 6, 8])
+@pytest.mark.parametrize("tiles", [2, 4, 8])
+@pytest.mark.parametrize("fmt, blocksize", FORMAT_BLOCKS, ids=lambda v: str(v))
+def test_stream_block_shapes(fmt, blocksize, tiles, warps, shape, monkeypatch, seed):
+    use_variant(monkeypatch, "small_m", shape[0])
+    monkeypatch.setenv("CK_GEMM_W4A16_STREAM_TILES", str(tiles))
+    monkeypatch.setenv("CK_GEMM_W4A16_STREAM_WARPS", str(warps))
+    i = STREAM_SHAPES.index(shape) + tiles + warps
+    dtype = ref.BLOCK4_GEMM_DTYPES[i % 2]
+    rng = np.random.default_rng(seed)
+    m, n, k = shape
+    call = make_call(rng, (m, n, fit_k(k, blocksize)), fmt, blocksize, dtype,
+                     SOURCE_ROTATION[i % 2], bias=i % 3 != 2,
+                     activation=ACTIVATION_ROTATION[i % 2])
     call.launch()
-    call.check(f"{ctx}, second launch")
-    assert_bitwise_equal(call.out.read(ctx), first, f"{ctx}: two launches")
+    check_twice(call, f"stream {tiles} tiles, <= {warps} warps, {dtype}, seed={seed}")
 
 
 @pytest.mark.parametrize("m", [17, 64, 65, 200])

@@ -477,6 +477,16 @@ def test_forced_tc_on_the_plain_layout_is_unsupported(kernel, m, monkeypatch, se
     assert_forced_variant_unsupported(call, KERNEL_ENV, kernel, must_say="prepacked")
 
 
+def check_twice(call, ctx):
+    """Checks a launched call, then launches it again on poisoned outputs: the same bits (the
+    kernels add their partial sums in a fixed order)."""
+    _, _, first = call.check(ctx)
+    call.poison_outputs()
+    call.launch()
+    _, _, again = call.check(f"{ctx}, second launch")
+    assert_bitwise_equal(again, first, f"{ctx}: two launches")
+
+
 # The wgmma kernel's three block shapes (64, 128 or 256 rows of x), forced: K of 1 to 8 chunks
 # (96, 128, 256, 384, 1024: the steps of one chunk still in flight while the next is
 # dequantized), partial tiles in M and N, every group size, both modes. Its automatic choice
@@ -524,11 +534,36 @@ def test_wgmma_split_k(split, shape, mode, dtype, monkeypatch, seed):
     call = make_call(rng, shape, dtype, mode, group_size, "codes", bias=i % 2 == 0,
                      activation=ACTIVATION_ROTATION[i % 2], prepacked=True)
     call.launch()
-    _, _, first = call.check(f"wgmma split {split}, seed={seed}")
-    call.poison_outputs()
+    check_twice(call, f"wgmma split {split}, seed={seed}")
+
+
+# The weight-streaming kernel's block shapes, forced: 2, 4 or 8 tiles of 8 columns per block
+# (CK_GEMM_W4A16_STREAM_TILES) and at most 4, 6 or 8 warps (CK_GEMM_W4A16_STREAM_WARPS), at the
+# three x row classes (1, 8 and 16 rows); N leaves the last tile group partial or one tile
+# group alone, K gives fewer chunks than warps (96, 384) or several per warp (4096). Two
+# launches on the same inputs give the same bits (the warps' partial sums add in a fixed order).
+STREAM_TILES_ENV = "CK_GEMM_W4A16_STREAM_TILES"
+STREAM_WARPS_ENV = "CK_GEMM_W4A16_STREAM_WARPS"
+STREAM_SHAPES = [(1, 136, 4096), (5, 1000, 384), (16, 72, 1024), (9, 264, 96), (16, 520, 4096)]
+
+
+@pytest.mark.parametrize("mode", ref.INT4_MODES)
+@pytest.mark.parametrize("shape", [s for s in STREAM_SHAPES if small_enough(*s)], ids=shape_id)
+@pytest.mark.parametrize("warps", [4, 6, 8])
+@pytest.mark.parametrize("tiles", [2, 4, 8])
+def test_stream_block_shapes(tiles, warps, shape, mode, monkeypatch, seed):
+    use_variant(monkeypatch, ("packed", "small_m"), shape[0])
+    monkeypatch.setenv(STREAM_TILES_ENV, str(tiles))
+    monkeypatch.setenv(STREAM_WARPS_ENV, str(warps))
+    rng = np.random.default_rng(seed)
+    i = STREAM_SHAPES.index(shape) + tiles + warps
+    dtype = ref.W4A16_DTYPES[i % 2]
+    group_size = ref.INT4_GROUP_SIZES[i % len(ref.INT4_GROUP_SIZES)]
+    call = make_call(rng, shape, dtype, mode, group_size, "codes", bias=i % 3 != 0,
+                     activation=ACTIVATION_ROTATION[i % 2], prepacked=True)
     call.launch()
-    _, _, again = call.check(f"wgmma split {split}, second launch, seed={seed}")
-    assert_bitwise_equal(again, first, f"wgmma split {split}: two launches, seed={seed}")
+    check_twice(call, f"stream {tiles} tiles, <= {warps} warps, {dtype}, g{group_size}, "
+                      f"seed={seed}")
 
 
 @pytest.mark.parametrize("m", [17, 64, 65, 200])

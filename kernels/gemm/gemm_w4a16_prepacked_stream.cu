@@ -636,11 +636,13 @@ constexpr double kXTrafficCost = 0.2;
 // groups / (slots * rounds), divided by 1 + kXTrafficCost * (x bytes read from L2 per weight
 // byte).
 inline StreamPlan plan_for(int tiles, int x_rows, bool asym, int unit_bytes, int64_t m,
-                           int64_t n_tiles, int slots, int smem_limit, int stages) {
+                           int64_t n_tiles, int slots, int smem_limit, int stages,
+                           int forced_warps) {
     StreamPlan p;
     p.tiles = tiles;
     p.stages = stages;
     for (int warps : kWarpChoices) {
+        if (forced_warps != 0 && warps > forced_warps) continue;
         const int bytes = warps * stages * stage_layout(tiles, x_rows, asym, unit_bytes).bytes +
                           partial_floats(warps, tiles, x_rows) * int(sizeof(float));
         if (bytes <= smem_limit) {
@@ -695,7 +697,9 @@ cudaError_t launch_rows(const GemmW4A16Args& a, const StreamLaunch& l, cudaStrea
 // The plan of the widest-scoring tile count for x_rows rows on `sms` SMs whose blocks may opt
 // in to smem_limit bytes each (score -1: none fits). unit_bytes: the bytes of a scale unit;
 // extra_smem: bytes a block takes beyond the plan's (a block format's table), added to the
-// plan's smem.
+// plan's smem. CK_GEMM_W4A16_STREAM_TILES (2, 4, 8) forces the tile count and
+// CK_GEMM_W4A16_STREAM_WARPS (4, 6, 8) caps the warps per block (cuda_kernels.h): the shapes
+// weighed shrink, and the smallest (2 tiles, 4 warps) is always among them.
 inline StreamPlan best_plan(const GemmW4A16Args& a, int x_rows, int64_t m, int sms, int smem_limit,
                             int unit_bytes = kInt4UnitBytes, int extra_smem = 0,
                             int stages = kStages) {
@@ -704,10 +708,13 @@ inline StreamPlan best_plan(const GemmW4A16Args& a, int x_rows, int64_t m, int s
     const int blocks = stream_blocks_per_sm(x_rows);
     const int per_block =
         (smem_limit + kReservedPerBlock) / blocks - kReservedPerBlock - extra_smem;
+    const int forced_tiles = forced_plan_value("CK_GEMM_W4A16_STREAM_TILES", {2, 4, 8});
+    const int forced_warps = forced_plan_value("CK_GEMM_W4A16_STREAM_WARPS", {4, 6, 8});
     StreamPlan best;
     for (int tiles : kTileChoices) {
+        if (forced_tiles != 0 && tiles != forced_tiles) continue;
         const StreamPlan p = plan_for(tiles, x_rows, a.zeros != nullptr, unit_bytes, m, a.tiles8,
-                                      sms * blocks, per_block, stages);
+                                      sms * blocks, per_block, stages, forced_warps);
         if (p.score > best.score) best = p;  // ties go to the wider tile group (listed first)
     }
     best.smem += extra_smem;

@@ -629,14 +629,25 @@ constexpr int kWarpChoices[] = {kMaxWarps, 6, 4};
 // wants 8 tiles on N >= 14336 and 4 on N = 4096.
 constexpr double kXTrafficCost = 0.2;
 
+// One x row: a warp's step costs about as much for up to kOneRowStepTiles tiles as for that
+// many (the copies' round trip bounds it), and its tiles' worth past that (their
+// dequantization). See plan_for.
+constexpr int kOneRowStepTiles = 3;
+
 // The plan for one tile count, or score -1 when no block shape fits the shared memory.
 // Persistent blocks over tile groups (the pipeline fills once per block, not once per tile
 // group), `slots` of them at most; warps: the most of kWarpChoices whose rings of `stages`
-// stages and reduction buffer fit `smem_limit`. Score: the share of block time spent streaming,
-// groups / (slots * rounds), divided by 1 + kXTrafficCost * (x bytes read from L2 per weight
-// byte).
+// stages and reduction buffer fit `smem_limit`. Score, higher is better:
+//   - several x rows: the share of block time spent streaming, groups / (slots * rounds),
+//     divided by 1 + kXTrafficCost * (x bytes read from L2 per weight byte);
+//   - one x row (two blocks per SM, each bound by its copies' latency): 1 / the busiest
+//     block's time, rounds * steps per warp and tile group * max(tiles, kOneRowStepTiles). An
+//     H200 sweep of every tile and warp count (M = 1, K 4096 ... 14336, N 4096 ... 28672) found
+//     the share above choosing 2 tiles in 3 to 7 rounds where 4 or 8 tiles in 2 rounds took
+//     12-22% less (8192 x 10240: 21.8 -> 18.1 us); this estimate picks within 6% of the
+//     fastest shape on all of them.
 inline StreamPlan plan_for(int tiles, int x_rows, bool asym, int unit_bytes, int64_t m,
-                           int64_t n_tiles, int slots, int smem_limit, int stages,
+                           int64_t n_tiles, int64_t chunks, int slots, int smem_limit, int stages,
                            int forced_warps) {
     StreamPlan p;
     p.tiles = tiles;
@@ -655,6 +666,11 @@ inline StreamPlan plan_for(int tiles, int x_rows, bool asym, int unit_bytes, int
     const int64_t groups = ceil_div(n_tiles, tiles);
     p.grid = std::min<int64_t>(groups, slots);
     const int64_t rounds = ceil_div(groups, slots);
+    if (x_rows == 1) {
+        const int64_t steps = ceil_div(chunks, int64_t(p.warps));
+        p.score = 1.0 / (double(rounds) * double(steps) * std::max(tiles, kOneRowStepTiles));
+        return p;
+    }
     const double busy = double(groups) / double(int64_t(slots) * rounds);
     // Per chunk a block reads m x rows of 128 k (2 bytes each) against tiles * 512 weight bytes.
     const double x_per_weight = double(m) * kPackK * 2 / (double(tiles) * kPackTileBytes);
@@ -714,7 +730,7 @@ inline StreamPlan best_plan(const GemmW4A16Args& a, int x_rows, int64_t m, int s
     for (int tiles : kTileChoices) {
         if (forced_tiles != 0 && tiles != forced_tiles) continue;
         const StreamPlan p = plan_for(tiles, x_rows, a.zeros != nullptr, unit_bytes, m, a.tiles8,
-                                      sms * blocks, per_block, stages, forced_warps);
+                                      a.chunks, sms * blocks, per_block, stages, forced_warps);
         if (p.score > best.score) best = p;  // ties go to the wider tile group (listed first)
     }
     best.smem += extra_smem;

@@ -581,10 +581,10 @@ CK_API ck_status_t ck_w4a16_prepack(const uint8_t* w_packed, const void* scales,
  * "wgmma" (a compute capability 9.0 GPU, M and K below 2^31), "reference" or "auto" (a variant
  * that cannot serve the call returns CK_STATUS_UNSUPPORTED); CK_GEMM_W4A16_WGMMA_ROWS (64, 128
  * or 256) and CK_GEMM_W4A16_WGMMA_SPLIT (1, 2, 4 or 8) force the wgmma kernel's block rows and
- * blocks per tile; CK_GEMM_W4A16_STREAM_TILES (2, 4 or 8 tiles of 8 output columns per block)
- * forces the weight-streaming kernel's tile count and CK_GEMM_W4A16_STREAM_WARPS (4, 6 or 8)
- * caps its warps per block (fewer where that many do not fit the shared memory). For tests and
- * benchmarks.
+ * blocks per tile; CK_GEMM_W4A16_STREAM_TILES (2, 4, 6 or 8 tiles of 8 output columns per
+ * block) forces the weight-streaming kernel's tile count and CK_GEMM_W4A16_STREAM_WARPS (4, 6
+ * or 8) caps its warps per block (fewer where that many do not fit the shared memory; the MoE
+ * entry points read neither). For tests and benchmarks.
  * Requirements: as ck_gemm_w4a16; w_prepacked, scales_prepacked and zeros_prepacked 16-byte
  * aligned. out must not overlap x, the weight, its scales and zeros or the bias. */
 CK_API ck_status_t ck_gemm_w4a16_prepacked(const void* x, ck_dtype_t dtype,

@@ -536,15 +536,15 @@ def test_wgmma_plans(fmt, blocksize, rows, split, shape, monkeypatch, seed):
 
 
 # The weight-streaming kernel's block shapes, forced (CK_GEMM_W4A16_STREAM_TILES / _WARPS apply
-# to the block formats): 2, 4 or 8 tiles per block, at most 4, 6 or 8 warps, at the three x row
-# classes; the last tile group partial, K of fewer chunks than warps or of several per warp.
+# to the block formats): 2, 4, 6 or 8 tiles per block, at most 4, 6 or 8 warps, at the three x
+# row classes; the last tile group partial, K of fewer chunks than warps or of several per warp.
 STREAM_SHAPES = [(1, 136, 4096), (5, 1000, 384), (16, 72, 1024), (16, 264, 128)]
 
 
 @pytest.mark.parametrize("shape", [s for s in STREAM_SHAPES if small_enough(*s)],
                          ids=lambda v: shape_id(v))
 @pytest.mark.parametrize("warps", [4, 6, 8])
-@pytest.mark.parametrize("tiles", [2, 4, 8])
+@pytest.mark.parametrize("tiles", [2, 4, 6, 8])
 @pytest.mark.parametrize("fmt, blocksize", FORMAT_BLOCKS, ids=lambda v: str(v))
 def test_stream_block_shapes(fmt, blocksize, tiles, warps, shape, monkeypatch, seed):
     use_variant(monkeypatch, "small_m", shape[0])

@@ -537,7 +537,7 @@ def test_wgmma_split_k(split, shape, mode, dtype, monkeypatch, seed):
     check_twice(call, f"wgmma split {split}, seed={seed}")
 
 
-# The weight-streaming kernel's block shapes, forced: 2, 4 or 8 tiles of 8 columns per block
+# The weight-streaming kernel's block shapes, forced: 2, 4, 6 or 8 tiles of 8 columns
 # (CK_GEMM_W4A16_STREAM_TILES) and at most 4, 6 or 8 warps (CK_GEMM_W4A16_STREAM_WARPS), at the
 # three x row classes (1, 8 and 16 rows); N leaves the last tile group partial or one tile
 # group alone, K gives fewer chunks than warps (96, 384) or several per warp (4096). Two
@@ -550,7 +550,7 @@ STREAM_SHAPES = [(1, 136, 4096), (5, 1000, 384), (16, 72, 1024), (9, 264, 96), (
 @pytest.mark.parametrize("mode", ref.INT4_MODES)
 @pytest.mark.parametrize("shape", [s for s in STREAM_SHAPES if small_enough(*s)], ids=shape_id)
 @pytest.mark.parametrize("warps", [4, 6, 8])
-@pytest.mark.parametrize("tiles", [2, 4, 8])
+@pytest.mark.parametrize("tiles", [2, 4, 6, 8])
 def test_stream_block_shapes(tiles, warps, shape, mode, monkeypatch, seed):
     use_variant(monkeypatch, ("packed", "small_m"), shape[0])
     monkeypatch.setenv(STREAM_TILES_ENV, str(tiles))

@@ -49,7 +49,9 @@
 // + out M*N*2 (+ bias N*2); time >= bytes / copy bandwidth (H100 SXM ~3.0 TB/s): N=28672
 // K=8192 g128 M=1: 117.4 + 3.7 (+1.8) MB -> ~40 us; N=4096 K=4096: 8.4 + 0.26 MB -> ~2.9 us.
 // flops = 2*M*N*K (negligible: ~1% of the tensor cores at M=16).
+#include <algorithm>
 #include <atomic>
+#include <iterator>
 
 #include "kernels/core/dequant.cuh"
 #include "kernels/core/epilogue.cuh"
@@ -616,8 +618,13 @@ struct StreamPlan {
 };
 
 // Tile counts the launcher weighs, widest first. Wider tile groups read x fewer times per
-// weight byte; narrower ones cut the last round of tile groups finer.
-constexpr int kTileChoices[] = {8, 4, 2};
+// weight byte; narrower ones cut the last round of tile groups finer. 6 fills a round of the
+// SMs where the powers of two leave a quarter of them idle or start a second round (N = 6144:
+// 128 groups of 6 tiles on 132 SMs, against 96 of 8 or 192 of 4; H200, M = 16: NF4 18.2 ->
+// 14.3 us, INT4 12.1 -> 11.0). A grouped (MoE) call keeps the powers of two: its 6-tile
+// blocks took 5-32% longer (Mixtral and 64 experts at T = 1 and 16, forced).
+constexpr int kTileChoices[] = {8, 6, 4, 2};
+constexpr int kGroupedTileChoices[] = {8, 4, 2};
 
 // Warps per block the launcher weighs, most first: more warps hide the dequantization's
 // latencies better.
@@ -645,7 +652,8 @@ constexpr int kOneRowStepTiles = 3;
 //     H200 sweep of every tile and warp count (M = 1, K 4096 ... 14336, N 4096 ... 28672) found
 //     the share above choosing 2 tiles in 3 to 7 rounds where 4 or 8 tiles in 2 rounds took
 //     12-22% less (8192 x 10240: 21.8 -> 18.1 us); this estimate picks within 6% of the
-//     fastest shape on all of them.
+//     fastest shape on all of them (with 6 tiles weighed too: within 9%, MXFP4 on 8192 x
+//     10240 the farthest).
 inline StreamPlan plan_for(int tiles, int x_rows, bool asym, int unit_bytes, int64_t m,
                            int64_t n_tiles, int64_t chunks, int slots, int smem_limit, int stages,
                            int forced_warps) {
@@ -704,6 +712,10 @@ template <typename T, int kXRows, bool kAsym, int kMoe = kMoeDense, class Format
 cudaError_t launch_rows(const GemmW4A16Args& a, const StreamLaunch& l, cudaStream_t stream) {
     switch (l.plan.tiles) {
         case 8: return launch_stream<T, 8, kXRows, kAsym, kMoe, Format>(a, l, stream);
+        case 6:
+            if constexpr (!grouped_rows(kMoe))
+                return launch_stream<T, 6, kXRows, kAsym, kMoe, Format>(a, l, stream);
+            return cudaErrorInvalidConfiguration;
         case 4: return launch_stream<T, 4, kXRows, kAsym, kMoe, Format>(a, l, stream);
         case 2: return launch_stream<T, 2, kXRows, kAsym, kMoe, Format>(a, l, stream);
         default: return cudaErrorInvalidConfiguration;
@@ -713,22 +725,28 @@ cudaError_t launch_rows(const GemmW4A16Args& a, const StreamLaunch& l, cudaStrea
 // The plan of the widest-scoring tile count for x_rows rows on `sms` SMs whose blocks may opt
 // in to smem_limit bytes each (score -1: none fits). unit_bytes: the bytes of a scale unit;
 // extra_smem: bytes a block takes beyond the plan's (a block format's table), added to the
-// plan's smem. CK_GEMM_W4A16_STREAM_TILES (2, 4, 8) forces the tile count and
-// CK_GEMM_W4A16_STREAM_WARPS (4, 6, 8) caps the warps per block (cuda_kernels.h): the shapes
-// weighed shrink, and the smallest (2 tiles, 4 warps) is always among them.
+// plan's smem. A dense call (grouped false): CK_GEMM_W4A16_STREAM_TILES (2, 4, 6, 8) forces
+// the tile count and CK_GEMM_W4A16_STREAM_WARPS (4, 6, 8) caps the warps per block
+// (cuda_kernels.h): the shapes weighed shrink, and the smallest (2 tiles, 4 warps) is always
+// among them. A grouped call weighs kGroupedTileChoices and reads neither.
 inline StreamPlan best_plan(const GemmW4A16Args& a, int x_rows, int64_t m, int sms, int smem_limit,
                             int unit_bytes = kInt4UnitBytes, int extra_smem = 0,
-                            int stages = kStages) {
+                            int stages = kStages, bool grouped = false) {
     // Blocks of an SM share its shared memory, less the 1 KB the runtime reserves per block.
     constexpr int kReservedPerBlock = 1024;
     const int blocks = stream_blocks_per_sm(x_rows);
     const int per_block =
         (smem_limit + kReservedPerBlock) / blocks - kReservedPerBlock - extra_smem;
-    const int forced_tiles = forced_plan_value("CK_GEMM_W4A16_STREAM_TILES", {2, 4, 8});
-    const int forced_warps = forced_plan_value("CK_GEMM_W4A16_STREAM_WARPS", {4, 6, 8});
+    const int forced_tiles =
+        grouped ? 0 : forced_plan_value("CK_GEMM_W4A16_STREAM_TILES", {2, 4, 6, 8});
+    const int forced_warps =
+        grouped ? 0 : forced_plan_value("CK_GEMM_W4A16_STREAM_WARPS", {4, 6, 8});
     StreamPlan best;
     for (int tiles : kTileChoices) {
         if (forced_tiles != 0 && tiles != forced_tiles) continue;
+        if (grouped && std::find(std::begin(kGroupedTileChoices), std::end(kGroupedTileChoices),
+                                 tiles) == std::end(kGroupedTileChoices))
+            continue;
         const StreamPlan p = plan_for(tiles, x_rows, a.zeros != nullptr, unit_bytes, m, a.tiles8,
                                       a.chunks, sms * blocks, per_block, stages, forced_warps);
         if (p.score > best.score) best = p;  // ties go to the wider tile group (listed first)
@@ -778,7 +796,7 @@ cudaError_t gemm_w4a16_prepacked_stream_grouped(const GemmW4A16Args& args, MoeMo
     // (the blocks of experts with rows come first in the grid; the others leave at once).
     const int share = int(std::max<int64_t>(1, std::max(sm_count(), 1) / std::max<int64_t>(active_experts, 1)));
     const StreamLaunch l{best_plan(args, kMoeBlockRows, kMoeBlockRows, share, max_smem_optin(),
-                                   kInt4UnitBytes, 0, kGroupedStages),
+                                   kInt4UnitBytes, 0, kGroupedStages, true),
                          max_smem_optin(), blocks, rows};
     if (l.plan.score < 0) return cudaErrorNotSupported;
     return dispatch_half_dtype(args.dtype, [&](auto tag) {

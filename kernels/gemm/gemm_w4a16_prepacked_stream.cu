@@ -636,10 +636,13 @@ constexpr int kWarpChoices[] = {kMaxWarps, 6, 4};
 // wants 8 tiles on N >= 14336 and 4 on N = 4096.
 constexpr double kXTrafficCost = 0.2;
 
-// One x row: a warp's step costs about as much for up to kOneRowStepTiles tiles as for that
-// many (the copies' round trip bounds it), and its tiles' worth past that (their
-// dequantization). See plan_for.
+// One x row: a warp's step costs about as much for up to kOneRowStepTiles tiles on its SM as
+// for that many (the copies' round trip bounds it), and their tiles' worth past that (their
+// dequantization, the SM's share of the bandwidth); a tile group costs kOneRowGroupCost such
+// tile-steps besides (the warps' reduction, the stores, the ring's turn to the next group).
+// See plan_for.
 constexpr int kOneRowStepTiles = 3;
+constexpr double kOneRowGroupCost = 32;
 
 // The plan for one tile count, or score -1 when no block shape fits the shared memory.
 // Persistent blocks over tile groups (the pipeline fills once per block, not once per tile
@@ -648,12 +651,13 @@ constexpr int kOneRowStepTiles = 3;
 //   - several x rows: the share of block time spent streaming, groups / (slots * rounds),
 //     divided by 1 + kXTrafficCost * (x bytes read from L2 per weight byte);
 //   - one x row (two blocks per SM, each bound by its copies' latency): 1 / the busiest
-//     block's time, rounds * steps per warp and tile group * max(tiles, kOneRowStepTiles). An
-//     H200 sweep of every tile and warp count (M = 1, K 4096 ... 14336, N 4096 ... 28672) found
-//     the share above choosing 2 tiles in 3 to 7 rounds where 4 or 8 tiles in 2 rounds took
-//     12-22% less (8192 x 10240: 21.8 -> 18.1 us); this estimate picks within 6% of the
-//     fastest shape on all of them (with 6 tiles weighed too: within 9%, MXFP4 on 8192 x
-//     10240 the farthest).
+//     SM's time, rounds * (steps per warp and tile group * max(tiles * its blocks,
+//     kOneRowStepTiles) + kOneRowGroupCost). An H200 sweep of every tile and warp count
+//     (M = 1, K 4096 ... 14336, N 4096 ... 28672) found the share above choosing 2 tiles in 3
+//     to 7 rounds where 4 or 8 tiles in 2 rounds took 12-22% less (8192 x 10240: 21.8 -> 18.1
+//     us), and 6 tiles, one block on each SM, 4-8% faster than 4 tiles, two blocks on half of
+//     them (4096 x 6144); this estimate picks within 8% of the fastest shape on every row
+//     (MXFP4 on 8192 x 10240 the farthest), 1.3% on average.
 inline StreamPlan plan_for(int tiles, int x_rows, bool asym, int unit_bytes, int64_t m,
                            int64_t n_tiles, int64_t chunks, int slots, int smem_limit, int stages,
                            int forced_warps) {
@@ -675,8 +679,10 @@ inline StreamPlan plan_for(int tiles, int x_rows, bool asym, int unit_bytes, int
     p.grid = std::min<int64_t>(groups, slots);
     const int64_t rounds = ceil_div(groups, slots);
     if (x_rows == 1) {
+        const int64_t sm_blocks = ceil_div(p.grid, int64_t(slots / stream_blocks_per_sm(x_rows)));
         const int64_t steps = ceil_div(chunks, int64_t(p.warps));
-        p.score = 1.0 / (double(rounds) * double(steps) * std::max(tiles, kOneRowStepTiles));
+        const int64_t step_tiles = std::max<int64_t>(tiles * sm_blocks, kOneRowStepTiles);
+        p.score = 1.0 / (double(rounds) * (double(steps * step_tiles) + kOneRowGroupCost));
         return p;
     }
     const double busy = double(groups) / double(int64_t(slots) * rounds);

@@ -495,9 +495,22 @@ def test_non_finite_weights_follow_the_reference(dtype, variant, m, monkeypatch,
     assert_within(got[:, rows], pre, output_tolerance(pre, error32, dtype), f"finite, seed={seed}")
 
 
-def check_twice(call, ctx):
-    """Checks a launched call, then launches it again on poisoned outputs: the same bits (the
-    kernels add their partial sums in a fixed order)."""
+def check_forced_plan(monkeypatch, seed, variant, overrides, i, shape, fmt, blocksize, what):
+    """Forces the variant and the plan's overrides ({variable: value}), then launches a call of
+    `shape` (K fitted to the block) twice, the second time on poisoned outputs: right both times
+    and the same bits (the kernels add their partial sums in a fixed order). i rotates the
+    dtype, the weight's source, the bias and the activation."""
+    use_variant(monkeypatch, variant, shape[0])
+    for name, value in overrides.items():
+        monkeypatch.setenv(name, str(value))
+    dtype = ref.BLOCK4_GEMM_DTYPES[i % 2]
+    rng = np.random.default_rng(seed)
+    m, n, k = shape
+    call = make_call(rng, (m, n, fit_k(k, blocksize)), fmt, blocksize, dtype,
+                     SOURCE_ROTATION[i % 2], bias=i % 3 != 2,
+                     activation=ACTIVATION_ROTATION[i % 2])
+    ctx = f"{what}, {dtype}, seed={seed}"
+    call.launch()
     call.check(ctx)
     first = call.out.read(ctx).copy()
     call.poison_outputs()
@@ -521,18 +534,10 @@ WGMMA_PLANS = [(64, 1, (37, 136, 1024)), (64, 4, (5, 1000, 1024)), (64, 8, (64, 
                          ids=lambda v: shape_id(v) if isinstance(v, tuple) else str(v))
 @pytest.mark.parametrize("fmt, blocksize", FORMAT_BLOCKS, ids=lambda v: str(v))
 def test_wgmma_plans(fmt, blocksize, rows, split, shape, monkeypatch, seed):
-    use_variant(monkeypatch, "wgmma", shape[0])
-    monkeypatch.setenv("CK_GEMM_W4A16_WGMMA_ROWS", str(rows))
-    monkeypatch.setenv("CK_GEMM_W4A16_WGMMA_SPLIT", str(split))
-    i = WGMMA_PLANS.index((rows, split, shape))
-    dtype = ref.BLOCK4_GEMM_DTYPES[i % 2]
-    rng = np.random.default_rng(seed)
-    m, n, k = shape
-    call = make_call(rng, (m, n, fit_k(k, blocksize)), fmt, blocksize, dtype,
-                     SOURCE_ROTATION[i % 2], bias=i % 3 != 2,
-                     activation=ACTIVATION_ROTATION[i % 2])
-    call.launch()
-    check_twice(call, f"wgmma {rows} rows, split {split}, {dtype}, seed={seed}")
+    check_forced_plan(monkeypatch, seed, "wgmma",
+                      {"CK_GEMM_W4A16_WGMMA_ROWS": rows, "CK_GEMM_W4A16_WGMMA_SPLIT": split},
+                      WGMMA_PLANS.index((rows, split, shape)), shape, fmt, blocksize,
+                      f"wgmma {rows} rows, split {split}")
 
 
 # The weight-streaming kernel's block shapes, forced (CK_GEMM_W4A16_STREAM_TILES / _WARPS apply
@@ -547,18 +552,10 @@ STREAM_SHAPES = [(1, 136, 4096), (5, 1000, 384), (16, 72, 1024), (16, 264, 128)]
 @pytest.mark.parametrize("tiles", [2, 4, 6, 8])
 @pytest.mark.parametrize("fmt, blocksize", FORMAT_BLOCKS, ids=lambda v: str(v))
 def test_stream_block_shapes(fmt, blocksize, tiles, warps, shape, monkeypatch, seed):
-    use_variant(monkeypatch, "small_m", shape[0])
-    monkeypatch.setenv("CK_GEMM_W4A16_STREAM_TILES", str(tiles))
-    monkeypatch.setenv("CK_GEMM_W4A16_STREAM_WARPS", str(warps))
-    i = STREAM_SHAPES.index(shape) + tiles + warps
-    dtype = ref.BLOCK4_GEMM_DTYPES[i % 2]
-    rng = np.random.default_rng(seed)
-    m, n, k = shape
-    call = make_call(rng, (m, n, fit_k(k, blocksize)), fmt, blocksize, dtype,
-                     SOURCE_ROTATION[i % 2], bias=i % 3 != 2,
-                     activation=ACTIVATION_ROTATION[i % 2])
-    call.launch()
-    check_twice(call, f"stream {tiles} tiles, <= {warps} warps, {dtype}, seed={seed}")
+    check_forced_plan(monkeypatch, seed, "small_m",
+                      {"CK_GEMM_W4A16_STREAM_TILES": tiles, "CK_GEMM_W4A16_STREAM_WARPS": warps},
+                      STREAM_SHAPES.index(shape) + tiles + warps, shape, fmt, blocksize,
+                      f"stream {tiles} tiles, <= {warps} warps")
 
 
 @pytest.mark.parametrize("m", [17, 64, 65, 200])

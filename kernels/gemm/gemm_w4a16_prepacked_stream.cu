@@ -49,9 +49,7 @@
 // + out M*N*2 (+ bias N*2); time >= bytes / copy bandwidth (H100 SXM ~3.0 TB/s): N=28672
 // K=8192 g128 M=1: 117.4 + 3.7 (+1.8) MB -> ~40 us; N=4096 K=4096: 8.4 + 0.26 MB -> ~2.9 us.
 // flops = 2*M*N*K (negligible: ~1% of the tensor cores at M=16).
-#include <algorithm>
 #include <atomic>
-#include <iterator>
 
 #include "kernels/core/dequant.cuh"
 #include "kernels/core/epilogue.cuh"
@@ -624,7 +622,7 @@ struct StreamPlan {
 // 14.3 us, INT4 12.1 -> 11.0). A grouped (MoE) call keeps the powers of two: its 6-tile
 // blocks took 5-32% longer (Mixtral and 64 experts at T = 1 and 16, forced).
 constexpr int kTileChoices[] = {8, 6, 4, 2};
-constexpr int kGroupedTileChoices[] = {8, 4, 2};
+constexpr int kDenseOnlyTiles = 6;
 
 // Warps per block the launcher weighs, most first: more warps hide the dequantization's
 // latencies better.
@@ -718,9 +716,9 @@ template <typename T, int kXRows, bool kAsym, int kMoe = kMoeDense, class Format
 cudaError_t launch_rows(const GemmW4A16Args& a, const StreamLaunch& l, cudaStream_t stream) {
     switch (l.plan.tiles) {
         case 8: return launch_stream<T, 8, kXRows, kAsym, kMoe, Format>(a, l, stream);
-        case 6:
+        case kDenseOnlyTiles:
             if constexpr (!grouped_rows(kMoe))
-                return launch_stream<T, 6, kXRows, kAsym, kMoe, Format>(a, l, stream);
+                return launch_stream<T, kDenseOnlyTiles, kXRows, kAsym, kMoe, Format>(a, l, stream);
             return cudaErrorInvalidConfiguration;
         case 4: return launch_stream<T, 4, kXRows, kAsym, kMoe, Format>(a, l, stream);
         case 2: return launch_stream<T, 2, kXRows, kAsym, kMoe, Format>(a, l, stream);
@@ -734,7 +732,7 @@ cudaError_t launch_rows(const GemmW4A16Args& a, const StreamLaunch& l, cudaStrea
 // plan's smem. A dense call (grouped false): CK_GEMM_W4A16_STREAM_TILES (2, 4, 6, 8) forces
 // the tile count and CK_GEMM_W4A16_STREAM_WARPS (4, 6, 8) caps the warps per block
 // (cuda_kernels.h): the shapes weighed shrink, and the smallest (2 tiles, 4 warps) is always
-// among them. A grouped call weighs kGroupedTileChoices and reads neither.
+// among them. A grouped call weighs the choices but kDenseOnlyTiles and reads neither.
 inline StreamPlan best_plan(const GemmW4A16Args& a, int x_rows, int64_t m, int sms, int smem_limit,
                             int unit_bytes = kInt4UnitBytes, int extra_smem = 0,
                             int stages = kStages, bool grouped = false) {
@@ -750,9 +748,7 @@ inline StreamPlan best_plan(const GemmW4A16Args& a, int x_rows, int64_t m, int s
     StreamPlan best;
     for (int tiles : kTileChoices) {
         if (forced_tiles != 0 && tiles != forced_tiles) continue;
-        if (grouped && std::find(std::begin(kGroupedTileChoices), std::end(kGroupedTileChoices),
-                                 tiles) == std::end(kGroupedTileChoices))
-            continue;
+        if (grouped && tiles == kDenseOnlyTiles) continue;
         const StreamPlan p = plan_for(tiles, x_rows, a.zeros != nullptr, unit_bytes, m, a.tiles8,
                                       a.chunks, sms * blocks, per_block, stages, forced_warps);
         if (p.score > best.score) best = p;  // ties go to the wider tile group (listed first)

@@ -57,8 +57,10 @@ constexpr uint32_t kSymmetricZero = 8;
 // bf16).
 template <typename T>
 constexpr uint32_t kInt4Magic = std::is_same_v<T, __half> ? 0x6400u : 0x4300u;
+// (A zero point of 0 .. 16 shares no bit with the magic, so magic | zero = magic + zero: one
+// multiply-add where the OR and the multiply were two instructions per group.)
 template <typename T> __host__ __device__ constexpr uint32_t int4_pair_sub(uint32_t zero) {
-    return (kInt4Magic<T> | zero) * 0x10001u;
+    return zero * 0x10001u + kInt4Magic<T> * 0x10001u;
 }
 
 template <typename T>
@@ -73,7 +75,7 @@ __device__ __forceinline__ void dequant_int4_word<__half>(uint32_t q, uint32_t z
     constexpr uint32_t kMagic = kInt4Magic<__half> * 0x10001u;  // 1024, 1024
     constexpr uint32_t kSixteenth = 0x2c002c00u;               // 1/16, 1/16
     const __half2 sub = as_pair<__half>(int4_pair_sub<__half>(zero));          // 1024 + zero
-    const __half2 add = as_pair<__half>((0xd400u | (zero << 4)) * 0x10001u);   // -(64 + zero)
+    const __half2 add = as_pair<__half>(zero * 0x100010u + 0xd400d400u);      // -(64 + zero)
     const __half2 mul = as_pair<__half>(kSixteenth);
     const __half2 s = as_pair<__half>(scale2);
     const uint32_t q8 = q >> 8;

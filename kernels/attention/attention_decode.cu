@@ -151,9 +151,10 @@ struct PageWindow {
 // The cache row (position row of Hkv heads, times Hkv, plus the head) of key position `pos` on
 // page `page` (paged) or of sequence b (contiguous). Paged: page (Hkv << page_shift) + (pos %
 // page_size) Hkv + h, where the page's stride and the row within it fit 32 bits (page_size <=
-// 2^16 and Hkv < 2^16 keep both below 2^32), so one wide multiply-add makes the row: this runs
-// for every row of every tile, and the 64-bit shift, add and multiply it replaces were most of
-// the instructions a paged cache of codes executed beyond a contiguous one (ncu, H200: +9.5%).
+// 2^16 and Hkv < 2^16 keep both below 2^32), so one wide multiply-add makes the row. It runs for
+// every row of every tile, where a contiguous row only advances by a constant: the 64-bit
+// shift, add and multiply it replaces were most of a paged cache's extra instructions in the
+// codes' issue-bound loop (benchmarks/NOTES.md).
 static_assert(kDecodeMaxPageSize <= (int64_t(1) << 16) && kDecodeMaxHeads < (int64_t(1) << 16),
               "a page's rows and a row within a page fit 32 bits");
 __device__ __forceinline__ int64_t paged_row(const DecodeArgs& a, int h, int page, int pos) {

@@ -57,8 +57,8 @@ constexpr uint32_t kSymmetricZero = 8;
 // bf16).
 template <typename T>
 constexpr uint32_t kInt4Magic = std::is_same_v<T, __half> ? 0x6400u : 0x4300u;
-// (A zero point of 0 .. 16 shares no bit with the magic, so magic | zero = magic + zero: one
-// multiply-add where the OR and the multiply were two instructions per group.)
+// (A zero point of 0 .. 16 shares no bit with the magic, nor 16 zero with dequant_int4_word's
+// 0xd400, so the sums are the ORs they replace: one multiply-add per constant and group.)
 template <typename T> __host__ __device__ constexpr uint32_t int4_pair_sub(uint32_t zero) {
     return zero * 0x10001u + kInt4Magic<T> * 0x10001u;
 }

@@ -618,9 +618,8 @@ struct StreamPlan {
 // Tile counts the launcher weighs, widest first. Wider tile groups read x fewer times per
 // weight byte; narrower ones cut the last round of tile groups finer. 6 fills a round of the
 // SMs where the powers of two leave a quarter of them idle or start a second round (N = 6144:
-// 128 groups of 6 tiles on 132 SMs, against 96 of 8 or 192 of 4; H200, M = 16: NF4 18.2 ->
-// 14.3 us, INT4 12.1 -> 11.0). A grouped (MoE) call keeps the powers of two: its 6-tile
-// blocks took 5-32% longer (Mixtral and 64 experts at T = 1 and 16, forced).
+// 128 groups of 6 tiles on 132 SMs, against 96 of 8 or 192 of 4). A grouped (MoE) call keeps
+// the powers of two: its 6-tile blocks measured slower (benchmarks/NOTES.md has both).
 constexpr int kTileChoices[] = {8, 6, 4, 2};
 constexpr int kDenseOnlyTiles = 6;
 
@@ -650,12 +649,10 @@ constexpr double kOneRowGroupCost = 32;
 //     divided by 1 + kXTrafficCost * (x bytes read from L2 per weight byte);
 //   - one x row (two blocks per SM, each bound by its copies' latency): 1 / the busiest
 //     SM's time, rounds * (steps per warp and tile group * max(tiles * its blocks,
-//     kOneRowStepTiles) + kOneRowGroupCost). An H200 sweep of every tile and warp count
-//     (M = 1, K 4096 ... 14336, N 4096 ... 28672) found the share above choosing 2 tiles in 3
-//     to 7 rounds where 4 or 8 tiles in 2 rounds took 12-22% less (8192 x 10240: 21.8 -> 18.1
-//     us), and 6 tiles, one block on each SM, 4-8% faster than 4 tiles, two blocks on half of
-//     them (4096 x 6144); this estimate picks within 8% of the fastest shape on every row
-//     (MXFP4 on 8192 x 10240 the farthest), 1.3% on average.
+//     kOneRowStepTiles) + kOneRowGroupCost). The share above chose 2 tiles in several rounds
+//     where 4 or 8 tiles in fewer rounds were faster, and 4 tiles with two blocks on half the
+//     SMs where 6 tiles with one block on each were; a sweep of every tile and warp count at
+//     M = 1 (benchmarks/NOTES.md) fitted this estimate.
 inline StreamPlan plan_for(int tiles, int x_rows, bool asym, int unit_bytes, int64_t m,
                            int64_t n_tiles, int64_t chunks, int slots, int smem_limit, int stages,
                            int forced_warps) {
